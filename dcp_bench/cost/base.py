@@ -1,0 +1,100 @@
+"""The cost-model interface every planner, baseline and the simulator use.
+
+One interface, two sources: `analytical` (FLOPs, bytes, bandwidths, efficiency curves) and
+`profiled` (tables measured by `dcp-bench profile`). Sizes are numpy arrays, one entry per sample
+of a micro-batch: ``tokens`` (frames * spatial) and ``frames`` (T'; 1 for text).
+
+Groups are aligned blocks of ranks and nodes hold a power-of-two number of GPUs, so an SP group
+of size ``sp`` spans nodes exactly when ``sp > cluster.gpus_per_node``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from dcp_bench.cost.specs import ClusterSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class MicroBatchCost:
+    """Predicted cost of one micro-batch on one SP group (per rank; all ranks of a group are
+    symmetric)."""
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    comm_s: float  # sequence-parallel communication (all-to-all), forward + backward
+    mem_bytes: float  # peak memory per rank while this micro-batch runs (static memory included)
+    model_flops: float  # model FLOPs of the micro-batch over the whole group, recompute excluded
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.comm_s
+
+
+@dataclass
+class CostModel(ABC):
+    model: ModelSpec
+    cluster: ClusterSpec
+    mem_cap_fraction: float = 0.7
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    source: str = "abstract"  # "analytical" or "profiled"
+
+    @property
+    def memory_cap_bytes(self) -> float:
+        """Per-GPU memory cap that plans must respect."""
+        return self.mem_cap_fraction * self.cluster.gpu.usable_mem_bytes
+
+    @abstractmethod
+    def microbatch_cost(
+        self,
+        tokens: np.ndarray,
+        frames: np.ndarray,
+        sp: int,
+        ckpt_layers: int,
+        split: str = "sequence",
+    ) -> MicroBatchCost:
+        """Cost of the samples packed into one micro-batch on an SP group of ``sp`` ranks with the
+        first ``ckpt_layers`` layers checkpointed."""
+
+    @abstractmethod
+    def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+        """Vectorised: the time (s) of each sample run alone as its own micro-batch."""
+
+    @abstractmethod
+    def sample_memory(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+        """Vectorised: activation bytes per rank of each sample (static memory excluded).
+        Activation memory is additive over the samples of a packed micro-batch."""
+
+    @abstractmethod
+    def static_memory_bytes(self) -> float:
+        """Parameters, gradients, optimizer states (with the configured sharding) and workspace
+        per rank."""
+
+    @abstractmethod
+    def step_sync_time(self) -> float:
+        """Gradient all-reduce / reduce-scatter plus optimizer step, once per global batch."""
+
+    def microbatch_memory(
+        self,
+        tokens: np.ndarray,
+        frames: np.ndarray,
+        sp: int,
+        ckpt_layers: int,
+        split: str = "sequence",
+    ) -> float:
+        return self.microbatch_cost(tokens, frames, sp, ckpt_layers, split).mem_bytes
+
+    def spans_nodes(self, sp: int) -> bool:
+        return sp > self.cluster.gpus_per_node
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance of every number this model produces (shown beside simulated results)."""
+        return {"source": self.source, "model": self.model.name, "cluster": self.cluster.name,
+                "mem_cap_fraction": self.mem_cap_fraction, **self.provenance}

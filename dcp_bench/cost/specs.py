@@ -1,0 +1,145 @@
+"""Hardware, cluster and model specs. Every constant lives in a config file beside its source
+(``dcp_bench/conf/gpu``, ``conf/cluster``, ``conf/model``); these dataclasses validate them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from dcp_bench.errors import ClusterError, ConfigError
+from dcp_bench.paths import CONF_DIR
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s (datasheet)
+    matmul_flops: float  # bf16 FLOP/s reached by a large matmul (measured where stated)
+    mem_bytes: float  # HBM capacity
+    usable_mem_bytes: float  # what a framework can allocate
+    mem_bw: float  # bytes/s (datasheet)
+    measured_mem_bw: float  # bytes/s (measured where stated)
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    gpu: GPUSpec
+    num_nodes: int
+    gpus_per_node: int
+    intra_node_bw: float  # bytes/s per GPU, each way (NVLink)
+    inter_node_bw: float  # bytes/s per GPU, each way (network)
+    intra_node_latency_s: float
+    inter_node_latency_s: float
+    profile: str | None = None  # a measured profile artifact (results/...) when one exists
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1 or self.gpus_per_node < 1:
+            raise ClusterError(
+                f"cluster {self.name!r}: num_nodes={self.num_nodes} and gpus_per_node="
+                f"{self.gpus_per_node} must both be >= 1"
+            )
+        if self.gpus_per_node & (self.gpus_per_node - 1):
+            raise ClusterError(
+                f"cluster {self.name!r}: gpus_per_node={self.gpus_per_node} is not a power of two; "
+                "aligned sequence-parallel groups (1, 2, 4, ...) cannot tile such a node"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def sp_degrees(self) -> list[int]:
+        """The SP degrees an aligned group layout supports on this cluster."""
+        out, s = [], 1
+        while s <= self.world_size and self.world_size % s == 0:
+            out.append(s)
+            s *= 2
+        return out
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    arch: str  # "llama" (1-D causal decoder) or "stdit" (2-D video diffusion transformer)
+    num_layers: int  # llama: decoder layers; stdit: spatial+temporal block pairs
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int = 0  # llama only
+    max_seq_len: int = 1 << 20
+    tie_embeddings: bool = False
+    in_channels: int = 4  # stdit: latent channels
+    patch: tuple[int, int, int] = (1, 2, 2)  # stdit: (t, h, w)
+    text_tokens: int = 0  # stdit: caption tokens, attended by cross-attention
+    text_dim: int = 0  # stdit: caption embedding width (T5)
+    dtype: str = "bf16"
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("llama", "stdit"):
+            raise ConfigError(f"model {self.name!r}: arch {self.arch!r}; expected 'llama' or 'stdit'")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"model {self.name!r}: heads {self.heads} not a multiple of kv_heads {self.kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def dtype_bytes(self) -> int:
+        return {"bf16": 2, "fp16": 2, "fp32": 4}[self.dtype]
+
+
+def _read_yaml(group: str, name: str) -> dict[str, Any]:
+    path = CONF_DIR / group / f"{name}.yaml"
+    if not path.exists():
+        choices = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        kind = {"gpu": "GPU"}.get(group, group)
+        raise ClusterError(f"unknown {kind} {name!r}; valid choices: {', '.join(choices)}") if group in (
+            "gpu",
+            "cluster",
+        ) else ConfigError(f"unknown {group} {name!r}; valid choices: {', '.join(choices)}")
+    data = yaml.safe_load(path.read_text()) or {}
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+    return cls(**data)
+
+
+def gpu_spec(name: str) -> GPUSpec:
+    return _build(GPUSpec, _read_yaml("gpu", name))
+
+
+def cluster_spec(name: str, **fields: Any) -> ClusterSpec:
+    """A cluster by config name (``cluster_spec("h200x32")``) or from its fields (what hydra's
+    ``_target_`` passes)."""
+    data = {"name": name, **fields} if fields else _read_yaml("cluster", name)
+    data = {k: v for k, v in data.items() if not k.startswith("_")}
+    gpu = data.pop("gpu")
+    data["gpu"] = gpu_spec(gpu) if isinstance(gpu, str) else _build(GPUSpec, dict(gpu))
+    if "sources" in data:
+        data["sources"] = dict(data["sources"])
+    return _build(ClusterSpec, data)
+
+
+def model_spec(name: str, **fields: Any) -> ModelSpec:
+    """A model by config name (``model_spec("llama3_8b")``) or from its fields."""
+    data = {"name": name, **fields} if fields else _read_yaml("model", name)
+    data = {k: v for k, v in data.items() if not k.startswith("_")}
+    if "patch" in data:
+        data["patch"] = tuple(data["patch"])
+    if "sources" in data:
+        data["sources"] = dict(data["sources"])
+    return _build(ModelSpec, data)

@@ -1,0 +1,208 @@
+"""The plan IR shared by every method and both executors, and its validator.
+
+A `StepPlan` is a list of rounds. A round partitions (some of) the ranks into sequence-parallel
+groups; a group is an *aligned* block of ranks (size a power of two, start a multiple of the size).
+Each group runs a list of micro-batches; a micro-batch names samples by their position in the
+`GlobalBatch` and says how many of the model's first layers are activation-checkpointed.
+Rounds run one after another; within a round every group runs independently. Aligned groups
+nest, so collectives never meet in opposite orders: deadlock-free by construction.
+
+Static parallelism is one round of equal groups; DCP-inter one round of unequal groups with
+different micro-batch counts; FlexSP-style plans use several rounds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from dcp_bench.errors import PlanError
+
+if TYPE_CHECKING:
+    from dcp_bench.batch import GlobalBatch
+    from dcp_bench.cost.base import CostModel
+
+Mode = Literal["fair", "paper"]
+Split = Literal["sequence", "batch"]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Samples packed together and run in one forward/backward by one SP group.
+
+    ``split="sequence"`` shards every sample's tokens over the group (Ulysses / DSP);
+    ``split="batch"`` deals whole samples to the group's ranks instead (the reference runtime
+    does this for images).
+    """
+
+    samples: tuple[int, ...]
+    ckpt_layers: int = 0
+    split: Split = "sequence"
+
+
+@dataclass
+class Group:
+    start: int
+    size: int
+    micro_batches: list[MicroBatch] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> range:
+        return range(self.start, self.start + self.size)
+
+
+@dataclass
+class Round:
+    groups: list[Group] = field(default_factory=list)
+
+
+@dataclass
+class StepPlan:
+    world_size: int
+    rounds: list[Round]
+    method: str = ""
+    mode: Mode = "fair"
+    step: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def micro_batches(self) -> Iterator[tuple[int, Group, MicroBatch]]:
+        """(round index, group, micro-batch) for every micro-batch of the plan."""
+        for r, rnd in enumerate(self.rounds):
+            for g in rnd.groups:
+                for mb in g.micro_batches:
+                    yield r, g, mb
+
+    def sample_positions(self) -> list[int]:
+        return [s for _, _, mb in self.micro_batches() for s in mb.samples]
+
+    def group_for_rank(self, round_index: int, rank: int) -> Group | None:
+        for g in self.rounds[round_index].groups:
+            if g.start <= rank < g.start + g.size:
+                return g
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=_default)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepPlan:
+        rounds = [
+            Round(
+                groups=[
+                    Group(
+                        start=g["start"],
+                        size=g["size"],
+                        micro_batches=[
+                            MicroBatch(
+                                samples=tuple(mb["samples"]),
+                                ckpt_layers=mb.get("ckpt_layers", 0),
+                                split=mb.get("split", "sequence"),
+                            )
+                            for mb in g["micro_batches"]
+                        ],
+                    )
+                    for g in r["groups"]
+                ]
+            )
+            for r in data["rounds"]
+        ]
+        return cls(
+            world_size=data["world_size"],
+            rounds=rounds,
+            method=data.get("method", ""),
+            mode=data.get("mode", "fair"),
+            step=data.get("step", 0),
+            info=data.get("info", {}),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> StepPlan:
+        return cls.from_dict(json.loads(text))
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+def validate_plan(
+    plan: StepPlan,
+    batch: GlobalBatch | int,
+    cost: CostModel | None = None,
+    num_layers: int | None = None,
+) -> None:
+    """Raise `PlanError` naming the first offence found; return None for a valid plan.
+
+    Checks: group sizes powers of two, aligned, inside the world, disjoint within a round;
+    non-empty micro-batches; every sample position in range and used at most once, and in fair
+    mode exactly once; checkpoint settings in range; with a cost model, every micro-batch's
+    predicted per-rank memory under the cost model's cap.
+    """
+    n = batch if isinstance(batch, int) else batch.n
+    W = plan.world_size
+    if W < 1:
+        raise PlanError(f"world_size must be >= 1, got {W}")
+    if plan.mode not in ("fair", "paper"):
+        raise PlanError(f"mode must be 'fair' or 'paper', got {plan.mode!r}")
+    layers = num_layers if num_layers is not None else (cost.model.num_layers if cost else None)
+    seen: dict[int, tuple[int, int]] = {}
+    for r, rnd in enumerate(plan.rounds):
+        owner: dict[int, int] = {}
+        for g in rnd.groups:
+            where = f"round {r}, group at rank {g.start} (size {g.size})"
+            if g.size > W:
+                raise PlanError(f"{where}: group larger than the world ({W} ranks)")
+            if not is_power_of_two(g.size):
+                raise PlanError(f"{where}: group size must be a power of two")
+            if g.start % g.size != 0:
+                raise PlanError(f"{where}: group not aligned (start must be a multiple of {g.size})")
+            if g.start < 0 or g.start + g.size > W:
+                raise PlanError(f"{where}: ranks {g.start}..{g.start + g.size - 1} outside world of {W}")
+            for rank in g.ranks:
+                if rank in owner:
+                    raise PlanError(
+                        f"{where}: overlaps the group at rank {owner[rank]} on rank {rank}"
+                    )
+                owner[rank] = g.start
+            for m, mb in enumerate(g.micro_batches):
+                if not mb.samples:
+                    raise PlanError(f"{where}, micro-batch {m}: empty")
+                if mb.split not in ("sequence", "batch"):
+                    raise PlanError(f"{where}, micro-batch {m}: unknown split {mb.split!r}")
+                if mb.ckpt_layers < 0 or (layers is not None and mb.ckpt_layers > layers):
+                    raise PlanError(
+                        f"{where}, micro-batch {m}: ckpt_layers={mb.ckpt_layers} outside 0..{layers}"
+                    )
+                for s in mb.samples:
+                    if not 0 <= s < n:
+                        raise PlanError(f"{where}, micro-batch {m}: sample {s} not in batch of {n}")
+                    if s in seen:
+                        raise PlanError(
+                            f"sample {s} repeated (round {seen[s][0]}, rank {seen[s][1]} and "
+                            f"round {r}, rank {g.start})"
+                        )
+                    seen[s] = (r, g.start)
+                if cost is not None and not isinstance(batch, int):
+                    sub = batch.subset(list(mb.samples))
+                    mem = cost.microbatch_memory(sub.tokens, sub.frames, g.size, mb.ckpt_layers, mb.split)
+                    cap = cost.memory_cap_bytes
+                    if mem > cap:
+                        raise PlanError(
+                            f"{where}, micro-batch {m}: predicted {mem / 2**30:.2f} GiB per rank "
+                            f"over the memory cap {cap / 2**30:.2f} GiB"
+                        )
+    if plan.mode == "fair" and len(seen) != n:
+        missing = sorted(set(range(n)) - set(seen))
+        raise PlanError(
+            f"fair mode: {len(missing)} sample(s) missing from the plan, e.g. {missing[:5]}"
+        )

@@ -1,0 +1,37 @@
+"""The planner interface shared by DCP and every baseline.
+
+A planner is pure: it takes the sizes of one global batch and a cost model (which carries the
+model and cluster specs and the memory cap) and returns a `StepPlan`. It imports no
+torch.distributed and touches no GPU. A new method is a subclass plus a config file in
+``dcp_bench/conf/method/`` whose ``_target_`` names it; core code never branches on a method name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+from dcp_bench.plan import Mode, StepPlan
+
+if TYPE_CHECKING:
+    from dcp_bench.batch import GlobalBatch
+    from dcp_bench.cost.base import CostModel
+
+
+class Planner(ABC):
+    """Base class for methods. Subclasses set ``name`` and implement `plan`."""
+
+    name: ClassVar[str] = "planner"
+
+    def __init__(self, mode: Mode = "fair") -> None:
+        if mode not in ("fair", "paper"):
+            raise ValueError(f"mode must be 'fair' or 'paper', got {mode!r}")
+        self.mode: Mode = mode
+
+    @abstractmethod
+    def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        """Plan one optimizer step over ``batch`` on ``cost.cluster``."""
+
+    def label(self) -> str:
+        """Name shown in reports; paper-mode runs are labelled as such."""
+        return f"{self.name} (paper mode)" if self.mode == "paper" else self.name
