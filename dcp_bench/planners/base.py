@@ -9,7 +9,7 @@ torch.distributed and touches no GPU. A new method is a subclass plus a config f
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dcp_bench.plan import Mode, StepPlan
 
@@ -35,3 +35,24 @@ class Planner(ABC):
     def label(self) -> str:
         """Name shown in reports; paper-mode runs are labelled as such."""
         return f"{self.name} (paper mode)" if self.mode == "paper" else self.name
+
+
+def make_planner(node: Any) -> Planner:
+    """Build the planner a ``method`` config node names. The node holds ``name`` (the method's
+    name, shown in records and reports), ``_target_`` (the class) and its constructor arguments."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from dcp_bench.config import instantiate
+    from dcp_bench.errors import ConfigError
+
+    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    assert isinstance(data, dict)
+    name = data.pop("name", None)
+    if "_target_" not in data:
+        raise ConfigError(f"method config {name!r} has no _target_ naming its planner class")
+    planner = instantiate(data)
+    if not isinstance(planner, Planner):
+        raise ConfigError(f"method {name!r}: {data['_target_']} is not a dcp_bench Planner")
+    if name:
+        planner.name = name  # type: ignore[misc]
+    return planner
