@@ -257,6 +257,11 @@ def list_runs(root: str | os.PathLike[str], campaign: str | None = None) -> dict
     return out
 
 
+# The run fields repeated on every row of a per-step index.
+STEP_INDEX_KEYS = ("run_id", "campaign", "status", "executor", "method", "workload", "cluster",
+                   "model", "seed", "config_hash")
+
+
 def build_index(
     root: str | os.PathLike[str],
     campaign: str | None = None,
@@ -278,12 +283,11 @@ def build_index(
         if not steps:
             rows.append(base)
             continue
+        ident = {k: base[k] for k in STEP_INDEX_KEYS}
         for rec in read_steps(run):
-            row = {f"run_{k}" if k in ("extra", "schema_version") else k: v for k, v in base.items()}
             rec_d = dataclasses.asdict(rec)
             rec_d["extra"] = json.dumps(rec_d["extra"], sort_keys=True, default=_json_default)
-            row.update({f"step_{k}" if k in base else k: v for k, v in rec_d.items()})
-            rows.append(row)
+            rows.append({**ident, **rec_d})
     table = pd.DataFrame(rows)
     if out is not None:
         import io
