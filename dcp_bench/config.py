@@ -3,13 +3,20 @@
 The CLI takes hydra-style `key=value` overrides, e.g. `workload=prolong method=dcp cluster=h200x32`.
 Config groups: workload, method, cluster, model, run. Each group file names the object it builds
 with `_target_` (see `instantiate`).
+
+Users add configs without editing the package: the override ``extra_conf=DIR[:DIR...]`` (or the
+environment variable ``DCP_BENCH_CONF_PATH``) names folders laid out like ``dcp_bench/conf``
+(``DIR/method/my_planner.yaml``, ``DIR/workload/my_lengths.yaml``); their choices join the
+packaged ones.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,22 +27,51 @@ from dcp_bench.paths import CONF_DIR
 GROUPS = ("workload", "method", "cluster", "model", "run")
 
 
-def group_choices(group: str) -> list[str]:
-    """Names of the configs available in a config group."""
+CONF_PATH_ENV = "DCP_BENCH_CONF_PATH"
+EXTRA_CONF_KEY = "extra_conf"
+
+
+def extra_config_dirs(extra: Sequence[str | os.PathLike[str]] = ()) -> list[Path]:
+    """User config folders: ``extra`` first, then those in ``$DCP_BENCH_CONF_PATH`` (``:``-separated)."""
+    dirs = [Path(d) for d in extra]
+    dirs += [Path(d) for d in os.environ.get(CONF_PATH_ENV, "").split(os.pathsep) if d]
+    for d in dirs:
+        if not d.is_dir():
+            raise ConfigError(f"config folder {str(d)!r} does not exist; expected a folder laid "
+                              "out like dcp_bench/conf (e.g. DIR/method/NAME.yaml)")
+    return [d.resolve() for d in dirs]
+
+
+def group_choices(group: str, extra_dirs: Sequence[str | os.PathLike[str]] = ()) -> list[str]:
+    """Names of the configs available in a config group (packaged and user folders)."""
     folder = CONF_DIR / group
     if not folder.is_dir():
         raise ConfigError(f"unknown config group {group!r}; expected one of {', '.join(GROUPS)}")
-    return sorted(p.stem for p in folder.glob("*.yaml"))
+    names = {p.stem for p in folder.glob("*.yaml")}
+    for d in extra_config_dirs(extra_dirs):
+        names |= {p.stem for p in (d / group).glob("*.yaml")}
+    return sorted(names)
 
 
-def _check_overrides(overrides: Sequence[str]) -> None:
+def _split_extra_conf(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separate ``extra_conf=DIR[:DIR]`` overrides (not config keys) from the rest."""
+    rest, dirs = [], []
+    for ov in overrides:
+        if ov.split("=", 1)[0].lstrip("+~") == EXTRA_CONF_KEY and "=" in ov:
+            dirs += [d for d in ov.split("=", 1)[1].split(os.pathsep) if d]
+        else:
+            rest.append(ov)
+    return rest, dirs
+
+
+def _check_overrides(overrides: Sequence[str], extra_dirs: Sequence[str | os.PathLike[str]] = ()) -> None:
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"bad override {ov!r}: expected key=value (e.g. workload=prolong)")
         key, value = ov.split("=", 1)
         key = key.lstrip("+~")
         if key in GROUPS:
-            choices = group_choices(key)
+            choices = group_choices(key, extra_dirs)
             if value not in choices:
                 raise ConfigError(
                     f"unknown {key} {value!r}; valid choices: {', '.join(choices)}"
@@ -48,7 +84,11 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    _check_overrides(overrides)
+    overrides, extra = _split_extra_conf(overrides)
+    dirs = extra_config_dirs(extra)
+    _check_overrides(overrides, dirs)
+    if dirs:  # hydra looks up config groups in these folders after the packaged root
+        overrides = [*overrides, "hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=list(overrides))
