@@ -1,0 +1,1 @@
+"""Statistics, figures and the report writer (``dcp-bench report``)."""
