@@ -1,0 +1,173 @@
+"""`bucket_static`: Open-Sora / VideoSys "bucket parallel", the static baseline of the DCP paper.
+
+One fixed SP degree for every sample, samples grouped into shape buckets, one batch size per
+bucket (the largest that fits the memory cap at that SP degree), full activation checkpointing.
+Fair mode runs every sample of the global batch exactly once; paper mode reproduces the
+reference benchmark's dealing (median-time batch-size damping, skipped buckets, one bucket per
+data-parallel replica, remainder dropped). See baselines/README.md for sources and deviations.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from baselines.scheduling import (
+    check_sp_degree,
+    ckpt_layers_for,
+    largest_batch_size,
+    smallest_sp_for_batch,
+    split_for,
+    static_round,
+)
+from dcp_bench.errors import InfeasibleError
+from dcp_bench.plan import MicroBatch, Mode, StepPlan
+from dcp_bench.planners.base import Planner
+
+if TYPE_CHECKING:
+    from dcp_bench.batch import GlobalBatch
+    from dcp_bench.cost.base import CostModel
+
+BucketKey = tuple[int, int]
+
+
+def bucket_key(tokens: int, frames: int, arch: str) -> BucketKey:
+    """Video samples bucket by exact latent shape (T', spatial), as the reference's
+    (resolution, frame count) buckets do; text buckets by the next power of two of its length."""
+    if arch == "stdit":
+        return (frames, tokens // frames)
+    return (1, 1 << max(0, (tokens - 1).bit_length()))
+
+
+def damp_batch_sizes(bs: dict[BucketKey, int], times: dict[BucketKey, float]) -> dict[BucketKey, int]:
+    """The reference benchmark's rule: for every bucket slower than the median bucket time
+    t_med, bs := max(1, floor(bs * t_med / t)). Buckets at or below the median keep their size."""
+    if not times:
+        return dict(bs)
+    t_med = float(np.median(list(times.values())))
+    out = {}
+    for k, b in bs.items():
+        t = times[k]
+        out[k] = max(1, int(np.floor(b * t_med / t))) if t > t_med else b
+    return out
+
+
+class BucketStatic(Planner):
+    """Fixed SP degree, per-bucket batch sizes, full checkpointing (Open-Sora bucket parallel).
+
+    Args:
+        mode: "fair" (every sample once) or "paper" (the reference benchmark's behaviour).
+        sp: fixed SP degree; None = the smallest that fits the longest sequence seen so far
+            (it only grows, so the degree stays fixed once the workload's longest has appeared).
+        recompute: "full" (the reference), "selective" or "none".
+        seed: seeds the random order in which micro-batches are dealt to replicas.
+        max_batch_size: upper bound on a bucket's batch size (the reference's profiler limit).
+    """
+
+    name = "bucket_static"
+
+    def __init__(
+        self,
+        mode: Mode = "fair",
+        sp: int | None = None,
+        recompute: str = "full",
+        seed: int = 0,
+        max_batch_size: int = 256,
+    ) -> None:
+        super().__init__(mode)
+        self.sp = sp
+        self.recompute = recompute
+        self.seed = seed
+        self.max_batch_size = max_batch_size
+        self._auto_sp = 1  # the smallest fitting degree of the longest sample seen so far
+        ckpt_layers_for(recompute, 1)  # reject an unknown policy at construction
+
+    def fixed_sp(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
+        W = cost.cluster.world_size
+        if self.sp is not None:
+            check_sp_degree(int(self.sp), W)
+            return int(self.sp)
+        self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
+        return self._auto_sp
+
+    def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        W = cost.cluster.world_size
+        ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
+        sp = self.fixed_sp(batch, cost, ckpt)
+        dp = W // sp
+
+        buckets: dict[BucketKey, list[int]] = defaultdict(list)
+        for p in range(batch.n):
+            buckets[bucket_key(int(batch.tokens[p]), int(batch.frames[p]), cost.model.arch)].append(p)
+        keys = sorted(buckets)
+
+        bs: dict[BucketKey, int] = {}
+        splits: dict[BucketKey, str] = {}
+        for k in keys:
+            pos = buckets[k]
+            rep = max(pos, key=lambda p: int(batch.tokens[p]))  # the bucket's largest sample
+            splits[k] = split_for(batch, pos, cost)
+            limit = self.max_batch_size if self.mode == "paper" else min(self.max_batch_size, len(pos))
+            bs[k] = largest_batch_size(
+                int(batch.tokens[rep]), int(batch.frames[rep]), cost, sp, ckpt, splits[k], limit
+            )
+
+        skipped = [k for k in keys if bs[k] == 0]
+        if skipped and self.mode == "fair":
+            k = skipped[0]
+            raise InfeasibleError(
+                f"bucket {k} (frames, spatial) does not fit at batch size 1 with the fixed SP degree "
+                f"{sp} and {ckpt} checkpointed layers; a larger sp is needed"
+            )
+        live = [k for k in keys if bs[k] > 0]
+        if self.mode == "paper":
+            times = {}
+            for k in live:
+                rep = max(buckets[k], key=lambda p: int(batch.tokens[p]))
+                t = np.full(bs[k], batch.tokens[rep])
+                f = np.full(bs[k], batch.frames[rep])
+                times[k] = cost.microbatch_cost(t, f, sp, ckpt, splits[k]).total_s
+            bs = {**bs, **damp_batch_sizes({k: bs[k] for k in live}, times)}
+
+        micro: list[MicroBatch] = []
+        for k in live:
+            pos = buckets[k]
+            for i in range(0, len(pos), bs[k]):
+                micro.append(MicroBatch(tuple(pos[i : i + bs[k]]), ckpt_layers=ckpt, split=splits[k]))  # type: ignore[arg-type]
+        rng = np.random.default_rng([self.seed, batch.step])
+        order = rng.permutation(len(micro))
+        micro = [micro[i] for i in order]
+
+        info: dict[str, Any] = {
+            "sp": sp,
+            "ckpt_layers": ckpt,
+            "recompute": self.recompute,
+            "bucket_batch_sizes": {f"{k[0]}x{k[1]}": bs[k] for k in keys},
+        }
+        if self.mode == "paper":
+            # One micro-batch per replica per reference step; only whole deals are kept.
+            per_replica = max(1, len(micro) // dp)
+            kept = micro[: per_replica * dp]
+            dropped = micro[per_replica * dp :]
+            per_group = [kept[g::dp] for g in range(dp)]
+            info.update(
+                reference_steps=per_replica,
+                skipped_buckets=[f"{k[0]}x{k[1]}" for k in skipped],
+                dropped_samples=sum(len(mb.samples) for mb in dropped)
+                + sum(len(buckets[k]) for k in skipped),
+            )
+        else:
+            per_group = [micro[g::dp] for g in range(dp)]
+        return StepPlan(
+            world_size=W,
+            rounds=[static_round(W, sp, per_group)],
+            method=self.name,
+            mode=self.mode,
+            step=batch.step,
+            info=info,
+        )
+
+
+__all__ = ["BucketStatic", "bucket_key", "damp_batch_sizes"]

@@ -1,0 +1,230 @@
+"""Building blocks the static and peer baselines share: memory fit under the cost model's cap,
+per-bucket batch sizes, packing under a token budget, greedy load balancing (LPT), static group
+layouts, and a plan-level step-time estimate on the same cost model the simulator uses.
+
+Everything here is pure numpy: no torch, no torch.distributed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dcp_bench.errors import ConfigError, InfeasibleError
+from dcp_bench.plan import Group, MicroBatch, Round, StepPlan, is_power_of_two
+
+if TYPE_CHECKING:
+    from dcp_bench.batch import GlobalBatch
+    from dcp_bench.cost.base import CostModel
+
+RECOMPUTE_POLICIES = ("full", "selective", "none")
+
+
+def ckpt_layers_for(policy: str, num_layers: int) -> int:
+    """Checkpointed layers of a recompute policy: ``full`` = every layer, ``selective`` = the
+    first half of the layers (rounded down), ``none`` = no recomputation."""
+    if policy == "full":
+        return num_layers
+    if policy == "selective":
+        return num_layers // 2
+    if policy == "none":
+        return 0
+    raise ConfigError(f"recompute policy {policy!r}; expected one of {', '.join(RECOMPUTE_POLICIES)}")
+
+
+def check_sp_degree(sp: int, world_size: int) -> None:
+    """A fixed SP degree must be a power of two that divides the world."""
+    if not is_power_of_two(sp):
+        raise ConfigError(f"sp={sp} is not a power of two (expected 1, 2, 4, ...)")
+    if sp > world_size:
+        raise ConfigError(f"sp={sp} is larger than the world ({world_size} ranks)")
+    if world_size % sp:
+        raise ConfigError(f"sp={sp} does not divide the world size {world_size}")
+
+
+def sp_degrees(world_size: int) -> list[int]:
+    """Power-of-two SP degrees an aligned layout supports on ``world_size`` ranks."""
+    out, s = [], 1
+    while s <= world_size and world_size % s == 0:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def split_for(batch: GlobalBatch, positions: Sequence[int], cost: CostModel) -> str:
+    """The reference video runtime deals images (T' = 1 on a video model) to the ranks of an SP
+    group whole ("batch" split); everything else is sharded along the sequence."""
+    if cost.model.arch == "stdit" and all(int(batch.frames[p]) == 1 for p in positions):
+        return "batch"
+    return "sequence"
+
+
+def microbatch_fits(
+    batch: GlobalBatch, positions: Sequence[int], cost: CostModel, sp: int, ckpt: int, split: str
+) -> bool:
+    """Whether the cost model predicts the micro-batch under the per-GPU memory cap (the same
+    check the plan validator makes)."""
+    pos = list(positions)
+    mem = cost.microbatch_memory(batch.tokens[pos], batch.frames[pos], sp, ckpt, split)
+    return bool(mem <= cost.memory_cap_bytes)
+
+
+def smallest_fitting_sp(
+    tokens: int, frames: int, cost: CostModel, ckpt: int, world_size: int, split: str = "sequence"
+) -> int | None:
+    """The smallest power-of-two SP degree at which one sample fits alone, or None."""
+    t = np.array([tokens], dtype=np.int64)
+    f = np.array([frames], dtype=np.int64)
+    for sp in sp_degrees(world_size):
+        if cost.microbatch_memory(t, f, sp, ckpt, split) <= cost.memory_cap_bytes:
+            return sp
+    return None
+
+
+def largest_batch_size(
+    tokens: int, frames: int, cost: CostModel, sp: int, ckpt: int, split: str, limit: int
+) -> int:
+    """The largest number (<= ``limit``) of copies of one sample shape that fit as one
+    micro-batch; 0 when even one does not fit. Memory grows with the batch size, so a binary
+    search finds it."""
+    def fits(bs: int) -> bool:
+        t = np.full(bs, tokens, dtype=np.int64)
+        f = np.full(bs, frames, dtype=np.int64)
+        return bool(cost.microbatch_memory(t, f, sp, ckpt, split) <= cost.memory_cap_bytes)
+
+    if limit < 1 or not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, 2 * hi
+    hi = min(hi, limit + 1)  # exclusive: hi does not fit, or is past the limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def pack_under_budget(
+    batch: GlobalBatch,
+    positions: Sequence[int],
+    cost: CostModel,
+    sp: int,
+    ckpt: int,
+    token_budget: int | None,
+    split: str = "sequence",
+) -> list[tuple[int, ...]]:
+    """First-fit-decreasing packing of samples into micro-batches of at most ``token_budget``
+    tokens (None: no token limit) whose predicted memory stays under the cap.
+
+    Raises `InfeasibleError` for a sample longer than the budget or that does not fit alone at
+    this SP degree: a fixed-SP system has no way to split it further.
+    """
+    order = sorted(positions, key=lambda p: -int(batch.tokens[p]))
+    act: list[float] = (
+        cost.sample_memory(batch.tokens[order], batch.frames[order], sp, ckpt).tolist() if order else []
+    )
+    room = cost.memory_cap_bytes - cost.static_memory_bytes()
+    bins: list[list[int]] = []
+    bin_tokens: list[int] = []
+    bin_mem: list[float] = []
+    for p, m in zip(order, act):
+        L = int(batch.tokens[p])
+        if token_budget is not None and token_budget < L:
+            raise InfeasibleError(
+                f"token budget {token_budget} is below the sequence of {L} tokens (sample {p}) and "
+                f"the fixed SP degree {sp} cannot split it further"
+            )
+        if not microbatch_fits(batch, [p], cost, sp, ckpt, split):
+            raise InfeasibleError(
+                f"sample {p} ({L} tokens) does not fit the memory cap "
+                f"{cost.memory_cap_bytes / 2**30:.1f} GiB at SP degree {sp} with {ckpt} "
+                "checkpointed layers"
+            )
+        for i in range(len(bins)):
+            if (token_budget is None or bin_tokens[i] + L <= token_budget) and bin_mem[i] + m <= room:
+                bins[i].append(p)
+                bin_tokens[i] += L
+                bin_mem[i] += float(m)
+                break
+        else:
+            bins.append([p])
+            bin_tokens.append(L)
+            bin_mem.append(float(m))
+    # The additive estimate may miss a non-additive term of a cost model; confirm with the same
+    # check the validator makes and split any offender.
+    out: list[tuple[int, ...]] = []
+    stack = [b for b in reversed(bins)]
+    while stack:
+        b = stack.pop()
+        if len(b) == 1 or microbatch_fits(batch, b, cost, sp, ckpt, split):
+            out.append(tuple(b))
+        else:
+            half = len(b) // 2
+            stack.extend([b[half:], b[:half]])
+    return out
+
+
+def lpt_assign(costs: Sequence[float], num_bins: int) -> list[list[int]]:
+    """Longest-processing-time-first: items in decreasing cost, each to the least-loaded bin.
+    Returns the item indices per bin (ties go to the lowest bin index, deterministic)."""
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    heap = [(0.0, b) for b in range(num_bins)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        load, b = heapq.heappop(heap)
+        bins[b].append(i)
+        heapq.heappush(heap, (load + float(costs[i]), b))
+    return bins
+
+
+def microbatch_time(
+    batch: GlobalBatch, positions: Sequence[int], cost: CostModel, sp: int, ckpt: int, split: str
+) -> float:
+    """Predicted time of one micro-batch on an SP group (compute, recompute, communication)."""
+    pos = list(positions)
+    return cost.microbatch_cost(batch.tokens[pos], batch.frames[pos], sp, ckpt, split).total_s
+
+
+def static_round(world_size: int, sp: int, per_group: list[list[MicroBatch]]) -> Round:
+    """One round of ``world_size // sp`` equal aligned groups, each running its micro-batches."""
+    groups = [Group(start=i * sp, size=sp, micro_batches=mbs) for i, mbs in enumerate(per_group)]
+    return Round(groups=groups)
+
+
+def estimate_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> float:
+    """Predicted step time of a plan: rounds run one after another, a round lasts as long as its
+    slowest group, a group runs its micro-batches back to back; plus the once-per-step gradient
+    synchronisation. Used to tune and to compare candidate plans inside a planner."""
+    total = 0.0
+    for rnd in plan.rounds:
+        slowest = 0.0
+        for g in rnd.groups:
+            t = sum(
+                microbatch_time(batch, mb.samples, cost, g.size, mb.ckpt_layers, mb.split)
+                for mb in g.micro_batches
+            )
+            slowest = max(slowest, t)
+        total += slowest
+    return total + cost.step_sync_time()
+
+
+def smallest_sp_for_batch(batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
+    """The smallest power-of-two SP degree at which the longest sample of ``batch`` fits alone
+    (sharded along the sequence). `InfeasibleError` when none up to the world size does."""
+    W = cost.cluster.world_size
+    if batch.n == 0:
+        return 1
+    p = int(np.argmax(batch.tokens))
+    sp = smallest_fitting_sp(int(batch.tokens[p]), int(batch.frames[p]), cost, ckpt, W)
+    if sp is None:
+        raise InfeasibleError(
+            f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap "
+            f"{cost.memory_cap_bytes / 2**30:.1f} GiB even at SP degree {W} (the whole world) "
+            f"with {ckpt} checkpointed layers"
+        )
+    return sp
