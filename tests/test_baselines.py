@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 from baselines.bucket_static import BucketStatic, bucket_key, damp_batch_sizes
+from baselines.packed_static import PackedStatic, packed_static_plan
 from baselines.scheduling import (
     estimate_step_time,
     largest_batch_size,
     lpt_assign,
     pack_under_budget,
 )
+from baselines.static_tuned import StaticTuned
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost.base import CostModel, MicroBatchCost
 from dcp_bench.cost.specs import cluster_spec, model_spec
@@ -250,3 +252,54 @@ def test_estimate_step_time_is_slowest_group_plus_sync():
     for g in plan.rounds[0].groups:
         per_group.append(sum(cost.microbatch_cost(batch.tokens[list(mb.samples)], batch.frames[list(mb.samples)], 8, mb.ckpt_layers).total_s for mb in g.micro_batches))
     assert estimate_step_time(plan, batch, cost) == pytest.approx(max(per_group) + 0.05)
+
+
+# ---------------------------------------------------------------- packed_static / static_tuned
+
+
+@pytest.mark.parametrize("model,batch_fn", [("llama3_8b", text_batch), ("stdit3_xl2", video_batch)])
+def test_packed_static_balances_replicas_within_the_lpt_bound(model, batch_fn):
+    cost, batch = toy(model), batch_fn(400)
+    plan = PackedStatic(sp=2, token_budget=500_000).plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    t = cost.sample_time(batch.tokens, batch.frames, 2, cost.model.num_layers)
+    loads = [sum(t[p] for mb in g.micro_batches for p in mb.samples) for g in plan.rounds[0].groups]
+    # greedy list scheduling: the busiest replica exceeds the mean by at most one item
+    assert max(loads) <= sum(t) / len(loads) + max(t) + 1e-12
+    for _, _, mb in plan.micro_batches():
+        assert batch.tokens[list(mb.samples)].sum() <= 500_000
+
+
+def test_packed_static_budget_below_longest_sequence_is_infeasible():
+    cost, batch = toy(), GlobalBatch.from_lengths([4096, 100_000])
+    with pytest.raises(InfeasibleError, match="token budget 8192 is below the sequence of 100000"):
+        PackedStatic(sp=4, token_budget=8192).plan(batch, cost)
+
+
+def test_static_tuned_picks_the_grid_argmin_and_reuses_it():
+    cost, batch = toy(), text_batch(150, seed=3)
+    planner = StaticTuned()
+    plan = planner.plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    # independent exhaustive scoring of the same grid
+    best = None
+    longest = int(batch.tokens.max())
+    for sp in (1, 2, 4, 8, 16, 32):
+        for rec, ckpt in (("full", 32), ("selective", 16), ("none", 0)):
+            for budget in (longest, 2 * longest, 4 * longest, 8 * longest, None):
+                try:
+                    p = packed_static_plan(batch, cost, sp, ckpt, budget)
+                except InfeasibleError:
+                    continue
+                t = estimate_step_time(p, batch, cost)
+                if best is None or t < best[0]:
+                    best = (t, f"sp={sp} recompute={rec} token_budget={budget}")
+    assert plan.info["tuned_config"] == best[1]
+    assert estimate_step_time(plan, batch, cost) == pytest.approx(best[0])
+    plan2 = planner.plan(text_batch(150, seed=4), cost)
+    assert plan2.info["tuned_config"] == best[1] and plan2.info["tuned_on_batches"] == 1
+
+
+def test_static_tuned_rejects_sp_choice_beyond_the_world():
+    with pytest.raises(ConfigError, match="sp=64 in sp_choices is larger than the world"):
+        StaticTuned(sp_choices=[8, 64]).plan(text_batch(10), toy())

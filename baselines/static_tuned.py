@@ -1,0 +1,138 @@
+"""`static_tuned`: the best *static* configuration for a workload, found by grid search.
+
+The grid: every fixed SP degree the cluster supports, the recompute policy (full / selective =
+first half of the layers / none) and the micro-batch token budget (multiples of the longest
+sequence, or memory-limited only). Each candidate is planned the packed-static way (sequences
+balanced over replicas on their L^2-aware predicted time, packed under the budget) and scored
+by its predicted step time on the same cost model the simulator and DCP use. The search runs on
+the first ``tune_batches`` batches it is given and the winner is reused for later steps, as a
+practitioner tunes once per workload; a later batch the winner cannot run (a longer sequence
+than any seen while tuning) triggers a new search. See baselines/README.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import TYPE_CHECKING, Any
+
+from baselines.packed_static import packed_static_plan
+from baselines.scheduling import (
+    RECOMPUTE_POLICIES,
+    ckpt_layers_for,
+    estimate_step_time,
+    sp_degrees,
+)
+from dcp_bench.errors import ConfigError, InfeasibleError
+from dcp_bench.plan import Mode, StepPlan
+from dcp_bench.planners.base import Planner
+
+if TYPE_CHECKING:
+    from dcp_bench.batch import GlobalBatch
+    from dcp_bench.cost.base import CostModel
+
+Config = tuple[int, str, int | None]  # (sp, recompute, token_budget)
+
+
+class StaticTuned(Planner):
+    """Grid-searched static configuration (SP degree x recompute policy x token budget).
+
+    Args:
+        mode: labels runs only; the tuned static system has no paper-mode confounders.
+        sp_choices: SP degrees to try; None = every power of two up to the world size.
+        recompute_choices: policies to try (subset of full / selective / none).
+        budget_multiples: token budgets to try, as multiples of the longest sequence of the
+            tuning batches; null in the list = no token limit (memory cap only).
+        tune_batches: how many first batches the search scores (summed predicted step time).
+    """
+
+    name = "static_tuned"
+
+    def __init__(
+        self,
+        mode: Mode = "fair",
+        sp_choices: list[int] | None = None,
+        recompute_choices: list[str] | tuple[str, ...] = RECOMPUTE_POLICIES,
+        budget_multiples: list[int | None] | tuple[int | None, ...] = (1, 2, 4, 8, None),
+        tune_batches: int = 1,
+    ) -> None:
+        super().__init__(mode)
+        for r in recompute_choices:
+            ckpt_layers_for(r, 1)
+        if tune_batches < 1:
+            raise ConfigError(f"tune_batches={tune_batches}; expected >= 1")
+        self.sp_choices = list(sp_choices) if sp_choices is not None else None
+        self.recompute_choices = list(recompute_choices)
+        self.budget_multiples = list(budget_multiples)
+        self.tune_batches = tune_batches
+        self._seen: list[GlobalBatch] = []
+        self._best: Config | None = None
+        self._search: list[dict[str, Any]] = []
+        self._cost_key = ""
+
+    def candidates(self, longest: int, world_size: int) -> list[Config]:
+        sps = self.sp_choices if self.sp_choices is not None else sp_degrees(world_size)
+        for sp in sps:
+            if sp > world_size:
+                raise ConfigError(f"sp={sp} in sp_choices is larger than the world ({world_size} ranks)")
+        budgets = [None if m is None else int(m) * longest for m in self.budget_multiples]
+        return list(itertools.product(sps, self.recompute_choices, budgets))
+
+    def tune(self, batches: list[GlobalBatch], cost: CostModel) -> Config:
+        """Score every candidate on ``batches``; return the fastest feasible one."""
+        longest = max((int(b.tokens.max()) for b in batches if b.n), default=1)
+        W = cost.cluster.world_size
+        results: list[dict[str, Any]] = []
+        best: tuple[float, Config] | None = None
+        for sp, rec, budget in self.candidates(longest, W):
+            ckpt = ckpt_layers_for(rec, cost.model.num_layers)
+            try:
+                t = sum(
+                    estimate_step_time(packed_static_plan(b, cost, sp, ckpt, budget), b, cost)
+                    for b in batches
+                )
+            except InfeasibleError:
+                results.append({"sp": sp, "recompute": rec, "token_budget": budget, "time_s": None})
+                continue
+            results.append({"sp": sp, "recompute": rec, "token_budget": budget, "time_s": t})
+            # strict '<': on a tie the earlier candidate (smaller SP, more recompute) wins
+            if best is None or t < best[0]:
+                best = (t, (sp, rec, budget))
+        if best is None:
+            raise InfeasibleError(
+                f"no static configuration runs the batch: longest sequence {longest} tokens does "
+                f"not fit any SP degree in {sorted({c['sp'] for c in results})} with any recompute "
+                f"policy in {self.recompute_choices}"
+            )
+        self._search = results
+        return best[1]
+
+    def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        key = json.dumps(cost.describe(), sort_keys=True, default=str)
+        if key != self._cost_key:  # a different cost model or cluster: tune afresh
+            self._cost_key, self._seen, self._best = key, [], None
+        if self._best is None or len(self._seen) < self.tune_batches:
+            self._seen.append(batch)
+            self._best = self.tune(self._seen, cost)
+        sp, rec, budget = self._best
+        ckpt = ckpt_layers_for(rec, cost.model.num_layers)
+        retuned = False
+        try:
+            plan = packed_static_plan(batch, cost, sp, ckpt, budget, self.name, self.mode)
+        except InfeasibleError:
+            self._seen.append(batch)
+            self._best = self.tune(self._seen, cost)
+            sp, rec, budget = self._best
+            ckpt = ckpt_layers_for(rec, cost.model.num_layers)
+            plan = packed_static_plan(batch, cost, sp, ckpt, budget, self.name, self.mode)
+            retuned = True
+        feasible = sum(1 for r in self._search if r["time_s"] is not None)
+        plan.info.update(
+            recompute=rec,
+            tuned_config=f"sp={sp} recompute={rec} token_budget={budget}",
+            tuned_on_batches=len(self._seen),
+            grid_size=len(self._search),
+            grid_feasible=feasible,
+            retuned=retuned,
+        )
+        return plan
