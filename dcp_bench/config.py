@@ -78,6 +78,27 @@ def _check_overrides(overrides: Sequence[str], extra_dirs: Sequence[str | os.Pat
                 )
 
 
+def _root_default_groups(config_name: str) -> set[str]:
+    import yaml
+
+    path = CONF_DIR / f"{config_name}.yaml"
+    if not path.exists():
+        return set()
+    defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
+    return {k for d in defaults if isinstance(d, dict) for k in d}
+
+
+def _append_missing_groups(overrides: Sequence[str], config_name: str) -> list[str]:
+    """``method=x`` for a group the root's defaults list does not name means ``+method=x``
+    (hydra would refuse it), so users write the same override either way."""
+    present = _root_default_groups(config_name)
+    out = []
+    for ov in overrides:
+        key = ov.split("=", 1)[0]
+        out.append(f"+{ov}" if key in GROUPS and key not in present else ov)
+    return out
+
+
 def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
     """Compose the config with overrides; bad group values raise `ConfigError` naming the choices."""
     from hydra import compose, initialize_config_dir
@@ -87,6 +108,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
     overrides, extra = _split_extra_conf(overrides)
     dirs = extra_config_dirs(extra)
     _check_overrides(overrides, dirs)
+    overrides = _append_missing_groups(overrides, config_name)
     if dirs:  # hydra looks up config groups in these folders after the packaged root
         overrides = [*overrides, "hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
     try:
