@@ -43,8 +43,8 @@ def packed_static_plan(
     W = cost.cluster.world_size
     check_sp_degree(sp, W)
     dp = W // sp
-    times = cost.sample_time(batch.tokens, batch.frames, sp, ckpt) if batch.n else []
-    owners = lpt_assign(list(map(float, times)), dp)
+    times: list[float] = cost.sample_time(batch.tokens, batch.frames, sp, ckpt).tolist() if batch.n else []
+    owners = lpt_assign(times, dp)
     per_group: list[list[MicroBatch]] = []
     for members in owners:
         packs = pack_under_budget(batch, members, cost, sp, ckpt, token_budget)
