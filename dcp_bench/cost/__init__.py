@@ -1,1 +1,105 @@
-"""Hardware, cluster and model specs; the cost and memory model (analytical and profiled)."""
+"""Hardware, cluster and model specs; the cost and memory model (analytical and profiled).
+
+`make_cost_model` is the one way to build a cost model: planners, baselines, the simulator and the
+runner all call it, so a profiled source replaces the analytical one everywhere at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dcp_bench.cost.base import CostModel, MicroBatchCost
+from dcp_bench.cost.params import param_breakdown, param_count
+from dcp_bench.cost.specs import ClusterSpec, ModelSpec, cluster_spec, model_spec
+from dcp_bench.errors import ConfigError
+
+SOURCES = ("analytical", "profiled", "auto")
+
+__all__ = [
+    "SOURCES",
+    "CostModel",
+    "MicroBatchCost",
+    "make_cost_model",
+    "param_breakdown",
+    "param_count",
+    "resolve_cluster",
+    "resolve_model",
+]
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(node, DictConfig):
+            out = OmegaConf.to_container(node, resolve=True)
+            assert isinstance(out, dict)
+            return {str(k): v for k, v in out.items()}
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return dict(node)
+
+
+def resolve_model(model: ModelSpec | str | Mapping[str, Any] | Any) -> ModelSpec:
+    """A `ModelSpec` from a spec, a config name, or a config node (``cfg.model``)."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        return model_spec(model)
+    data = {k: v for k, v in _plain(model).items() if not k.startswith("_")}
+    return model_spec(data.pop("name"), **data)
+
+
+def resolve_cluster(cluster: ClusterSpec | str | Mapping[str, Any] | Any) -> ClusterSpec:
+    """A `ClusterSpec` from a spec, a config name, or a config node (``cfg.cluster``)."""
+    if isinstance(cluster, ClusterSpec):
+        return cluster
+    if isinstance(cluster, str):
+        return cluster_spec(cluster)
+    data = {k: v for k, v in _plain(cluster).items() if not k.startswith("_")}
+    return cluster_spec(data.pop("name"), **data)
+
+
+def make_cost_model(
+    model: ModelSpec | str | Any,
+    cluster: ClusterSpec | str | Any,
+    source: str = "analytical",
+    mem_cap_fraction: float = 0.7,
+    profile: str | Path | None = None,
+    scales: Mapping[str, float] | None = None,
+    **options: Any,
+) -> CostModel:
+    """Build the cost model of ``model`` on ``cluster``.
+
+    ``source``: ``"analytical"``; ``"profiled"`` (the tables in ``profile``, or the cluster's own
+    ``ClusterSpec.profile``); ``"auto"`` (profiled when a profile is given or the cluster names
+    one, analytical otherwise). ``scales`` multiplies uncertain analytical constants for
+    sensitivity studies (keys act_bytes, attn_eff, small_kernel_eff, a2a_eff). ``options`` go to
+    the model's constructor (e.g. ``zero_stage=2`` for the analytical source).
+    """
+    if source not in SOURCES:
+        raise ConfigError(f"unknown cost source {source!r}; valid choices: {', '.join(SOURCES)}")
+    mspec, cspec = resolve_model(model), resolve_cluster(cluster)
+    profile_path = profile if profile is not None else cspec.profile
+    if source == "auto":
+        source = "profiled" if profile_path else "analytical"
+    if source == "profiled":
+        if not profile_path:
+            raise ConfigError(
+                f"cost source 'profiled' needs a profile: cluster {cspec.name!r} names none; pass "
+                "profile=PATH (written by `dcp-bench profile`) or use source='analytical'"
+            )
+        try:
+            from dcp_bench.cost.profiled import ProfiledCostModel  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ConfigError(f"the profiled cost source is unavailable: {exc}") from None
+        return ProfiledCostModel(  # type: ignore[no-any-return]
+            profile_path, mspec, cspec, mem_cap_fraction=mem_cap_fraction, scales=dict(scales or {}), **options
+        )
+    from dcp_bench.cost.analytical import AnalyticalCostModel
+
+    return AnalyticalCostModel(
+        model=mspec, cluster=cspec, mem_cap_fraction=mem_cap_fraction, scales=dict(scales or {}), **options
+    )

@@ -23,6 +23,9 @@ class GPUSpec:
     mem_bw: float  # bytes/s (datasheet)
     measured_mem_bw: float  # bytes/s (measured where stated)
     sources: dict[str, str] = field(default_factory=dict)
+    # Memory the framework holds besides tensors the model owns: CUDA context, NCCL buffers,
+    # allocator fragmentation, kernel workspaces (an assumption per GPU; see docs/cost_model.md).
+    workspace_bytes: float = 3.0 * 2**30
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,386 @@
+"""The analytical cost and memory model: exact FLOP counts, byte counts, link bandwidths and
+saturating efficiency curves. Every constant is a field with its default's source or assumption;
+docs/cost_model.md derives each formula.
+
+Time of a sequence-split micro-batch on an SP group of ``s`` ranks, per rank:
+
+- forward = GEMM FLOPs / (s * peak * eff_gemm(tokens per rank))
+  + sum over samples and attention kinds of attention FLOPs / (s * peak * eff_attn(length));
+- backward = 2 x forward (the weight- and input-gradient GEMMs; flash-attention's backward);
+- recompute = the forward of the ``ckpt_layers`` checkpointed layers (embedding / head excluded);
+- communication = per layer and direction 2 all-to-alls (Ulysses: fused q/k/v, then the output;
+  DSP: the spatial->temporal and temporal->spatial switches), each priced
+  ``latency + bytes * (s-1)/s / (bandwidth * a2a efficiency)`` with the inter-node link when the
+  aligned group spans nodes; paid forward, backward and again for each recomputed layer.
+
+Model FLOPs are 3 x the forward FLOPs and exclude recomputation (the MLPerf rule for MFU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dcp_bench.cost.base import CostModel, MicroBatchCost
+from dcp_bench.cost.params import param_breakdown
+from dcp_bench.errors import ConfigError
+
+SCALE_KEYS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff")
+
+# Adam step traffic per parameter, bytes: read+write fp32 master (8), two fp32 moments (16), read
+# the gradient (2-4) and write the bf16 copy (2): ~30; rounded up to 32 for the non-fused tail.
+ADAM_BYTES_PER_PARAM = 32.0
+
+
+@dataclass
+class AnalyticalCostModel(CostModel):
+    """Cost model from first principles. See the module docstring and docs/cost_model.md."""
+
+    source: str = "analytical"
+    # Multipliers on the uncertain constants, for sensitivity studies (keys in SCALE_KEYS).
+    scales: dict[str, float] = field(default_factory=dict)
+    # ZeRO stage over the data-parallel world (all W ranks hold a model replica: SP shards
+    # activations, not weights). 1 = optimizer states sharded, the DeepSpeed / Open-Sora default.
+    zero_stage: int = 1
+    # GEMM efficiency ceiling; None = gpu.matmul_flops / gpu.peak_flops (a measured large GEMM).
+    gemm_eff_max: float | None = None
+    # Tokens per rank at which GEMM efficiency is half its ceiling. Assumption: hidden-4096 bf16
+    # GEMMs on Hopper need a few thousand rows to fill 132 SMs with 128x256 tiles; 1,024 puts 50%
+    # at 1K rows and 89% at 8K.
+    gemm_half_tokens: float = 1024.0
+    # Flash-attention efficiency ceiling (share of dense peak). Assumption between FlashAttention-2
+    # on H100 (~35-40% forward+backward) and FlashAttention-3 (~60-75% forward).
+    attn_eff_max: float = 0.45
+    # Attention length at which attention efficiency is half its ceiling (short temporal attention
+    # over a few frames is latency-bound). Assumption.
+    attn_half_len: float = 512.0
+    # Share of link bandwidth an all-to-all reaches (NCCL all-to-all on NVLink and IB). Assumption.
+    a2a_eff: float = 0.7
+    # Share of bus bandwidth a large ring all-reduce / reduce-scatter reaches. Assumption (NCCL
+    # tests reach ~80% of NVLink and IB line rate at 1 GB messages).
+    allreduce_eff: float = 0.8
+    # The LM loss is computed in chunks of this many tokens per rank, so at most one chunk of fp32
+    # logits lives at a time (chunked / vocab-parallel cross-entropy, as long-context trainers do).
+    logits_chunk_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        unknown = set(self.scales) - set(SCALE_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown cost scale(s) {sorted(unknown)}; expected keys {list(SCALE_KEYS)}")
+        for key, val in self.scales.items():
+            if not val > 0:
+                raise ConfigError(f"cost scale {key}={val}: must be > 0")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"zero_stage={self.zero_stage}; expected 0, 1, 2 or 3")
+        if not 0 < self.mem_cap_fraction <= 1:
+            raise ConfigError(f"mem_cap_fraction={self.mem_cap_fraction}; expected 0 < f <= 1")
+        self._derive()
+        self.provenance = {
+            **self.provenance,
+            "constants": {
+                "gemm_eff_max": self._gemm_max,
+                "gemm_half_tokens": self.gemm_half_tokens,
+                "attn_eff_max": self.attn_eff_max,
+                "attn_half_len": self.attn_half_len,
+                "a2a_eff": self.a2a_eff,
+                "allreduce_eff": self.allreduce_eff,
+                "zero_stage": self.zero_stage,
+                "logits_chunk_tokens": self.logits_chunk_tokens,
+                "workspace_bytes": self.cluster.gpu.workspace_bytes,
+            },
+            "scales": {k: self._scale(k) for k in SCALE_KEYS},
+            "gpu": self.cluster.gpu.name,
+            "gpu_sources": dict(self.cluster.gpu.sources),
+            "cluster_sources": dict(self.cluster.sources),
+        }
+
+    # ----------------------------------------------------------------------------------- setup
+    def _scale(self, key: str) -> float:
+        return float(self.scales.get(key, 1.0))
+
+    def _derive(self) -> None:
+        """Per-token and per-sample constants of the model (FLOPs, bytes), computed once."""
+        m, gpu = self.model, self.cluster.gpu
+        h, f, hd, L = m.hidden, m.ffn_hidden, m.head_dim, m.num_layers
+        b = m.dtype_bytes
+        self._L = L
+        self._b = b
+        self._peak = gpu.peak_flops
+        self._gemm_max = (
+            self.gemm_eff_max if self.gemm_eff_max is not None else gpu.matmul_flops / gpu.peak_flops
+        )
+        ske = self._scale("small_kernel_eff")
+        self._gemm_half = self.gemm_half_tokens / ske
+        self._attn_half = self.attn_half_len / ske
+        self._attn_max = min(1.0, self.attn_eff_max * self._scale("attn_eff"))
+        self._a2a = self.a2a_eff * self._scale("a2a_eff")
+        if m.arch == "llama":
+            kvd = m.kv_heads * hd
+            # q, k, v, o projections and the SwiGLU MLP (gate, up, down): 2 FLOPs per MAC.
+            self._layer_gemm_tok = 2.0 * (h * (h + 2 * kvd) + h * h + 3 * h * f)
+            self._layer_gemm_sample = 0.0
+            self._head_gemm_tok = 2.0 * h * m.vocab
+            self._head_gemm_sample = 0.0
+            # Saved for backward per token per layer (bytes): norm-1 input, qkv input, q, k, v,
+            # attention output, norm-2 input, MLP input (6h + 2 kvd), gate, up, silu(gate),
+            # gate*up (4f) in the model dtype, and flash-attention's fp32 log-sum-exp per head.
+            self._act_full_tok = b * (6 * h + 2 * kvd + 4 * f) + 4.0 * m.heads
+            self._act_sample = 0.0
+            # Final-norm input and LM-head input kept for every token.
+            self._act_head_tok = 2.0 * b * h
+        else:
+            M = m.text_tokens
+            # One STDiT block: qkv + out projections, cross-attention q + out projections, MLP
+            # (two GEMMs), adaLN modulation (shift/scale on two sub-layers, two gates: ~6 per
+            # element); a layer unit is a spatial + temporal pair.
+            block_tok = 2.0 * (3 * h * h + h * h + 2 * h * h + 2 * h * f) + 6.0 * h
+            self._layer_gemm_tok = 2 * block_tok
+            # Cross-attention k/v projections of the M caption tokens, per sample and block.
+            self._layer_gemm_sample = 2 * (2.0 * M * h * 2 * h)
+            pv = m.patch[0] * m.patch[1] * m.patch[2]
+            self._head_gemm_tok = 2.0 * (m.in_channels * pv * h + h * pv * 2 * m.in_channels)
+            self._head_gemm_sample = 2.0 * M * (m.text_dim * h + h * h)  # caption MLP
+            # Saved per token per block (elements): self-attention (norm input, modulated, q, k,
+            # v, normed q and k, output: 8h), cross-attention (input, q, output: 3h), MLP (norm
+            # input, modulated, fc1 out, GELU out: 2h + 2f), gates/residuals (2h).
+            self._act_full_tok = 2 * (b * (15 * h + 2 * f) + 2 * 4.0 * m.heads)
+            # Caption k/v per sample and block, replicated on every rank of the group.
+            self._act_sample = 2 * L * b * M * 2 * h
+            self._act_head_tok = 1.0 * b * h
+        self._act_in_tok = float(b * h)  # a checkpointed layer keeps only its input
+        pb = param_breakdown(m)
+        self._params = pb.total
+        self._layer_params = pb.per_layer
+
+    # ------------------------------------------------------------------------------- pieces
+    def gemm_efficiency(self, tokens_per_rank: np.ndarray | float) -> np.ndarray:
+        """Share of peak a rank's GEMMs reach on ``tokens_per_rank`` tokens (saturating curve)."""
+        x = np.asarray(tokens_per_rank, dtype=float)
+        return self._gemm_max * x / (x + self._gemm_half)
+
+    def attention_efficiency(self, length: np.ndarray | float) -> np.ndarray:
+        """Share of peak flash attention reaches on sequences of ``length`` keys."""
+        x = np.asarray(length, dtype=float)
+        return self._attn_max * x / (x + self._attn_half)
+
+    def sample_flops(self, tokens: np.ndarray, frames: np.ndarray) -> dict[str, np.ndarray]:
+        """Forward FLOPs of each sample, by part: ``layer_gemm``, ``head_gemm``, ``attn`` (all
+        layers) and ``attn_work`` (attention FLOPs divided by their efficiency, i.e. FLOPs at
+        peak-equivalent: time = attn_work / (s * peak))."""
+        n = np.asarray(tokens, dtype=float)
+        L, m = self._L, self.model
+        layer_gemm = L * (n * self._layer_gemm_tok + self._layer_gemm_sample)
+        head_gemm = n * self._head_gemm_tok + self._head_gemm_sample
+        if m.arch == "llama":
+            # QK^T and AV over the causal half of the n x n scores: 2 * (2 n^2 h) / 2.
+            a = 2.0 * n * n * m.hidden
+            attn = L * a
+            work = attn / self.attention_efficiency(n)
+        else:
+            T = np.asarray(frames, dtype=float)
+            S = n / T
+            h, M = m.hidden, m.text_tokens
+            spatial = 4.0 * T * S * S * h  # per frame, full (non-causal) attention over S
+            temporal = 4.0 * S * T * T * h  # per patch, attention over T'
+            cross = 2 * 4.0 * n * M * h  # both blocks attend to the M caption tokens
+            attn = L * (spatial + temporal + cross)
+            work = L * (
+                spatial / self.attention_efficiency(S)
+                + temporal / self.attention_efficiency(T)
+                + cross / self.attention_efficiency(float(max(M, 1)))
+            )
+        return {"layer_gemm": layer_gemm, "head_gemm": head_gemm, "attn": attn, "attn_work": work}
+
+    def a2a_bytes_per_layer(self, tokens_per_rank: np.ndarray, sp: np.ndarray) -> np.ndarray:
+        """Bytes each rank holds in the all-to-alls of one layer's forward (before the (s-1)/s
+        share that leaves the rank)."""
+        m, b = self.model, self._b
+        n_r = np.asarray(tokens_per_rank, dtype=float)
+        if m.arch == "llama":
+            # q and output: h wide; k and v: kv_heads * head_dim, repeated up to s heads when the
+            # group is larger than the number of KV heads (each rank needs at least one).
+            kv = np.maximum(m.kv_heads, np.asarray(sp)) * m.head_dim
+            return n_r * b * (2 * m.hidden + 2 * kv)
+        # DSP: the whole activation changes its sharded dimension twice per block pair.
+        return n_r * b * 2 * m.hidden
+
+    def a2a_time(self, nbytes: np.ndarray, sp: np.ndarray, collectives: int) -> np.ndarray:
+        """Time of ``collectives`` all-to-alls moving ``nbytes`` held per rank in total."""
+        s = np.asarray(sp, dtype=float)
+        c = self.cluster
+        spans = s > c.gpus_per_node
+        bw = np.where(spans, c.inter_node_bw, c.intra_node_bw) * self._a2a
+        lat = np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s)
+        t = collectives * lat + np.asarray(nbytes) * (s - 1) / s / bw
+        return np.where(s > 1, t, 0.0)
+
+    def activation_bytes(self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray) -> np.ndarray:
+        """Activation bytes per rank of each sample (sequence split over ``sp`` ranks)."""
+        n_r = np.asarray(tokens, dtype=float) / np.asarray(sp, dtype=float)
+        k = np.asarray(ckpt_layers, dtype=float)
+        L = self._L
+        # Stored layers keep everything, checkpointed ones their input; while one checkpointed
+        # layer is recomputed for its backward, its full activations exist once more.
+        per_tok = (L - k) * self._act_full_tok + k * self._act_in_tok + (k > 0) * self._act_full_tok
+        return self._scale("act_bytes") * (n_r * (per_tok + self._act_head_tok) + self._act_sample)
+
+    # --------------------------------------------------------------------------- interface
+    def static_memory_bytes(self) -> float:
+        return float(sum(self.static_memory_breakdown().values()))
+
+    def static_memory_breakdown(self) -> dict[str, float]:
+        """Per-rank static memory by part (bytes)."""
+        P, b, W, z = self._params, self._b, self.cluster.world_size, self.zero_stage
+        master = 4 if b < 4 else 0  # fp32 master weights when training in 16-bit
+        out = {
+            "params": P * b / (W if z >= 3 else 1),
+            "grads": P * b / (W if z >= 2 else 1),
+            "optimizer": P * (master + 8) / (W if z >= 1 else 1),  # + Adam's two fp32 moments
+            "workspace": float(self.cluster.gpu.workspace_bytes),
+        }
+        if z >= 3:  # one gathered layer in use plus one prefetched
+            out["params_gathered"] = 2.0 * self._layer_params * b
+        if self.model.arch == "llama":
+            # One chunk of logits: model-dtype output plus its fp32 softmax for the loss.
+            out["logits_chunk"] = float(self.logits_chunk_tokens * self.model.vocab * (b + 4))
+        return {k: float(v) for k, v in out.items()}
+
+    def step_sync_breakdown(self) -> dict[str, float]:
+        """Gradient synchronisation and optimizer time once per step (s)."""
+        c = self.cluster
+        W, g, nodes = c.world_size, min(c.gpus_per_node, c.world_size), c.num_nodes
+        B = self._params * self._b  # gradients are reduced in the model dtype
+        comm = 0.0
+        if W > 1:
+            # Hierarchical ring: reduce-scatter + all-gather inside the node, then all-reduce of
+            # each GPU's 1/g shard across nodes (ZeRO's reduce-scatter + parameter all-gather move
+            # the same bytes as one all-reduce).
+            if g > 1:
+                comm += 2 * (g - 1) / g * B / (c.intra_node_bw * self.allreduce_eff)
+                comm += 2 * (g - 1) * c.intra_node_latency_s
+            if nodes > 1:
+                comm += 2 * (nodes - 1) / nodes * (B / g) / (c.inter_node_bw * self.allreduce_eff)
+                comm += 2 * (nodes - 1) * c.inter_node_latency_s
+        shard = self._params / (W if self.zero_stage >= 1 else 1)
+        opt = shard * ADAM_BYTES_PER_PARAM / c.gpu.measured_mem_bw
+        return {"grad_sync_s": comm, "optimizer_s": opt}
+
+    def step_sync_time(self) -> float:
+        return float(sum(self.step_sync_breakdown().values()))
+
+    def microbatch_costs(
+        self,
+        tokens: np.ndarray,
+        frames: np.ndarray,
+        mb_index: np.ndarray,
+        sp: np.ndarray,
+        ckpt_layers: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        m = len(sp)
+        idx = np.asarray(mb_index)
+        s = np.asarray(sp, dtype=float)
+        k = np.asarray(ckpt_layers, dtype=float)
+        fl = self.sample_flops(tokens, frames)
+
+        def per_mb(x: np.ndarray | float) -> np.ndarray:
+            return np.bincount(idx, weights=np.broadcast_to(x, idx.shape), minlength=m)
+
+        ntok = per_mb(np.asarray(tokens, dtype=float))
+        n_r = ntok / s
+        rate = s * self._peak * self.gemm_efficiency(n_r)
+        t_layer_gemm = per_mb(fl["layer_gemm"]) / rate
+        t_head = per_mb(fl["head_gemm"]) / rate
+        t_attn = per_mb(fl["attn_work"]) / (s * self._peak)
+        fwd = t_layer_gemm + t_head + t_attn
+        L = self._L
+        recompute = k / L * (t_layer_gemm + t_attn)
+        comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, s), s, collectives=2)
+        comm = comm_layer * (2 * L + k)
+        act = np.bincount(idx, weights=self.activation_bytes(tokens, s[idx], k[idx]), minlength=m)
+        flops = 3.0 * per_mb(fl["layer_gemm"] + fl["head_gemm"] + fl["attn"])
+        return {
+            "fwd_s": fwd,
+            "bwd_s": 2.0 * fwd,
+            "recompute_s": recompute,
+            "comm_s": comm,
+            "mem_bytes": act + self.static_memory_bytes(),
+            "model_flops": flops,
+        }
+
+    def microbatch_cost(
+        self,
+        tokens: np.ndarray,
+        frames: np.ndarray,
+        sp: int,
+        ckpt_layers: int,
+        split: str = "sequence",
+    ) -> MicroBatchCost:
+        tokens = np.atleast_1d(np.asarray(tokens, dtype=np.int64))
+        frames = np.atleast_1d(np.asarray(frames, dtype=np.int64))
+        self._check(sp, ckpt_layers)
+        if split == "batch" and sp > 1:
+            return self._batch_split_cost(tokens, frames, sp, ckpt_layers)
+        if split not in ("sequence", "batch"):
+            raise ConfigError(f"split={split!r}; expected 'sequence' or 'batch'")
+        c = self.microbatch_costs(
+            tokens, frames, np.zeros(len(tokens), dtype=np.int64), np.array([sp]), np.array([ckpt_layers])
+        )
+        return MicroBatchCost(**{key: float(v[0]) for key, v in c.items()})
+
+    def _batch_split_cost(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt: int) -> MicroBatchCost:
+        """Whole samples dealt to the group's ranks (longest first, to the least-loaded rank); the
+        group finishes with its slowest rank; no sequence-parallel communication."""
+        alone = self.sample_time(tokens, frames, 1, ckpt)
+        load = np.zeros(sp)
+        owner = np.empty(len(tokens), dtype=np.int64)
+        for i in np.argsort(-alone, kind="stable"):
+            r = int(np.argmin(load))
+            owner[i] = r
+            load[r] += alone[i]
+        used = np.unique(owner)
+        c = self.microbatch_costs(tokens, frames, np.searchsorted(used, owner),
+                                  np.ones(len(used)), np.full(len(used), ckpt))
+        total = c["fwd_s"] + c["bwd_s"] + c["recompute_s"]
+        slow = int(np.argmax(total))
+        return MicroBatchCost(
+            fwd_s=float(c["fwd_s"][slow]),
+            bwd_s=float(c["bwd_s"][slow]),
+            recompute_s=float(c["recompute_s"][slow]),
+            comm_s=0.0,
+            mem_bytes=float(c["mem_bytes"].max()),
+            model_flops=float(c["model_flops"].sum()),
+        )
+
+    def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+        n = len(tokens)
+        c = self.microbatch_costs(
+            tokens, frames, np.arange(n), np.full(n, sp), np.full(n, ckpt_layers)
+        )
+        return c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+
+    def sample_time_packed(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
+    ) -> np.ndarray:
+        s, k, L = float(sp), float(ckpt_layers), self._L
+        fl = self.sample_flops(tokens, frames)
+        rate = s * self._peak * self._gemm_max  # saturated GEMMs
+        layer = fl["layer_gemm"] / rate + fl["attn_work"] / (s * self._peak)
+        fwd = layer + fl["head_gemm"] / rate
+        n_r = np.asarray(tokens, dtype=float) / s
+        comm = np.zeros_like(n_r)
+        if sp > 1:  # bytes only: collective latencies are shared by the samples of a micro-batch
+            c = self.cluster
+            bw = (c.inter_node_bw if sp > c.gpus_per_node else c.intra_node_bw) * self._a2a
+            comm = self.a2a_bytes_per_layer(n_r, np.full(len(n_r), sp)) * (s - 1) / s / bw * (2 * L + k)
+        return 3.0 * fwd + k / L * layer + comm
+
+    def sample_memory(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+        n = len(tokens)
+        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers))
+
+    def _check(self, sp: int, ckpt_layers: int) -> None:
+        if sp < 1 or sp & (sp - 1):
+            raise ConfigError(f"sp={sp}: SP degree must be a power of two >= 1")
+        if not 0 <= ckpt_layers <= self._L:
+            raise ConfigError(f"ckpt_layers={ckpt_layers} outside 0..{self._L}")
