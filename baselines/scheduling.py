@@ -228,3 +228,27 @@ def smallest_sp_for_batch(batch: GlobalBatch, cost: CostModel, ckpt: int) -> int
             f"with {ckpt} checkpointed layers"
         )
     return sp
+
+
+def max_tokens_fitting_one_rank(cost: CostModel, ckpt: int, frames: int = 1) -> int:
+    """The longest single sequence (tokens) that fits one GPU under the cap with ``ckpt``
+    checkpointed layers; 0 when not even one token fits. Memory grows with length: binary
+    search up to the model's maximum length."""
+    def fits(n: int) -> bool:
+        t = np.array([n * frames], dtype=np.int64)
+        f = np.array([frames], dtype=np.int64)
+        return bool(cost.microbatch_memory(t, f, 1, ckpt, "sequence") <= cost.memory_cap_bytes)
+
+    hi = max(1, cost.model.max_seq_len // frames)
+    if not fits(1):
+        return 0
+    if fits(hi):
+        return hi * frames
+    lo = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo * frames
