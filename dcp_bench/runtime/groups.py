@@ -1,0 +1,74 @@
+"""`ProcessGroupPool`: every aligned power-of-two group of ranks, created once.
+
+A plan's groups are aligned blocks (size a power of two, start a multiple of the size), so a world
+of W ranks (W a power of two) needs at most 2W-1 groups: W singletons, W/2 pairs, ..., the world.
+``torch.distributed.new_group`` is collective and must be called in the same order on every rank
+(a different order silently pairs the wrong ranks), so the pool creates all of them up front, in
+one fixed order, with a timeout. Lookup is by rank tuple; nothing holds a "current group".
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from dcp_bench.errors import ClusterError, PlanError
+from dcp_bench.runtime.attention import SPContext
+
+
+def aligned_groups(world_size: int) -> list[tuple[int, ...]]:
+    """All aligned power-of-two rank blocks of the world, in creation order (size, then start)."""
+    if world_size < 1 or world_size & (world_size - 1):
+        raise ClusterError(
+            f"world size {world_size} is not a power of two; aligned sequence-parallel groups "
+            "(1, 2, 4, ...) cannot tile it"
+        )
+    out: list[tuple[int, ...]] = []
+    size = 1
+    while size <= world_size:
+        out.extend(tuple(range(s, s + size)) for s in range(0, world_size, size))
+        size *= 2
+    return out
+
+
+class ProcessGroupPool:
+    """Process groups for every aligned block of ranks. Construct it on every rank after
+    ``init_process_group``; ``get(ranks)`` returns the group (None for a single rank)."""
+
+    def __init__(self, timeout_s: float = 300.0, backend: str | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("ProcessGroupPool needs torch.distributed to be initialised")
+        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.timeout = timedelta(seconds=timeout_s)
+        self._groups: dict[tuple[int, ...], Any] = {}
+        for ranks in aligned_groups(self.world_size):
+            if len(ranks) == 1:
+                continue  # a group of one needs no communicator
+            if len(ranks) == self.world_size:
+                self._groups[ranks] = dist.group.WORLD
+                continue
+            # Every rank calls new_group for every block, members or not: it is collective.
+            self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout, backend=backend)
+
+    def __len__(self) -> int:
+        return len(aligned_groups(self.world_size))
+
+    def get(self, ranks: tuple[int, ...] | range) -> Any:
+        key = tuple(ranks)
+        if len(key) == 1:
+            return None
+        if key not in self._groups:
+            raise PlanError(
+                f"no process group for ranks {key}: groups must be aligned power-of-two blocks "
+                f"of a world of {self.world_size}"
+            )
+        return self._groups[key]
+
+    def context(self, start: int, size: int) -> SPContext:
+        """The SP context of this rank in the group [start, start+size)."""
+        if not start <= self.rank < start + size:
+            raise PlanError(f"rank {self.rank} is not in the group {start}..{start + size - 1}")
+        return SPContext(size=size, rank=self.rank - start, group=self.get(range(start, start + size)))

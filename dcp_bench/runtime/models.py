@@ -1,0 +1,561 @@
+"""The two models the runtime trains, built from a `ModelSpec`, and their deterministic inputs.
+
+- `LlamaModel` (arch "llama"): decoder with RMSNorm, RoPE, SwiGLU MLP, grouped-query attention,
+  untied LM head, causal LM loss. One checkpointing unit = one decoder layer.
+- `STDiTModel` (arch "stdit"): a video diffusion transformer in the STDiT3 style. Per block pair:
+  a spatial block (self-attention over the S patches of each latent frame) and a temporal block
+  (self-attention over the T' frames of each patch); each block also has cross-attention to the
+  caption and an MLP. Timestep conditioning is adaLN-style as in STDiT3: a shared
+  ``t_block`` maps the timestep embedding to 6 vectors (shift/scale/gate for attention and MLP),
+  each block adds its own learned ``scale_shift_table``. Patches of ``in_channels`` latents with
+  patch (1, 2, 2) are embedded by a linear layer (equal to a stride=kernel Conv3d); fixed sin-cos
+  embeddings of the frame and patch index are added. The loss is the MSE between the predicted
+  and the true noise on every real patch. One checkpointing unit = one spatial+temporal pair.
+
+Inputs are synthetic but deterministic: every sample's content (token ids; latents, noise,
+timestep and caption) is drawn from a torch Generator seeded by (seed, sample id), so every method
+and every rank sees identical data for the same `GlobalBatch`; lengths come from the batch.
+
+Sequence parallelism: a micro-batch on an SP group of P ranks pads each text sample to a multiple
+of P and gives rank r the r-th contiguous chunk of every sample (Ulysses); a video sample is
+padded to (T'_p, S_p), multiples of P, and rank r holds frames [r T'_p/P, (r+1) T'_p/P) with all
+patches (spatial phase) or all frames of patches [r S_p/P, ...) (temporal phase) (DSP). Padding is
+never attended and carries zero loss weight. Loss values are *sums* over tokens; the executor
+divides by the step's global token count.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from dcp_bench.cost.specs import ModelSpec
+from dcp_bench.errors import ConfigError
+from dcp_bench.runtime.attention import (
+    SINGLE,
+    SPContext,
+    check_heads,
+    permuted_all_to_all,
+    ulysses_heads_to_seq,
+    ulysses_seq_to_heads,
+    varlen_attention,
+)
+
+IGNORE = -100
+TOKEN_PERIOD = 16  # synthetic text repeats a random 16-token motif (learnable by induction)
+NUM_TIMESTEPS = 1000
+ROPE_THETA = 10000.0
+
+
+def sample_generator(seed: int, sample_id: int) -> torch.Generator:
+    """The generator of one sample's content: a function of (seed, sample id) only."""
+    g = torch.Generator()
+    g.manual_seed((int(seed) * 1_000_003 + int(sample_id)) % (2**63 - 1))
+    return g
+
+
+def param_count(model: nn.Module) -> int:
+    """Number of parameters (sum of numel over all parameters)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def _pad_to(n: int, p: int) -> int:
+    return -(-n // p) * p
+
+
+class RuntimeModel(nn.Module, ABC):
+    """What the executor needs from a model: build this rank's inputs of a micro-batch, and the
+    summed loss over its real tokens."""
+
+    spec: ModelSpec
+
+    @abstractmethod
+    def make_inputs(
+        self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
+    ) -> Any:
+        """This rank's share of the packed micro-batch (samples in the given order)."""
+
+    @abstractmethod
+    def loss_sum(self, inputs: Any, sp: SPContext, ckpt_layers: int = 0) -> Tensor:
+        """Sum of the per-token losses over this rank's real tokens (a scalar)."""
+
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama-style decoder
+
+
+@dataclass
+class TextShard:
+    """One rank's share of a packed text micro-batch."""
+
+    input_ids: Tensor  # (T_local,)
+    labels: Tensor  # (T_local,), IGNORE on padding
+    positions: Tensor  # (T_local,), position within the sample
+    seg_lens: list[int]  # padded length of each sample (the full packed sequence)
+    valid: list[int]  # real length of each sample
+    full_from_gathered: Tensor  # Ulysses index maps (empty when sp == 1)
+    gathered_from_full: Tensor
+
+    @property
+    def loss_tokens(self) -> int:
+        return int((self.labels != IGNORE).sum())
+
+
+def text_sample(seed: int, sample_id: int, length: int, vocab: int) -> Tensor:
+    """length+1 token ids: inputs are [:length], next-token targets [1:]."""
+    g = sample_generator(seed, sample_id)
+    motif = torch.randint(0, vocab, (TOKEN_PERIOD,), generator=g)
+    ids = motif[torch.arange(length + 1) % TOKEN_PERIOD]
+    noise = torch.randint(0, vocab, (length + 1,), generator=g)
+    flip = torch.rand(length + 1, generator=g) < 0.1
+    return torch.where(flip, noise, ids)
+
+
+def make_text_shard(
+    sample_ids: Any, tokens: Any, vocab: int, sp: SPContext, seed: int, device: torch.device
+) -> TextShard:
+    P, r = sp.size, sp.rank
+    ids_parts, lab_parts, pos_parts = [], [], []
+    seg_lens, valid, chunks = [], [], []
+    for sid, length in zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist()):
+        seq = text_sample(seed, sid, length, vocab)
+        padded = _pad_to(length, P)
+        c = padded // P
+        ids = torch.zeros(padded, dtype=torch.long)
+        ids[:length] = seq[:length]
+        lab = torch.full((padded,), IGNORE, dtype=torch.long)
+        lab[:length] = seq[1:]
+        ids_parts.append(ids[r * c : (r + 1) * c])
+        lab_parts.append(lab[r * c : (r + 1) * c])
+        pos_parts.append(torch.arange(r * c, (r + 1) * c))
+        seg_lens.append(padded)
+        valid.append(length)
+        chunks.append(c)
+    full_from_gathered = torch.empty(0, dtype=torch.long)
+    gathered_from_full = torch.empty(0, dtype=torch.long)
+    if P > 1:
+        t_loc = sum(chunks)
+        fmap = np.empty(sum(seg_lens), dtype=np.int64)
+        full_off = local_off = 0
+        for c in chunks:
+            for j in range(P):
+                fmap[full_off + j * c : full_off + (j + 1) * c] = j * t_loc + local_off + np.arange(c)
+            full_off += c * P
+            local_off += c
+        inv = np.empty_like(fmap)
+        inv[fmap] = np.arange(len(fmap))
+        full_from_gathered = torch.from_numpy(fmap).to(device)
+        gathered_from_full = torch.from_numpy(inv).to(device)
+    return TextShard(
+        input_ids=torch.cat(ids_parts).to(device),
+        labels=torch.cat(lab_parts).to(device),
+        positions=torch.cat(pos_parts).to(device),
+        seg_lens=seg_lens,
+        valid=valid,
+        full_from_gathered=full_from_gathered,
+        gathered_from_full=gathered_from_full,
+    )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def rope_tables(positions: Tensor, head_dim: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    inv_freq = 1.0 / (
+        ROPE_THETA ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    )
+    ang = positions.float()[:, None] * inv_freq[None, :]
+    ang = torch.cat([ang, ang], dim=-1)  # (T, head_dim)
+    return ang.cos().to(dtype)[:, None, :], ang.sin().to(dtype)[:, None, :]
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, hd = spec.hidden, spec.head_dim
+        self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, hd
+        self.attn_norm = RMSNorm(h)
+        self.q_proj = nn.Linear(h, spec.heads * hd, bias=False)
+        self.k_proj = nn.Linear(h, spec.kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(h, spec.kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(spec.heads * hd, h, bias=False)
+        self.mlp_norm = RMSNorm(h)
+        self.gate_proj = nn.Linear(h, spec.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(h, spec.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(spec.ffn_hidden, h, bias=False)
+
+    def forward(self, x: Tensor, shard: TextShard, rope: tuple[Tensor, Tensor], sp: SPContext) -> Tensor:
+        t = x.shape[0]
+        hn = self.attn_norm(x)
+        q = self.q_proj(hn).view(t, self.heads, self.head_dim)
+        k = self.k_proj(hn).view(t, self.kv_heads, self.head_dim)
+        v = self.v_proj(hn).view(t, self.kv_heads, self.head_dim)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # GQA: expand k/v to all heads before the Ulysses exchange, so any SP degree dividing
+        # the head count works (kv_heads need not be divisible by it).
+        rep = self.heads // self.kv_heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        q = ulysses_seq_to_heads(q, sp, shard.full_from_gathered)
+        k = ulysses_seq_to_heads(k, sp, shard.full_from_gathered)
+        v = ulysses_seq_to_heads(v, sp, shard.full_from_gathered)
+        o = varlen_attention(q, k, v, shard.seg_lens, shard.valid, causal=True)
+        o = ulysses_heads_to_seq(o, sp, shard.gathered_from_full)
+        x = x + self.o_proj(o.reshape(t, self.heads * self.head_dim))
+        hn = self.mlp_norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(hn)) * self.up_proj(hn))
+
+
+class LlamaModel(RuntimeModel):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        if spec.vocab <= 0:
+            raise ConfigError(f"model {spec.name!r}: a llama model needs vocab > 0")
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab, spec.hidden)
+        self.layers = nn.ModuleList(LlamaLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        if spec.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> TextShard:
+        del frames
+        return make_text_shard(sample_ids, tokens, self.spec.vocab, sp, seed, self.device())
+
+    def loss_sum(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
+        if sp.size > 1:
+            check_heads(self.spec.heads, sp.size)
+        x = self.embed(inputs.input_ids)
+        rope = rope_tables(inputs.positions, self.spec.head_dim, x.dtype)
+        for i, layer in enumerate(self.layers):
+            if i < ckpt_layers:
+                x = checkpoint(layer, x, inputs, rope, sp, use_reentrant=False)
+            else:
+                x = layer(x, inputs, rope, sp)
+        logits = self.lm_head(self.norm(x)).float()
+        return F.cross_entropy(logits, inputs.labels, ignore_index=IGNORE, reduction="sum")
+
+
+# ---------------------------------------------------------------------------------------------
+# STDiT-style video transformer
+
+
+@dataclass
+class VideoShard:
+    """One rank's share of a packed video micro-batch, in the spatial (frame-sharded) layout."""
+
+    x_t: Tensor  # (N_local, C*pt*ph*pw) noised latent patches
+    target: Tensor  # (N_local, C*pt*ph*pw) the noise to predict
+    weight: Tensor  # (N_local,) 1 on real patches, 0 on padding
+    frame_idx: Tensor  # (N_local,) global frame index of each row
+    patch_idx: Tensor  # (N_local,) patch index within the frame
+    sample_of_row: Tensor  # (N_local,) which sample of the micro-batch a row belongs to
+    timesteps: Tensor  # (n,)
+    captions: Tensor  # (n, text_tokens, text_dim)
+    frames: list[int]  # real T' per sample
+    spatial: list[int]  # real S per sample
+    frames_padded: list[int]
+    spatial_padded: list[int]
+    to_temporal: tuple[Tensor, Tensor]  # (send order, receive order), empty when sp == 1
+    to_spatial: tuple[Tensor, Tensor]
+
+    @property
+    def loss_tokens(self) -> int:
+        return int(self.weight.sum())
+
+
+def video_sample(seed: int, sample_id: int, frames: int, spatial: int, spec: ModelSpec) -> tuple[Tensor, Tensor, int, Tensor]:
+    """(x0 patches (T', S, C*4), noise, timestep, caption (text_tokens, text_dim))."""
+    g = sample_generator(seed, sample_id)
+    width = spec.in_channels * math.prod(spec.patch)
+    x0 = torch.randn(frames, spatial, width, generator=g)
+    noise = torch.randn(frames, spatial, width, generator=g)
+    t = int(torch.randint(0, NUM_TIMESTEPS, (1,), generator=g))
+    caption = torch.randn(max(spec.text_tokens, 1), max(spec.text_dim, 1), generator=g)
+    return x0, noise, t, caption
+
+
+def _dsp_orders(tl: list[int], sp_pad: list[int], P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Index maps between the spatial layout (per sample: tl local frames x S_p patches) and the
+    temporal layout (per sample: T_p = tl*P frames x S_p/P patches), both frame-major, samples
+    packed in order."""
+    offs = np.concatenate([[0], np.cumsum([t * s for t, s in zip(tl, sp_pad)])])
+    send_t, recv_t, send_s, recv_s = [], [], [], []
+    chunk_q = np.concatenate([[0], np.cumsum([t * (s // P) for t, s in zip(tl, sp_pad)])])
+    chunk = int(chunk_q[-1])
+    for j in range(P):
+        for i, (t, s) in enumerate(zip(tl, sp_pad)):
+            sP = s // P
+            a, c = np.meshgrid(np.arange(t), np.arange(sP), indexing="ij")
+            # spatial -> temporal: rank j gets patches [j sP, (j+1) sP) of my frames.
+            send_t.append(offs[i] + a * s + j * sP + c)
+            # temporal -> spatial: rank j gets frames [j t, (j+1) t) of my patches.
+            send_s.append(offs[i] + (j * t + a) * sP + c)
+            buf = j * chunk + chunk_q[i] + a * sP + c
+            # received from rank j: its local frames a (global j t + a) of my patch chunk ...
+            recv_t.append(np.stack([offs[i] + (j * t + a) * sP + c, buf]))
+            # ... or my frames a of its patch chunk j.
+            recv_s.append(np.stack([offs[i] + a * s + j * sP + c, buf]))
+    n = int(offs[-1])
+
+    def order(parts: list[np.ndarray]) -> np.ndarray:
+        pairs = np.concatenate([p.reshape(2, -1) for p in parts], axis=1)
+        out = np.empty(n, dtype=np.int64)
+        out[pairs[0]] = pairs[1]
+        return out
+
+    flat = lambda parts: np.concatenate([p.ravel() for p in parts]).astype(np.int64)  # noqa: E731
+    return flat(send_t), order(recv_t), flat(send_s), order(recv_s)
+
+
+def make_video_shard(
+    sample_ids: Any, tokens: Any, frames: Any, spec: ModelSpec, sp: SPContext, seed: int, device: torch.device
+) -> VideoShard:
+    P, r = sp.size, sp.rank
+    width = spec.in_channels * math.prod(spec.patch)
+    xs, tgts, ws, fis, pis, sors = [], [], [], [], [], []
+    ts, caps = [], []
+    fr_l, sp_l, frp_l, spp_l, tl_l = [], [], [], [], []
+    for i, (sid, n, f) in enumerate(zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist(), np.asarray(frames).tolist())):
+        s = n // f
+        x0, noise, t, cap = video_sample(seed, sid, f, s, spec)
+        abar = math.cos(0.5 * math.pi * t / NUM_TIMESTEPS) ** 2
+        x_t = math.sqrt(abar) * x0 + math.sqrt(1.0 - abar) * noise
+        fp, spd = _pad_to(f, P), _pad_to(s, P)
+        tl = fp // P
+        xp = torch.zeros(fp, spd, width)
+        xp[:f, :s] = x_t
+        np_ = torch.zeros(fp, spd, width)
+        np_[:f, :s] = noise
+        w = torch.zeros(fp, spd)
+        w[:f, :s] = 1.0
+        rows = slice(r * tl, (r + 1) * tl)
+        xs.append(xp[rows].reshape(-1, width))
+        tgts.append(np_[rows].reshape(-1, width))
+        ws.append(w[rows].reshape(-1))
+        fis.append(torch.arange(r * tl, (r + 1) * tl).repeat_interleave(spd))
+        pis.append(torch.arange(spd).repeat(tl))
+        sors.append(torch.full((tl * spd,), i, dtype=torch.long))
+        ts.append(t)
+        caps.append(cap)
+        fr_l.append(f)
+        sp_l.append(s)
+        frp_l.append(fp)
+        spp_l.append(spd)
+        tl_l.append(tl)
+    empty = torch.empty(0, dtype=torch.long, device=device)
+    to_t = to_s = (empty, empty)
+    if P > 1:
+        st, rt, ss, rs = _dsp_orders(tl_l, spp_l, P)
+        to_t = (torch.from_numpy(st).to(device), torch.from_numpy(rt).to(device))
+        to_s = (torch.from_numpy(ss).to(device), torch.from_numpy(rs).to(device))
+    return VideoShard(
+        x_t=torch.cat(xs).to(device),
+        target=torch.cat(tgts).to(device),
+        weight=torch.cat(ws).to(device),
+        frame_idx=torch.cat(fis).to(device),
+        patch_idx=torch.cat(pis).to(device),
+        sample_of_row=torch.cat(sors).to(device),
+        timesteps=torch.tensor(ts, dtype=torch.float32, device=device),
+        captions=torch.stack(caps).to(device),
+        frames=fr_l,
+        spatial=sp_l,
+        frames_padded=frp_l,
+        spatial_padded=spp_l,
+        to_temporal=to_t,
+        to_spatial=to_s,
+    )
+
+
+def sincos_embedding(idx: Tensor, dim: int) -> Tensor:
+    """Fixed sinusoidal embedding of integer (or real) positions, (N,) -> (N, dim)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=idx.device, dtype=torch.float32) / half)
+    ang = idx.float()[:, None] * freqs[None, :]
+    emb = torch.cat([ang.cos(), ang.sin()], dim=-1)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, out: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class STDiTBlock(nn.Module):
+    """One spatial or temporal block: modulated self-attention, cross-attention, modulated MLP."""
+
+    def __init__(self, spec: ModelSpec, temporal: bool) -> None:
+        super().__init__()
+        h = spec.hidden
+        self.temporal = temporal
+        self.heads, self.head_dim = spec.heads, spec.head_dim
+        self.norm1 = nn.LayerNorm(h, elementwise_affine=False, eps=1e-6)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.cross_q = nn.Linear(h, h)
+        self.cross_kv = nn.Linear(h, 2 * h)
+        self.cross_proj = nn.Linear(h, h)
+        self.norm2 = nn.LayerNorm(h, elementwise_affine=False, eps=1e-6)
+        self.mlp = MLP(h, spec.ffn_hidden, h)
+        self.scale_shift_table = nn.Parameter(torch.randn(6, h) / h**0.5)
+
+    def _self_attention(self, x: Tensor, shard: VideoShard, sp: SPContext) -> Tensor:
+        n = x.shape[0]
+        qkv = self.qkv(x).view(n, 3, self.heads, self.head_dim)
+        outs = []
+        start = 0
+        P = sp.size
+        for f, s, fp, spd in zip(shard.frames, shard.spatial, shard.frames_padded, shard.spatial_padded):
+            if self.temporal:  # layout (T_p, S_p/P): attend over the real frames of each patch
+                rows, cols, length = fp, spd // P, f
+            else:  # layout (T_p/P, S_p): attend over the real patches of each frame
+                rows, cols, length = fp // P, spd, s
+            blk = qkv[start : start + rows * cols].view(rows, cols, 3, self.heads, self.head_dim)
+            if self.temporal:
+                blk = blk.transpose(0, 1)  # (cols, rows=frames, 3, H, D)
+                seq_len = rows
+            else:
+                seq_len = cols
+            q, k, v = (blk[:, :length, i].transpose(1, 2) for i in range(3))  # (B, H, len, D)
+            o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)  # (B, len, H, D)
+            if seq_len > length:
+                o = F.pad(o, (0, 0, 0, 0, 0, seq_len - length))
+            if self.temporal:
+                o = o.transpose(0, 1)
+            outs.append(o.reshape(rows * cols, self.heads * self.head_dim))
+            start += rows * cols
+        return self.proj(torch.cat(outs, dim=0))
+
+    def _cross_attention(self, x: Tensor, shard: VideoShard, caption_h: Tensor) -> Tensor:
+        n = x.shape[0]
+        q = self.cross_q(x).view(n, self.heads, self.head_dim)
+        kv = self.cross_kv(caption_h)  # (n_samples, L_text, 2h)
+        outs = []
+        start = 0
+        counts = torch.bincount(shard.sample_of_row, minlength=len(shard.frames)).tolist()
+        for i, cnt in enumerate(counts):
+            qi = q[start : start + cnt].transpose(0, 1)  # (H, cnt, D)
+            k, v = kv[i].view(-1, 2, self.heads, self.head_dim).unbind(1)
+            o = F.scaled_dot_product_attention(qi, k.transpose(0, 1), v.transpose(0, 1))
+            outs.append(o.transpose(0, 1).reshape(cnt, -1))
+            start += cnt
+        return self.cross_proj(torch.cat(outs, dim=0))
+
+    def forward(self, x: Tensor, shard: VideoShard, t_mod: Tensor, caption_h: Tensor, sp: SPContext) -> Tensor:
+        mod = (t_mod + self.scale_shift_table[None]).unbind(1)  # 6 x (N, h)
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod
+        x = x + gate_a * self._self_attention(self.norm1(x) * (1 + scale_a) + shift_a, shard, sp)
+        x = x + self._cross_attention(x, shard, caption_h)
+        x = x + gate_m * self.mlp(self.norm2(x) * (1 + scale_m) + shift_m)
+        return x
+
+
+class STDiTPair(nn.Module):
+    """The checkpointing unit: a spatial block, the switch to patch sharding, a temporal block,
+    the switch back (DSP)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spatial = STDiTBlock(spec, temporal=False)
+        self.temporal = STDiTBlock(spec, temporal=True)
+
+    def forward(
+        self, x: Tensor, shard: VideoShard, t_mod_s: Tensor, t_mod_t: Tensor, caption_h: Tensor, sp: SPContext
+    ) -> Tensor:
+        x = self.spatial(x, shard, t_mod_s, caption_h, sp)
+        x = permuted_all_to_all(x, sp, *shard.to_temporal)
+        x = self.temporal(x, shard, t_mod_t, caption_h, sp)
+        return permuted_all_to_all(x, sp, *shard.to_spatial)
+
+
+class STDiTModel(RuntimeModel):
+    FREQ_DIM = 256  # sinusoidal timestep features before the timestep MLP
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        h = spec.hidden
+        width = spec.in_channels * math.prod(spec.patch)
+        self.x_embed = nn.Linear(width, h)
+        self.t_embed = MLP(self.FREQ_DIM, h, h)
+        self.t_block = nn.Linear(h, 6 * h)
+        self.y_embed = MLP(max(spec.text_dim, 1), h, h)
+        self.pairs = nn.ModuleList(STDiTPair(spec) for _ in range(spec.num_layers))
+        self.final_norm = nn.LayerNorm(h, elementwise_affine=False, eps=1e-6)
+        self.final_table = nn.Parameter(torch.randn(2, h) / h**0.5)
+        self.final_linear = nn.Linear(h, width)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+
+    def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> VideoShard:
+        return make_video_shard(sample_ids, tokens, frames, self.spec, sp, seed, self.device())
+
+    def loss_sum(self, inputs: VideoShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
+        if sp.size > 1:
+            check_heads(self.spec.heads, sp.size)
+        h = self.spec.hidden
+        x = self.x_embed(inputs.x_t)
+        x = x + sincos_embedding(inputs.frame_idx, h).to(x.dtype) + sincos_embedding(inputs.patch_idx, h).to(x.dtype)
+        t_emb = self.t_embed(sincos_embedding(inputs.timesteps, self.FREQ_DIM).to(x.dtype))  # (n, h)
+        t_mod = self.t_block(F.silu(t_emb)).view(-1, 6, h)  # (n, 6, h)
+        t_mod_s = t_mod.index_select(0, inputs.sample_of_row)
+        # Per-row sample index in the temporal layout (samples occupy the same row ranges).
+        t_mod_t = t_mod_s
+        caption_h = self.y_embed(inputs.captions.to(x.dtype))
+        for i, pair in enumerate(self.pairs):
+            if i < ckpt_layers:
+                x = checkpoint(pair, x, inputs, t_mod_s, t_mod_t, caption_h, sp, use_reentrant=False)
+            else:
+                x = pair(x, inputs, t_mod_s, t_mod_t, caption_h, sp)
+        shift, scale = (self.final_table[None] + t_emb.index_select(0, inputs.sample_of_row)[:, None]).unbind(1)
+        out = self.final_linear(self.final_norm(x) * (1 + scale) + shift)
+        per_row = (out.float() - inputs.target.float()).pow(2).mean(-1)
+        return (per_row * inputs.weight).sum()
+
+
+def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> RuntimeModel:
+    """The model a spec describes, initialised from ``seed`` (identical on every rank)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model: RuntimeModel = LlamaModel(spec) if spec.arch == "llama" else STDiTModel(spec)
+    return model.to(device=device, dtype=dtype)
