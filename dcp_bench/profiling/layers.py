@@ -1,0 +1,158 @@
+"""What the profiler runs: one checkpointing unit of the runtime's models on one micro-batch shard.
+
+A *layer case* is a llama decoder layer or an STDiT spatial+temporal block pair, taken from the
+runtime's own model classes (`dcp_bench.runtime.models`) and run on this rank's shard of a packed
+micro-batch, with the model's sequence-parallel exchanges inside it: what the executor runs,
+one unit at a time. The *outer case* is the model with zero layers (embedding, head, loss).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from dcp_bench.cost.specs import ModelSpec
+from dcp_bench.profiling.artifact import summarize
+from dcp_bench.runtime.attention import SINGLE, SPContext
+from dcp_bench.runtime.models import (
+    LlamaModel,
+    STDiTModel,
+    build_model,
+    rope_tables,
+    sincos_embedding,
+)
+
+SEED = 0
+
+
+@dataclass
+class LayerCase:
+    module: nn.Module  # whose parameters the case trains (excluded from activation bytes)
+    fn: Callable[[Tensor], Tensor]
+    make_input: Callable[[], Tensor]
+    tokens_per_rank: int  # rows of this rank's shard, padding included
+
+
+def sp_context(size: int, rank: int, group: Any) -> SPContext:
+    return SINGLE if size == 1 else SPContext(size=size, rank=rank, group=group)
+
+
+def layer_case(
+    spec: ModelSpec,
+    sp: SPContext,
+    samples: list[tuple[int, int]],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> LayerCase:
+    """One layer of ``spec`` on this rank's shard of the samples ((tokens, frames) each)."""
+    model = build_model(dataclasses.replace(spec, num_layers=1), seed=SEED, device=device, dtype=dtype)
+    ids = np.arange(len(samples))
+    tokens = np.array([t for t, _ in samples])
+    frames = np.array([f for _, f in samples])
+    with torch.no_grad():
+        shard = model.make_inputs(ids, tokens, frames, sp, SEED)
+    h = spec.hidden
+    layer: nn.Module
+    if isinstance(model, LlamaModel):
+        layer = model.layers[0]
+        rope = rope_tables(shard.positions, spec.head_dim, dtype)
+        rows = int(shard.input_ids.shape[0])
+
+        def fn(x: Tensor) -> Tensor:
+            return layer(x, shard, rope, sp)
+
+    else:
+        assert isinstance(model, STDiTModel)
+        layer = model.pairs[0]
+        rows = int(shard.x_t.shape[0])
+        # conditioning inputs as the model computes them (leaves that take gradients, as in
+        # training where they come from the timestep and caption embedders)
+        with torch.no_grad():
+            t_emb = model.t_embed(sincos_embedding(shard.timesteps, model.FREQ_DIM).to(dtype))
+            t_mod = model.t_block(torch.nn.functional.silu(t_emb)).view(-1, 6, h)
+            t_mod_s = t_mod.index_select(0, shard.sample_of_row)
+            caption_h = model.y_embed(shard.captions.to(dtype))
+        t_mod_s.requires_grad_(True)
+        caption_h.requires_grad_(True)
+
+        def fn(x: Tensor) -> Tensor:
+            return layer(x, shard, t_mod_s, t_mod_s, caption_h, sp)
+
+    def make_input() -> Tensor:
+        return torch.randn(rows, h, device=device, dtype=dtype).requires_grad_(True)
+
+    return LayerCase(module=layer, fn=fn, make_input=make_input, tokens_per_rank=rows)
+
+
+def outer_case(spec: ModelSpec, tokens: int, device: torch.device, dtype: torch.dtype) -> LayerCase:
+    """The model without its layers (embedding, conditioning, head, loss) on one sample of
+    ``tokens`` tokens (video: frames of up to 256 patches)."""
+    model = build_model(dataclasses.replace(spec, num_layers=0), seed=SEED, device=device, dtype=dtype)
+    if spec.arch == "llama":
+        tok, fr = tokens, 1
+    else:
+        spatial = min(256, tokens)
+        fr = max(1, tokens // spatial)
+        tok = fr * spatial
+    with torch.no_grad():
+        shard = model.make_inputs(np.array([0]), np.array([tok]), np.array([fr]), SINGLE, SEED)
+
+    def fn(x: Tensor) -> Tensor:
+        del x  # the outer part reads its inputs from the shard
+        return model.loss_sum(shard, SINGLE, 0)
+
+    def make_input() -> Tensor:
+        return torch.zeros(1, device=device, dtype=dtype)
+
+    return LayerCase(module=model, fn=fn, make_input=make_input, tokens_per_rank=tok)
+
+
+def count_params(spec: ModelSpec) -> tuple[int, int]:
+    """(parameters of the whole model, parameters of one layer), counted on the meta device so
+    that a large model is never materialised."""
+    with torch.device("meta"):
+        full = build_model(spec, seed=SEED, device="meta")
+        one = build_model(dataclasses.replace(spec, num_layers=1), seed=SEED, device="meta")
+    per_layer = sum(p.numel() for p in one.parameters()) - sum(
+        p.numel() for n, p in one.named_parameters() if not n.startswith(("layers.", "pairs."))
+    )
+    return sum(p.numel() for p in full.parameters()), per_layer
+
+
+def static_costs(
+    spec: ModelSpec, device: torch.device, dtype: torch.dtype, reps: int, warmup: int
+) -> dict[str, Any]:
+    """Parameter counts and the optimizer step time. The AdamW step is timed on a one-layer
+    model and scaled by the parameter ratio (the step is elementwise: linear in parameters)."""
+    params, per_layer = count_params(spec)
+    model = build_model(dataclasses.replace(spec, num_layers=1), seed=SEED, device=device, dtype=dtype)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    for rep in range(warmup + reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep >= warmup:
+            times.append(time.perf_counter() - t0)
+    small = sum(p.numel() for p in model.parameters())
+    step = summarize(times)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return {
+        "params": int(params),
+        "layer_params": int(per_layer),
+        "param_bytes": int(params) * elem,
+        "optimizer_step_s": step["median"] * params / small,
+        "optimizer_step_measured": {"params": int(small), "time_s": step},
+    }

@@ -1,0 +1,264 @@
+"""Running a profile: spawn the ranks, measure the grid, assemble the artifact.
+
+`ProfileRequest` is the whole grid. `run_profile` spawns ``nproc`` gloo (CPU) processes per
+entry of ``nprocs`` — ranks share the machine's cores, so a profile measured with 4 ranks
+describes 4-rank training — and each rank measures every grid point with its SP groups running
+at once. Rank 0 returns the points through a file; nothing is cached between runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dcp_bench.cost.specs import ModelSpec
+from dcp_bench.errors import ConfigError
+from dcp_bench.profiling.artifact import KIND, SCHEMA_VERSION, attention_pairs
+
+
+@dataclass
+class ProfileRequest:
+    """What to measure. ``tokens`` are tokens per rank; a grid point with SP degree ``sp`` runs
+    samples of ``tokens * sp`` tokens in total over its group."""
+
+    model: ModelSpec
+    tokens: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
+    sp: list[int] = field(default_factory=lambda: [1, 2])
+    shapes: list[str] = field(default_factory=lambda: ["single", "packed"])
+    packed_samples: int = 4
+    nprocs: list[int] = field(default_factory=lambda: [2])
+    reps: int = 5
+    warmup: int = 1
+    collective_bytes: list[int] = field(
+        default_factory=lambda: [1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22]
+    )
+    threads_per_rank: int = 1
+    device: str = "cpu"
+    dtype: str = "fp32"
+    outer: bool = True
+    collectives: bool = True
+    ceilings: bool = False
+
+    def check(self) -> None:
+        if not self.tokens or min(self.tokens) < 1:
+            raise ConfigError(f"profile.tokens must be positive token counts, got {self.tokens}")
+        for s in self.sp:
+            if s < 1 or s & (s - 1):
+                raise ConfigError(f"profile.sp: {s} is not a power of two")
+        for n in self.nprocs:
+            if n < 1:
+                raise ConfigError(f"nproc must be >= 1, got {n}")
+        if self.reps < 1 or self.warmup < 0:
+            raise ConfigError(f"profile.reps must be >= 1 and warmup >= 0 (got {self.reps}, {self.warmup})")
+        bad = set(self.shapes) - {"single", "packed"}
+        if bad:
+            raise ConfigError(f"profile.shapes: {sorted(bad)}; expected 'single' and/or 'packed'")
+        if self.dtype not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(f"profile.dtype {self.dtype!r}; expected fp32, bf16 or fp16")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"profile.device {self.device!r}; expected cpu or cuda")
+        if self.device == "cuda" and max(self.nprocs) > 1:
+            raise ConfigError("profile.device=cuda measures one device: use nproc=1")
+
+
+def sample_shapes(model: ModelSpec, total: int, shape: str, packed: int) -> list[tuple[int, int]]:
+    """(tokens, frames) of the samples of one grid point holding ``total`` tokens.
+
+    Text: one sample of ``total`` tokens, or ``packed`` equal samples. Video: a sample keeps a
+    square-ish latent of ``spatial`` patches per frame (at most 256, as 16 x 16); packing splits
+    the frames.
+    """
+    n = 1 if shape == "single" else packed
+    if model.arch == "llama":
+        return [(total // n, 1)] * n
+    spatial = min(256, total)
+    frames = max(1, total // spatial)
+    if shape == "packed":
+        if frames >= n:
+            return [((frames // n) * spatial, frames // n)] * n
+        s = max(1, spatial // n)
+        return [(s * frames, frames)] * n
+    return [(frames * spatial, frames)]
+
+
+def grid_points(req: ProfileRequest, world: int) -> list[dict[str, Any]]:
+    """The layer grid a world of ``world`` ranks measures (SP degrees above it are skipped)."""
+    out = []
+    for sp in req.sp:
+        if sp > world:
+            continue
+        for tpr in req.tokens:
+            for shape in req.shapes:
+                samples = sample_shapes(req.model, tpr * sp, shape, req.packed_samples)
+                out.append({"sp": sp, "tokens_per_rank_target": tpr, "shape": shape, "samples": samples})
+    return out
+
+
+def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    from dcp_bench.cost.specs import model_spec
+    from dcp_bench.profiling import layers as layer_cases
+    from dcp_bench.profiling.collectives import aligned_groups, group_of, measure_collectives
+    from dcp_bench.profiling.measure import measure_module
+
+    req_d = json.loads(req_json)
+    model = model_spec(**req_d.pop("model"))
+    req = ProfileRequest(model=model, **req_d)
+    torch.set_num_threads(req.threads_per_rank)
+    torch.manual_seed(1234 + rank)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        groups = aligned_groups(world) if world > 1 else {}
+        device = torch.device(req.device)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[req.dtype]
+        result: dict[str, Any] = {"layers": [], "outer": [], "collectives": []}
+        if req.collectives and world > 1:
+            result["collectives"] = measure_collectives(
+                req.collective_bytes, [g for g in (2, 4, 8, 16, 32, 64) if g <= world],
+                req.reps, req.warmup, groups,
+            )
+        for point in grid_points(req, world):
+            sp = point["sp"]
+            pg = group_of(groups, sp, rank, world) if sp > 1 else None
+            ctx = layer_cases.sp_context(sp, rank % sp, pg)
+            case = layer_cases.layer_case(model, ctx, point["samples"], device, dtype)
+            m = measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup)
+            tokens = [t for t, _ in point["samples"]]
+            frames = [f for _, f in point["samples"]]
+            import numpy as np
+
+            pairs = float(attention_pairs(np.array(tokens), np.array(frames), model.arch).sum())
+            result["layers"].append({
+                "nproc": world, "sp": sp, "shape": point["shape"],
+                "n_samples": len(tokens), "sample_tokens": tokens, "sample_frames": frames,
+                "tokens_per_rank": case.tokens_per_rank, "pairs_per_rank": pairs / sp, **m,
+            })
+            del case
+        if req.outer:
+            for tpr in req.tokens:
+                case = layer_cases.outer_case(model, tpr, device, dtype)
+                m = measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup, ckpt=False)
+                result["outer"].append({
+                    "nproc": world, "sp": 1, "tokens_per_rank": case.tokens_per_rank,
+                    "fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"], "act_bytes": m["act_bytes"],
+                })
+                del case
+        if rank == 0:
+            result["static"] = layer_cases.static_costs(model, device, dtype, req.reps, req.warmup)
+            Path(out_path).write_text(json.dumps(result))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def _spawn(req: ProfileRequest, nproc: int) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    req_d = dataclasses.asdict(req)
+    req_d["model"] = dataclasses.asdict(req.model)
+    req_d["model"]["patch"] = list(req.model.patch)
+    with tempfile.TemporaryDirectory(prefix="dcp-profile-") as tmp:
+        init_file = os.path.join(tmp, "init")
+        out_path = os.path.join(tmp, "result.json")
+        if nproc == 1:
+            _worker(0, 1, init_file, json.dumps(req_d), out_path)
+        else:
+            mp.spawn(_worker, args=(nproc, init_file, json.dumps(req_d), out_path), nprocs=nproc, join=True)
+        return json.loads(Path(out_path).read_text())
+
+
+def software_versions() -> dict[str, Any]:
+    from dcp_bench.envinfo import collect_env
+
+    env = collect_env()
+    deps = env.get("dependencies", {})
+    return {
+        "python": env["python"], "torch": env["torch"], "numpy": _version("numpy"),
+        "dcp_bench": env.get("dcp_bench"), "cuda": env.get("cuda"), "nccl": env.get("nccl"),
+        "flash_attn": deps.get("flash-attn"), "git_sha": env.get("git_sha"),
+        "git_dirty": env.get("git_dirty"),
+    }
+
+
+def _version(name: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def hardware_description() -> dict[str, Any]:
+    from dcp_bench.envinfo import collect_env
+
+    env = collect_env()
+    keys = ("cpu_model", "cpu_cores", "memory_bytes", "gpu_model", "gpu_count", "platform", "hostname")
+    return {k: env.get(k) for k in keys}
+
+
+def run_profile(req: ProfileRequest, command: str = "") -> dict[str, Any]:
+    """Measure everything ``req`` asks for and return the artifact (not yet written)."""
+    req.check()
+    started = time.time()
+    layers: list[dict[str, Any]] = []
+    outer: list[dict[str, Any]] = []
+    colls: list[dict[str, Any]] = []
+    static: dict[str, Any] = {}
+    for nproc in req.nprocs:
+        part = _spawn(req, nproc)
+        layers += part["layers"]
+        outer += part["outer"]
+        colls += part["collectives"]
+        static = part["static"]
+    ceilings: dict[str, Any] = {}
+    if req.ceilings:
+        ceilings = measure_ceilings(req.device, req.dtype)
+    finished = time.time()
+    model_d = dataclasses.asdict(req.model)
+    model_d["patch"] = list(req.model.patch)
+    return {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "model": model_d,
+        "hardware": hardware_description(),
+        "software": software_versions(),
+        "settings": {
+            "device": req.device, "dtype": req.dtype, "threads_per_rank": req.threads_per_rank,
+            "nprocs": req.nprocs, "reps": req.reps, "warmup": req.warmup,
+            "grid": {"tokens_per_rank": req.tokens, "sp": req.sp, "shapes": req.shapes,
+                     "packed_samples": req.packed_samples, "collective_bytes": req.collective_bytes},
+            "memory_method": "bytes saved by autograd (saved_tensors_hooks), parameters excluded",
+        },
+        "layers": layers,
+        "outer": outer,
+        "collectives": colls,
+        "static": static,
+        "ceilings": ceilings,
+        "cost": {"wall_s": round(finished - started, 2), "started_at": started,
+                 "finished_at": finished, "command": command},
+    }
+
+
+def measure_ceilings(device_name: str, dtype_name: str) -> dict[str, Any]:
+    import torch
+
+    from dcp_bench.profiling.ceilings import copy_ceiling, matmul_ceiling
+
+    device = torch.device(device_name)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    big = device.type == "cuda"
+    return {
+        "matmul": [matmul_ceiling(device, dtype, n) for n in ((4096, 8192) if big else (256, 512))],
+        "copy": [copy_ceiling(device, n) for n in ((1 << 28, 1 << 30) if big else (1 << 22,))],
+    }
