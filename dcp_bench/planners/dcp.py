@@ -1,0 +1,267 @@
+"""`dcp`: our planner. Per-sequence SP degree and recompute chosen jointly with the step's schedule.
+
+1. Settings: for every distinct shape and SP degree, the fewest checkpointed layers that fit
+   the cap (recompute only where memory is short) and the resulting time (`ShapeTable`).
+2. Choice: each sample starts at its cheapest feasible GPU-seconds (sp x time); samples longer
+   than the step's lower-bound estimate max(work / W, longest sample at its fastest degree)
+   are raised to the smallest degree that brings them under it.
+3. Schedule: list scheduling onto aligned blocks with per-rank free times. Multi-rank tasks go
+   first, each to the aligned block that frees earliest; single-rank tasks follow by LPT (longest
+   first onto the least-loaded rank). Two task orders are tried and the shorter kept.
+4. Refinement: while the makespan is set by a task whose SP degree can still grow, double its
+   degree and reschedule; keep the change only when the makespan shrinks.
+5. Plan: the schedule becomes rounds by giving each group the level after the last group its
+   ranks used; consecutive tasks of one block share a group. Short samples of a group without
+   recompute are packed into micro-batches (up to ``pack_tokens`` per rank) so small kernels run
+   efficiently. Fair mode only: every sample once, one optimizer step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dcp_bench.errors import ConfigError
+from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
+from dcp_bench.planners.base import Planner
+from dcp_bench.planners.settings import ShapeTable, build_shape_table, raise_if_infeasible
+
+if TYPE_CHECKING:
+    from dcp_bench.batch import GlobalBatch
+    from dcp_bench.cost.base import CostModel
+
+
+@dataclass
+class Schedule:
+    """Where and when every sample runs: aligned block (start rank, size) and start time."""
+
+    makespan: float
+    block_start: np.ndarray  # (n,)
+    size: np.ndarray  # (n,)
+    start: np.ndarray  # (n,)
+    end: np.ndarray  # (n,)
+    rank_free: np.ndarray  # (W,)
+
+
+def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: str) -> Schedule:
+    """Place every task (time, aligned block size) onto a world of ``world_size`` ranks.
+
+    Tasks with size > 1 first, in ``order`` ("size": size then time, descending; "time": time
+    descending), each onto the aligned block whose ranks are all free earliest; then size-1
+    tasks by LPT with a heap of rank free times.
+    """
+    n = len(times)
+    W = world_size
+    free = np.zeros(W)
+    bstart = np.zeros(n, dtype=np.int64)
+    start = np.zeros(n)
+    big = np.flatnonzero(sizes > 1)
+    if len(big):
+        if order == "size":
+            big = big[np.lexsort((-times[big], -sizes[big]))]
+        else:
+            big = big[np.argsort(-times[big], kind="stable")]
+        for i in big:
+            s = int(sizes[i])
+            ready = free.reshape(-1, s).max(axis=1)
+            b = int(np.argmin(ready))
+            t0 = float(ready[b])
+            free[b * s : (b + 1) * s] = t0 + times[i]
+            bstart[i] = b * s
+            start[i] = t0
+    small = np.flatnonzero(sizes == 1)
+    if len(small):
+        small = small[np.argsort(-times[small], kind="stable")]
+        heap: list[tuple[float, int]] = [(float(free[r]), r) for r in range(W)]
+        heapq.heapify(heap)
+        for i, t in zip(small.tolist(), times[small].tolist()):
+            f, r = heap[0]
+            heapq.heapreplace(heap, (f + t, r))
+            bstart[i] = r
+            start[i] = f
+        for f, r in heap:
+            free[r] = f
+    end = start + times
+    return Schedule(float(free.max()) if W else 0.0, bstart, sizes.astype(np.int64), start, end, free)
+
+
+class DCPPlanner(Planner):
+    """Our planner (method ``dcp``): joint per-sequence SP degree, recompute and schedule."""
+
+    name = "dcp"
+
+    def __init__(self, mode: Mode = "fair", pack_tokens: int = 16384, refine_steps: int = 16) -> None:
+        super().__init__(mode)
+        if mode != "fair":
+            raise ConfigError(
+                f"method dcp plans fair mode only, got mode={mode!r}; paper mode belongs to the "
+                "faithful DCP methods (dcp_intra, dcp_inter, dcp_inter_pac)"
+            )
+        if pack_tokens < 1 or refine_steps < 0:
+            raise ConfigError(
+                f"dcp: pack_tokens={pack_tokens} must be >= 1 and refine_steps={refine_steps} >= 0"
+            )
+        self.pack_tokens = int(pack_tokens)
+        self.refine_steps = int(refine_steps)
+
+    # -- choice --------------------------------------------------------------------------------
+
+    @staticmethod
+    def initial_choice(table: ShapeTable, counts: np.ndarray, world_size: int) -> np.ndarray:
+        """Per shape: the SP-degree index to start from (see the module docstring, step 2)."""
+        T = table.time
+        G = table.gpu_seconds
+        # Cheapest GPU-seconds; a larger degree must be strictly (1e-9) cheaper to win.
+        choice = np.argmin(G * (1.0 + 1e-9 * np.arange(T.shape[1]))[None, :], axis=1)
+        fastest = T.min(axis=1)
+        for _ in range(4):
+            work = float((G[np.arange(len(choice)), choice] * counts).sum()) / world_size
+            target = max(work, float(fastest.max()))
+            t_now = T[np.arange(len(choice)), choice]
+            over = t_now > target * (1 + 1e-9)
+            if not over.any():
+                break
+            for i in np.flatnonzero(over):
+                ok = np.flatnonzero(T[i] <= target * (1 + 1e-9))
+                choice[i] = int(ok[0]) if len(ok) else int(np.argmin(T[i]))
+        return choice
+
+    # -- plan ----------------------------------------------------------------------------------
+
+    def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        W = cost.cluster.world_size
+        if batch.n == 0:
+            return StepPlan(world_size=W, rounds=[], method=self.name, mode=self.mode, step=batch.step)
+        # Packed shares: short samples are packed into well-filled micro-batches (step 5).
+        table = build_shape_table(batch.tokens, batch.frames, cost, W, packed=True)
+        raise_if_infeasible(table, batch.tokens, batch.frames, cost)
+        inv = table.inverse
+        counts = np.bincount(inv, minlength=len(table.tokens))
+        choice = self.initial_choice(table, counts, W)
+        sched, sample_choice = self._schedule_with_refinement(table, choice[inv], W)
+        plan = self._to_plan(batch, cost, table, sched, sample_choice, W)
+        plan.info.update(
+            {
+                "predicted_makespan_s": sched.makespan,
+                "sp_histogram": {
+                    int(s): int(c) for s, c in zip(*np.unique(table.sps[sample_choice], return_counts=True))
+                },
+                "samples_seen": batch.n,
+            }
+        )
+        return plan
+
+    def _schedule(self, table: ShapeTable, sample_choice: np.ndarray, W: int) -> Schedule:
+        times = table.time[table.inverse, sample_choice]
+        sizes = table.sps[sample_choice]
+        best: Schedule | None = None
+        for order in ("size", "time"):
+            s = list_schedule(times, sizes, W, order)
+            if best is None or s.makespan < best.makespan * (1 - 1e-12):
+                best = s
+            if not (sizes > 1).any():
+                break  # both orders give the same schedule
+        assert best is not None
+        return best
+
+    def _schedule_with_refinement(
+        self, table: ShapeTable, sample_choice: np.ndarray, W: int
+    ) -> tuple[Schedule, np.ndarray]:
+        sched = self._schedule(table, sample_choice, W)
+        K = len(table.sps)
+        tried: set[int] = set()
+        for _ in range(self.refine_steps):
+            crit = np.flatnonzero(sched.end >= sched.makespan * (1 - 1e-12))
+            # The critical task that can still grow its degree and get faster.
+            cands = [
+                int(i)
+                for i in crit[np.argsort(-(sched.end - sched.start)[crit])]
+                if int(i) not in tried
+                and sample_choice[i] + 1 < K
+                and table.time[table.inverse[i], sample_choice[i] + 1] < table.time[table.inverse[i], sample_choice[i]]
+            ]
+            if not cands:
+                break
+            i = cands[0]
+            trial = sample_choice.copy()
+            trial[i] += 1
+            s2 = self._schedule(table, trial, W)
+            if s2.makespan < sched.makespan * (1 - 1e-9):
+                sched, sample_choice = s2, trial
+            else:
+                tried.add(i)
+        return sched, sample_choice
+
+    def _to_plan(
+        self,
+        batch: GlobalBatch,
+        cost: CostModel,
+        table: ShapeTable,
+        sched: Schedule,
+        sample_choice: np.ndarray,
+        W: int,
+    ) -> StepPlan:
+        inv = table.inverse
+        ckpt = table.ckpt[inv, sample_choice]
+        mem0 = table.mem[inv, sample_choice]
+        budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+        rounds: list[Round] = []
+        # Per rank: (round index, group) of the last group it joined.
+        last_round = np.full(W, -1, dtype=np.int64)
+        last_group: list[Group | None] = [None] * W
+        group_samples: dict[int, list[int]] = {}
+        order = np.lexsort((sched.block_start, sched.start))
+        for i in order.tolist():
+            b, s = int(sched.block_start[i]), int(sched.size[i])
+            g0 = last_group[b]
+            if g0 is not None and g0.start == b and g0.size == s and all(last_group[r] is g0 for r in range(b, b + s)):
+                group_samples[id(g0)].append(i)
+                continue
+            level = int(last_round[b : b + s].max()) + 1
+            while len(rounds) <= level:
+                rounds.append(Round())
+            g = Group(start=b, size=s)
+            rounds[level].groups.append(g)
+            group_samples[id(g)] = [i]
+            for r in range(b, b + s):
+                last_group[r] = g
+            last_round[b : b + s] = level
+        for rnd in rounds:
+            rnd.groups.sort(key=lambda g: g.start)
+            for g in rnd.groups:
+                g.micro_batches = self._pack(group_samples[id(g)], batch, ckpt, mem0, budget, g.size)
+        return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step)
+
+    def _pack(
+        self,
+        samples: list[int],
+        batch: GlobalBatch,
+        ckpt: np.ndarray,
+        mem0: np.ndarray,
+        budget: float,
+        size: int,
+    ) -> list[MicroBatch]:
+        """Micro-batches of one group: samples that need recompute run alone; the others are
+        packed, shortest first, up to ``pack_tokens`` tokens per rank and the memory budget."""
+        out: list[MicroBatch] = []
+        limit = self.pack_tokens * size
+        cur: list[int] = []
+        cur_tok = 0
+        cur_mem = 0.0
+        for i in sorted(samples, key=lambda j: int(batch.tokens[j])):
+            tok = int(batch.tokens[i])
+            if ckpt[i] > 0 or tok >= limit:
+                out.append(MicroBatch(samples=(i,), ckpt_layers=int(ckpt[i])))
+                continue
+            if cur and (cur_tok + tok > limit or cur_mem + mem0[i] > budget):
+                out.append(MicroBatch(samples=tuple(cur), ckpt_layers=0))
+                cur, cur_tok, cur_mem = [], 0, 0.0
+            cur.append(i)
+            cur_tok += tok
+            cur_mem += float(mem0[i])
+        if cur:
+            out.append(MicroBatch(samples=tuple(cur), ckpt_layers=0))
+        return out

@@ -1,0 +1,322 @@
+"""Per-shape and per-bucket run settings from the cost model, under the memory cap.
+
+Two consumers:
+
+* `ShapeTable` (our planner `dcp`): for every *distinct* sample shape of a batch and every SP
+  degree, the fewest checkpointed layers that fit the memory cap and the resulting time. Built
+  with a handful of vectorised cost-model calls per SP degree.
+* `BucketSettings` (faithful DCP): the reference profile. Per size bucket, for each SP degree
+  (inside a node first, across nodes only when nothing fits) the batch sizes 1, 2, 4, ... that
+  fit the cap; the chosen (sp, bs) maximises samples per GPU-second. With PAC the memory left
+  under the cap buys not-checkpointing layers.
+
+Checkpointing is "the first ``k`` layers recompute" (``MicroBatch.ckpt_layers``). All layers of a
+model are identical, so the PAC knapsack over layers (weight: extra activation bytes of keeping a
+layer, value: its saved recompute time) has an exact greedy optimum: keep as many layers as the
+memory left affords, i.e. the smallest ``k`` that fits. `fewest_ckpt_layers` computes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp_bench.cost.base import CostModel
+from dcp_bench.errors import InfeasibleError
+
+
+def sp_degrees(world_size: int) -> list[int]:
+    """Aligned SP degrees 1, 2, 4, ... that divide the world."""
+    out, s = [], 1
+    while s <= world_size and world_size % s == 0:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def fewest_ckpt_layers(
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, budget: np.ndarray | float
+) -> np.ndarray:
+    """Vectorised: the smallest ``k`` (layers checkpointed) with activation memory <= ``budget``
+    per sample, or -1 where even ``k = num_layers`` does not fit.
+
+    Memory is non-increasing in ``k``. Between ``k = 1`` and ``k = num_layers`` it is usually
+    affine (``k = 0`` may differ by the one layer being recomputed); when a midpoint check
+    confirms it, a closed form gives the answer; otherwise every ``k`` is evaluated.
+    """
+    L = cost.model.num_layers
+    budget = np.broadcast_to(np.asarray(budget, dtype=float), tokens.shape)
+    k = np.full(tokens.shape, -1, dtype=np.int64)
+    m0 = np.asarray(cost.sample_memory(tokens, frames, sp, 0), dtype=float)
+    k[m0 <= budget] = 0
+    todo = m0 > budget
+    if not todo.any() or L == 0:
+        return k
+    idx = np.flatnonzero(todo)
+    t, f, bud = tokens[idx], frames[idx], budget[idx]
+    mL = np.asarray(cost.sample_memory(t, f, sp, L), dtype=float)
+    fits = mL <= bud
+    if not fits.any():
+        return k
+    idx, t, f, bud, mL = idx[fits], t[fits], f[fits], bud[fits], mL[fits]
+    m1 = np.asarray(cost.sample_memory(t, f, sp, 1), dtype=float)
+    sub = np.full(len(idx), -1, dtype=np.int64)
+    if L >= 3:
+        mid = (L + 1) // 2
+        m_mid = np.asarray(cost.sample_memory(t, f, sp, mid), dtype=float)
+        affine = np.allclose(m_mid, m1 + (mL - m1) * (mid - 1) / (L - 1), rtol=1e-9, atol=1.0)
+    else:
+        affine = True
+    if affine:
+        per_layer = (m1 - mL) / max(L - 1, 1)  # bytes saved by checkpointing one more layer
+        need = 1 + np.ceil((m1 - bud) / np.maximum(per_layer, 1e-300) - 1e-9)
+        sub = np.clip(need, 1, L).astype(np.int64)
+        sub[m1 <= bud] = 1
+    else:
+        for kk in range(1, L + 1):
+            open_ = sub < 0
+            if not open_.any():
+                break
+            mem = np.asarray(cost.sample_memory(t[open_], f[open_], sp, kk), dtype=float)
+            sub[np.flatnonzero(open_)[mem <= bud[open_]]] = kk
+    k[idx] = sub
+    return k
+
+
+def time_at_ckpt(
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, k: np.ndarray, packed: bool = False
+) -> np.ndarray:
+    """Vectorised per-sample time with a per-sample checkpoint count ``k`` (>= 0); with
+    ``packed`` the sample's share of a well-filled micro-batch (`CostModel.sample_time_packed`,
+    where the source has it) instead of its time alone.
+
+    Recompute time is one extra forward of each checkpointed layer, affine in ``k``; checked at
+    the midpoint like memory, with an exact per-``k`` fallback.
+    """
+    L = cost.model.num_layers
+    fn = getattr(cost, "sample_time_packed", None) if packed else None
+    time_fn = fn if fn is not None else cost.sample_time
+    t0 = np.asarray(time_fn(tokens, frames, sp, 0), dtype=float)
+    if not np.any(k > 0):
+        return t0
+    tL = np.asarray(time_fn(tokens, frames, sp, L), dtype=float)
+    out = t0 + (tL - t0) * k / L
+    probe = (k > 0) & (k < L)
+    if probe.any():
+        kk = int(np.median(k[probe]))
+        exact = np.asarray(time_fn(tokens[probe], frames[probe], sp, kk), dtype=float)
+        guess = t0[probe] + (tL[probe] - t0[probe]) * kk / L
+        if not np.allclose(exact, guess, rtol=1e-9, atol=1e-12):
+            for kv in np.unique(k[probe]):
+                sel = k == kv
+                out[sel] = time_fn(tokens[sel], frames[sel], sp, int(kv))
+    return out
+
+
+@dataclass
+class ShapeTable:
+    """Settings of every distinct (tokens, frames) shape of a batch at every SP degree.
+
+    ``ckpt[i, j]`` is the fewest checkpointed layers for shape ``i`` at ``sps[j]`` (-1: does not
+    fit), ``time[i, j]`` its time run alone (inf when it does not fit), ``mem[i, j]`` its
+    activation bytes per rank at that setting.
+    """
+
+    tokens: np.ndarray  # (m,)
+    frames: np.ndarray  # (m,)
+    inverse: np.ndarray  # (n,): sample position -> shape index
+    sps: np.ndarray  # (k,)
+    ckpt: np.ndarray  # (m, k) int
+    time: np.ndarray  # (m, k) float
+    mem: np.ndarray  # (m, k) float
+
+    @property
+    def gpu_seconds(self) -> np.ndarray:
+        return self.time * self.sps[None, :]
+
+
+def build_shape_table(
+    tokens: np.ndarray, frames: np.ndarray, cost: CostModel, world_size: int, packed: bool = False
+) -> ShapeTable:
+    """Evaluate every distinct shape at every aligned SP degree (a few vectorised calls each).
+    ``packed``: times are packed shares (see `time_at_ckpt`)."""
+    key = tokens.astype(np.int64) * (1 << 20) + frames.astype(np.int64)
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    ut, uf = tokens[first], frames[first]
+    sps = np.asarray(sp_degrees(world_size), dtype=np.int64)
+    m, kk = len(ut), len(sps)
+    ckpt = np.full((m, kk), -1, dtype=np.int64)
+    time = np.full((m, kk), np.inf)
+    mem = np.full((m, kk), np.inf)
+    budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+    for j, sp in enumerate(sps):
+        # A shape that fits at some SP degree without checkpointing never needs a larger one for
+        # memory; it is still evaluated everywhere so the scheduler may raise its degree.
+        k = fewest_ckpt_layers(cost, ut, uf, int(sp), budget)
+        ok = k >= 0
+        if ok.any():
+            ckpt[ok, j] = k[ok]
+            time[ok, j] = time_at_ckpt(cost, ut[ok], uf[ok], int(sp), k[ok], packed)
+            # Memory without checkpointing decides packing (only k = 0 samples are packed).
+            mem[ok, j] = cost.sample_memory(ut[ok], uf[ok], int(sp), 0)
+    return ShapeTable(ut, uf, inverse.astype(np.int64), sps, ckpt, time, mem)
+
+
+
+def largest_fitting_length(cost: CostModel, frames: int = 1, spatial: int | None = None) -> int:
+    """The longest sample (tokens) that fits the cap at the largest SP degree with full
+    recompute: what an infeasibility error reports. Video keeps the frame count and grows the
+    spatial size; text (frames=1) grows the length."""
+    W = cost.cluster.world_size
+    sp = sp_degrees(W)[-1]
+    L = cost.model.num_layers
+    budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+
+    def fits(n_tokens: int) -> bool:
+        t = np.asarray([n_tokens], dtype=np.int64)
+        f = np.asarray([frames], dtype=np.int64)
+        return bool(cost.sample_memory(t, f, sp, L)[0] <= budget)
+
+    step = frames
+    if not fits(step):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi * step) and hi < (1 << 40):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * step):
+            lo = mid
+        else:
+            hi = mid
+    return lo * step
+
+
+def raise_if_infeasible(table: ShapeTable, batch_tokens: np.ndarray, batch_frames: np.ndarray, cost: CostModel) -> None:
+    """`InfeasibleError` for the first sample that fits no SP degree even with full recompute."""
+    bad = np.flatnonzero((table.ckpt < 0).all(axis=1))
+    if len(bad) == 0:
+        return
+    i = int(bad[np.argmax(table.tokens[bad])])
+    t, f = int(table.tokens[i]), int(table.frames[i])
+    limit = largest_fitting_length(cost, frames=f)
+    W = cost.cluster.world_size
+    shape = f"{t} tokens ({f} frames x {t // f})" if f > 1 else f"{t} tokens"
+    raise InfeasibleError(
+        f"a sample of {shape} fits no SP degree up to {sp_degrees(W)[-1]} on {W} GPUs even with "
+        f"all {cost.model.num_layers} layers recomputed (memory cap "
+        f"{cost.memory_cap_bytes / 2**30:.1f} GiB); the largest that fits is {limit} tokens"
+        + (f" at {f} frames" if f > 1 else "")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Faithful DCP: size buckets and their profiled (sp, bs, ckpt) setting.
+
+
+@dataclass(frozen=True)
+class BucketSetting:
+    """One bucket's profiled setting: SP degree, batch size (samples per micro-batch),
+    checkpointed layers, and the time of one full micro-batch of the bucket's shape."""
+
+    tokens: int  # representative (largest) shape of the bucket
+    frames: int
+    sp: int
+    bs: int
+    ckpt_layers: int
+    time_s: float
+
+    @property
+    def samples_per_gpu_second(self) -> float:
+        return self.bs / (self.sp * self.time_s)
+
+
+def bucket_keys(tokens: np.ndarray, frames: np.ndarray, per_octave: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bucket every sample. Video (any sample with frames > 1): the distinct (T', S) shapes, as
+    the reference's resolution x frame-count grid. Text: log-spaced length buckets, ``per_octave``
+    a factor of two; a bucket's representative is its upper edge (what a profile would measure).
+
+    Returns (bucket index per sample, representative tokens, representative frames).
+    """
+    if len(tokens) == 0:
+        e = np.zeros(0, dtype=np.int64)
+        return e, e, e
+    if np.any(frames > 1):
+        key = tokens.astype(np.int64) * (1 << 20) + frames.astype(np.int64)
+        uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        return inv.astype(np.int64), tokens[first].astype(np.int64), frames[first].astype(np.int64)
+    edge_index = np.ceil(np.log2(np.maximum(tokens, 1)) * per_octave - 1e-9).astype(np.int64)
+    uniq, inv = np.unique(edge_index, return_inverse=True)
+    rep = np.floor(2.0 ** (uniq / per_octave) + 1e-6).astype(np.int64)
+    # The edge may round below the longest member; never let a member exceed its representative.
+    longest = np.zeros(len(uniq), dtype=np.int64)
+    np.maximum.at(longest, inv, tokens.astype(np.int64))
+    rep = np.maximum(rep, longest)
+    return inv.astype(np.int64), rep, np.ones(len(uniq), dtype=np.int64)
+
+
+def profile_bucket(
+    cost: CostModel,
+    tokens: int,
+    frames: int,
+    pac: bool,
+    max_bs: int = 1 << 12,
+    cross_node: bool = True,
+) -> BucketSetting | None:
+    """The reference profile of one bucket: SP degrees inside a node first (across nodes only
+    when nothing fits inside one), batch sizes 1, 2, 4, ... that fit the cap; without PAC every
+    layer is checkpointed, with PAC the fewest layers that fit. Returns the (sp, bs) with the
+    most samples per GPU-second, or None when the bucket fits nowhere (the reference skips it).
+    """
+    L = cost.model.num_layers
+    budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+    gpn = cost.cluster.gpus_per_node
+    all_sps = sp_degrees(cost.cluster.world_size)
+    inside = [s for s in all_sps if s <= gpn]
+    outside = [s for s in all_sps if s > gpn]
+    t1 = np.asarray([tokens], dtype=np.int64)
+    f1 = np.asarray([frames], dtype=np.int64)
+    for sps in (inside, outside if cross_node else []):
+        best: BucketSetting | None = None
+        for sp in sps:
+            one_full = float(cost.sample_memory(t1, f1, sp, L)[0])
+            if one_full > budget:
+                continue
+            bs = 1
+            while bs <= max_bs and bs * one_full <= budget:
+                if pac:
+                    k = int(fewest_ckpt_layers(cost, np.repeat(t1, 1), f1, sp, budget / bs)[0])
+                else:
+                    k = L
+                tk = np.repeat(t1, bs)
+                fk = np.repeat(f1, bs)
+                c = cost.microbatch_cost(tk, fk, sp, k)
+                if c.mem_bytes > cost.memory_cap_bytes:
+                    break
+                cand = BucketSetting(tokens, frames, sp, bs, k, c.total_s)
+                if best is None or cand.samples_per_gpu_second > best.samples_per_gpu_second * (1 + 1e-12):
+                    best = cand
+                bs *= 2
+        if best is not None:
+            return best
+    return None
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = [
+    "BucketSetting",
+    "ShapeTable",
+    "bucket_keys",
+    "build_shape_table",
+    "ceil_div",
+    "fewest_ckpt_layers",
+    "largest_fitting_length",
+    "profile_bucket",
+    "raise_if_infeasible",
+    "sp_degrees",
+    "time_at_ckpt",
+]
