@@ -14,6 +14,7 @@ from dcp_bench.errors import DcpBenchError
 # One module per subcommand, in the order `--help` lists them.
 COMMAND_MODULES = [
     "dcp_bench.commands.env",
+    "dcp_bench.commands.profile",
 ]
 
 

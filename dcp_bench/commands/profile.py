@@ -1,0 +1,127 @@
+"""`dcp-bench profile`: measure the model's layers and the collectives on this hardware and write a
+profile artifact for the ``profiled`` cost source.
+
+Example (the committed CPU calibration)::
+
+    dcp-bench profile model=tiny_llama nproc=[2,4] profile.tokens=[256,512,1024,2048] \\
+        profile.sp=[1,2,4] profile.reps=7 out=results/calibration/cpu/tiny_llama.json
+
+Keys: ``model=NAME`` (config group), ``nproc=N`` or ``nproc=[2,4]`` (ranks per measurement),
+``out=PATH``, and ``profile.KEY=VALUE`` for the grid: tokens (per rank), sp, shapes
+(single/packed), packed_samples, reps, warmup, collective_bytes, threads, device (cpu/cuda), dtype
+(fp32/bf16/fp16), outer, collectives, ceilings (true/false).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dcp_bench.errors import ConfigError
+
+NAME = "profile"
+HELP = (
+    "measure per-layer time/memory and collective times on this hardware; write a profile "
+    "artifact (JSON) for the profiled cost model"
+)
+
+# override key -> ProfileRequest field
+_KEYS = {
+    "tokens": "tokens",
+    "sp": "sp",
+    "shapes": "shapes",
+    "packed_samples": "packed_samples",
+    "reps": "reps",
+    "warmup": "warmup",
+    "collective_bytes": "collective_bytes",
+    "threads": "threads_per_rank",
+    "device": "device",
+    "dtype": "dtype",
+    "outer": "outer",
+    "collectives": "collectives",
+    "ceilings": "ceilings",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="model=NAME, nproc=N|[N,...], out=PATH, profile.tokens=[...], profile.sp=[...], "
+        "profile.reps=N, profile.device=cpu|cuda, profile.dtype=fp32|bf16 ...",
+    )
+
+
+def split_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Separate the profiler's own keys (``profile.*``, ``nproc``, ``out``) from config
+    overrides; values are parsed as YAML (``[1,2]`` is a list)."""
+    own: dict[str, Any] = {}
+    rest: list[str] = []
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"bad override {ov!r}: expected key=value (e.g. model=tiny_llama)")
+        key, value = ov.split("=", 1)
+        if key.startswith("profile.") or key in ("nproc", "out"):
+            try:
+                own[key] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"bad value in {ov!r}: not a number, list or word") from None
+        else:
+            rest.append(ov)
+    return own, rest
+
+
+def build_request(own: dict[str, Any], model: Any) -> Any:
+    from dcp_bench.profiling.run import ProfileRequest
+
+    kwargs: dict[str, Any] = {}
+    for key, value in own.items():
+        if key == "nproc":
+            kwargs["nprocs"] = [int(v) for v in (value if isinstance(value, list) else [value])]
+        elif key.startswith("profile."):
+            name = key.split(".", 1)[1]
+            if name not in _KEYS:
+                raise ConfigError(
+                    f"unknown profile option {key!r}; valid: {', '.join('profile.' + k for k in _KEYS)}"
+                )
+            field = _KEYS[name]
+            default = getattr(ProfileRequest(model=model), field)
+            if isinstance(default, list) and not isinstance(value, list):
+                value = [value]
+            kwargs[field] = value
+    req = ProfileRequest(model=model, **kwargs)
+    req.check()
+    return req
+
+
+def run(args: argparse.Namespace) -> int:
+    from dcp_bench.config import instantiate, load_config
+    from dcp_bench.profiling.artifact import dumps_artifact, file_sha256
+    from dcp_bench.profiling.run import run_profile
+    from dcp_bench.records import atomic_write_text
+
+    own, rest = split_overrides(list(args.overrides))
+    cfg = load_config(rest)
+    model = instantiate(cfg.model)
+    req = build_request(own, model)
+    out = Path(own.get("out") or f"profiles/{model.name}_{req.device}.json")
+    print(
+        f"profiling {model.name} on {req.device} ({req.dtype}): tokens/rank {req.tokens}, "
+        f"sp {req.sp}, shapes {req.shapes}, nproc {req.nprocs}, {req.reps} reps after "
+        f"{req.warmup} warm-up",
+        file=sys.stderr,
+    )
+    command = "dcp-bench profile " + " ".join(shlex.quote(o) for o in args.overrides)
+    artifact = run_profile(req, command=command)
+    atomic_write_text(out, dumps_artifact(artifact))
+    print(
+        f"wrote {out} (sha256 {file_sha256(out)}) in {artifact['cost']['wall_s']:.1f} s: "
+        f"{len(artifact['layers'])} layer points, {len(artifact['collectives'])} collective points"
+    )
+    return 0
