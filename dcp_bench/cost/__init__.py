@@ -91,12 +91,17 @@ def make_cost_model(
                 f"cost source 'profiled' needs a profile: cluster {cspec.name!r} names none; pass "
                 "profile=PATH (written by `dcp-bench profile`) or use source='analytical'"
             )
+        if scales:
+            raise ConfigError(
+                f"cost scales {sorted(scales)} apply to the analytical source only; the profiled "
+                "source uses measured times"
+            )
         try:
-            from dcp_bench.cost.profiled import ProfiledCostModel  # type: ignore[import-not-found]
+            from dcp_bench.cost.profiled import ProfiledCostModel
         except ImportError as exc:
             raise ConfigError(f"the profiled cost source is unavailable: {exc}") from None
-        return ProfiledCostModel(  # type: ignore[no-any-return]
-            profile_path, mspec, cspec, mem_cap_fraction=mem_cap_fraction, scales=dict(scales or {}), **options
+        return ProfiledCostModel(
+            model=mspec, cluster=cspec, mem_cap_fraction=mem_cap_fraction, profile=str(profile_path), **options
         )
     from dcp_bench.cost.analytical import AnalyticalCostModel
 
