@@ -7,10 +7,12 @@
   (self-attention over the T' frames of each patch); each block also has cross-attention to the
   caption and an MLP. Timestep conditioning is adaLN-style as in STDiT3: a shared
   ``t_block`` maps the timestep embedding to 6 vectors (shift/scale/gate for attention and MLP),
-  each block adds its own learned ``scale_shift_table``. Patches of ``in_channels`` latents with
+  each block adds its own learned ``scale_shift_table``; an fps embedding is added to the
+  timestep embedding; q and k get a per-head RMSNorm. Patches of ``in_channels`` latents with
   patch (1, 2, 2) are embedded by a linear layer (equal to a stride=kernel Conv3d); fixed sin-cos
-  embeddings of the frame and patch index are added. The loss is the MSE between the predicted
-  and the true noise on every real patch. One checkpointing unit = one spatial+temporal pair.
+  embeddings of the frame and patch index are added. The final layer predicts noise and variance
+  (learned sigma, as STDiT3); the loss is the MSE between the predicted and the true noise on
+  every real patch (the variance half gets no loss: no VLB term). One checkpointing unit = one spatial+temporal pair.
 
 Inputs are synthetic but deterministic: every sample's content (token ids; latents, noise,
 timestep and caption) is drawn from a torch Generator seeded by (seed, sample id), so every method
@@ -53,6 +55,7 @@ IGNORE = -100
 TOKEN_PERIOD = 16  # synthetic text repeats a random 16-token motif (learnable by induction)
 NUM_TIMESTEPS = 1000
 ROPE_THETA = 10000.0
+FPS = 24.0  # the frame-rate condition of every synthetic clip (STDiT3 embeds fps like the timestep)
 
 
 def sample_generator(seed: int, sample_id: int) -> torch.Generator:
@@ -429,6 +432,8 @@ class STDiTBlock(nn.Module):
         self.heads, self.head_dim = spec.heads, spec.head_dim
         self.norm1 = nn.LayerNorm(h, elementwise_affine=False, eps=1e-6)
         self.qkv = nn.Linear(h, 3 * h)
+        self.q_norm = RMSNorm(spec.head_dim, eps=1e-6)  # per-head q/k norm (STDiT3 qk_norm)
+        self.k_norm = RMSNorm(spec.head_dim, eps=1e-6)
         self.proj = nn.Linear(h, h)
         self.cross_q = nn.Linear(h, h)
         self.cross_kv = nn.Linear(h, 2 * h)
@@ -439,7 +444,8 @@ class STDiTBlock(nn.Module):
 
     def _self_attention(self, x: Tensor, shard: VideoShard, sp: SPContext) -> Tensor:
         n = x.shape[0]
-        qkv = self.qkv(x).view(n, 3, self.heads, self.head_dim)
+        q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
+        qkv = torch.stack([self.q_norm(q), self.k_norm(k), v], dim=1)
         outs = []
         start = 0
         P = sp.size
@@ -516,12 +522,14 @@ class STDiTModel(RuntimeModel):
         width = spec.in_channels * math.prod(spec.patch)
         self.x_embed = nn.Linear(width, h)
         self.t_embed = MLP(self.FREQ_DIM, h, h)
+        self.fps_embed = MLP(self.FREQ_DIM, h, h)
         self.t_block = nn.Linear(h, 6 * h)
         self.y_embed = MLP(max(spec.text_dim, 1), h, h)
         self.pairs = nn.ModuleList(STDiTPair(spec) for _ in range(spec.num_layers))
         self.final_norm = nn.LayerNorm(h, elementwise_affine=False, eps=1e-6)
         self.final_table = nn.Parameter(torch.randn(2, h) / h**0.5)
-        self.final_linear = nn.Linear(h, width)
+        # Noise and variance outputs as in STDiT3 (learned sigma); the loss uses the noise half.
+        self.final_linear = nn.Linear(h, 2 * width)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
@@ -537,6 +545,8 @@ class STDiTModel(RuntimeModel):
         x = self.x_embed(inputs.x_t)
         x = x + sincos_embedding(inputs.frame_idx, h).to(x.dtype) + sincos_embedding(inputs.patch_idx, h).to(x.dtype)
         t_emb = self.t_embed(sincos_embedding(inputs.timesteps, self.FREQ_DIM).to(x.dtype))  # (n, h)
+        fps = torch.full_like(inputs.timesteps, FPS)
+        t_emb = t_emb + self.fps_embed(sincos_embedding(fps, self.FREQ_DIM).to(x.dtype))
         t_mod = self.t_block(F.silu(t_emb)).view(-1, 6, h)  # (n, 6, h)
         t_mod_s = t_mod.index_select(0, inputs.sample_of_row)
         # Per-row sample index in the temporal layout (samples occupy the same row ranges).
@@ -549,7 +559,8 @@ class STDiTModel(RuntimeModel):
                 x = pair(x, inputs, t_mod_s, t_mod_t, caption_h, sp)
         shift, scale = (self.final_table[None] + t_emb.index_select(0, inputs.sample_of_row)[:, None]).unbind(1)
         out = self.final_linear(self.final_norm(x) * (1 + scale) + shift)
-        per_row = (out.float() - inputs.target.float()).pow(2).mean(-1)
+        noise_pred = out[:, : inputs.target.shape[1]]
+        per_row = (noise_pred.float() - inputs.target.float()).pow(2).mean(-1)
         return (per_row * inputs.weight).sum()
 
 
