@@ -13,7 +13,9 @@ from dcp_bench.cost.specs import ClusterSpec, ModelSpec, gpu_spec, model_spec
 
 
 def make_cluster(world_size: int, gpus_per_node: int = 8) -> ClusterSpec:
-    gpn = min(gpus_per_node, world_size)
+    gpn = 1  # the largest power of two <= gpus_per_node dividing the world
+    while gpn * 2 <= gpus_per_node and world_size % (gpn * 2) == 0:
+        gpn *= 2
     return ClusterSpec(
         name=f"test{world_size}",
         gpu=gpu_spec("h200"),

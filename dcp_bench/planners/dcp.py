@@ -77,11 +77,11 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
         small = small[np.argsort(-times[small], kind="stable")]
         heap: list[tuple[float, int]] = [(float(free[r]), r) for r in range(W)]
         heapq.heapify(heap)
-        for i, t in zip(small.tolist(), times[small].tolist()):
+        for task, t in zip(small.tolist(), times[small].tolist()):
             f, r = heap[0]
             heapq.heapreplace(heap, (f + t, r))
-            bstart[i] = r
-            start[i] = f
+            bstart[task] = r
+            start[task] = f
         for f, r in heap:
             free[r] = f
     end = start + times
