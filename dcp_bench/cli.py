@@ -14,7 +14,9 @@ from dcp_bench.errors import DcpBenchError
 # One module per subcommand, in the order `--help` lists them.
 COMMAND_MODULES = [
     "dcp_bench.commands.env",
+    "dcp_bench.commands.workloads",
     "dcp_bench.commands.profile",
+    "dcp_bench.commands.train",
 ]
 
 

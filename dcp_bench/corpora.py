@@ -452,7 +452,7 @@ def read_text_dataset(
     path = Path(path)
     _require_file(path)
     tok = get_tokenizer(tokenizer)  # an unknown tokenizer fails before reading the data
-    texts: list[tuple[str, str]] = []  # (where, text)
+    texts: list[str] = []
     if path.suffix.lower() == ".parquet":
         import pandas as pd
 
@@ -465,7 +465,7 @@ def read_text_dataset(
         for i, v in enumerate(frame[text_field].tolist()):
             if not isinstance(v, str):
                 raise WorkloadError(f"{path}: row {i} field {text_field!r} is {type(v).__name__}, not text")
-            texts.append((f"row {i}", v))
+            texts.append(v)
     else:
         with open(path, encoding="utf-8", errors="strict") as f:
             try:
@@ -483,9 +483,9 @@ def read_text_dataset(
                 raise WorkloadError(
                     f"{path}: line {lineno}: corrupt record (no string field {text_field!r})"
                 )
-            texts.append((f"line {lineno}", rec[text_field]))
+            texts.append(rec[text_field])
     lengths = []
-    for where, text in texts:
+    for text in texts:
         n = tok.count(text)
         if n <= 0:
             continue  # an empty document is no sequence; it is skipped, not an error
@@ -527,12 +527,14 @@ def derive_histogram(
     edges = np.asarray(histogram_edges(int(lengths.max()), bins_per_octave), dtype=np.int64)
     counts, _ = np.histogram(lengths, bins=edges)
     keep = np.nonzero(counts)[0]
+    hi = edges[keep + 1].copy()
+    hi[-1] = min(int(hi[-1]), int(lengths.max()) + 1)  # sampling never exceeds the list's maximum
     return {
         "name": name,
         "format": "dcp-bench length histogram v1",
         "bins_per_octave": bins_per_octave,
         "bin_lo": edges[keep].tolist(),  # inclusive
-        "bin_hi": edges[keep + 1].tolist(),  # exclusive
+        "bin_hi": hi.tolist(),  # exclusive
         "counts": counts[keep].tolist(),
         "reference": {
             "n": int(len(lengths)),

@@ -1,0 +1,147 @@
+"""`dcp-bench workloads`: list the workloads, show one's statistics, or print a global batch.
+
+    dcp-bench workloads list [--json]
+    dcp-bench workloads show NAME [key=value ...] [--json] [--plot PATH]
+    dcp-bench workloads batch NAME [key=value ...] [--step N] [--world-size N] [--max-seq-len N]
+
+``key=value`` are workload parameters (``lengths_file=PATH``, ``length_scale=64``, ``seed=1`` ...);
+a ``workload.`` prefix is accepted so config-style overrides work too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dcp_bench.errors import WorkloadError
+
+NAME = "workloads"
+HELP = "list workloads, show a workload's length statistics (--json, --plot), or print a global batch"
+
+STAT_KEYS = (
+    "n", "mean", "p10", "p25", "p50", "p75", "p90", "p99", "max",
+    "token_share_gt_8k", "token_share_gt_32k", "token_share_gt_128k",
+    "attn_share_gt_8k", "attn_share_gt_32k", "attn_share_gt_128k",
+)  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+    p_list = sub.add_parser("list", help="the shipped workloads")
+    p_list.add_argument("--json", action="store_true", help="print JSON")
+    p_show = sub.add_parser("show", help="statistics of a workload's length distribution")
+    p_show.add_argument("name")
+    p_show.add_argument("params", nargs="*", metavar="key=value", help="workload parameters")
+    p_show.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p_show.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a histogram figure")
+    p_batch = sub.add_parser("batch", help="the global batch of one step (sample ids and sizes)")
+    p_batch.add_argument("name")
+    p_batch.add_argument("params", nargs="*", metavar="key=value", help="workload parameters")
+    p_batch.add_argument("--step", type=int, default=0)
+    p_batch.add_argument("--world-size", type=int, default=32)
+    p_batch.add_argument("--max-seq-len", type=int, default=None)
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``key=value`` strings to workload parameters (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise WorkloadError(f"bad parameter {item!r}: expected key=value (e.g. lengths_file=PATH)")
+        key, value = item.split("=", 1)
+        key = key.removeprefix("workload.")
+        if not key:
+            raise WorkloadError(f"bad parameter {item!r}: empty key")
+        # Paths stay strings even when they look like numbers or YAML.
+        out[key] = value if key in ("lengths_file", "path", "column", "text_field", "tokenizer") else yaml.safe_load(value)
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dcp_bench.workload import WORKLOADS, load_workload
+
+    if args.action == "list":
+        rows = [
+            {"name": n, "kind": e.kind, "default_model": e.default_model, "version": e.version, "description": e.description}
+            for n, e in WORKLOADS.items()
+        ]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            width = max(len(r["name"]) for r in rows)
+            for r in rows:
+                print(f"{r['name']:<{width}}  {r['kind']:<9}  {r['default_model']:<10}  v{r['version']}  {r['description']}")
+        return 0
+
+    workload = load_workload(args.name, **parse_params(args.params))
+    if args.action == "batch":
+        batch = workload.global_batch(args.step, args.world_size, args.max_seq_len)
+        print(json.dumps({
+            "workload": workload.name, "step": batch.step, "world_size": args.world_size,
+            "n": batch.n, "total_tokens": batch.total_tokens, "truncated": batch.truncated,
+            "dropped": batch.dropped, "info": batch.info,
+            "sample_ids": batch.sample_ids.tolist(), "tokens": batch.tokens.tolist(),
+            "frames": batch.frames.tolist(),
+        }, indent=None))  # fmt: skip
+        return 0
+
+    stats = workload.stats()
+    if args.plot is not None:
+        write_plot(workload, args.plot)
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        print(f"{workload.name} (v{workload.version}, {workload.kind}, default model {workload.default_model})")
+        print(f"  {workload.description}")
+        for key in STAT_KEYS:
+            print(f"  {key:<20} {_fmt(stats[key])}")
+        print(f"  {'stats_method':<20} {stats['stats_method']}")
+        for key, value in workload.provenance.items():
+            if key != "reference":
+                print(f"  provenance.{key}: {value}")
+        if args.plot is not None:
+            print(f"  plot: {args.plot}")
+    return 0
+
+
+def write_plot(workload: Any, path: Path) -> None:
+    """A log-x histogram of the share of samples and the share of tokens per length bin."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    lengths, probs, method = workload.length_distribution()
+    lo, hi = max(1.0, float(lengths.min())), float(lengths.max())
+    bins = np.geomspace(lo, hi * 1.0001, 60) if hi > lo else np.array([lo * 0.9, lo * 1.1])
+    samples, _ = np.histogram(lengths, bins=bins, weights=probs)
+    tokens, _ = np.histogram(lengths, bins=bins, weights=probs * lengths)
+    tokens = tokens / tokens.sum()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.stairs(samples, bins, label="share of samples", fill=True, alpha=0.5)
+    ax.stairs(tokens, bins, label="share of tokens", linewidth=1.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("share")
+    ax.set_title(f"{workload.name} (v{workload.version}); {method}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
