@@ -17,7 +17,6 @@ COMMAND_MODULES = [
     "dcp_bench.commands.workloads",
     "dcp_bench.commands.profile",
     "dcp_bench.commands.train",
-    "dcp_bench.commands.train",
 ]
 
 
