@@ -211,9 +211,9 @@ def simulate_step(
 
     static = cost.static_memory_bytes()
     peak = np.full(W, static)
-    for gid in np.flatnonzero(g_mem > static):
-        a, b = g_start[gid], g_start[gid] + g_size[gid]
-        peak[a:b] = np.maximum(peak[a:b], g_mem[gid])
+    for big in np.flatnonzero(g_mem > static).tolist():
+        a, b = g_start[big], g_start[big] + g_size[big]
+        peak[a:b] = np.maximum(peak[a:b], g_mem[big])
     sync = cost.step_sync_time()
     sync_comm = _sync_comm_s(cost, sync)
     step_time = compute_end + sync

@@ -220,9 +220,12 @@ class AnalyticalCostModel(CostModel):
         n_r = np.asarray(tokens, dtype=float) / np.asarray(sp, dtype=float)
         k = np.asarray(ckpt_layers, dtype=float)
         L = self._L
-        # Stored layers keep everything, checkpointed ones their input; while one checkpointed
-        # layer is recomputed for its backward, its full activations exist once more.
-        per_tok = (L - k) * self._act_full_tok + k * self._act_in_tok + (k > 0) * self._act_full_tok
+        # Stored layers keep everything, checkpointed ones their input. Peak: at the start of the
+        # backward, (L-k) stored layers + k inputs; when checkpointed layer j is recomputed the
+        # layers above it are already freed, so (j-1) inputs + one full layer (its input is part
+        # of it). The second exceeds the first only when every layer is checkpointed.
+        full, inp = self._act_full_tok, self._act_in_tok
+        per_tok = np.where(k < L, (L - k) * full + k * inp, (L - 1) * inp + full)
         return self._scale("act_bytes") * (n_r * (per_tok + self._act_head_tok) + self._act_sample)
 
     # --------------------------------------------------------------------------- interface
