@@ -529,11 +529,13 @@ def derive_histogram(
     keep = np.nonzero(counts)[0]
     hi = edges[keep + 1].copy()
     hi[-1] = min(int(hi[-1]), int(lengths.max()) + 1)  # sampling never exceeds the list's maximum
+    lo = edges[keep].copy()
+    lo[0] = max(int(lo[0]), int(lengths.min()))  # ... nor goes below its minimum
     return {
         "name": name,
         "format": "dcp-bench length histogram v1",
         "bins_per_octave": bins_per_octave,
-        "bin_lo": edges[keep].tolist(),  # inclusive
+        "bin_lo": lo.tolist(),  # inclusive
         "bin_hi": hi.tolist(),  # exclusive
         "counts": counts[keep].tolist(),
         "reference": {
