@@ -46,6 +46,15 @@ class Schedule:
     rank_free: np.ndarray  # (W,)
 
 
+def _pow2_upto(world_size: int) -> list[int]:
+    """Aligned group sizes > 1 that tile the world."""
+    out, s = [], 2
+    while s <= world_size and world_size % s == 0:
+        out.append(s)
+        s *= 2
+    return out
+
+
 def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: str) -> Schedule:
     """Place every task (time, aligned block size) onto a world of ``world_size`` ranks.
 
@@ -64,12 +73,25 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
             big = big[np.lexsort((-times[big], -sizes[big]))]
         else:
             big = big[np.argsort(-times[big], kind="stable")]
-        for i in big:
-            s = int(sizes[i])
-            ready = free.reshape(-1, s).max(axis=1)
-            b = int(np.argmin(ready))
-            t0 = float(ready[b])
-            free[b * s : (b + 1) * s] = t0 + times[i]
+        # ready[s][b]: when every rank of aligned block b of size s is free (max over its ranks),
+        # kept per level so each placement costs O(levels) small updates, not O(W).
+        levels = sorted({int(x) for x in sizes[big]} | {int(x) for x in _pow2_upto(W)})
+        ready = {lv: np.zeros(W // lv) for lv in levels}
+        for i, s, t in zip(big.tolist(), sizes[big].tolist(), times[big].tolist()):
+            rs = ready[s]
+            b = int(rs.argmin())
+            t0 = float(rs[b])
+            end_t = t0 + t
+            free[b * s : (b + 1) * s] = end_t
+            for lv in levels:
+                if lv < s:
+                    f = s // lv
+                    ready[lv][b * f : (b + 1) * f] = end_t
+                elif lv > s:
+                    c = (b * s) // lv
+                    if ready[lv][c] < end_t:
+                        ready[lv][c] = end_t
+            rs[b] = end_t
             bstart[i] = b * s
             start[i] = t0
     small = np.flatnonzero(sizes == 1)
@@ -106,6 +128,8 @@ class DCPPlanner(Planner):
             )
         self.pack_tokens = int(pack_tokens)
         self.refine_steps = int(refine_steps)
+        # A schedule this close to the bound is not searched further (planning time matters).
+        self.good_enough = 0.002
 
     # -- choice --------------------------------------------------------------------------------
 
@@ -154,7 +178,7 @@ class DCPPlanner(Planner):
         )
         return plan
 
-    def _schedule(self, table: ShapeTable, sample_choice: np.ndarray, W: int) -> Schedule:
+    def _schedule(self, table: ShapeTable, sample_choice: np.ndarray, W: int, bound: float) -> Schedule:
         times = table.time[table.inverse, sample_choice]
         sizes = table.sps[sample_choice]
         best: Schedule | None = None
@@ -162,18 +186,25 @@ class DCPPlanner(Planner):
             s = list_schedule(times, sizes, W, order)
             if best is None or s.makespan < best.makespan * (1 - 1e-12):
                 best = s
-            if not (sizes > 1).any():
-                break  # both orders give the same schedule
+            if not (sizes > 1).any() or best.makespan <= bound * (1 + self.good_enough):
+                break  # the other order gives the same schedule, or cannot matter
         assert best is not None
         return best
 
     def _schedule_with_refinement(
         self, table: ShapeTable, sample_choice: np.ndarray, W: int
     ) -> tuple[Schedule, np.ndarray]:
-        sched = self._schedule(table, sample_choice, W)
+        # The bound no schedule beats: max(cheapest total work / W, longest sample at its fastest).
+        counts = np.bincount(table.inverse, minlength=len(table.tokens))
+        bound = max(
+            float((table.gpu_seconds.min(axis=1) * counts).sum()) / W, float(table.time.min(axis=1).max())
+        )
+        sched = self._schedule(table, sample_choice, W, bound)
         K = len(table.sps)
         tried: set[int] = set()
         for _ in range(self.refine_steps):
+            if sched.makespan <= bound * (1 + self.good_enough):
+                break
             crit = np.flatnonzero(sched.end >= sched.makespan * (1 - 1e-12))
             # The critical task that can still grow its degree and get faster.
             cands = [
@@ -188,7 +219,7 @@ class DCPPlanner(Planner):
             i = cands[0]
             trial = sample_choice.copy()
             trial[i] += 1
-            s2 = self._schedule(table, trial, W)
+            s2 = self._schedule(table, trial, W, bound)
             if s2.makespan < sched.makespan * (1 - 1e-9):
                 sched, sample_choice = s2, trial
             else:
@@ -213,7 +244,8 @@ class DCPPlanner(Planner):
         last_round = np.full(W, -1, dtype=np.int64)
         last_group: list[Group | None] = [None] * W
         group_samples: dict[int, list[int]] = {}
-        order = np.lexsort((sched.block_start, sched.start))
+        big = np.flatnonzero(sched.size > 1)
+        order = big[np.lexsort((sched.block_start[big], sched.start[big]))]
         for i in order.tolist():
             b, s = int(sched.block_start[i]), int(sched.size[i])
             g0 = last_group[b]
@@ -229,6 +261,19 @@ class DCPPlanner(Planner):
             for r in range(b, b + s):
                 last_group[r] = g
             last_round[b : b + s] = level
+        # Single-rank tasks start after every multi-rank task of their rank (list_schedule places
+        # them last), so each rank runs them as one group after its last multi-rank group.
+        small = np.flatnonzero(sched.size == 1)
+        if len(small):
+            small = small[np.argsort(sched.block_start[small], kind="stable")]
+            ranks, first = np.unique(sched.block_start[small], return_index=True)
+            for r, part in zip(ranks.tolist(), np.split(small, first[1:])):
+                level = int(last_round[r]) + 1
+                while len(rounds) <= level:
+                    rounds.append(Round())
+                g = Group(start=r, size=1)
+                rounds[level].groups.append(g)
+                group_samples[id(g)] = part.tolist()
         for rnd in rounds:
             rnd.groups.sort(key=lambda g: g.start)
             for g in rnd.groups:
@@ -251,8 +296,9 @@ class DCPPlanner(Planner):
         cur: list[int] = []
         cur_tok = 0
         cur_mem = 0.0
-        for i in sorted(samples, key=lambda j: int(batch.tokens[j])):
-            tok = int(batch.tokens[i])
+        idx = np.asarray(samples, dtype=np.int64)
+        idx = idx[np.argsort(batch.tokens[idx], kind="stable")]
+        for i, tok in zip(idx.tolist(), batch.tokens[idx].tolist()):
             if ckpt[i] > 0 or tok >= limit:
                 out.append(MicroBatch(samples=(i,), ckpt_layers=int(ckpt[i])))
                 continue
