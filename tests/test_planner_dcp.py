@@ -16,7 +16,11 @@ from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import StepPlan, validate_plan
 from dcp_bench.planners.dcp import DCPPlanner, list_schedule
 from dcp_bench.planners.dcp_faithful import DCPInterPACPlanner, DCPInterPlanner, DCPIntraPlanner
-from dcp_bench.planners.settings import build_shape_table, fewest_ckpt_layers, largest_fitting_length
+from dcp_bench.planners.settings import (
+    build_shape_table,
+    fewest_ckpt_layers,
+    largest_fitting_length,
+)
 
 PLANNERS = [DCPPlanner, DCPIntraPlanner, DCPInterPlanner, DCPInterPACPlanner]
 
