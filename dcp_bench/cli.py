@@ -15,6 +15,8 @@ from dcp_bench.errors import DcpBenchError
 COMMAND_MODULES = [
     "dcp_bench.commands.env",
     "dcp_bench.commands.workloads",
+    "dcp_bench.commands.plan",
+    "dcp_bench.commands.simulate",
     "dcp_bench.commands.profile",
     "dcp_bench.commands.train",
 ]

@@ -15,6 +15,7 @@ Speed: costs are computed for all sequence-split micro-batches of a step in one 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -326,3 +327,140 @@ def lower_bound(
     if not math.isfinite(bound):
         raise InfeasibleError("lower bound is not finite")
     return bound + (cost.step_sync_time() if include_sync else 0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# A whole simulated run from a config (what `dcp-bench simulate` prints). Workloads and planners
+# are imported inside the functions: the simulator itself depends only on plans and cost models.
+
+
+def cost_model_from_config(cfg: Any) -> CostModel:
+    """The cost model a composed config names: ``cfg.model``, ``cfg.cluster``,
+    ``cfg.mem_cap_fraction`` and an optional ``cfg.cost`` node {source (default auto), profile,
+    scales, and constructor options such as zero_stage}."""
+    from dcp_bench.cost import make_cost_model
+
+    node = _plain(cfg.get("cost")) if cfg.get("cost") is not None else {}
+    source = str(node.pop("source", "auto"))
+    profile = node.pop("profile", None)
+    scales = {str(k): float(v) for k, v in (node.pop("scales", None) or {}).items()}
+    return make_cost_model(
+        cfg["model"], cfg["cluster"], source=source,
+        mem_cap_fraction=float(cfg.get("mem_cap_fraction", 0.7)), profile=profile, scales=scales or None,
+        **node,
+    )
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        out = OmegaConf.to_container(node, resolve=True)
+        assert isinstance(out, dict)
+        return {str(k): v for k, v in out.items()}
+    return dict(node)
+
+
+def _median(values: list[float]) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.median(vals)) if vals else None
+
+
+def simulate_run(cfg: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Simulate ``cfg.run.warmup_steps + cfg.run.steps`` steps of ``cfg.method`` on
+    ``cfg.workload`` x ``cfg.cluster`` x ``cfg.model``.
+
+    Returns (summary, per-step records). Per step: the planner's wall time on this machine, the
+    plan (validated structurally), the simulated step, and the batch's lower bound. The summary
+    holds the medians over non-warm-up steps (``step_time_s`` = simulated step time plus planner
+    time unless ``run.planner_on_clock=false``; ``sim_step_time_s`` without it), the OOM and
+    over-cap step counts, the resolved config and the cost model's provenance. Everything is
+    labelled ``simulated``. An optional ``cfg.noise`` node configures a `NoiseModel` (seed
+    defaults to ``cfg.seed``).
+    """
+    import time
+
+    from dcp_bench.config import to_container
+    from dcp_bench.cost import resolve_cluster, resolve_model
+    from dcp_bench.plan import validate_plan
+    from dcp_bench.planners.base import make_planner
+    from dcp_bench.workload import make_workload
+
+    run = cfg.get("run") or {}
+    n_warm = int(run.get("warmup_steps", 0))
+    n_steps = int(run.get("steps", 1))
+    on_clock = bool(run.get("planner_on_clock", True))
+    if n_steps < 1 or n_warm < 0:
+        from dcp_bench.errors import ConfigError
+
+        raise ConfigError(f"run.steps={n_steps} must be >= 1 and run.warmup_steps={n_warm} >= 0")
+    seed = int(cfg.get("seed", 0))
+    cluster, model = resolve_cluster(cfg["cluster"]), resolve_model(cfg["model"])
+    cost = cost_model_from_config(cfg)
+    workload = make_workload(cfg["workload"])
+    planner = make_planner(cfg["method"])
+    noise = None
+    if cfg.get("noise") is not None:
+        params = _plain(cfg["noise"])
+        params.setdefault("seed", seed)
+        noise = NoiseModel(**params)
+    W = cluster.world_size
+    records: list[dict[str, Any]] = []
+    for step in range(n_warm + n_steps):
+        batch = workload.global_batch(step, W, model.max_seq_len)
+        t0 = time.perf_counter()
+        plan = planner.plan(batch, cost)
+        planner_s = time.perf_counter() - t0
+        validate_plan(plan, batch)
+        res = simulate_step(plan, batch, cost, noise=noise)
+        lb = lower_bound(batch, cost, infeasible="skip" if plan.mode == "paper" else "raise")
+        used = plan.sample_positions()
+        records.append({
+            "step": step,
+            "warmup": step < n_warm,
+            **res.record_fields(),
+            "step_time_s": res.step_time_s + (planner_s if on_clock else 0.0),
+            "sim_step_time_s": res.step_time_s,
+            "planner_ms": planner_s * 1e3,
+            "lower_bound_s": lb,
+            "samples": len(used),
+            "samples_dropped": batch.n - len(set(used)) + int(batch.dropped),
+            "over_cap": bool(res.peak_mem_bytes.max() > cost.memory_cap_bytes),
+            "model_flops": res.model_flops,
+            "rounds": len(plan.rounds),
+        })
+    measured = [r for r in records if not r["warmup"]]
+
+    def med(key: str) -> float | None:
+        return _median([float(r[key]) for r in measured])
+
+    step_med = med("step_time_s")
+    tokens = sum(r["tokens"] for r in measured)
+    total_time = sum(r["step_time_s"] for r in measured)
+    summary: dict[str, Any] = {
+        "label": "simulated",
+        "method": planner.label(),
+        "workload": str((cfg["workload"] or {}).get("name", "")),
+        "cluster": cluster.name,
+        "model": model.name,
+        "world_size": W,
+        "seed": seed,
+        "steps": n_steps,
+        "warmup_steps": n_warm,
+        "step_time_s": step_med,
+        "sim_step_time_s": med("sim_step_time_s"),
+        "lower_bound_s": med("lower_bound_s"),
+        "imbalance": med("imbalance"),
+        "comm_share": med("comm_share"),
+        "peak_mem_gib": med("peak_mem_gib"),
+        "oom_steps": sum(bool(r["oom"]) for r in measured),
+        "over_cap_steps": sum(bool(r["over_cap"]) for r in measured),
+        "mfu": med("mfu"),
+        "planner_ms": med("planner_ms"),
+        "tokens_per_s": tokens / total_time if total_time > 0 else None,
+        "planner_on_clock": on_clock,
+        "noise": dataclasses.asdict(noise) if noise else None,
+        "cost_model": cost.describe(),
+        "config": to_container(cfg) if not isinstance(cfg, dict) else cfg,
+    }
+    return summary, records

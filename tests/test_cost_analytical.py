@@ -33,7 +33,8 @@ def llama_forward_flops(n: int, spec=LLAMA) -> float:
 
 def test_one_sample_one_gpu_is_flops_over_rate():
     """One text sample on one GPU: forward = GEMM FLOPs / (peak x GEMM efficiency) + attention
-    FLOPs / (peak x attention efficiency); backward = 2 x forward; no communication."""
+    FLOPs / (peak x attention efficiency) + memory-bound bytes / bandwidth; backward = 2 x forward;
+    no communication."""
     cm = make_cost_model("llama3_8b", "h200x8")
     n = 8192
     h, L = LLAMA.hidden, LLAMA.num_layers
@@ -42,7 +43,8 @@ def test_one_sample_one_gpu_is_flops_over_rate():
     peak = 989e12
     gemm_eff = (790e12 / 989e12) * n / (n + cm.gemm_half_tokens)
     attn_eff = cm.attn_eff_max * n / (n + cm.attn_half_len)
-    expected_fwd = gemm / (peak * gemm_eff) + attn / (peak * attn_eff)
+    elementwise = n * L * 2.0 * (2 * (6 * h + 2 * 1024 + 4 * 14336) + 4 * 32) / 4.3e12
+    expected_fwd = gemm / (peak * gemm_eff) + attn / (peak * attn_eff) + elementwise
     c = cm.microbatch_cost(np.array([n]), np.array([1]), sp=1, ckpt_layers=0)
     assert c.fwd_s == pytest.approx(expected_fwd, rel=1e-12)
     assert c.bwd_s == pytest.approx(2 * expected_fwd, rel=1e-12)
@@ -88,8 +90,9 @@ def test_doubling_sp_halves_compute_and_adds_the_modelled_comm(s):
     fl = cm.sample_flops(tok, fr)
     gemm = fl["layer_gemm"][0] + fl["head_gemm"][0]
     attn_work = fl["attn_work"][0]
-    assert a.fwd_s == pytest.approx(gemm / ((s // 2) * 989e12 * gemm_a) + attn_work / ((s // 2) * 989e12))
-    assert b.fwd_s == pytest.approx(gemm / (s * 989e12 * gemm_b) + attn_work / (s * 989e12))
+    elem = n * LLAMA.num_layers * cm._elem_tok_s
+    assert a.fwd_s == pytest.approx((gemm / (989e12 * gemm_a) + attn_work / 989e12 + elem) / (s // 2))
+    assert b.fwd_s == pytest.approx((gemm / (989e12 * gemm_b) + attn_work / 989e12 + elem) / s)
     # With a flat efficiency curve (no small-kernel penalty) compute halves exactly.
     flat = make_cost_model("llama3_8b", "h200x32", gemm_half_tokens=0.0)
     fa, fb = flat.microbatch_cost(tok, fr, s // 2, 0), flat.microbatch_cost(tok, fr, s, 0)

@@ -5,7 +5,8 @@ docs/cost_model.md derives each formula.
 Time of a sequence-split micro-batch on an SP group of ``s`` ranks, per rank:
 
 - forward = GEMM FLOPs / (s * peak * eff_gemm(tokens per rank))
-  + sum over samples and attention kinds of attention FLOPs / (s * peak * eff_attn(length));
+  + sum over samples and attention kinds of attention FLOPs / (s * peak * eff_attn(length))
+  + memory-bound kernels: tokens per rank x layers x bytes moved per token / memory bandwidth;
 - backward = 2 x forward (the weight- and input-gradient GEMMs; flash-attention's backward);
 - recompute = the forward of the ``ckpt_layers`` checkpointed layers (embedding / head excluded);
 - communication = per layer and direction 2 all-to-alls (Ulysses: fused q/k/v, then the output;
@@ -60,6 +61,10 @@ class AnalyticalCostModel(CostModel):
     # Share of bus bandwidth a large ring all-reduce / reduce-scatter reaches. Assumption (NCCL
     # tests reach ~80% of NVLink and IB line rate at 1 GB messages).
     allreduce_eff: float = 0.8
+    # Memory-bound kernels (norms, RoPE, activations, residual adds, modulation) move this many
+    # bytes per byte of activation a layer saves, at the GPU's measured memory bandwidth.
+    # Assumption: each saved tensor is written once and read about once more in the forward.
+    elementwise_bytes_factor: float = 2.0
     # The LM loss is computed in chunks of this many tokens per rank, so at most one chunk of fp32
     # logits lives at a time (chunked / vocab-parallel cross-entropy, as long-context trainers do).
     logits_chunk_tokens: int = 4096
@@ -85,6 +90,7 @@ class AnalyticalCostModel(CostModel):
                 "attn_half_len": self.attn_half_len,
                 "a2a_eff": self.a2a_eff,
                 "allreduce_eff": self.allreduce_eff,
+                "elementwise_bytes_factor": self.elementwise_bytes_factor,
                 "zero_stage": self.zero_stage,
                 "logits_chunk_tokens": self.logits_chunk_tokens,
                 "workspace_bytes": self.cluster.gpu.workspace_bytes,
@@ -149,6 +155,8 @@ class AnalyticalCostModel(CostModel):
             self._act_sample = 2 * L * b * M * 2 * h
             self._act_head_tok = 1.0 * b * h
         self._act_in_tok = float(b * h)  # a checkpointed layer keeps only its input
+        # Seconds per token per layer of memory-bound kernels on one rank.
+        self._elem_tok_s = self.elementwise_bytes_factor * self._act_full_tok / gpu.measured_mem_bw
         pb = param_breakdown(m)
         self._params = pb.total
         self._layer_params = pb.per_layer
@@ -292,7 +300,7 @@ class AnalyticalCostModel(CostModel):
         ntok = per_mb(np.asarray(tokens, dtype=float))
         n_r = ntok / s
         rate = s * self._peak * self.gemm_efficiency(n_r)
-        t_layer_gemm = per_mb(fl["layer_gemm"]) / rate
+        t_layer_gemm = per_mb(fl["layer_gemm"]) / rate + n_r * self._L * self._elem_tok_s
         t_head = per_mb(fl["head_gemm"]) / rate
         t_attn = per_mb(fl["attn_work"]) / (s * self._peak)
         fwd = t_layer_gemm + t_head + t_attn
@@ -368,9 +376,9 @@ class AnalyticalCostModel(CostModel):
         s, k, L = float(sp), float(ckpt_layers), self._L
         fl = self.sample_flops(tokens, frames)
         rate = s * self._peak * self._gemm_max  # saturated GEMMs
-        layer = fl["layer_gemm"] / rate + fl["attn_work"] / (s * self._peak)
-        fwd = layer + fl["head_gemm"] / rate
         n_r = np.asarray(tokens, dtype=float) / s
+        layer = fl["layer_gemm"] / rate + fl["attn_work"] / (s * self._peak) + n_r * L * self._elem_tok_s
+        fwd = layer + fl["head_gemm"] / rate
         comm = np.zeros_like(n_r)
         if sp > 1:  # bytes only: collective latencies are shared by the samples of a micro-batch
             c = self.cluster
