@@ -314,13 +314,14 @@ def test_synthetic_controls() -> None:
 
 
 def _brute_stats(lengths: np.ndarray) -> dict[str, float]:
-    L = lengths.astype(np.float64)
-    out = {"mean": L.mean(), "max": L.max()}
+    v = lengths.astype(np.float64)
+    out = {"mean": v.mean(), "max": v.max()}
     for k in (8, 32, 128):
-        out[f"token_share_gt_{k}k"] = L[L > k * 1024].sum() / L.sum()
-        out[f"attn_share_gt_{k}k"] = (L[L > k * 1024] ** 2).sum() / (L**2).sum()
+        longer = v > k * 1024
+        out[f"token_share_gt_{k}k"] = v[longer].sum() / v.sum()
+        out[f"attn_share_gt_{k}k"] = (v[longer] ** 2).sum() / (v**2).sum()
     for q in (10, 25, 50, 75, 90, 99):
-        out[f"p{q}"] = np.percentile(L, q)
+        out[f"p{q}"] = np.percentile(v, q)
     return out
 
 
