@@ -63,6 +63,10 @@ class TrainSettings:
     torchrun_args: tuple[str, ...] = ()  # extra torchrun arguments (e.g. multi-node rendezvous)
 
 
+# A rank's failure is summarised on one stderr line after this mark, for the launcher's message.
+RANK_ERROR_MARK = "dcp-bench rank failure:"
+
+
 class TrainError(DcpBenchError):
     """A training run that failed (a rank crashed, timed out, or could not start)."""
 
@@ -284,6 +288,9 @@ def launch_train(config: dict[str, Any], settings: TrainSettings) -> dict[str, A
 def _error_tail(stderr: str) -> str:
     """The most telling line of the ranks' stderr: the last exception line."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    marked = [ln[len(RANK_ERROR_MARK) :].strip() for ln in lines if ln.startswith(RANK_ERROR_MARK)]
+    if marked:
+        return marked[0][:500]
     for ln in reversed(lines):
         if "Error" in ln and not ln.startswith(("File ", "[")):
             return ln[:500]
@@ -301,9 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = TrainSettings(**raw)
     try:
         return worker_main(data["config"], settings, args.summary)
-    except Exception:
+    except Exception as exc:
         rank = os.environ.get("RANK", "?")
-        sys.stderr.write(f"rank {rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.write(f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n")
         return 1
 
 
