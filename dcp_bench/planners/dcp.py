@@ -115,7 +115,7 @@ class DCPPlanner(Planner):
 
     name = "dcp"
 
-    def __init__(self, mode: Mode = "fair", pack_tokens: int = 16384, refine_steps: int = 16) -> None:
+    def __init__(self, mode: Mode = "fair", pack_tokens: int = 1 << 20, refine_steps: int = 16) -> None:
         super().__init__(mode)
         if mode != "fair":
             raise ConfigError(
@@ -239,6 +239,8 @@ class DCPPlanner(Planner):
         ckpt = table.ckpt[inv, sample_choice]
         mem0 = table.mem[inv, sample_choice]
         budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+        ckpt_l: list[int] = ckpt.tolist()
+        mem0_l: list[float] = mem0.tolist()
         rounds: list[Round] = []
         # Per rank: (round index, group) of the last group it joined.
         last_round = np.full(W, -1, dtype=np.int64)
@@ -277,37 +279,39 @@ class DCPPlanner(Planner):
         for rnd in rounds:
             rnd.groups.sort(key=lambda g: g.start)
             for g in rnd.groups:
-                g.micro_batches = self._pack(group_samples[id(g)], batch, ckpt, mem0, budget, g.size)
+                g.micro_batches = self._pack(group_samples[id(g)], batch.tokens, ckpt_l, mem0_l, budget, g.size)
         return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step)
 
     def _pack(
         self,
         samples: list[int],
-        batch: GlobalBatch,
-        ckpt: np.ndarray,
-        mem0: np.ndarray,
+        tokens: np.ndarray,
+        ckpt: list[int],
+        mem0: list[float],
         budget: float,
         size: int,
     ) -> list[MicroBatch]:
         """Micro-batches of one group: samples that need recompute run alone; the others are
-        packed, shortest first, up to ``pack_tokens`` tokens per rank and the memory budget."""
+        packed, shortest first, up to ``pack_tokens`` tokens per rank and the memory budget
+        (fuller micro-batches run their GEMMs more efficiently)."""
         out: list[MicroBatch] = []
         limit = self.pack_tokens * size
         cur: list[int] = []
         cur_tok = 0
         cur_mem = 0.0
         idx = np.asarray(samples, dtype=np.int64)
-        idx = idx[np.argsort(batch.tokens[idx], kind="stable")]
-        for i, tok in zip(idx.tolist(), batch.tokens[idx].tolist()):
+        order = np.argsort(tokens[idx], kind="stable")
+        for i, tok in zip(idx[order].tolist(), tokens[idx][order].tolist()):
             if ckpt[i] > 0 or tok >= limit:
-                out.append(MicroBatch(samples=(i,), ckpt_layers=int(ckpt[i])))
+                out.append(MicroBatch(samples=(i,), ckpt_layers=ckpt[i]))
                 continue
-            if cur and (cur_tok + tok > limit or cur_mem + mem0[i] > budget):
+            m = mem0[i]
+            if cur and (cur_tok + tok > limit or cur_mem + m > budget):
                 out.append(MicroBatch(samples=tuple(cur), ckpt_layers=0))
                 cur, cur_tok, cur_mem = [], 0, 0.0
             cur.append(i)
             cur_tok += tok
-            cur_mem += float(mem0[i])
+            cur_mem += m
         if cur:
             out.append(MicroBatch(samples=tuple(cur), ckpt_layers=0))
         return out

@@ -41,8 +41,8 @@ def fewest_ckpt_layers(
     """Vectorised: the smallest ``k`` (layers checkpointed) with activation memory <= ``budget``
     per sample, or -1 where even ``k = num_layers`` does not fit.
 
-    Memory is non-increasing in ``k``. Between ``k = 1`` and ``k = num_layers`` it is usually
-    affine (``k = 0`` may differ by the one layer being recomputed); when a midpoint check
+    Memory is non-increasing in ``k``. Between ``k = 1`` and ``k = num_layers - 1`` it is
+    usually affine (the end points may differ by a recompute peak); when a midpoint check
     confirms it, a closed form gives the answer; otherwise every ``k`` is evaluated.
     """
     L = cost.model.num_layers
@@ -60,19 +60,22 @@ def fewest_ckpt_layers(
     if not fits.any():
         return k
     idx, t, f, bud, mL = idx[fits], t[fits], f[fits], bud[fits], mL[fits]
-    m1 = np.asarray(cost.sample_memory(t, f, sp, 1), dtype=float)
     sub = np.full(len(idx), -1, dtype=np.int64)
-    if L >= 3:
-        mid = (L + 1) // 2
+    m1 = np.asarray(cost.sample_memory(t, f, sp, 1), dtype=float)
+    affine = L <= 2
+    if L > 2:
+        # Segment [1, L-1] (k = 0 may differ by the recomputed layer, k = L by the recompute
+        # peak): affine when the midpoint agrees.
+        mT = np.asarray(cost.sample_memory(t, f, sp, L - 1), dtype=float)
+        mid = L // 2
         m_mid = np.asarray(cost.sample_memory(t, f, sp, mid), dtype=float)
-        affine = np.allclose(m_mid, m1 + (mL - m1) * (mid - 1) / (L - 1), rtol=1e-9, atol=1.0)
-    else:
-        affine = True
-    if affine:
-        per_layer = (m1 - mL) / max(L - 1, 1)  # bytes saved by checkpointing one more layer
+        affine = bool(np.allclose(m_mid, m1 + (mT - m1) * (mid - 1) / (L - 2), rtol=1e-9, atol=1.0))
+    if affine and L > 2:
+        per_layer = (m1 - mT) / (L - 2)  # bytes saved by checkpointing one more layer
         need = 1 + np.ceil((m1 - bud) / np.maximum(per_layer, 1e-300) - 1e-9)
-        sub = np.clip(need, 1, L).astype(np.int64)
+        sub = np.clip(need, 1, L - 1).astype(np.int64)
         sub[m1 <= bud] = 1
+        sub[mT > bud] = L  # only full recompute fits (mL <= bud is known)
     else:
         for kk in range(1, L + 1):
             open_ = sub < 0
