@@ -355,25 +355,33 @@ class Workload:
             over = np.zeros(len(ids), dtype=bool) if limit is None else tokens > limit
             if limit is not None and over.any() and self.max_len_policy == "truncate":
                 frames, tokens = _truncate(frames, tokens, over, limit)
-            for i in range(len(ids)):
-                if over[i] and self.max_len_policy == "drop":
-                    dropped += 1
-                    continue
-                t = int(tokens[i])
-                if budget is not None and kept > 0 and total + t > budget:
-                    done = True
-                    break
-                ids_out.append(ids[i : i + 1])
-                tok_out.append(tokens[i : i + 1])
-                fr_out.append(frames[i : i + 1])
-                truncated += int(over[i])
-                total += t
-                kept += 1
-                if (self.samples_per_step is not None and kept >= self.samples_per_step) or (
-                    budget is not None and total >= budget
-                ):
-                    done = True
-                    break
+            drop = over if self.max_len_policy == "drop" else np.zeros(len(ids), dtype=bool)
+            cand = np.nonzero(~drop)[0]  # chunk positions that may enter the batch, in draw order
+            if budget is None:
+                assert self.samples_per_step is not None
+                take = min(len(cand), self.samples_per_step - kept)
+            else:
+                # Greedy fill: every candidate whose running total stays within the budget; the
+                # first sample of a step always enters, even when it alone exceeds the budget.
+                cum = total + np.cumsum(tokens[cand])
+                take = int(np.searchsorted(cum, budget, side="right"))
+                if kept == 0 and take == 0 and len(cand):
+                    take = 1
+            sel = cand[:take]
+            ids_out.append(ids[sel])
+            tok_out.append(tokens[sel])
+            fr_out.append(frames[sel])
+            truncated += int(over[sel].sum())
+            total += int(tokens[sel].sum())
+            kept += take
+            # Where the step stopped reading this chunk: dropped samples count only up to there.
+            stop = len(ids)
+            full = self.samples_per_step is not None and kept >= self.samples_per_step
+            if full or (budget is not None and take and total >= budget):
+                done, stop = True, int(cand[take - 1])
+            elif budget is not None and take < len(cand):
+                done, stop = True, int(cand[take])
+            dropped += int(drop[:stop].sum())
         return GlobalBatch(
             step=step,
             sample_ids=np.concatenate(ids_out),
