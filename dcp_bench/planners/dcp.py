@@ -242,66 +242,76 @@ class DCPPlanner(Planner):
         ckpt_l: list[int] = ckpt.tolist()
         mem0_l: list[float] = mem0.tolist()
         rounds: list[Round] = []
-        # Per rank: (round index, group) of the last group it joined.
+        groups: list[Group] = []
+        gid = np.full(len(sample_choice), -1, dtype=np.int64)  # sample -> index into groups
+        # Per rank: round index and group index of the last group it joined.
         last_round = np.full(W, -1, dtype=np.int64)
-        last_group: list[Group | None] = [None] * W
-        group_samples: dict[int, list[int]] = {}
+        last_group = [-1] * W
         big = np.flatnonzero(sched.size > 1)
         order = big[np.lexsort((sched.block_start[big], sched.start[big]))]
-        for i in order.tolist():
-            b, s = int(sched.block_start[i]), int(sched.size[i])
+        for i, b, s in zip(order.tolist(), sched.block_start[order].tolist(), sched.size[order].tolist()):
             g0 = last_group[b]
-            if g0 is not None and g0.start == b and g0.size == s and all(last_group[r] is g0 for r in range(b, b + s)):
-                group_samples[id(g0)].append(i)
+            if g0 >= 0 and groups[g0].start == b and groups[g0].size == s and all(
+                last_group[r] == g0 for r in range(b, b + s)
+            ):
+                gid[i] = g0  # consecutive tasks of one block share its group
                 continue
             level = int(last_round[b : b + s].max()) + 1
             while len(rounds) <= level:
                 rounds.append(Round())
             g = Group(start=b, size=s)
             rounds[level].groups.append(g)
-            group_samples[id(g)] = [i]
+            gid[i] = len(groups)
             for r in range(b, b + s):
-                last_group[r] = g
+                last_group[r] = len(groups)
+            groups.append(g)
             last_round[b : b + s] = level
         # Single-rank tasks start after every multi-rank task of their rank (list_schedule places
         # them last), so each rank runs them as one group after its last multi-rank group.
         small = np.flatnonzero(sched.size == 1)
         if len(small):
-            small = small[np.argsort(sched.block_start[small], kind="stable")]
-            ranks, first = np.unique(sched.block_start[small], return_index=True)
-            for r, part in zip(ranks.tolist(), np.split(small, first[1:])):
+            ranks = np.unique(sched.block_start[small])
+            rank_gid = np.empty(W, dtype=np.int64)
+            for r in ranks.tolist():
                 level = int(last_round[r]) + 1
                 while len(rounds) <= level:
                     rounds.append(Round())
                 g = Group(start=r, size=1)
                 rounds[level].groups.append(g)
-                group_samples[id(g)] = part.tolist()
+                rank_gid[r] = len(groups)
+                groups.append(g)
+            gid[small] = rank_gid[sched.block_start[small]]
+        # Every group's samples, shortest first, from one sort.
+        by_group = np.lexsort((batch.tokens, gid))
+        bounds = np.searchsorted(gid[by_group], np.arange(len(groups) + 1))
+        sorted_ids = by_group.tolist()
+        sorted_tok = batch.tokens[by_group].tolist()
+        for j, g in enumerate(groups):
+            lo, hi = int(bounds[j]), int(bounds[j + 1])
+            g.micro_batches = self._pack(sorted_ids[lo:hi], sorted_tok[lo:hi], ckpt_l, mem0_l, budget, g.size)
         for rnd in rounds:
             rnd.groups.sort(key=lambda g: g.start)
-            for g in rnd.groups:
-                g.micro_batches = self._pack(group_samples[id(g)], batch.tokens, ckpt_l, mem0_l, budget, g.size)
         return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step)
 
     def _pack(
         self,
         samples: list[int],
-        tokens: np.ndarray,
+        tokens: list[int],
         ckpt: list[int],
         mem0: list[float],
         budget: float,
         size: int,
     ) -> list[MicroBatch]:
-        """Micro-batches of one group: samples that need recompute run alone; the others are
-        packed, shortest first, up to ``pack_tokens`` tokens per rank and the memory budget
-        (fuller micro-batches run their GEMMs more efficiently)."""
+        """Micro-batches of one group (``samples`` shortest first, ``tokens`` their lengths):
+        samples that need recompute run alone; the others are packed up to ``pack_tokens``
+        tokens per rank and the memory budget (fuller micro-batches run their GEMMs more
+        efficiently)."""
         out: list[MicroBatch] = []
         limit = self.pack_tokens * size
         cur: list[int] = []
         cur_tok = 0
         cur_mem = 0.0
-        idx = np.asarray(samples, dtype=np.int64)
-        order = np.argsort(tokens[idx], kind="stable")
-        for i, tok in zip(idx[order].tolist(), tokens[idx][order].tolist()):
+        for i, tok in zip(samples, tokens):
             if ckpt[i] > 0 or tok >= limit:
                 out.append(MicroBatch(samples=(i,), ckpt_layers=ckpt[i]))
                 continue
