@@ -136,6 +136,10 @@ def zipf_weights(n: int, alpha: float = 3.0, offset: int = 5) -> np.ndarray:
 class SizeSource(ABC):
     """Where sample sizes come from. ``draw`` picks ids; ``shapes`` maps ids to (frames, spatial)."""
 
+    # How quantiles of the finite support are read: "inverse_cdf" (a value of the support, as for
+    # a distribution over buckets) or "linear" (numpy.percentile, as for a list of documents).
+    quantile_method = "inverse_cdf"
+
     @abstractmethod
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` i.i.d. sample ids (int64)."""
@@ -219,6 +223,8 @@ class HistogramSource(SizeSource):
 
 class ListSource(SizeSource):
     """A finite list of lengths; id = index into the list, drawn uniformly with replacement."""
+
+    quantile_method = "linear"
 
     def __init__(self, lengths: Any):
         self.lengths = np.asarray(lengths, dtype=np.int64)
@@ -427,7 +433,8 @@ class Workload:
         lengths, probs, method = self.length_distribution()
         out: dict[str, Any] = {"name": self.name, "version": self.version, "kind": self.kind}
         out["n"] = self.source.population()
-        out.update(distribution_stats(lengths, probs))
+        exact = self.source.support() is not None
+        out.update(distribution_stats(lengths, probs, self.source.quantile_method if exact else "linear"))
         out["stats_method"] = method
         out["length_scale"] = self.length_scale
         return out
@@ -468,10 +475,10 @@ def _truncate(
     return frames, tokens
 
 
-def weighted_quantile(values: np.ndarray, probs: np.ndarray, q: float) -> float:
-    """The q-quantile (0..1) of a discrete distribution: the smallest value whose CDF >= q; with
-    equal weights it interpolates linearly like `numpy.percentile`."""
-    if np.allclose(probs, probs[0]):
+def weighted_quantile(values: np.ndarray, probs: np.ndarray, q: float, method: str = "inverse_cdf") -> float:
+    """The q-quantile (0..1) of a discrete distribution: ``inverse_cdf`` gives the smallest value
+    whose CDF >= q; ``linear`` (equal weights only) interpolates like `numpy.percentile`."""
+    if method == "linear":
         return float(np.percentile(values, q * 100))
     order = np.argsort(values, kind="stable")
     v, cdf = values[order], np.cumsum(probs[order])
@@ -479,13 +486,13 @@ def weighted_quantile(values: np.ndarray, probs: np.ndarray, q: float) -> float:
     return float(v[min(i, len(v) - 1)])
 
 
-def distribution_stats(lengths: np.ndarray, probs: np.ndarray) -> dict[str, Any]:
+def distribution_stats(lengths: np.ndarray, probs: np.ndarray, quantiles: str = "linear") -> dict[str, Any]:
     """mean, quantiles, max and the token / attention (L^2) shares above 8K, 32K and 128K."""
     lengths = np.asarray(lengths, dtype=np.float64)
     probs = np.asarray(probs, dtype=np.float64) / np.sum(probs)
     out: dict[str, Any] = {"mean": float(np.dot(lengths, probs))}
     for q in (10, 25, 50, 75, 90, 99):
-        out[f"p{q}"] = weighted_quantile(lengths, probs, q / 100)
+        out[f"p{q}"] = weighted_quantile(lengths, probs, q / 100, quantiles)
     out["max"] = int(lengths[probs > 0].max())
     tok = lengths * probs
     attn = lengths**2 * probs

@@ -334,9 +334,11 @@ def test_list_stats_are_exact(name: str) -> None:
         assert stats[key] == pytest.approx(value, rel=1e-9), key
 
 
-def test_grid_stats_match_an_expanded_population() -> None:
-    """Exact grid statistics equal those of a population with the bucket counts the weights imply."""
-    w = load_workload("videosys_balanced")
+@pytest.mark.parametrize("name", ["videosys_balanced", "videosys_long"])
+def test_grid_stats_match_an_expanded_population(name: str) -> None:
+    """Exact grid statistics equal those of a population with the bucket counts the weights imply;
+    quantiles of a bucket distribution are bucket sizes (inverse CDF, no interpolation)."""
+    w = load_workload(name)
     tokens = np.array([b.tokens for b in w.source.buckets])  # type: ignore[attr-defined]
     counts = np.rint(w.source.probs * 4e6).astype(np.int64)  # type: ignore[attr-defined]
     pop = np.repeat(tokens, counts)
