@@ -149,7 +149,7 @@ class ToyBackend:
 
         return make_planner(cfg["method"])
 
-    def simulate_step(self, plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> Any:
+    def simulate_step(self, plan: StepPlan, batch: GlobalBatch, cost: CostModel, cfg: dict[str, Any]) -> Any:
         return toy_simulate(plan, batch, cost)
 
     def lower_bound(self, batch: GlobalBatch, cost: CostModel) -> float:

@@ -14,17 +14,24 @@ import numpy as np
 import pytest
 
 from dcp_bench.records import is_complete, read_steps, read_summary
-from dcp_bench.runner import expand_grid, plan_sweep, run_sweep, split_alternatives
+from dcp_bench.runner import charge_planner, expand_grid, plan_sweep, run_sweep, split_alternatives
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import ToyBackend, write_toy_conf  # noqa: E402
 
 BASE = ["cluster=h200x8", "model=tiny_llama", "run.steps=3", "run.warmup_steps=1",
-        "++run.planner_on_clock=false"]
+        "++run.planner_clock=off"]
 
 
 def _overrides(conf: Path, methods: str = "toy_static,toy_greedy") -> list[str]:
     return [f"extra_conf={conf}", "workload=toy", f"method={methods}", *BASE]
+
+
+def test_planner_clock_policies() -> None:
+    assert charge_planner(2.0, 0.5, "serial") == 2.5
+    assert charge_planner(2.0, 0.5, "overlap") == 2.0
+    assert charge_planner(2.0, 3.0, "overlap") == 3.0
+    assert charge_planner(2.0, 3.0, "off") == 2.0
 
 
 def test_split_and_grid() -> None:
