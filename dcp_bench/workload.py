@@ -433,8 +433,8 @@ class Workload:
         lengths, probs, method = self.length_distribution()
         out: dict[str, Any] = {"name": self.name, "version": self.version, "kind": self.kind}
         out["n"] = self.source.population()
-        exact = self.source.support() is not None
-        out.update(distribution_stats(lengths, probs, self.source.quantile_method if exact else "linear"))
+        quantiles = self.source.quantile_method if method == "exact" else "linear"
+        out.update(distribution_stats(lengths, probs, quantiles))
         out["stats_method"] = method
         out["length_scale"] = self.length_scale
         return out
