@@ -611,7 +611,9 @@ def _lengths_file(
 
     file = path or lengths_file
     if not file:
-        raise WorkloadError("workload 'lengths_file' needs a file: lengths_file=PATH")
+        raise WorkloadError(
+            "workload 'lengths_file' needs a file: lengths_file=PATH (as a config override: workload.lengths_file=PATH)"
+        )
     p = Path(file).expanduser()
     if tokenizer:
         lengths = read_text_dataset(p, tokenizer, text_field)
