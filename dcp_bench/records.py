@@ -93,7 +93,8 @@ class StepRecord:
     planner_ms: float = 0.0
     tokens: int = 0
     samples: int = 0
-    samples_dropped: int = 0
+    samples_dropped: int = 0  # by the planner (paper mode) or the batch policy (over max length)
+    samples_truncated: int = 0  # cut to the model's maximum length by the batch policy
     lower_bound_s: float | None = None
     imbalance: float | None = None
     comm_share: float | None = None
