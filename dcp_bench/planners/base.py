@@ -45,8 +45,9 @@ def make_planner(node: Any) -> Planner:
     from dcp_bench.config import instantiate
     from dcp_bench.errors import ConfigError
 
-    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
-    assert isinstance(data, dict)
+    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    assert isinstance(raw, dict)
+    data: dict[str, Any] = {str(k): v for k, v in raw.items()}
     name = data.pop("name", None)
     if "_target_" not in data:
         raise ConfigError(f"method config {name!r} has no _target_ naming its planner class")
