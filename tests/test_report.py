@@ -1,0 +1,121 @@
+"""A report is produced from a small sweep, and its numbers match the run records."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dcp_bench.records import iter_summaries
+from dcp_bench.report.claims import verdict
+from dcp_bench.report.writer import ReportInputs, build_report
+from dcp_bench.runner import plan_sweep, run_sweep
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runner_doubles import ToyBackend, write_toy_conf  # noqa: E402
+
+CLAIMS = """
+claims:
+  - id: toy_claim
+    statement: greedy is 1.5x faster than static
+    value: 1.5
+    tolerance: 0.15
+    context: {workload: toy, cluster: h200x8, model: tiny_llama}
+    baseline: {method: toy_static, mode: fair}
+    method: {method: toy_greedy, mode: fair}
+comparisons:
+  - id: toy_vs_fail
+    title: greedy vs a failing method
+    context: {workload: toy, cluster: h200x8, model: tiny_llama}
+    baseline: {method: toy_static}
+    method: {method: toy_fail}
+sensitivity:
+  claim: toy_claim
+  constants: [act_bytes]
+  factors: [0.5, 2.0]
+"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    tmp = tmp_path_factory.mktemp("report")
+    conf = write_toy_conf(tmp / "conf")
+    base = [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=3",
+            "run.warmup_steps=1", "++run.planner_clock=off"]
+    specs = plan_sweep([*base, "method=toy_static,toy_greedy,toy_fail"], repeats=5)
+    specs += plan_sweep([*base, "method=toy_static,toy_greedy", "++cost.scales.act_bytes=0.5,2.0"], repeats=5)
+    root = tmp / "runs"
+    run_sweep(specs, root, "small", backend=ToyBackend(), progress=False, env={"cpu_model": "test"})
+    claims = tmp / "claims.yaml"
+    claims.write_text(CLAIMS)
+    out = tmp / "report"
+    summary = build_report(ReportInputs(root=root, campaign="small", out_dir=out, claims_path=claims,
+                                        command="pytest", baselines=["toy_static"], n_boot=500))
+    return root, out, summary
+
+
+def test_report_files(report: tuple[Path, Path, dict]) -> None:
+    _, out, summary = report
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    assert "## Verdict" in md and "toy_claim" in md
+    assert "data:image/png;base64," in html
+    assert "src='http" not in html and 'src="http' not in html  # self-contained
+    for name in ("cells", "speedups", "runs", "sensitivity"):
+        assert (out / "tables" / f"{name}.csv").exists(), name
+    assert (out / "summary.json").exists()
+    assert json.loads((out / "summary.json").read_text())["claims"][0]["id"] == "toy_claim"
+    assert list((out / "figures").glob("*.png"))
+
+
+def test_claim_value_matches_run_records(report: tuple[Path, Path, dict]) -> None:
+    root, _, summary = report
+    # independent reference: medians of the run summaries, default constants only
+    times: dict[str, list[float]] = {}
+    for s in iter_summaries(root, "small"):
+        if s.extra.get("scales"):
+            continue
+        times.setdefault(s.method, []).append(s.step_time_s)  # type: ignore[arg-type]
+    expect = float(np.median(times["toy_static"]) / np.median(times["toy_greedy"]))
+    claim = summary["claims"][0]
+    assert claim["reproduced_value"] == pytest.approx(expect)
+    lo, hi = claim["ci95"]
+    assert lo <= expect <= hi
+    assert claim["verdict"] == verdict(1.5, 0.15, lo, hi)
+    assert claim["pairs"] == 5
+
+
+def test_failures_are_counted(report: tuple[Path, Path, dict]) -> None:
+    _, out, summary = report
+    cells = pd.read_csv(out / "tables" / "cells.csv")
+    failing = cells[cells["method"] == "toy_fail"]
+    assert len(failing) == 1 and int(failing["failures"].iloc[0]) == 5
+    assert summary["failed_runs"] == 5
+    comp = [c for c in summary["comparisons"] if c["comparison"] == "toy_vs_fail"]
+    assert comp and comp[0]["speedup"] == 0.0  # a method that always fails is infinitely slow
+
+
+def test_cells_statistics_match_records(report: tuple[Path, Path, dict]) -> None:
+    root, out, _ = report
+    cells = pd.read_csv(out / "tables" / "cells.csv")
+    by_hash: dict[str, list[float]] = {}
+    for s in iter_summaries(root, "small"):
+        if s.status == "ok":
+            by_hash.setdefault(s.config_hash, []).append(s.step_time_s)  # type: ignore[arg-type]
+    for h, vals in by_hash.items():
+        row = cells[cells["config_hash"] == h].iloc[0]
+        assert row["repeats"] == 5
+        assert row["median_s"] == pytest.approx(float(np.median(vals)), rel=1e-5)
+        srt = sorted(vals)
+        assert row["olympic_mean_s"] == pytest.approx(float(np.mean(srt[1:-1])), rel=1e-5)
+
+
+def test_sensitivity_rows(report: tuple[Path, Path, dict]) -> None:
+    _, out, _ = report
+    sens = pd.read_csv(out / "tables" / "sensitivity.csv")
+    assert set(sens["factor"]) == {0.5, 2.0}
+    assert np.isfinite(sens["speedup"]).all()
