@@ -140,7 +140,7 @@ def pack_under_budget(
                 f"token budget {token_budget} is below the sequence of {L} tokens (sample {p}) and "
                 f"the fixed SP degree {sp} cannot split it further"
             )
-        if not microbatch_fits(batch, [p], cost, sp, ckpt, split):
+        if m > room or (split != "sequence" and not microbatch_fits(batch, [p], cost, sp, ckpt, split)):
             raise InfeasibleError(
                 f"sample {p} ({L} tokens) does not fit the memory cap "
                 f"{cost.memory_cap_bytes / 2**30:.1f} GiB at SP degree {sp} with {ckpt} "
@@ -199,18 +199,48 @@ def static_round(world_size: int, sp: int, per_group: list[list[MicroBatch]]) ->
 def estimate_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> float:
     """Predicted step time of a plan: rounds run one after another, a round lasts as long as its
     slowest group, a group runs its micro-batches back to back; plus the once-per-step gradient
-    synchronisation. Used to tune and to compare candidate plans inside a planner."""
-    total = 0.0
-    for rnd in plan.rounds:
-        slowest = 0.0
-        for g in rnd.groups:
-            t = sum(
-                microbatch_time(batch, mb.samples, cost, g.size, mb.ckpt_layers, mb.split)
-                for mb in g.micro_batches
-            )
-            slowest = max(slowest, t)
-        total += slowest
-    return total + cost.step_sync_time()
+    synchronisation. Used to tune and to compare candidate plans inside a planner.
+
+    Cost models that offer a batched ``microbatch_costs(tokens, frames, mb_index, sp,
+    ckpt_layers)`` (the analytical one does) are asked once for every sequence-split
+    micro-batch of the plan; others micro-batch by micro-batch."""
+    where: list[tuple[int, int]] = []  # (round, group index) of each micro-batch
+    times: list[float] = []
+    batched = getattr(cost, "microbatch_costs", None)
+    pos: list[int] = []
+    mb_index: list[int] = []
+    sps: list[int] = []
+    ckpts: list[int] = []
+    seq_slots: list[int] = []
+    for r, rnd in enumerate(plan.rounds):
+        for gi, g in enumerate(rnd.groups):
+            for mb in g.micro_batches:
+                where.append((r, gi))
+                if batched is not None and mb.split == "sequence":
+                    seq_slots.append(len(times))
+                    mb_index.extend([len(sps)] * len(mb.samples))
+                    pos.extend(mb.samples)
+                    sps.append(g.size)
+                    ckpts.append(mb.ckpt_layers)
+                    times.append(0.0)
+                else:
+                    times.append(microbatch_time(batch, mb.samples, cost, g.size, mb.ckpt_layers, mb.split))
+    if seq_slots:
+        assert batched is not None
+        c = batched(
+            batch.tokens[pos], batch.frames[pos], np.asarray(mb_index, dtype=np.int64),
+            np.asarray(sps), np.asarray(ckpts),
+        )
+        total = c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+        for slot, t in zip(seq_slots, total):
+            times[slot] = float(t)
+    per_group: dict[tuple[int, int], float] = {}
+    for key, t in zip(where, times):
+        per_group[key] = per_group.get(key, 0.0) + t
+    slowest: dict[int, float] = {}
+    for (r, _), t in per_group.items():
+        slowest[r] = max(slowest.get(r, 0.0), t)
+    return sum(slowest.values()) + cost.step_sync_time()
 
 
 def smallest_sp_for_batch(batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:

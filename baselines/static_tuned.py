@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from baselines.packed_static import packed_static_plan
@@ -69,6 +70,7 @@ class StaticTuned(Planner):
         self._best: Config | None = None
         self._search: list[dict[str, Any]] = []
         self._cost_key = ""
+        self._tune_s = 0.0
 
     def candidates(self, longest: int, world_size: int) -> list[Config]:
         sps = self.sp_choices if self.sp_choices is not None else sp_degrees(world_size)
@@ -80,6 +82,7 @@ class StaticTuned(Planner):
 
     def tune(self, batches: list[GlobalBatch], cost: CostModel) -> Config:
         """Score every candidate on ``batches``; return the fastest feasible one."""
+        t0 = time.perf_counter()
         longest = max((int(b.tokens.max()) for b in batches if b.n), default=1)
         W = cost.cluster.world_size
         results: list[dict[str, Any]] = []
@@ -105,15 +108,18 @@ class StaticTuned(Planner):
                 f"policy in {self.recompute_choices}"
             )
         self._search = results
+        self._tune_s = time.perf_counter() - t0
         return best[1]
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         key = json.dumps(cost.describe(), sort_keys=True, default=str)
         if key != self._cost_key:  # a different cost model or cluster: tune afresh
             self._cost_key, self._seen, self._best = key, [], None
+        tuned_now = False
         if self._best is None or len(self._seen) < self.tune_batches:
             self._seen.append(batch)
             self._best = self.tune(self._seen, cost)
+            tuned_now = True
         sp, rec, budget = self._best
         ckpt = ckpt_layers_for(rec, cost.model.num_layers)
         retuned = False
@@ -134,5 +140,8 @@ class StaticTuned(Planner):
             grid_size=len(self._search),
             grid_feasible=feasible,
             retuned=retuned,
+            # the search is offline work a practitioner does once; reports may leave it out of
+            # the per-step planning time
+            tune_s=self._tune_s if (tuned_now or retuned) else 0.0,
         )
         return plan
