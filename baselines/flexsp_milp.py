@@ -95,8 +95,8 @@ def solve_round_milp(
                       sum_g d_g sum_b t[b,d_g] x[b,g] <= W C (work conservation: a valid cut
                                                               that tightens the LP bound)
 
-    x integer (sequences of bucket b in slot g; t and m are the bucket's mean time and largest
-    memory), y binary. ``start`` (e.g. the heuristic's layout) seeds the search with an
+    x integer (sequences of bucket b in slot g; t and m are the bucket's mean time and mean
+    memory; a bucket may only use degrees its longest sequence fits), y binary. ``start`` (e.g. the heuristic's layout) seeds the search with an
     incumbent. Returns None when HiGHS finds no feasible point in the time limit.
     """
     import highspy
@@ -105,8 +105,8 @@ def solve_round_milp(
     degrees, W = model.degrees, model.world_size
     slots = [(di, k) for di, d in enumerate(degrees) for k in range(W // d)]
     t_b = np.array([[model.time[b, di].mean() for di in range(len(degrees))] for b in buckets])
-    m_b = np.array([[model.mem[b, di].max() for di in range(len(degrees))] for b in buckets])
-    ok = m_b <= model.room
+    m_b = np.array([[model.mem[b, di].mean() for di in range(len(degrees))] for b in buckets])
+    ok = np.array([[model.mem[b, di].max() <= model.room for di in range(len(degrees))] for b in buckets])
     for bi, b in enumerate(buckets):
         if not ok[bi].any():
             raise InfeasibleError(
