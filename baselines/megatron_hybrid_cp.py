@@ -22,6 +22,7 @@ from baselines.scheduling import (
     ckpt_layers_for,
     max_tokens_fitting_one_rank,
     microbatch_fits,
+    pack_under_budget,
 )
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
@@ -164,6 +165,9 @@ class MegatronHybridCP(Planner):
             sequence that fits one GPU under the memory cap with the chosen recompute policy.
         recompute: "full", "selective" (first half of the layers) or "none".
         delta: balance slack of a round (the reference's 5%).
+        pack_sequences: False (the reference schedule as read: every sequence is its own
+            forward/backward); True packs a group's sequences of a round into THD micro-batches
+            of at most ``max_tokens_per_rank`` tokens per rank (a stronger variant).
     """
 
     name = "megatron_hybrid_cp"
@@ -174,6 +178,7 @@ class MegatronHybridCP(Planner):
         max_tokens_per_rank: int | None = None,
         recompute: str = "full",
         delta: float = 0.05,
+        pack_sequences: bool = False,
     ) -> None:
         super().__init__(mode)
         if max_tokens_per_rank is not None and max_tokens_per_rank < 1:
@@ -184,6 +189,7 @@ class MegatronHybridCP(Planner):
         self.max_tokens_per_rank = max_tokens_per_rank
         self.recompute = recompute
         self.delta = delta
+        self.pack_sequences = pack_sequences
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         W = cost.cluster.world_size
@@ -213,14 +219,18 @@ class MegatronHybridCP(Planner):
             start = 0
             laid: list[Group] = []
             for g in sorted(groups, key=lambda g: -g.size):
-                mbs = []
                 for p, L in g.seqs:
                     if not microbatch_fits(batch, [p], cost, g.size, ckpt, "sequence"):
                         raise InfeasibleError(
                             f"sample {p} ({L} tokens) does not fit the memory cap on {g.size} "
                             f"ranks: max_tokens_per_rank={m} is too large for this model"
                         )
-                    mbs.append(MicroBatch(samples=(p,), ckpt_layers=ckpt))
+                members = [p for p, _ in g.seqs]
+                if self.pack_sequences:
+                    packs = pack_under_budget(batch, members, cost, g.size, ckpt, max(m * g.size, max(L for _, L in g.seqs)))
+                else:
+                    packs = [(p,) for p in members]
+                mbs = [MicroBatch(samples=pk, ckpt_layers=ckpt) for pk in packs]
                 laid.append(Group(start=start, size=g.size, micro_batches=mbs))
                 start += g.size
             rounds.append(Round(groups=laid))
@@ -231,5 +241,6 @@ class MegatronHybridCP(Planner):
             "rounds": len(rounds),
             "cp_sizes_needed": sorted({cp_of[p] for p in cp_of}),
             "sequences_on_expanded_groups": expanded,
+            "pack_sequences": self.pack_sequences,
         }
         return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step, info=info)

@@ -76,3 +76,16 @@ def test_default_budget_plans_validate_on_the_shipped_cost_model(model):
     batch = text_batch(150, seed=2)
     plan = MegatronHybridCP().plan(batch, cost)
     validate_plan(plan, batch, cost)
+
+
+def test_packed_variant_keeps_the_schedule_and_packs_within_the_per_rank_budget():
+    cost, batch = toy(), text_batch(300, seed=7)
+    plain = MegatronHybridCP(max_tokens_per_rank=16384).plan(batch, cost)
+    packed = MegatronHybridCP(max_tokens_per_rank=16384, pack_sequences=True).plan(batch, cost)
+    validate_plan(packed, batch, cost)
+    # same rounds and groups (the schedule does not depend on packing), fewer micro-batches
+    assert group_size_of(plain) == group_size_of(packed)
+    assert sum(1 for _ in packed.micro_batches()) < sum(1 for _ in plain.micro_batches())
+    for _, g, mb in packed.micro_batches():
+        toks = int(batch.tokens[list(mb.samples)].sum())
+        assert len(mb.samples) == 1 or toks <= 16384 * g.size
