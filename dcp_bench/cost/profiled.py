@@ -103,7 +103,7 @@ class ProfiledCostModel(CostModel):
                 f"profile {self.model.name} first (`dcp-bench profile model={self.model.name}`)"
             )
         self.profile = str(path)
-        layers = self.artifact["layers"]
+        layers = [p for p in self.artifact["layers"] if not p.get("oom")]
         if not layers:
             raise ConfigError(f"profile {str(path)!r} holds no layer measurements")
         self.nproc = _pick_nproc({int(p["nproc"]) for p in layers}, self.cluster.world_size)
@@ -111,7 +111,9 @@ class ProfiledCostModel(CostModel):
         self.tables: dict[int, LayerTables] = {}
         for sp in sorted({int(p["sp"]) for p in mine}):
             self.tables[sp] = fit_layer_tables([p for p in mine if int(p["sp"]) == sp])
-        outer = [p for p in self.artifact.get("outer", []) if int(p["nproc"]) == self.nproc]
+        outer = [
+            p for p in self.artifact.get("outer", []) if int(p["nproc"]) == self.nproc and not p.get("oom")
+        ]
         self.outer: dict[str, LinearFit] = {}
         if outer:
             xo = layer_features(np.array([p["tokens_per_rank"] for p in outer]), np.zeros(len(outer)))

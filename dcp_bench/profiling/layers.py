@@ -23,6 +23,7 @@ from dcp_bench.profiling.artifact import summarize
 from dcp_bench.runtime.attention import SINGLE, SPContext
 from dcp_bench.runtime.models import (
     LlamaModel,
+    RuntimeModel,
     STDiTModel,
     build_model,
     rope_tables,
@@ -44,15 +45,25 @@ def sp_context(size: int, rank: int, group: Any) -> SPContext:
     return SINGLE if size == 1 else SPContext(size=size, rank=rank, group=group)
 
 
+def one_layer_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> RuntimeModel:
+    """The runtime model of ``spec`` cut to one layer (built once per profiling process)."""
+    return build_model(dataclasses.replace(spec, num_layers=1), seed=SEED, device=device, dtype=dtype)
+
+
+def no_layer_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> RuntimeModel:
+    """The runtime model of ``spec`` without layers: embedding, conditioning, head, loss."""
+    return build_model(dataclasses.replace(spec, num_layers=0), seed=SEED, device=device, dtype=dtype)
+
+
 def layer_case(
-    spec: ModelSpec,
+    model: RuntimeModel,
     sp: SPContext,
     samples: list[tuple[int, int]],
-    device: torch.device,
     dtype: torch.dtype,
 ) -> LayerCase:
-    """One layer of ``spec`` on this rank's shard of the samples ((tokens, frames) each)."""
-    model = build_model(dataclasses.replace(spec, num_layers=1), seed=SEED, device=device, dtype=dtype)
+    """The first layer of ``model`` (see `one_layer_model`) on this rank's shard of the samples
+    ((tokens, frames) each)."""
+    spec, device = model.spec, model.device()
     ids = np.arange(len(samples))
     tokens = np.array([t for t, _ in samples])
     frames = np.array([f for _, f in samples])
@@ -91,16 +102,16 @@ def layer_case(
     return LayerCase(module=layer, fn=fn, make_input=make_input, tokens_per_rank=rows)
 
 
-def outer_case(spec: ModelSpec, tokens: int, device: torch.device, dtype: torch.dtype) -> LayerCase:
-    """The model without its layers (embedding, conditioning, head, loss) on one sample of
-    ``tokens`` tokens (video: frames of up to 256 patches)."""
-    model = build_model(dataclasses.replace(spec, num_layers=0), seed=SEED, device=device, dtype=dtype)
+def outer_case(model: RuntimeModel, tokens: int, dtype: torch.dtype, spatial: int = 256) -> LayerCase:
+    """The model without its layers (`no_layer_model`) on one sample of ``tokens`` tokens
+    (video: frames of ``spatial`` patches)."""
+    spec, device = model.spec, model.device()
     if spec.arch == "llama":
         tok, fr = tokens, 1
     else:
-        spatial = min(256, tokens)
-        fr = max(1, tokens // spatial)
-        tok = fr * spatial
+        s = min(spatial, tokens)
+        fr = max(1, tokens // s)
+        tok = fr * s
     with torch.no_grad():
         shard = model.make_inputs(np.array([0]), np.array([tok]), np.array([fr]), SINGLE, SEED)
 

@@ -9,7 +9,8 @@ Memory: there is no CPU allocator peak counter, so activation memory is the byte
 for backward, counted with ``torch.autograd.graph.saved_tensors_hooks``: each distinct storage
 once, parameters excluded (they are static memory). With the module checkpointed, autograd keeps
 only the module's input (recomputation regenerates the rest), so its footprint is the input's
-bytes. Transient buffers (e.g. an attention kernel's workspace) are not counted.
+bytes. Transient buffers (e.g. an attention kernel's workspace) are not counted there; on CUDA the
+allocator's peak over forward + backward is recorded as well (``cuda_peak_bytes``).
 """
 
 from __future__ import annotations
@@ -73,8 +74,12 @@ def measure_module(
     grad, so the module's input gradient is computed as inside a model)."""
     device = next(module.parameters()).device
     fwd_t, bwd_t, ckpt_t = [], [], []
+    peak = 0
     for rep in range(warmup + reps):
         x = make_input()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
         _barrier(device)
         t0 = time.perf_counter()
         y = fn(x)
@@ -86,6 +91,8 @@ def measure_module(
         y.backward(grad)
         _sync(device)
         t3 = time.perf_counter()
+        if device.type == "cuda":
+            peak = max(peak, torch.cuda.max_memory_allocated(device) - base)
         del y
         t4 = t5 = 0.0
         if ckpt:
@@ -115,4 +122,6 @@ def measure_module(
     }
     if ckpt:
         out["bwd_ckpt_s"] = summarize(slowest_rank_times(ckpt_t))
+    if device.type == "cuda":  # allocator peak over forward + backward, above what was live before
+        out["cuda_peak_bytes"] = int(peak)
     return out

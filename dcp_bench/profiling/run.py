@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ class ProfileRequest:
     device: str = "cpu"
     dtype: str = "fp32"
     outer: bool = True
+    outer_max_tokens: int = 1 << 20  # the LM head's fp32 logits grow with tokens x vocab
+    video_spatial: int = 256  # patches per latent frame of the profiled video samples
     collectives: bool = True
     ceilings: bool = False
 
@@ -67,17 +70,19 @@ class ProfileRequest:
             raise ConfigError("profile.device=cuda measures one device: use nproc=1")
 
 
-def sample_shapes(model: ModelSpec, total: int, shape: str, packed: int) -> list[tuple[int, int]]:
+def sample_shapes(
+    model: ModelSpec, total: int, shape: str, packed: int, video_spatial: int = 256
+) -> list[tuple[int, int]]:
     """(tokens, frames) of the samples of one grid point holding ``total`` tokens.
 
-    Text: one sample of ``total`` tokens, or ``packed`` equal samples. Video: a sample keeps a
-    square-ish latent of ``spatial`` patches per frame (at most 256, as 16 x 16); packing splits
-    the frames.
+    Text: one sample of ``total`` tokens, or ``packed`` equal samples. Video: frames of
+    ``video_spatial`` patches (fewer when the sample is smaller); packing splits the frames, or
+    the patches of a single frame.
     """
     n = 1 if shape == "single" else packed
     if model.arch == "llama":
         return [(total // n, 1)] * n
-    spatial = min(256, total)
+    spatial = min(video_spatial, total)
     frames = max(1, total // spatial)
     if shape == "packed":
         if frames >= n:
@@ -95,13 +100,14 @@ def grid_points(req: ProfileRequest, world: int) -> list[dict[str, Any]]:
             continue
         for tpr in req.tokens:
             for shape in req.shapes:
-                samples = sample_shapes(req.model, tpr * sp, shape, req.packed_samples)
+                samples = sample_shapes(req.model, tpr * sp, shape, req.packed_samples, req.video_spatial)
                 out.append({"sp": sp, "tokens_per_rank_target": tpr, "shape": shape, "samples": samples})
     return out
 
 
 def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -127,32 +133,56 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
                 req.collective_bytes, [g for g in (2, 4, 8, 16, 32, 64) if g <= world],
                 req.reps, req.warmup, groups,
             )
+        one_layer = layer_cases.one_layer_model(model, device, dtype)
         for point in grid_points(req, world):
             sp = point["sp"]
             pg = group_of(groups, sp, rank, world) if sp > 1 else None
             ctx = layer_cases.sp_context(sp, rank % sp, pg)
-            case = layer_cases.layer_case(model, ctx, point["samples"], device, dtype)
-            m = measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup)
             tokens = [t for t, _ in point["samples"]]
             frames = [f for _, f in point["samples"]]
-            import numpy as np
-
             pairs = float(attention_pairs(np.array(tokens), np.array(frames), model.arch).sum())
-            result["layers"].append({
-                "nproc": world, "sp": sp, "shape": point["shape"],
-                "n_samples": len(tokens), "sample_tokens": tokens, "sample_frames": frames,
-                "tokens_per_rank": case.tokens_per_rank, "pairs_per_rank": pairs / sp, **m,
-            })
-            del case
+            entry: dict[str, Any] = {
+                "nproc": world, "sp": sp, "shape": point["shape"], "n_samples": len(tokens),
+                "sample_tokens": tokens, "sample_frames": frames, "pairs_per_rank": pairs / sp,
+            }
+            try:
+                case = layer_cases.layer_case(one_layer, ctx, point["samples"], dtype)
+                entry["tokens_per_rank"] = case.tokens_per_rank
+                entry.update(measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup))
+            except torch.cuda.OutOfMemoryError:
+                # a point too large for the device is recorded as such and left out of the fits
+                entry.update({"oom": True, "tokens_per_rank": sum(tokens) // sp})
+            finally:
+                case = None  # type: ignore[assignment]
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            if rank == 0:
+                msg = "out of memory" if entry.get("oom") else (
+                    f"fwd {entry['fwd_s']['median'] * 1e3:.1f} ms, bwd {entry['bwd_s']['median'] * 1e3:.1f} ms"
+                )
+                print(f"  nproc {world} sp {sp} {point['shape']:6s} {entry['tokens_per_rank']:7d} tok/rank: {msg}",
+                      file=sys.stderr, flush=True)
+            result["layers"].append(entry)
+        del one_layer
         if req.outer:
+            no_layers = layer_cases.no_layer_model(model, device, dtype)
             for tpr in req.tokens:
-                case = layer_cases.outer_case(model, tpr, device, dtype)
-                m = measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup, ckpt=False)
-                result["outer"].append({
-                    "nproc": world, "sp": 1, "tokens_per_rank": case.tokens_per_rank,
-                    "fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"], "act_bytes": m["act_bytes"],
-                })
-                del case
+                if tpr > req.outer_max_tokens:
+                    continue
+                try:
+                    case = layer_cases.outer_case(no_layers, tpr, dtype, req.video_spatial)
+                    m = measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup, ckpt=False)
+                    result["outer"].append({
+                        "nproc": world, "sp": 1, "tokens_per_rank": case.tokens_per_rank,
+                        "fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"], "act_bytes": m["act_bytes"],
+                    })
+                except torch.cuda.OutOfMemoryError:
+                    result["outer"].append({"nproc": world, "sp": 1, "tokens_per_rank": tpr, "oom": True})
+                finally:
+                    case = None  # type: ignore[assignment]
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+            del no_layers
         if rank == 0:
             result["static"] = layer_cases.static_costs(model, device, dtype, req.reps, req.warmup)
             Path(out_path).write_text(json.dumps(result))

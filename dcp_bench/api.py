@@ -1,0 +1,271 @@
+"""The integration API: Data-Centric Parallel inside your own training loop.
+
+``DataCentricParallel`` takes the model, its optimizer, a source of global batches that knows
+every sample's length, and a method name. Iterating it yields one `StepWork` per global batch:
+this rank's micro-batches, each with its inputs, its sequence-parallel group and its recompute
+setting. Your loop runs forward and backward on them; `DataCentricParallel.step` then does the
+one gradient all-reduce and the one optimizer step::
+
+    dcp = DataCentricParallel(model, optimizer, batches, method="dcp", cluster="cpu")
+    for work in dcp:
+        for mb in work:
+            loss = model.loss_sum(mb.inputs, mb.sp, mb.ckpt_layers) / work.tokens
+            work.backward(loss)
+        dcp.step(work)
+
+What a model must provide (`dcp_bench.runtime.models.RuntimeModel`): ``make_inputs(sample_ids,
+tokens, frames, sp, seed)`` (this rank's shard of a packed micro-batch) and ``loss_sum(inputs, sp,
+ckpt_layers)`` (the summed loss over its real tokens), with attention that runs through the
+sequence-parallel exchanges of `dcp_bench.runtime.attention` (``ulysses_seq_to_heads`` /
+``ulysses_heads_to_seq`` around ``varlen_attention``; ``permuted_all_to_all`` for video). The
+runtime's Llama and STDiT models do.
+
+Planning runs on rank 0 and the plan is broadcast, so every rank runs the same plan even if a
+planner were not deterministic. The loss is normalised by the step's global token count, so the
+summed gradient equals single-device training on the whole batch (fair mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dcp_bench.batch import GlobalBatch
+from dcp_bench.cost.base import CostModel
+from dcp_bench.cost.specs import ClusterSpec
+from dcp_bench.errors import ConfigError, WorkloadError
+from dcp_bench.plan import StepPlan, validate_plan
+from dcp_bench.runtime.attention import SINGLE, SPContext
+from dcp_bench.runtime.executor import deal_samples, step_token_count
+from dcp_bench.runtime.groups import ProcessGroupPool
+
+
+@dataclass
+class RankMicroBatch:
+    """One micro-batch this rank runs: call ``model.loss_sum(inputs, sp, ckpt_layers)``."""
+
+    inputs: Any  # what model.make_inputs built: this rank's shard
+    sp: SPContext  # the sequence-parallel group (SINGLE when the rank runs it alone)
+    ckpt_layers: int  # the first ckpt_layers layers are activation-checkpointed
+    positions: tuple[int, ...]  # the samples (positions in the global batch)
+    round: int  # plan round: micro-batches of one round run before those of the next
+
+
+@dataclass
+class StepWork:
+    """This rank's share of one optimizer step."""
+
+    step: int
+    batch: GlobalBatch
+    plan: StepPlan
+    tokens: int  # the loss normaliser: the step's global token count
+    micro_batches: list[RankMicroBatch] = field(default_factory=list)
+    planner_s: float = 0.0
+    local_loss: float = 0.0  # sum of the losses passed to `backward` on this rank
+
+    def __iter__(self) -> Iterator[RankMicroBatch]:
+        return iter(self.micro_batches)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, keeping its value for the step's global loss."""
+        self.local_loss += float(loss.detach())
+        loss.backward()
+
+
+def check_model(model: Any) -> None:
+    """Raise `ConfigError` unless ``model`` can run sequence-parallel micro-batches."""
+    name = type(model).__name__
+    missing = [m for m in ("make_inputs", "loss_sum") if not callable(getattr(model, m, None))]
+    takes_sp = not missing and all(
+        "sp" in inspect.signature(getattr(model, m)).parameters for m in ("make_inputs", "loss_sum")
+    )
+    if missing or not takes_sp:
+        raise ConfigError(
+            f"model {name} has no sequence-parallel interface ("
+            + (f"missing {', '.join(missing)}" if missing else "make_inputs/loss_sum take no `sp`")
+            + "): implement dcp_bench.runtime.models.RuntimeModel - make_inputs(sample_ids, tokens, "
+            "frames, sp, seed) and loss_sum(inputs, sp, ckpt_layers) - and route its attention "
+            "through dcp_bench.runtime.attention (ulysses_seq_to_heads / ulysses_heads_to_seq around "
+            "varlen_attention), or start from dcp_bench.runtime.models.build_model"
+        )
+    if not hasattr(model, "spec"):
+        raise ConfigError(
+            f"model {name} has no `spec` (a dcp_bench ModelSpec): the planner needs its layer "
+            "count and sizes; set model.spec = dcp_bench.cost.specs.model_spec(...)"
+        )
+
+
+def _as_global_batch(item: Any, step: int) -> GlobalBatch:
+    if isinstance(item, GlobalBatch):
+        return item
+    if isinstance(item, dict) and "lengths" in item:
+        lengths = np.asarray(item["lengths"], dtype=np.int64)
+        ids = np.asarray(item.get("sample_ids", np.arange(len(lengths))), dtype=np.int64)
+        frames = np.asarray(item.get("frames", np.ones_like(lengths)), dtype=np.int64)
+        return GlobalBatch(step=step, sample_ids=ids, tokens=lengths, frames=frames)
+    raise WorkloadError(
+        f"the data yielded a {type(item).__name__} without sample lengths: DataCentricParallel "
+        "plans from lengths, so yield dcp_bench.batch.GlobalBatch objects or dicts with "
+        "'lengths' (and optional 'sample_ids', 'frames'), or pass a dcp_bench Workload"
+    )
+
+
+def _batches(data: Any, world_size: int) -> Iterator[GlobalBatch]:
+    if hasattr(data, "global_batch"):  # a dcp_bench Workload: endless, one batch per step
+        step = 0
+        while True:
+            yield data.global_batch(step, world_size)
+            step += 1
+    if not isinstance(data, Iterable) or isinstance(data, (str, bytes)):
+        raise WorkloadError(
+            f"data of type {type(data).__name__} is neither a Workload nor an iterable of batches "
+            "with sample lengths; pass a dcp_bench Workload or an iterable of GlobalBatch"
+        )
+    for step, item in enumerate(data):
+        yield _as_global_batch(item, step)
+
+
+def _fit_cluster(cluster: ClusterSpec, world: int) -> ClusterSpec:
+    """The cluster description with the world size actually running (one node when it fits)."""
+    if cluster.world_size == world:
+        return cluster
+    per_node = min(cluster.gpus_per_node, world)
+    if world % per_node:
+        raise ConfigError(f"world size {world} does not tile nodes of {cluster.gpus_per_node}")
+    return dataclasses.replace(cluster, num_nodes=world // per_node, gpus_per_node=per_node)
+
+
+class DataCentricParallel:
+    """Plans every global batch with a DCP (or baseline) method and hands this rank its work.
+
+    ``data``: a dcp_bench ``Workload`` or an iterable of ``GlobalBatch`` (or of dicts with
+    ``lengths``); every rank must see the same batches. ``method``: a config name under
+    ``dcp_bench/conf/method`` (``dcp``, ``dcp_inter``, ``dcp_intra``, ``dcp_inter_pac``, the
+    baselines). ``cluster``: a cluster config name or spec describing the devices (its size is set
+    to the running world); ``cost``: a ready cost model instead (else ``make_cost_model(model.spec,
+    cluster, source="auto")``: the cluster's profile when it names one). Needs
+    ``torch.distributed`` initialised (any world size, a power of two).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: torch.optim.Optimizer | None,
+        data: Any,
+        method: str = "dcp",
+        cluster: str | ClusterSpec = "cpu",
+        cost: CostModel | None = None,
+        seed: int = 0,
+        grad_clip: float | None = None,
+        method_overrides: list[str] | None = None,
+    ) -> None:
+        check_model(model)
+        if not dist.is_initialized():
+            raise ConfigError(
+                "torch.distributed is not initialised: call dist.init_process_group (e.g. under "
+                "torchrun) before building DataCentricParallel"
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.seed = seed
+        self.grad_clip = grad_clip
+        self.pool = ProcessGroupPool()
+        self.world_size = self.pool.world_size
+        self.rank = self.pool.rank
+        if cost is None:
+            from dcp_bench.cost import make_cost_model, resolve_cluster
+
+            spec = _fit_cluster(resolve_cluster(cluster), self.world_size)
+            cost = make_cost_model(model.spec, spec, source="auto")
+        elif cost.cluster.world_size != self.world_size:
+            raise ConfigError(
+                f"cost model for {cost.cluster.world_size} ranks used on a world of {self.world_size}"
+            )
+        self.cost = cost
+        from dcp_bench.config import load_config
+        from dcp_bench.planners.base import make_planner
+
+        cfg = load_config([f"method={method}", *(method_overrides or [])])
+        self.planner = make_planner(cfg.method)
+        self._data = _batches(data, self.world_size)
+
+    def plan(self, batch: GlobalBatch) -> StepPlan:
+        """Rank 0 plans and validates; every rank receives the same plan."""
+        box: list[Any] = [None]
+        if self.rank == 0:
+            plan = self.planner.plan(batch, self.cost)
+            validate_plan(plan, batch, self.cost)
+            box[0] = plan.to_json(indent=None)
+        dist.broadcast_object_list(box, src=0)
+        return StepPlan.from_json(box[0])
+
+    def work(self, batch: GlobalBatch) -> StepWork:
+        """Plan ``batch`` and build this rank's micro-batches (inputs included)."""
+        t0 = time.perf_counter()
+        plan = self.plan(batch)
+        planner_s = time.perf_counter() - t0
+        out = StepWork(step=batch.step, batch=batch, plan=plan, tokens=step_token_count(plan, batch),
+                       planner_s=planner_s)
+        for r in range(len(plan.rounds)):
+            group = plan.group_for_rank(r, self.rank)
+            if group is None:
+                continue
+            sp = self.pool.context(group.start, group.size)
+            for mb in group.micro_batches:
+                positions = list(mb.samples)
+                ctx = sp
+                if mb.split == "batch" or group.size == 1:
+                    positions = deal_samples(positions, batch.tokens, group.size)[sp.rank]
+                    ctx = SINGLE
+                    if not positions:
+                        continue
+                pos = np.asarray(positions, dtype=np.int64)
+                inputs = self.model.make_inputs(
+                    batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, self.seed
+                )
+                out.micro_batches.append(RankMicroBatch(inputs, ctx, mb.ckpt_layers, tuple(positions), r))
+        return out
+
+    def __iter__(self) -> Iterator[StepWork]:
+        for batch in self._data:
+            yield self.work(batch)
+
+    def steps(self, n: int) -> Iterator[StepWork]:
+        """At most ``n`` steps of work."""
+        for i, work in enumerate(self):
+            if i >= n:
+                return
+            yield work
+
+    def step(self, work: StepWork) -> float:
+        """One all-reduce of every gradient and of the loss (ranks without work contribute zeros),
+        the optimizer step (skipped when a gradient or the loss is not finite), gradients reset.
+        Returns the step's global loss: the sum over ranks of the losses given to
+        `StepWork.backward`."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        loss = torch.tensor([work.local_loss], dtype=params[0].dtype, device=params[0].device)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [loss])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+        total = float(flat[-1])
+        finite = bool(torch.isfinite(flat).all())
+        if finite and self.optimizer is not None:
+            if self.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+            self.optimizer.step()
+        for p in params:
+            p.grad = None
+        return total
