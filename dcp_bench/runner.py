@@ -20,6 +20,7 @@ its status and no step time, and statistics count it as infinitely slow.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import os
@@ -531,6 +532,61 @@ def _opt_list(x: Any) -> list[float] | None:
     return [float(v) for v in np.atleast_1d(np.asarray(x, dtype=float))]
 
 
+def run_torch(
+    spec: RunSpec,
+    root: str | os.PathLike[str],
+    campaign: str,
+    backend: Any = None,
+    env: dict[str, Any] | None = None,
+) -> RunSummary:
+    """Run one real run under torchrun (`dcp_bench.runtime.launch.launch_train`: gloo on CPU,
+    NCCL on GPUs) into the same run folder, then rewrite its summary with the sweep's cell
+    identity (config hash, comparison context, label) so real and simulated runs share one
+    results store. A launch failure is recorded as status ``error``."""
+    from dcp_bench.config import instantiate
+    from dcp_bench.records import atomic_write_json, read_steps
+    from dcp_bench.runtime.launch import TrainSettings, launch_train
+
+    del backend, env  # the launcher writes its own env.json on rank 0
+    cfg = spec.config
+    run_cfg = cfg.get("run") or {}
+    n_warm = int(run_cfg.get("warmup_steps", 0))
+    n_steps = int(run_cfg.get("steps", 1))
+    timeout = float(run_cfg.get("timeout_s", 0) or 0) or None
+    cluster = instantiate(cfg["cluster"])
+    settings = TrainSettings(
+        nproc=int(run_cfg.get("nproc", cluster.world_size)),
+        steps=n_warm + n_steps,
+        warmup_steps=n_warm,
+        seed=spec.seed,
+        root=str(root),
+        campaign=campaign,
+        run_id=spec.run_id,
+        run_timeout_s=timeout,
+        threads=int(run_cfg.get("threads", 1)),
+    )
+    started = time.time()
+    status, error, launched = "ok", None, {}
+    try:
+        launched = launch_train(cfg, settings)
+        status = str(launched.get("status", "error"))
+        error = launched.get("error")
+    except DcpBenchError as exc:
+        status, error = ("timeout" if "run_timeout_s" in str(exc) else "error"), str(exc)[:500]
+    run_dir = Path(root) / campaign / spec.run_id
+    steps = read_steps(run_dir) if run_dir.exists() else []
+    summary = _summarise(
+        spec, campaign, steps, status, "torch", started, error=error,
+        extra={"world_size": settings.nproc, "torch_summary": {k: launched.get(k) for k in ("hardware", "step_time_s")},
+               **{k: v for k, v in (launched.get("extra") or {}).items() if k in ("losses", "param_count", "memory_measure", "threads")}},
+        hardware=launched.get("hardware") or f"{settings.nproc} local ranks",
+    )
+    if not run_dir.exists():
+        RunWriter(root, campaign, spec.run_id, config=cfg)
+    atomic_write_json(run_dir / "run.json", dataclasses.asdict(summary))
+    return summary
+
+
 # --------------------------------------------------------------------------------------------
 # Sweeps
 
@@ -539,6 +595,7 @@ def _opt_list(x: Any) -> list[float] | None:
 class SweepResult:
     ran: list[RunSummary] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    unrun: list[str] = field(default_factory=list)  # left out by the deadline
 
     @property
     def failed(self) -> list[RunSummary]:
@@ -563,11 +620,15 @@ def run_sweep(
     progress: bool = True,
     env: dict[str, Any] | None = None,
     executor: Callable[..., RunSummary] | None = None,
+    deadline: float | None = None,
 ) -> SweepResult:
     """Run every spec whose run folder is not complete (all of them with ``resume=False``).
 
     ``jobs > 1`` runs simulated runs in that many worker processes; ``executor`` replaces the
-    simulated executor (the torch executor is passed in by the sweep command).
+    simulated executor (`run_torch` for real runs). ``deadline`` (a `time.time()` value): runs not
+    started by then are left out and listed in ``SweepResult.unrun``. Runs start seed by seed
+    (every cell's first repeat, then every cell's second ...), so a deadline leaves the cells
+    with balanced, paired repeats.
     """
     from tqdm import tqdm
 
@@ -583,19 +644,41 @@ def run_sweep(
         from dcp_bench.envinfo import collect_env
 
         env = collect_env()
+    order = {s.run_id: i for i, s in enumerate(todo)}
+    seeds = sorted({s.seed for s in todo})
+    rank = {sd: i for i, sd in enumerate(seeds)}
+    todo.sort(key=lambda s: (rank[s.seed], order[s.run_id]))
     run_fn = executor or _run_one
     bar = tqdm(total=len(todo), desc=f"{campaign}", unit="run", disable=not progress, leave=False)
+
+    def late() -> bool:
+        return deadline is not None and time.time() > deadline
+
     try:
         if jobs > 1 and len(todo) > 1:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(run_fn, s, root, campaign, backend, env) for s in todo]
-                for fut in as_completed(futures):
+                pending: dict[Any, RunSpec] = {}
+                queue = list(todo)
+                while queue or pending:
+                    while queue and len(pending) < jobs and not late():
+                        spec = queue.pop(0)
+                        pending[pool.submit(run_fn, spec, root, campaign, backend, env)] = spec
+                    if late():
+                        result.unrun += [s.run_id for s in queue]
+                        queue = []
+                    if not pending:
+                        break
+                    fut = next(as_completed(list(pending)))
+                    pending.pop(fut)
                     summary = fut.result()
                     result.ran.append(summary)
                     bar.set_postfix_str(f"{summary.method}: {summary.status}", refresh=False)
                     bar.update(1)
         else:
-            for spec in todo:
+            for i, spec in enumerate(todo):
+                if late():
+                    result.unrun += [s.run_id for s in todo[i:]]
+                    break
                 bar.set_postfix_str(spec.label, refresh=False)
                 result.ran.append(run_fn(spec, root, campaign, backend, env))
                 bar.update(1)

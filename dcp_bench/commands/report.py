@@ -1,0 +1,60 @@
+"""`dcp-bench report`: a campaign's run records -> reports/<campaign>/ (report.md, report.html,
+CSV tables, figures, summary.json)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+NAME = "report"
+HELP = (
+    "write reports/<campaign>/report.md + self-contained report.html, CSV tables and figures from "
+    "run records: `dcp-bench report campaign=NAME [root=runs] [out=DIR] [claims=PATH] [baselines=a,b]`"
+)
+KEYS = ("campaign", "root", "out", "claims", "baselines", "n_boot")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", help=f"key=value, keys: {', '.join(KEYS)}")
+
+
+def parse_keys(overrides: list[str]) -> dict[str, str]:
+    from dcp_bench.errors import ConfigError
+
+    out: dict[str, str] = {}
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        if not sep or key not in KEYS:
+            raise ConfigError(f"bad report argument {ov!r}: expected key=value with key one of {', '.join(KEYS)}")
+        out[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from dcp_bench.errors import ConfigError
+    from dcp_bench.paths import RESULTS_DIR
+    from dcp_bench.records import list_runs
+    from dcp_bench.report.writer import ReportInputs, build_report, default_out_dir
+
+    kv = parse_keys(list(args.overrides))
+    campaign = kv.get("campaign", "default")
+    root = kv.get("root", "runs")
+    runs = list_runs(root, campaign)
+    if not runs["complete"]:
+        raise ConfigError(f"campaign {campaign!r} under {root!r} has no complete runs; run `dcp-bench sweep "
+                          f"run.campaign={campaign}` first")
+    summary = build_report(ReportInputs(
+        root=root, campaign=campaign, out_dir=kv.get("out", str(default_out_dir(campaign))),
+        claims_path=kv.get("claims", str(RESULTS_DIR / "reference" / "claims.yaml")),
+        command="dcp-bench report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else f"dcp-bench report campaign={campaign}",
+        baselines=kv["baselines"].split(",") if kv.get("baselines") else None,
+        n_boot=int(kv.get("n_boot", 2000)),
+    ))
+    for c in summary["claims"]:
+        ci = c["ci95"]
+        val = c["reproduced_value"]
+        print(f"{c['id']}: {c['verdict']} (claimed {c['claimed']}x, measured "
+              f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci})")
+    print(f"report: {summary['report']['md']} and {summary['report']['html']}")
+    return 0
