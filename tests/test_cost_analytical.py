@@ -262,6 +262,10 @@ def test_bad_inputs_name_the_choices():
         make_cost_model("llama3_8b", "h200x32", source="guess")
     with pytest.raises(ConfigError, match="needs a profile"):
         make_cost_model("llama3_8b", "h200x32", source="profiled")
+    with pytest.raises(ConfigError, match="not found"):
+        make_cost_model("tiny_llama", "cpu", source="profiled", profile="results/calibration/missing.json")
+    with pytest.raises(ConfigError, match="analytical source only"):
+        make_cost_model("tiny_llama", "cpu", source="profiled", profile="x.json", scales={"a2a_eff": 2})
     cm = make_cost_model("llama3_8b", "h200x32")
     with pytest.raises(ConfigError, match="power of two"):
         cm.microbatch_cost(np.array([10]), np.array([1]), 3, 0)
