@@ -18,10 +18,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from baselines.scheduling import (
     ckpt_layers_for,
     max_tokens_fitting_one_rank,
-    microbatch_fits,
     pack_under_budget,
 )
 from dcp_bench.errors import ConfigError, InfeasibleError
@@ -219,13 +220,17 @@ class MegatronHybridCP(Planner):
             start = 0
             laid: list[Group] = []
             for g in sorted(groups, key=lambda g: -g.size):
-                for p, L in g.seqs:
-                    if not microbatch_fits(batch, [p], cost, g.size, ckpt, "sequence"):
-                        raise InfeasibleError(
-                            f"sample {p} ({L} tokens) does not fit the memory cap on {g.size} "
-                            f"ranks: max_tokens_per_rank={m} is too large for this model"
-                        )
                 members = [p for p, _ in g.seqs]
+                # activation memory is additive per sample (the cost-model contract): one
+                # vectorised check of every sequence alone on its group
+                act = cost.sample_memory(batch.tokens[members], batch.frames[members], g.size, ckpt)
+                over = np.flatnonzero(act + cost.static_memory_bytes() > cost.memory_cap_bytes)
+                if len(over):
+                    p = members[int(over[0])]
+                    raise InfeasibleError(
+                        f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap on "
+                        f"{g.size} ranks: max_tokens_per_rank={m} is too large for this model"
+                    )
                 if self.pack_sequences:
                     packs = pack_under_budget(batch, members, cost, g.size, ckpt, max(m * g.size, max(L for _, L in g.seqs)))
                 else:
