@@ -102,6 +102,7 @@ class RunSpec:
     run_id: str
     label: str  # method name, "(paper mode)" appended in paper mode
     sweep: str = ""
+    workload: str = ""  # the workload's config name (a user's `my_corpus`, not its loader `lengths_file`)
 
     @property
     def method(self) -> str:
@@ -163,13 +164,17 @@ def plan_sweep(
         cell_hash = config_hash(base)
         context = {k: v for k, v in base.items() if k != "method"}
         ctx_hash = config_hash(context)
+        # A workload config is named by its file (`workload=my_corpus`); its `name` key names the
+        # loader, which several configs may share.
+        chosen = [ov.split("=", 1)[1] for ov in cell if ov.split("=", 1)[0].lstrip("+~") == "workload"]
+        workload_name = chosen[-1] if chosen else _name_of(cfg, "workload")
         label = method_label(cfg)
         mode = "-paper" if (cfg.get("method") or {}).get("mode") == "paper" else ""
         stem = "__".join(
             _slug(s)
             for s in (
                 _name_of(cfg, "method") + mode,
-                _name_of(cfg, "workload"),
+                workload_name,
                 _name_of(cfg, "cluster"),
                 _name_of(cfg, "model"),
                 cell_hash,
@@ -188,6 +193,7 @@ def plan_sweep(
                     run_id=f"{stem}__s{seed}",
                     label=label,
                     sweep=sweep,
+                    workload=workload_name,
                 )
             )
     return specs
@@ -362,7 +368,7 @@ def _summarise(
         status=status if (ok or status != "ok") else "error",  # type: ignore[arg-type]
         executor=executor,
         method=spec.method,
-        workload=_name_of(cfg, "workload"),
+        workload=spec.workload or _name_of(cfg, "workload"),
         cluster=_name_of(cfg, "cluster"),
         model=_name_of(cfg, "model"),
         seed=spec.seed,
