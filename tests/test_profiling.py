@@ -1,0 +1,265 @@
+"""The profiler and the profiled cost model.
+
+- the fits recover known laws (closed form) and never return negative coefficients;
+- activation bytes counted through saved_tensors_hooks equal the bytes a hand count gives;
+- `ProfiledCostModel` on an artifact generated from known laws predicts held-out sizes exactly,
+  composes layers, recompute and memory as documented, and names its profile (path + SHA-256);
+- `dcp-bench profile` writes an artifact the cost model reads (2 gloo ranks, `dist`);
+- the GPU calibration script's CPU dry run writes a readable artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from dcp_bench.cost.profiled import ProfiledCostModel
+from dcp_bench.cost.specs import ClusterSpec, GPUSpec, model_spec
+from dcp_bench.errors import ConfigError
+from dcp_bench.paths import REPO_ROOT
+from dcp_bench.profiling.artifact import (
+    KIND,
+    SCHEMA_VERSION,
+    attention_pairs,
+    dumps_artifact,
+    summarize,
+)
+from dcp_bench.profiling.fit import collective_features, fit_nonnegative, layer_features
+from dcp_bench.profiling.measure import parameter_storages, saved_activation_bytes
+
+
+def cpu_cluster(world: int) -> ClusterSpec:
+    gpu = GPUSpec(name="cpu", peak_flops=1e11, matmul_flops=1e11, mem_bytes=8e9, usable_mem_bytes=8e9,
+                  mem_bw=1e10, measured_mem_bw=1e10)
+    return ClusterSpec(name=f"cpu{world}", gpu=gpu, num_nodes=1, gpus_per_node=world, intra_node_bw=1e9,
+                       inter_node_bw=1e9, intra_node_latency_s=1e-4, inter_node_latency_s=1e-4)
+
+
+# --- fits -------------------------------------------------------------------------------------
+
+
+def test_fit_recovers_a_quadratic_law_exactly() -> None:
+    t = np.array([128, 256, 512, 1024, 2048], dtype=float)
+    p = t * t / 2
+    y = 1e-3 + 2e-6 * t + 3e-10 * p
+    fit = fit_nonnegative(layer_features(t, p), y)
+    np.testing.assert_allclose(fit.coef, [1e-3, 2e-6, 3e-10], rtol=1e-6)
+    assert fit.max_rel_err < 1e-9
+
+
+def test_fit_never_returns_negative_coefficients() -> None:
+    # a law with a negative intercept: unconstrained least squares would return it
+    b = np.array([1e3, 1e4, 1e5, 1e6])
+    y = -1e-4 + 1e-9 * b + 1e-3
+    y[0] = 2e-4  # and noise at the small end
+    fit = fit_nonnegative(collective_features(b), y)
+    assert min(fit.coef) >= 0
+    assert np.all(fit.predict(collective_features(b)) >= 0)
+
+
+def test_summary_keeps_median_and_quartiles() -> None:
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["median"], s["p25"], s["p75"], s["n"]) == (3.0, 2.0, 4.0, 5)
+
+
+def test_attention_pairs_match_brute_force_counts() -> None:
+    # video: spatial pairs F*S^2 plus temporal pairs S*F^2, counted by enumeration
+    f, s = 3, 5
+    brute = sum(1 for _ in range(f) for _ in range(s) for _ in range(s)) + sum(
+        1 for _ in range(s) for _ in range(f) for _ in range(f)
+    )
+    assert attention_pairs(np.array([f * s]), np.array([f]), "stdit")[0] == brute
+    assert attention_pairs(np.array([10]), np.array([1]), "llama")[0] == 50.0
+
+
+# --- saved activation bytes --------------------------------------------------------------------
+
+
+def test_saved_bytes_equal_a_hand_count() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 32, bias=False)
+    x = torch.randn(10, 16, requires_grad=True)
+
+    def fn(inp: torch.Tensor) -> torch.Tensor:
+        return torch.relu(lin(inp))
+
+    # linear saves its input (10x16) and its weight (a parameter: excluded); relu saves its
+    # output (10x32); fp32
+    expected = 10 * 16 * 4 + 10 * 32 * 4
+    assert saved_activation_bytes(fn, x, parameter_storages(lin)) == expected
+
+
+def test_saved_bytes_count_a_storage_once() -> None:
+    x = torch.randn(64, requires_grad=True)
+    # x * x saves x twice: one storage
+    assert saved_activation_bytes(lambda t: t * t, x, set()) == 64 * 4
+
+
+# --- the profiled cost model on a synthetic artifact ---------------------------------------------
+
+LAW = {"fwd": (1e-3, 2e-6, 3e-10), "bwd": (2e-3, 4e-6, 6e-10), "bwd_ckpt": (3e-3, 6e-6, 9e-10)}
+ACT_PER_TOKEN = 4096.0
+A2A = (1e-4, 1e-9)  # latency, seconds per byte
+AR = (2e-4, 2e-9)
+
+
+def _timing(v: float) -> dict[str, float]:
+    return {"median": v, "p25": v, "p75": v, "n": 1}
+
+
+def synthetic_artifact(model: str, tokens: list[int], sps: list[int], nproc: int) -> dict[str, Any]:
+    """An artifact whose every number follows LAW exactly (the independent reference)."""
+    spec = model_spec(model)
+    layers = []
+    for sp in sps:
+        for tpr in tokens:
+            for n in (1, 4):
+                sample = tpr * sp // n
+                pairs = float(attention_pairs(np.full(n, sample), np.ones(n), spec.arch).sum()) / sp
+                law = {k: c[0] + c[1] * tpr + c[2] * pairs for k, c in LAW.items()}
+                layers.append({"nproc": nproc, "sp": sp, "shape": "single" if n == 1 else "packed",
+                               "tokens_per_rank": tpr, "pairs_per_rank": pairs,
+                               "fwd_s": _timing(law["fwd"]), "bwd_s": _timing(law["bwd"]),
+                               "bwd_ckpt_s": _timing(law["bwd_ckpt"]),
+                               "act_bytes": ACT_PER_TOKEN * tpr, "ckpt_bytes": 1024.0 * tpr})
+    colls = [{"op": op, "nproc": nproc, "group_size": g, "bytes": b, "time_s": _timing(c[0] + c[1] * b)}
+             for op, c in (("all_to_all", A2A), ("all_reduce", AR))
+             for g in (2, 4) if g <= nproc for b in (1e3, 1e5, 1e7)]
+    outer = [{"nproc": nproc, "sp": 1, "tokens_per_rank": t, "fwd_s": _timing(1e-6 * t),
+              "bwd_s": _timing(2e-6 * t), "act_bytes": 100.0 * t} for t in tokens]
+    return {"kind": KIND, "schema_version": SCHEMA_VERSION, "model": {"name": model},
+            "hardware": {"cpu_model": "test"}, "settings": {"device": "cpu"}, "layers": layers,
+            "outer": outer, "collectives": colls, "cost": {"wall_s": 12.5},
+            "static": {"params": 1000, "param_bytes": 4000, "optimizer_step_s": 0.01}}
+
+
+@pytest.fixture
+def synthetic_profile(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny_llama.json"
+    path.write_text(dumps_artifact(synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4)))
+    return path
+
+
+def test_profiled_model_predicts_held_out_sizes_of_a_known_law(synthetic_profile: Path) -> None:
+    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    L = cost.model.num_layers
+    tokens = 700  # not on the grid
+    c = cost.microbatch_cost(np.array([tokens]), np.array([1]), 1, 0)
+    law = {k: v[0] + v[1] * tokens + v[2] * tokens * tokens / 2 for k, v in LAW.items()}
+    assert c.fwd_s == pytest.approx(L * law["fwd"] + 1e-6 * tokens, rel=1e-6)
+    assert c.bwd_s == pytest.approx(L * law["bwd"] + 2e-6 * tokens, rel=1e-6)
+    assert c.recompute_s == 0 and c.comm_s == 0
+    # recompute of k layers = k x (checkpointed backward - backward)
+    c2 = cost.microbatch_cost(np.array([tokens]), np.array([1]), 1, 2)
+    assert c2.recompute_s == pytest.approx(2 * (law["bwd_ckpt"] - law["bwd"]), rel=1e-6)
+    # memory: k checkpointed layers keep their input only, one layer is rematerialised
+    static = cost.static_memory_bytes()
+    assert c.mem_bytes == pytest.approx(static + (L * ACT_PER_TOKEN + 100.0) * tokens, rel=1e-9)
+    assert c2.mem_bytes == pytest.approx(
+        static + ((L - 2) * ACT_PER_TOKEN + 2 * 1024.0 + ACT_PER_TOKEN + 100.0) * tokens, rel=1e-9)
+
+
+def test_sequence_parallel_time_is_conserved_and_comm_from_the_collective_law(synthetic_profile: Path) -> None:
+    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    m = cost.model
+    tokens, sp = 4096, 4
+    c = cost.microbatch_cost(np.array([tokens]), np.array([1]), sp, 0)
+    tpr, ppr = tokens / sp, tokens * tokens / 2 / sp
+    per_layer = {k: v[0] + v[1] * tpr + v[2] * ppr for k, v in LAW.items()}
+    total = m.num_layers * (per_layer["fwd"] + per_layer["bwd"]) + 3e-6 * tpr
+    assert c.fwd_s + c.bwd_s + c.comm_s == pytest.approx(total, rel=1e-6)
+    kv = m.kv_heads * m.head_dim * 4
+    a2a = sum(A2A[0] + A2A[1] * tpr * b for b in (m.hidden * 4, kv, kv, m.hidden * 4))
+    assert c.comm_s == pytest.approx(m.num_layers * 2 * a2a, rel=1e-6)
+    # the step sync: all-reduce of the gradient bytes over the world + the optimizer step
+    assert cost.step_sync_time() == pytest.approx(AR[0] + AR[1] * 4000 + 0.01, rel=1e-6)
+
+
+def test_vectorised_sample_time_equals_one_sample_micro_batches(synthetic_profile: Path) -> None:
+    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    toks = np.array([100, 900, 3000])
+    for sp, k in ((1, 0), (2, 3), (4, 1)):
+        vec = cost.sample_time(toks, np.ones(3), sp, k)
+        one = [cost.microbatch_cost(np.array([t]), np.array([1]), sp, k).total_s for t in toks]
+        np.testing.assert_allclose(vec, one, rtol=1e-9)
+
+
+def test_provenance_names_the_profile_by_path_and_hash(synthetic_profile: Path) -> None:
+    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    d = cost.describe()
+    assert d["source"] == "profiled"
+    assert d["profile_path"] == str(synthetic_profile)
+    assert d["profile_sha256"] == hashlib.sha256(synthetic_profile.read_bytes()).hexdigest()
+    assert d["profile_wall_s"] == 12.5
+    assert d["fit_max_rel_err"]["sp1.fwd"] < 1e-6
+
+
+def test_wrong_model_or_missing_profile_is_a_clear_error(synthetic_profile: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="measured for model 'tiny_llama'"):
+        ProfiledCostModel(model=model_spec("tiny_stdit"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    with pytest.raises(ConfigError, match="not found"):
+        ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(tmp_path / "no.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kind": KIND, "schema_version": 99}))
+    with pytest.raises(ConfigError, match="schema_version 99"):
+        ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(bad))
+
+
+def test_make_cost_model_builds_the_profiled_source(synthetic_profile: Path) -> None:
+    from dcp_bench.cost import make_cost_model
+
+    cost = make_cost_model("tiny_llama", cpu_cluster(4), source="profiled", profile=synthetic_profile)
+    assert isinstance(cost, ProfiledCostModel)
+
+
+# --- real measurements ---------------------------------------------------------------------------
+
+
+@pytest.mark.dist
+def test_profile_command_writes_an_artifact_the_cost_model_reads(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    cmd = [sys.executable, "-c", "import sys, argparse\nfrom dcp_bench.commands import profile\n"
+           "raise SystemExit(profile.run(argparse.Namespace(overrides=sys.argv[1:])))",
+           "model=tiny_llama", "nproc=2", "profile.tokens=[32,64,128]", "profile.sp=[1,2]",
+           "profile.reps=2", "profile.warmup=1", "profile.collective_bytes=[4096,65536]", f"out={out}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    art = json.loads(out.read_text())
+    assert {(p["sp"], p["shape"]) for p in art["layers"]} == {(s, h) for s in (1, 2) for h in ("single", "packed")}
+    assert all(p["fwd_s"]["n"] == 2 and p["act_bytes"] > 0 for p in art["layers"])
+    assert {(c["op"], c["group_size"]) for c in art["collectives"]} == {("all_to_all", 2), ("all_reduce", 2)}
+    assert art["static"]["params"] == sum(p.numel() for p in __import__(
+        "dcp_bench.runtime.models", fromlist=["build_model"]).build_model(model_spec("tiny_llama")).parameters())
+    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(2), profile=str(out))
+    assert cost.describe()["profile_nproc_used"] == 2
+    assert cost.sample_time(np.array([100]), np.array([1]), 2, 0)[0] > 0
+
+
+@pytest.mark.slow
+def test_gpu_calibration_dry_run_on_cpu(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts/gpu_calibrate.sh"), "--device", "cpu", "--tiny", "--out", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    files = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert files == ["tiny_llama.json", "tiny_stdit.json"]
+    for name in ("tiny_llama", "tiny_stdit"):
+        art = json.loads((tmp_path / f"{name}.json").read_text())
+        assert art["ceilings"]["matmul"][0]["flops_per_s"] > 0
+        assert art["ceilings"]["copy"][0]["bytes_per_s"] > 0
+        assert art["settings"]["device"] == "cpu"
+        cost = ProfiledCostModel(model=model_spec(name), cluster=cpu_cluster(1), profile=str(tmp_path / f"{name}.json"))
+        assert cost.sample_time(np.array([256]), np.array([1]), 1, 0)[0] > 0
