@@ -126,10 +126,14 @@ def reference_timeline(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> t
 
 
 @st.composite
-def random_plans(draw, world=8, layers=32):
+def random_plans(draw, world=8):
+    model = draw(st.sampled_from(["llama3_8b", "stdit3_xl2"]))
+    layers = model_spec(model).num_layers
     n = draw(st.integers(1, 40))
-    tokens = draw(st.lists(st.integers(16, 60000), min_size=n, max_size=n))
-    batch = GlobalBatch.from_lengths(tokens)
+    longest = 60000 if model == "llama3_8b" else 3600  # STDiT: patches per frame, up to 720p
+    spatial = draw(st.lists(st.integers(16, longest), min_size=n, max_size=n))
+    frames = draw(st.lists(st.sampled_from([1, 2, 4, 15, 30]), min_size=n, max_size=n)) if model == "stdit3_xl2" else [1] * n
+    batch = GlobalBatch.from_lengths(np.asarray(spatial) * np.asarray(frames), frames=frames)
     order = draw(st.permutations(list(range(n))))
     rounds: list[Round] = []
     i = 0
@@ -143,14 +147,14 @@ def random_plans(draw, world=8, layers=32):
             i += take
             rank += size
         rounds.append(Round(groups))
-    return StepPlan(world, rounds), batch
+    return StepPlan(world, rounds), batch, model
 
 
 @settings(max_examples=40, deadline=None)
 @given(random_plans())
 def test_timeline_matches_brute_force(plan_batch):
-    plan, batch = plan_batch
-    cost = make_cost_model("llama3_8b", "h200x8")
+    plan, batch, model = plan_batch
+    cost = make_cost_model(model, "h200x8")
     res = simulate_step(plan, batch, cost)
     end, busy = reference_timeline(plan, batch, cost)
     sync = cost.step_sync_time()
@@ -162,8 +166,8 @@ def test_timeline_matches_brute_force(plan_batch):
 @settings(max_examples=40, deadline=None)
 @given(random_plans())
 def test_lower_bound_below_every_valid_plan(plan_batch):
-    plan, batch = plan_batch
-    cost = make_cost_model("llama3_8b", "h200x8")
+    plan, batch, model = plan_batch
+    cost = make_cost_model(model, "h200x8")
     try:
         validate_plan(plan, batch, cost)
     except PlanError:
