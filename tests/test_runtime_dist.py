@@ -78,7 +78,7 @@ def video_plans(ckpt: int) -> dict[str, StepPlan]:
     }
 
 
-SCENARIOS: list[tuple[str, str, str, int]] = (
+HAND: list[tuple[str, str, str, int]] = (
     [("tiny_llama", name, "text", 0) for name in text_plans(0)]
     + [("tiny_llama", name, "text", 2) for name in ("static_sp4", "inter_unequal", "multi_round")]
     + [("tiny_llama", "static_sp4", "text", 4)]
@@ -87,12 +87,20 @@ SCENARIOS: list[tuple[str, str, str, int]] = (
     + [("tiny_llama", "static_sp4", "text", 0)]  # rerun: bitwise determinism
 )
 
+def hand_cases() -> list[tuple[str, str, GlobalBatch, StepPlan]]:
+    """(label, model, batch, plan) for every hand-built plan."""
+    out = []
+    for model_name, plan_name, kind, ckpt in HAND:
+        batch = TEXT if kind == "text" else VIDEO
+        out.append((f"{model_name}-{plan_name}-ckpt{ckpt}", model_name, batch, _plans(kind, ckpt)[plan_name]))
+    return out
+
 
 def _plans(kind: str, ckpt: int) -> dict[str, StepPlan]:
     return text_plans(ckpt) if kind == "text" else video_plans(ckpt)
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, port: int, out_dir: str, cases: list[tuple[str, str, GlobalBatch, StepPlan]]) -> None:
     import torch.distributed as dist
 
     from dcp_bench.runtime.executor import execute_step
@@ -105,10 +113,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     try:
         pool = ProcessGroupPool(timeout_s=60)
         results = []
-        for model_name, plan_name, kind, ckpt in SCENARIOS:
+        for _, model_name, batch, plan in cases:
             model = build_model(model_spec(model_name), seed=SEED)
-            batch = TEXT if kind == "text" else VIDEO
-            res = execute_step(_plans(kind, ckpt)[plan_name], batch, model, None, pool, seed=SEED)
+            res = execute_step(plan, batch, model, None, pool, seed=SEED)
             grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
             results.append({"loss": res.loss, "grad_norm": res.grad_norm, "grads": grads, "mbs": res.micro_batches})
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
@@ -122,23 +129,45 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def reference(model_name: str, batch: GlobalBatch) -> tuple[float, torch.Tensor]:
-    """Single process, one sample at a time, no padding, loss normalised by the batch's tokens."""
-    model = build_model(model_spec(model_name), seed=SEED)
+def reference_step(model: torch.nn.Module, batch: GlobalBatch) -> float:
+    """Single process, one sample at a time, no padding, loss normalised by the batch's tokens;
+    gradients accumulate in ``.grad``. Returns the loss."""
     total = 0.0
     for i in range(batch.n):
-        inputs = model.make_inputs(batch.sample_ids[i : i + 1], batch.tokens[i : i + 1], batch.frames[i : i + 1], SINGLE, SEED)
-        loss = model.loss_sum(inputs) / batch.total_tokens
+        sl = slice(i, i + 1)
+        inputs = model.make_inputs(batch.sample_ids[sl], batch.tokens[sl], batch.frames[sl], SINGLE, SEED)  # type: ignore[operator]
+        loss = model.loss_sum(inputs) / batch.total_tokens  # type: ignore[operator]
         loss.backward()
         total += float(loss.detach())
-    return total, torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    return total
+
+
+_REFERENCES: dict[tuple[str, str], tuple[float, torch.Tensor]] = {}
+
+
+def reference(model_name: str, batch: GlobalBatch, key: str) -> tuple[float, torch.Tensor]:
+    """Loss and gradient of one step from a fresh model (cached per model and batch key)."""
+    if (model_name, key) not in _REFERENCES:
+        model = build_model(model_spec(model_name), seed=SEED)
+        loss = reference_step(model, batch)
+        _REFERENCES[(model_name, key)] = (loss, torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    return _REFERENCES[(model_name, key)]
+
+
+def run_cases(cases: list[tuple[str, str, GlobalBatch, StepPlan]]) -> list[list[dict[str, Any]]]:
+    """Run every case on one set of WORLD spawned processes; results per rank, per case."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(_free_port(), tmp, cases), nprocs=WORLD, join=True)
+        return [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(WORLD)]
+
+
+CASES = hand_cases()
+LABELS = [c[0] for c in CASES]
 
 
 @pytest.fixture(scope="module")
 def dist_results() -> list[list[dict[str, Any]]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(_free_port(), tmp), nprocs=WORLD, join=True)
-        return [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(WORLD)]
+    return run_cases(CASES)
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -152,10 +181,10 @@ def test_hand_plans_are_valid() -> None:
                 validate_plan(plan, batch, num_layers=4)
 
 
-@pytest.mark.parametrize("index", range(len(SCENARIOS)), ids=[f"{m}-{p}-ckpt{c}" for m, p, _, c in SCENARIOS])
+@pytest.mark.parametrize("index", range(len(CASES)), ids=LABELS)
 def test_plan_matches_single_process(dist_results: list[list[dict[str, Any]]], index: int) -> None:
-    model_name, _, kind, _ = SCENARIOS[index]
-    ref_loss, ref_grads = reference(model_name, TEXT if kind == "text" else VIDEO)
+    _, model_name, batch, _ = CASES[index]
+    ref_loss, ref_grads = reference(model_name, batch, "text" if batch is TEXT else "video")
     for rank in range(WORLD):
         got = dist_results[rank][index]
         assert abs(got["loss"] - ref_loss) <= 1e-5 * abs(ref_loss)
@@ -167,13 +196,13 @@ def test_plan_matches_single_process(dist_results: list[list[dict[str, Any]]], i
 
 def test_every_rank_worked_somewhere(dist_results: list[list[dict[str, Any]]]) -> None:
     # Guards the scenarios themselves: a plan where some rank never ran would test less.
-    for index, (_, plan_name, _, _) in enumerate(SCENARIOS):
+    for index, (_, plan_name, _, _) in enumerate(HAND):
         if plan_name in ("static_sp4", "dsp_sp4", "split_batch", "static_sp2", "inter_unequal", "dsp_mixed"):
             assert all(dist_results[r][index]["mbs"] > 0 for r in range(WORLD))
 
 
 def test_recompute_does_not_change_gradients(dist_results: list[list[dict[str, Any]]]) -> None:
-    by_key = {(m, p, c): i for i, (m, p, _, c) in enumerate(SCENARIOS)}
+    by_key = {(m, p, c): i for i, (m, p, _, c) in enumerate(HAND)}
     for (m, p, c), i in by_key.items():
         if c == 0 or (m, p, 0) not in by_key:
             continue
@@ -184,8 +213,8 @@ def test_recompute_does_not_change_gradients(dist_results: list[list[dict[str, A
 
 
 def test_rerun_is_bitwise_identical(dist_results: list[list[dict[str, Any]]]) -> None:
-    first, again = 0, len(SCENARIOS) - 1
-    assert SCENARIOS[first] == SCENARIOS[again]
+    first, again = 0, len(HAND) - 1
+    assert HAND[first] == HAND[again]
     for rank in range(WORLD):
         assert dist_results[rank][first]["loss"] == dist_results[rank][again]["loss"]
         assert torch.equal(dist_results[rank][first]["grads"], dist_results[rank][again]["grads"])
