@@ -105,3 +105,13 @@ def test_world_no_layout_fits_is_a_cluster_error(conf_dir, capsys):
     assert main(["simulate", f"extra_conf={conf_dir}", "method=per_rank", "cluster.gpus_per_node=6"]) == 2
     err = capsys.readouterr().err
     assert "gpus_per_node=6 is not a power of two" in err
+
+
+def test_noise_and_scales_from_the_config(conf_dir):
+    base = [*overrides(conf_dir, steps=2), "+noise.jitter_sigma=0.1", "+cost.scales.act_bytes=1.5"]
+    a, _ = simulate_run(load_config([*base, "seed=4"]))
+    b, _ = simulate_run(load_config([*base, "seed=4"]))
+    c, _ = simulate_run(load_config([*base, "seed=5"]))
+    assert a["noise"] == {"seed": 4, "jitter_sigma": 0.1, "straggler_prob": 0.0, "straggler_slowdown": 1.5}
+    assert a["step_time_s"] == b["step_time_s"] != c["step_time_s"]
+    assert a["cost_model"]["scales"]["act_bytes"] == 1.5
