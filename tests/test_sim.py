@@ -248,3 +248,31 @@ def test_batch_split_and_world_mismatch():
     assert res.comm_share == pytest.approx(8 * cost.step_sync_breakdown()["grad_sync_s"] / res.busy_s.sum())
     with pytest.raises(ClusterError, match="plan for 8 ranks cannot run on cluster 'h200x32' of 32"):
         simulate_step(plan, batch, make_cost_model("stdit3_xl2", "h200x32"))
+
+
+def test_simulator_runs_the_profiled_source(tmp_path):
+    """Both sources behind one interface: with a profiled cost model (the base class's
+    per-micro-batch loop) the timeline still equals the brute-force walk."""
+    from test_profiling import cpu_cluster, synthetic_artifact
+
+    from dcp_bench.profiling.artifact import dumps_artifact
+
+    path = tmp_path / "tiny_llama.json"
+    path.write_text(dumps_artifact(synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4)))
+    cost = make_cost_model("tiny_llama", cpu_cluster(4), source="auto", profile=path)
+    assert cost.source == "profiled"
+    batch = GlobalBatch.from_lengths([300, 900, 2000, 64, 128, 512])
+    plan = StepPlan(4, [
+        Round([Group(0, 2, [MicroBatch((0, 1)), MicroBatch((2,), 4)]), Group(2, 1, [MicroBatch((3,))]), Group(3, 1, [MicroBatch((4,))])]),
+        Round([Group(0, 4, [MicroBatch((5,))])]),
+    ])
+    res = simulate_step(plan, batch, cost)
+    end, busy = reference_timeline(plan, batch, cost)
+    assert res.step_time_s == pytest.approx(end + cost.step_sync_time())
+    assert lower_bound(batch, cost) <= res.step_time_s
+
+
+def test_auto_source_falls_back_when_the_cluster_profile_cannot_serve():
+    cluster = dataclasses.replace(cluster_spec("cpu"), profile="results/calibration/missing.json")
+    cost = make_cost_model("tiny_llama", cluster, source="auto")
+    assert cost.source == "analytical" and "not found" in cost.describe()["auto_fallback"]

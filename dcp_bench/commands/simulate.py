@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
           f"{summary['warmup_steps']} warm-up, seed {summary['seed']}")
     print(f"cost model: {cm.get('source')} (cluster {cm.get('cluster')}, memory cap "
           f"{cm.get('mem_cap_fraction')} of usable GPU memory)")
+    if cm.get("auto_fallback"):
+        print(f"note: {cm['auto_fallback']}")
     rows = [
         ("median step time", _fmt(summary["step_time_s"], " s")),
         ("  of which simulated", _fmt(summary["sim_step_time_s"], " s")),

@@ -75,7 +75,8 @@ def make_cost_model(
 
     ``source``: ``"analytical"``; ``"profiled"`` (the tables in ``profile``, or the cluster's own
     ``ClusterSpec.profile``); ``"auto"`` (profiled when a profile is given or the cluster names
-    one, analytical otherwise). ``scales`` multiplies uncertain analytical constants for
+    one, analytical otherwise; when the cluster's own profile cannot serve this model, e.g. it was
+    measured for another model, analytical with the reason in ``provenance["auto_fallback"]``). ``scales`` multiplies uncertain analytical constants for
     sensitivity studies (keys act_bytes, attn_eff, small_kernel_eff, a2a_eff). ``options`` go to
     the model's constructor (e.g. ``zero_stage=2`` for the analytical source).
     """
@@ -83,8 +84,14 @@ def make_cost_model(
         raise ConfigError(f"unknown cost source {source!r}; valid choices: {', '.join(SOURCES)}")
     mspec, cspec = resolve_model(model), resolve_cluster(cluster)
     profile_path = profile if profile is not None else cspec.profile
+    fallback = None
+    if source == "auto" and profile is None and profile_path and not scales:
+        try:
+            return make_cost_model(mspec, cspec, "profiled", mem_cap_fraction, profile_path, None, **options)
+        except ConfigError as exc:
+            fallback = f"cluster profile {profile_path!s} not used: {exc}"
     if source == "auto":
-        source = "profiled" if profile_path else "analytical"
+        source = "profiled" if profile_path and fallback is None else "analytical"
     if source == "profiled":
         if not profile_path:
             raise ConfigError(
@@ -106,5 +113,10 @@ def make_cost_model(
     from dcp_bench.cost.analytical import AnalyticalCostModel
 
     return AnalyticalCostModel(
-        model=mspec, cluster=cspec, mem_cap_fraction=mem_cap_fraction, scales=dict(scales or {}), **options
+        model=mspec,
+        cluster=cspec,
+        mem_cap_fraction=mem_cap_fraction,
+        scales=dict(scales or {}),
+        provenance={"auto_fallback": fallback} if fallback else {},
+        **options,
     )
