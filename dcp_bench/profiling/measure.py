@@ -61,22 +61,28 @@ def parameter_storages(module: torch.nn.Module) -> set[int]:
     return {p.untyped_storage().data_ptr() for p in module.parameters()}
 
 
-def measure_module(
-    module: torch.nn.Module,
-    fn: Callable[[Tensor], Tensor],
-    make_input: Callable[[], Tensor],
-    reps: int,
-    warmup: int,
-    ckpt: bool = True,
-) -> dict[str, Any]:
-    """Forward, backward and checkpointed-backward times (median/p25/p75 over ``reps``) and the
-    saved-activation bytes of ``fn`` applied to a fresh ``make_input()`` (a leaf that requires
-    grad, so the module's input gradient is computed as inside a model)."""
-    device = next(module.parameters()).device
-    fwd_t, bwd_t, ckpt_t = [], [], []
-    peak = 0
-    for rep in range(warmup + reps):
-        x = make_input()
+class ModuleTiming:
+    """Repeated timing of one module on one input shape; `rep` runs one repetition (forward,
+    backward, and with ``ckpt`` a checkpointed forward and its backward), `result` summarises."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        fn: Callable[[Tensor], Tensor],
+        make_input: Callable[[], Tensor],
+        ckpt: bool = True,
+    ) -> None:
+        self.module, self.fn, self.make_input, self.ckpt = module, fn, make_input, ckpt
+        self.device = next(module.parameters()).device
+        self.fwd: list[float] = []
+        self.bwd: list[float] = []
+        self.bwd_ckpt: list[float] = []
+        self.peak = 0
+
+    def rep(self, record: bool) -> None:
+        device, fn = self.device, self.fn
+        x = self.make_input()
+        base = 0
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
@@ -92,11 +98,11 @@ def measure_module(
         _sync(device)
         t3 = time.perf_counter()
         if device.type == "cuda":
-            peak = max(peak, torch.cuda.max_memory_allocated(device) - base)
+            self.peak = max(self.peak, torch.cuda.max_memory_allocated(device) - base)
         del y
         t4 = t5 = 0.0
-        if ckpt:
-            x = make_input()
+        if self.ckpt:
+            x = self.make_input()
             y = checkpoint(fn, x, use_reentrant=False)
             _barrier(device)
             t4 = time.perf_counter()
@@ -105,23 +111,54 @@ def measure_module(
             t5 = time.perf_counter()
             del y
         del grad
-        module.zero_grad(set_to_none=True)
-        if rep >= warmup:
-            fwd_t.append(t1 - t0)
-            bwd_t.append(t3 - t2)
-            ckpt_t.append(t5 - t4)
-    exclude = parameter_storages(module)
-    x = make_input()
-    act = saved_activation_bytes(fn, x, exclude)
-    ckpt_bytes = x.untyped_storage().nbytes()
-    out: dict[str, Any] = {
-        "fwd_s": summarize(slowest_rank_times(fwd_t)),
-        "bwd_s": summarize(slowest_rank_times(bwd_t)),
-        "act_bytes": act,
-        "ckpt_bytes": int(ckpt_bytes),
-    }
-    if ckpt:
-        out["bwd_ckpt_s"] = summarize(slowest_rank_times(ckpt_t))
-    if device.type == "cuda":  # allocator peak over forward + backward, above what was live before
-        out["cuda_peak_bytes"] = int(peak)
-    return out
+        self.module.zero_grad(set_to_none=True)
+        if record:
+            self.fwd.append(t1 - t0)
+            self.bwd.append(t3 - t2)
+            self.bwd_ckpt.append(t5 - t4)
+
+    def result(self) -> dict[str, Any]:
+        """Summaries (slowest rank per repetition; a collective call on every rank) and bytes."""
+        x = self.make_input()
+        act = saved_activation_bytes(self.fn, x, parameter_storages(self.module))
+        out: dict[str, Any] = {
+            "fwd_s": summarize(slowest_rank_times(self.fwd)),
+            "bwd_s": summarize(slowest_rank_times(self.bwd)),
+            "act_bytes": act,
+            "ckpt_bytes": int(x.untyped_storage().nbytes()),
+        }
+        if self.ckpt:
+            out["bwd_ckpt_s"] = summarize(slowest_rank_times(self.bwd_ckpt))
+        if self.device.type == "cuda":  # allocator peak over forward + backward above what was live
+            out["cuda_peak_bytes"] = int(self.peak)
+        return out
+
+
+def measure_interleaved(timings: list[ModuleTiming], reps: int, warmup: int) -> list[dict[str, Any]]:
+    """Time several cases repetition-major (rep 1 of every case, then rep 2, ...), so a burst of
+    load from other processes on a shared machine spreads over all sizes instead of skewing one;
+    each case gets its own warm-up first."""
+    for _ in range(warmup):
+        for t in timings:
+            t.rep(record=False)
+    for _ in range(reps):
+        for t in timings:
+            t.rep(record=True)
+    return [t.result() for t in timings]
+
+
+def measure_module(
+    module: torch.nn.Module,
+    fn: Callable[[Tensor], Tensor],
+    make_input: Callable[[], Tensor],
+    reps: int,
+    warmup: int,
+    ckpt: bool = True,
+) -> dict[str, Any]:
+    """Forward, backward and checkpointed-backward times (median/p25/p75 over ``reps``) and the
+    saved-activation bytes of ``fn`` applied to a fresh ``make_input()`` (a leaf that requires
+    grad, so the module's input gradient is computed as inside a model)."""
+    timing = ModuleTiming(module, fn, make_input, ckpt)
+    for rep in range(warmup + reps):
+        timing.rep(record=rep >= warmup)
+    return timing.result()

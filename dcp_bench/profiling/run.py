@@ -105,6 +105,17 @@ def grid_points(req: ProfileRequest, world: int) -> list[dict[str, Any]]:
     return out
 
 
+def _report(entry: dict[str, Any]) -> None:
+    msg = "out of memory" if entry.get("oom") else (
+        f"fwd {entry['fwd_s']['median'] * 1e3:.1f} ms, bwd {entry['bwd_s']['median'] * 1e3:.1f} ms"
+    )
+    print(
+        f"  nproc {entry['nproc']} sp {entry['sp']} {entry['shape']:6s} "
+        f"{entry['tokens_per_rank']:7d} tok/rank: {msg}",
+        file=sys.stderr, flush=True,
+    )
+
+
 def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import numpy as np
@@ -114,7 +125,7 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
     from dcp_bench.cost.specs import model_spec
     from dcp_bench.profiling import layers as layer_cases
     from dcp_bench.profiling.collectives import aligned_groups, group_of, measure_collectives
-    from dcp_bench.profiling.measure import measure_module
+    from dcp_bench.profiling.measure import ModuleTiming, measure_interleaved, measure_module
 
     req_d = json.loads(req_json)
     model = model_spec(**req_d.pop("model"))
@@ -134,35 +145,52 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
                 req.reps, req.warmup, groups,
             )
         one_layer = layer_cases.one_layer_model(model, device, dtype)
+        entries: list[dict[str, Any]] = []
+        contexts = []
         for point in grid_points(req, world):
             sp = point["sp"]
             pg = group_of(groups, sp, rank, world) if sp > 1 else None
-            ctx = layer_cases.sp_context(sp, rank % sp, pg)
+            contexts.append(layer_cases.sp_context(sp, rank % sp, pg))
             tokens = [t for t, _ in point["samples"]]
             frames = [f for _, f in point["samples"]]
             pairs = float(attention_pairs(np.array(tokens), np.array(frames), model.arch).sum())
-            entry: dict[str, Any] = {
+            entries.append({
                 "nproc": world, "sp": sp, "shape": point["shape"], "n_samples": len(tokens),
                 "sample_tokens": tokens, "sample_frames": frames, "pairs_per_rank": pairs / sp,
-            }
-            try:
-                case = layer_cases.layer_case(one_layer, ctx, point["samples"], dtype)
+                "tokens_per_rank": sum(tokens) // sp,
+            })
+        if device.type == "cpu":
+            # CPU grids are small: all cases at once, repetition-major (see measure_interleaved)
+            cases = [
+                layer_cases.layer_case(one_layer, ctx, list(zip(e["sample_tokens"], e["sample_frames"])), dtype)
+                for ctx, e in zip(contexts, entries)
+            ]
+            results = measure_interleaved(
+                [ModuleTiming(c.module, c.fn, c.make_input) for c in cases], req.reps, req.warmup
+            )
+            for entry, case, res in zip(entries, cases, results):
                 entry["tokens_per_rank"] = case.tokens_per_rank
-                entry.update(measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup))
-            except torch.cuda.OutOfMemoryError:
-                # a point too large for the device is recorded as such and left out of the fits
-                entry.update({"oom": True, "tokens_per_rank": sum(tokens) // sp})
-            finally:
-                case = None  # type: ignore[assignment]
-                if device.type == "cuda":
+                entry.update(res)
+            del cases
+        else:
+            for ctx, entry in zip(contexts, entries):
+                try:
+                    samples = list(zip(entry["sample_tokens"], entry["sample_frames"]))
+                    case = layer_cases.layer_case(one_layer, ctx, samples, dtype)
+                    entry["tokens_per_rank"] = case.tokens_per_rank
+                    entry.update(measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup))
+                except torch.cuda.OutOfMemoryError:
+                    # a point too large for the device is recorded as such and left out of the fits
+                    entry["oom"] = True
+                finally:
+                    case = None  # type: ignore[assignment]
                     torch.cuda.empty_cache()
-            if rank == 0:
-                msg = "out of memory" if entry.get("oom") else (
-                    f"fwd {entry['fwd_s']['median'] * 1e3:.1f} ms, bwd {entry['bwd_s']['median'] * 1e3:.1f} ms"
-                )
-                print(f"  nproc {world} sp {sp} {point['shape']:6s} {entry['tokens_per_rank']:7d} tok/rank: {msg}",
-                      file=sys.stderr, flush=True)
-            result["layers"].append(entry)
+                if rank == 0:
+                    _report(entry)
+        if rank == 0 and device.type == "cpu":
+            for entry in entries:
+                _report(entry)
+        result["layers"] = entries
         del one_layer
         if req.outer:
             no_layers = layer_cases.no_layer_model(model, device, dtype)
