@@ -121,15 +121,17 @@ def buddy_partitions(start: int, size: int) -> list[list[tuple[int, int]]]:
 def test_brute_force_optimality_on_tiny_instances() -> None:
     """<= 8 sequences on 4 GPUs with an additive closed-form cost (no per-micro-batch overhead,
     so packing is neutral): our plan's makespan (reference executor) against the best one-round
-    plan found by exhaustive search. The worst gap over 30 random instances must stay under 10%
-    (the report states the measured worst gap)."""
+    plan found by exhaustive search. The worst gap over 40 random instances must stay under 3%
+    (measured: 0.0%; the report states it)."""
     rng = np.random.default_rng(7)
     world = 4
     cost = quad_cost(world, overhead=0.0)
     gaps = []
-    for _ in range(30):
+    for _ in range(40):
         n = int(rng.integers(2, 9))
         lengths = rng.choice([512, 2048, 8192, 30_000, 60_000, 120_000], size=n).tolist()
+        lengths += rng.integers(1, 200_000, int(rng.integers(0, 2))).tolist()
+        lengths = lengths[:8]
         batch = GlobalBatch.from_lengths(lengths)
         table = build_shape_table(batch.tokens, batch.frames, cost, world)
         times = {int(s): table.time[table.inverse, j] for j, s in enumerate(table.sps)}
@@ -139,8 +141,8 @@ def test_brute_force_optimality_on_tiny_instances() -> None:
         ours = dataflow_makespan(plan, batch, cost)
         gaps.append(ours / opt - 1)
     worst = max(gaps)
-    print(f"worst gap to the one-round brute-force optimum: {worst:+.2%}; mean {np.mean(gaps):+.2%}")
-    assert worst < 0.10
+    print(f"gap to the one-round brute-force optimum: worst {worst:+.2%}, mean {np.mean(gaps):+.2%}, best {min(gaps):+.2%}")
+    assert worst < 0.03
 
 
 def test_list_schedule_matches_lpt_on_single_rank_tasks() -> None:

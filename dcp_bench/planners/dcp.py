@@ -110,6 +110,36 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
     return Schedule(float(free.max()) if W else 0.0, bstart, sizes.astype(np.int64), start, end, free)
 
 
+def predicted_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> float:
+    """Compute time of ``plan`` priced by the cost model: every micro-batch in one vectorised
+    call, then each group starting when all its ranks are free (rounds in order)."""
+    mb_sizes: list[int] = []
+    mb_ckpt: list[int] = []
+    mb_samples: list[tuple[int, ...]] = []
+    for _, g, mb in plan.micro_batches():
+        mb_sizes.append(g.size)
+        mb_ckpt.append(mb.ckpt_layers)
+        mb_samples.append(mb.samples)
+    if not mb_samples:
+        return 0.0
+    pos = np.fromiter((s for ss in mb_samples for s in ss), dtype=np.int64)
+    mb_index = np.repeat(np.arange(len(mb_samples)), [len(ss) for ss in mb_samples])
+    c = cost.microbatch_costs(
+        batch.tokens[pos], batch.frames[pos], mb_index, np.asarray(mb_sizes), np.asarray(mb_ckpt)
+    )
+    dur = (c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]).tolist()
+    free = np.zeros(plan.world_size)
+    k = 0
+    for rnd in plan.rounds:
+        for g in rnd.groups:
+            t = float(free[g.start : g.start + g.size].max())
+            for _ in g.micro_batches:
+                t += dur[k]
+                k += 1
+            free[g.start : g.start + g.size] = t
+    return float(free.max())
+
+
 class DCPPlanner(Planner):
     """Our planner (method ``dcp``): joint per-sequence SP degree, recompute and schedule."""
 
@@ -130,6 +160,8 @@ class DCPPlanner(Planner):
         self.refine_steps = int(refine_steps)
         # A schedule this close to the bound is not searched further (planning time matters).
         self.good_enough = 0.002
+        # Batches up to this many samples also try the per-degree floors (one schedule each).
+        self.floor_search_max = 512
 
     # -- choice --------------------------------------------------------------------------------
 
@@ -165,8 +197,24 @@ class DCPPlanner(Planner):
         inv = table.inverse
         counts = np.bincount(inv, minlength=len(table.tokens))
         choice = self.initial_choice(table, counts, W)
-        sched, sample_choice = self._schedule_with_refinement(table, choice[inv], W)
+        sched, sample_choice, bound = self._schedule_with_refinement(table, choice[inv], W)
         plan = self._to_plan(batch, cost, table, sched, sample_choice, W)
+        if batch.n <= self.floor_search_max and len(table.sps) > 1:
+            # Packing decides the real cost (how full micro-batches are, and samples of one
+            # group share them); the schedule's per-sample estimates cannot see it. Small
+            # batches therefore also build the plans that raise every sample to at least degree
+            # j, price every candidate with the cost model, and keep the fastest.
+            best_t = predicted_step_time(plan, batch, cost)
+            T = table.time[inv]
+            for j in range(1, len(table.sps)):
+                trial = np.where((j > sample_choice) & np.isfinite(T[:, j]), j, sample_choice)
+                if np.array_equal(trial, sample_choice):
+                    continue
+                s2 = self._schedule(table, trial, W, bound)
+                p2 = self._to_plan(batch, cost, table, s2, trial, W)
+                t2 = predicted_step_time(p2, batch, cost)
+                if t2 < best_t * (1 - 1e-9):
+                    plan, best_t, sched, sample_choice = p2, t2, s2, trial
         plan.info.update(
             {
                 "predicted_makespan_s": sched.makespan,
@@ -193,7 +241,7 @@ class DCPPlanner(Planner):
 
     def _schedule_with_refinement(
         self, table: ShapeTable, sample_choice: np.ndarray, W: int
-    ) -> tuple[Schedule, np.ndarray]:
+    ) -> tuple[Schedule, np.ndarray, float]:
         # The bound no schedule beats: max(cheapest total work / W, longest sample at its fastest).
         counts = np.bincount(table.inverse, minlength=len(table.tokens))
         bound = max(
@@ -201,6 +249,20 @@ class DCPPlanner(Planner):
         )
         sched = self._schedule(table, sample_choice, W, bound)
         K = len(table.sps)
+        T = table.time[table.inverse]  # (n, K)
+        n = len(sample_choice)
+        if sched.makespan > bound * (1 + self.good_enough) and n <= self.floor_search_max:
+            # Small batches: also try raising every sample to at least degree j (where that is
+            # faster); a tail of short samples then shares the big groups instead of idling them.
+            rows = np.arange(n)
+            for j in range(1, K):
+                faster = (j > sample_choice) & (T[:, j] < T[rows, sample_choice])
+                if not faster.any():
+                    continue
+                trial = np.where(faster, j, sample_choice)
+                s2 = self._schedule(table, trial, W, bound)
+                if s2.makespan < sched.makespan * (1 - 1e-9):
+                    sched, sample_choice = s2, trial
         tried: set[int] = set()
         for _ in range(self.refine_steps):
             if sched.makespan <= bound * (1 + self.good_enough):
@@ -224,7 +286,7 @@ class DCPPlanner(Planner):
                 sched, sample_choice = s2, trial
             else:
                 tried.add(i)
-        return sched, sample_choice
+        return sched, sample_choice, bound
 
     def _to_plan(
         self,
@@ -302,26 +364,35 @@ class DCPPlanner(Planner):
         budget: float,
         size: int,
     ) -> list[MicroBatch]:
-        """Micro-batches of one group (``samples`` shortest first, ``tokens`` their lengths):
-        samples that need recompute run alone; the others are packed up to ``pack_tokens``
-        tokens per rank and the memory budget (fuller micro-batches run their GEMMs more
-        efficiently)."""
+        """Micro-batches of one group (``samples`` shortest first, ``tokens`` their lengths).
+
+        Samples that need recompute run alone. The others are bin-packed first-fit decreasing
+        by memory into micro-batches bounded by the memory budget and ``pack_tokens`` tokens per
+        rank: every micro-batch pays a fixed share of small-kernel inefficiency, so the fewest,
+        fullest micro-batches are fastest.
+        """
         out: list[MicroBatch] = []
         limit = self.pack_tokens * size
-        cur: list[int] = []
-        cur_tok = 0
-        cur_mem = 0.0
+        items: list[tuple[float, int, int]] = []
         for i, tok in zip(samples, tokens):
             if ckpt[i] > 0 or tok >= limit:
                 out.append(MicroBatch(samples=(i,), ckpt_layers=ckpt[i]))
-                continue
-            m = mem0[i]
-            if cur and (cur_tok + tok > limit or cur_mem + m > budget):
-                out.append(MicroBatch(samples=tuple(cur), ckpt_layers=0))
-                cur, cur_tok, cur_mem = [], 0, 0.0
-            cur.append(i)
-            cur_tok += tok
-            cur_mem += m
-        if cur:
-            out.append(MicroBatch(samples=tuple(cur), ckpt_layers=0))
+            else:
+                items.append((mem0[i], tok, i))
+        items.sort(key=lambda x: -x[0])
+        bin_mem: list[float] = []
+        bin_tok: list[int] = []
+        bins: list[list[int]] = []
+        for m, tok, i in items:
+            for j in range(len(bins)):
+                if bin_mem[j] + m <= budget and bin_tok[j] + tok <= limit:
+                    bin_mem[j] += m
+                    bin_tok[j] += tok
+                    bins[j].append(i)
+                    break
+            else:
+                bin_mem.append(m)
+                bin_tok.append(tok)
+                bins.append([i])
+        out.extend(MicroBatch(samples=tuple(b), ckpt_layers=0) for b in bins)
         return out

@@ -143,7 +143,11 @@ def build_shape_table(
     tokens: np.ndarray, frames: np.ndarray, cost: CostModel, world_size: int, packed: bool = False
 ) -> ShapeTable:
     """Evaluate every distinct shape at every aligned SP degree (a few vectorised calls each).
-    ``packed``: times are packed shares (see `time_at_ckpt`)."""
+
+    ``packed``: the time a sample costs when micro-batches are packed: its packed share (see
+    `time_at_ckpt`) where it can share a micro-batch with others (no recompute and at most half
+    the memory budget), its time alone otherwise (a micro-batch it fills mostly by itself pays
+    the fixed small-kernel costs alone)."""
     key = tokens.astype(np.int64) * (1 << 20) + frames.astype(np.int64)
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     ut, uf = tokens[first], frames[first]
@@ -163,6 +167,10 @@ def build_shape_table(
             time[ok, j] = time_at_ckpt(cost, ut[ok], uf[ok], int(sp), k[ok], packed)
             # Memory without checkpointing decides packing (only k = 0 samples are packed).
             mem[ok, j] = cost.sample_memory(ut[ok], uf[ok], int(sp), 0)
+            if packed:
+                alone = ok & ((k > 0) | (mem[:, j] > budget / 2))
+                if alone.any():
+                    time[alone, j] = time_at_ckpt(cost, ut[alone], uf[alone], int(sp), k[alone], False)
     return ShapeTable(ut, uf, inverse.astype(np.int64), sps, ckpt, time, mem)
 
 
