@@ -330,14 +330,20 @@ class FlexSPMILP(Planner):
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
         if room <= 0:
             raise InfeasibleError("static memory alone exceeds the memory cap")
-        mem_w = cost.sample_memory(batch.tokens, batch.frames, W, ckpt) * W if batch.n else np.zeros(0)
-        if batch.n and float(mem_w.max()) / W > room:
-            p = int(np.argmax(mem_w))
+        per_rank_w = cost.sample_memory(batch.tokens, batch.frames, W, ckpt) if batch.n else np.zeros(0)
+        if batch.n and float(per_rank_w.max()) > room:
+            p = int(np.argmax(per_rank_w))
             raise InfeasibleError(
                 f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap even on all "
                 f"{W} ranks"
             )
-        num_rounds = max(1, math.ceil(float(mem_w.sum()) / (self.fill * room * W))) if batch.n else 0
+        # the cluster-wide activation footprint of a sequence is smallest on few ranks (per-sample
+        # buffers repeat on every rank), so size the rounds by each sequence's smallest footprint
+        footprint = (
+            np.min([cost.sample_memory(batch.tokens, batch.frames, d, ckpt) * d for d in sp_degrees(W)], axis=0)
+            if batch.n else np.zeros(0)
+        )
+        num_rounds = max(1, math.ceil(float(footprint.sum()) / (self.fill * room * W))) if batch.n else 0
         deadline = time.perf_counter() + self.time_limit_s
         while True:
             chunks = self.chunk(batch, cost, ckpt, num_rounds) if batch.n else []
