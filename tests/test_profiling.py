@@ -263,3 +263,10 @@ def test_gpu_calibration_dry_run_on_cpu(tmp_path: Path) -> None:
         assert art["settings"]["device"] == "cpu"
         cost = ProfiledCostModel(model=model_spec(name), cluster=cpu_cluster(1), profile=str(tmp_path / f"{name}.json"))
         assert cost.sample_time(np.array([256]), np.array([1]), 1, 0)[0] > 0
+
+
+def test_a_calibration_folder_supplies_the_model_s_artifact(synthetic_profile: Path) -> None:
+    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile.parent))
+    assert cost.describe()["profile_path"].endswith("/tiny_llama.json")
+    with pytest.raises(ConfigError, match="no tiny_stdit.json"):
+        ProfiledCostModel(model=model_spec("tiny_stdit"), cluster=cpu_cluster(4), profile=str(synthetic_profile.parent))

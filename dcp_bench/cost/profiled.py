@@ -81,8 +81,9 @@ def _pick_nproc(available: set[int], world: int) -> int:
 
 @dataclass
 class ProfiledCostModel(CostModel):
-    """A `CostModel` built from a profile artifact (``profile``: its path; relative paths are
-    taken from the repository root). Defaults to the cluster config's ``profile`` field."""
+    """A `CostModel` built from a profile artifact (``profile``: its path, or a folder holding
+    ``<model name>.json``; relative paths are taken from the repository root). Defaults to the
+    cluster config's ``profile`` field."""
 
     profile: str | None = None
     source: str = "profiled"
@@ -95,6 +96,15 @@ class ProfiledCostModel(CostModel):
                 "`profile:` in its cluster config (make one with `dcp-bench profile`)"
             )
         resolved = resolve_profile_path(path)
+        if resolved.is_dir():  # a calibration folder holds one artifact per model
+            if not (resolved / f"{self.model.name}.json").exists():
+                raise ConfigError(
+                    f"profile folder {str(path)!r} has no {self.model.name}.json; measure it with "
+                    f"`dcp-bench profile model={self.model.name} out={path}/{self.model.name}.json` "
+                    "or use the analytical cost source"
+                )
+            path = f"{str(path).rstrip('/')}/{self.model.name}.json"
+            resolved = resolved / f"{self.model.name}.json"
         self.artifact = load_artifact(resolved)
         art_model = self.artifact["model"].get("name")
         if art_model != self.model.name:
