@@ -148,3 +148,45 @@ def test_deadline_leaves_runs_unrun(tmp_path: Path) -> None:
     res = run_sweep(specs, tmp_path / "runs", "d", backend=ToyBackend(), progress=False, env={},
                     deadline=time.time() - 1)
     assert not res.ran and sorted(res.unrun) == sorted(s.run_id for s in specs)
+
+
+class _SlowerToy(ToyBackend):
+    """'Measured' runs: every step exactly 10% slower than the toy simulator predicts."""
+
+    def simulate_step(self, plan, batch, cost, cfg):  # type: ignore[no-untyped-def]
+        res = super().simulate_step(plan, batch, cost, cfg)
+        res.step_time_s *= 1.1
+        return res
+
+
+def _as_measured(spec, root, campaign, backend, env):  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from dcp_bench.records import atomic_write_json
+    from dcp_bench.runner import run_simulated
+
+    summary = run_simulated(spec, root, campaign, backend=_SlowerToy(), env=env)
+    summary = dataclasses.replace(summary, executor="torch")
+    atomic_write_json(Path(root) / campaign / spec.run_id / "run.json", dataclasses.asdict(summary))
+    return summary
+
+
+def test_simulator_error_table(tmp_path: Path) -> None:
+    conf = write_toy_conf(tmp_path / "conf")
+    base = [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=2",
+            "run.warmup_steps=1", "++run.planner_clock=off", "method=toy_static,toy_greedy"]
+    root = tmp_path / "runs"
+    run_sweep(plan_sweep([*base, "run.executor=sim"], repeats=1), root, "v", backend=ToyBackend(),
+              progress=False, env={})
+    run_sweep(plan_sweep([*base, "run.executor=torch"], repeats=1), root, "v", executor=_as_measured,
+              progress=False, env={})
+    claims = tmp_path / "claims.yaml"
+    claims.write_text("claims: []\n")
+    summary = build_report(ReportInputs(root=root, campaign="v", out_dir=tmp_path / "out", claims_path=claims,
+                                        baselines=["toy_static"], n_boot=200))
+    err = summary["simulator_error"]
+    # predicted / measured - 1 = 1 / 1.1 - 1 for every cell (the sync time is scaled too)
+    assert err["median_abs_step_time_error"] == pytest.approx(1 - 1 / 1.1, rel=1e-6)
+    # both sides 10% off: the speedup is exact
+    assert err["median_abs_speedup_error"] == pytest.approx(0.0, abs=1e-9)
+    assert len(err["cells"]) == 2
