@@ -201,6 +201,8 @@ def test_provenance_names_the_profile_by_path_and_hash(synthetic_profile: Path) 
     assert d["profile_path"] == str(synthetic_profile)
     assert d["profile_sha256"] == hashlib.sha256(synthetic_profile.read_bytes()).hexdigest()
     assert d["profile_wall_s"] == 12.5
+    assert d["profile"] == {"path": str(synthetic_profile), "sha256": d["profile_sha256"], "wall_s": 12.5,
+                            "hardware": "test"}
     assert d["fit_max_rel_err"]["sp1.fwd"] < 1e-6
 
 

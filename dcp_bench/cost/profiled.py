@@ -162,6 +162,13 @@ class ProfiledCostModel(CostModel):
             "profile_nproc_used": self.nproc,
             "fit_max_rel_err": self.fit_max_rel_err(),
         }
+        # the same, grouped as run records store it (RunSummary.profile)
+        self.provenance["profile"] = {
+            "path": self.profile,
+            "sha256": self.provenance["profile_sha256"],
+            "wall_s": self.provenance["profile_wall_s"],
+            "hardware": self.provenance["profile_hardware"],
+        }
 
     # --- fits -------------------------------------------------------------------------------
 
