@@ -1,7 +1,8 @@
 """`dcp`: our planner. Per-sequence SP degree and recompute chosen jointly with the step's schedule.
 
 1. Settings: for every distinct shape and SP degree, the fewest checkpointed layers that fit
-   the cap (recompute only where memory is short) and the resulting time (`ShapeTable`).
+   the cap (recompute only where memory is short) and the sample's time: its packed share where
+   it can share a micro-batch, its time alone otherwise (`ShapeTable`).
 2. Choice: each sample starts at its cheapest feasible GPU-seconds (sp x time); samples longer
    than the step's lower-bound estimate max(work / W, longest sample at its fastest degree)
    are raised to the smallest degree that brings them under it.
@@ -11,9 +12,15 @@
 4. Refinement: while the makespan is set by a task whose SP degree can still grow, double its
    degree and reschedule; keep the change only when the makespan shrinks.
 5. Plan: the schedule becomes rounds by giving each group the level after the last group its
-   ranks used; consecutive tasks of one block share a group. Short samples of a group without
-   recompute are packed into micro-batches (up to ``pack_tokens`` per rank) so small kernels run
-   efficiently. Fair mode only: every sample once, one optimizer step.
+   ranks used; consecutive tasks of one block share a group. A group's samples without
+   recompute are bin-packed (first-fit decreasing by memory) into the fewest micro-batches the
+   memory cap allows, so small kernels run efficiently.
+6. Small batches (``search_max_samples``): packing decides much of the real cost there, so the
+   planner also builds the plans that raise every sample to at least degree j and the one-degree
+   plans (all samples at degree j, packed across the batch, balanced over equal groups), prices
+   every candidate with the cost model (`predicted_step_time`) and keeps the fastest.
+
+Fair mode only: every sample once, one optimizer step.
 """
 
 from __future__ import annotations
@@ -110,6 +117,52 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
     return Schedule(float(free.max()) if W else 0.0, bstart, sizes.astype(np.int64), start, end, free)
 
 
+def balance_items(durations: list[float], bins: int, max_moves: int = 64) -> list[list[int]]:
+    """Deal items to ``bins`` by LPT (longest first onto the least-loaded bin), then move or
+    swap items between the most and the least loaded bin while that lowers the larger of the
+    two (each step brings their loads nearest to equal)."""
+    members: list[list[int]] = [[] for _ in range(bins)]
+    load = [0.0] * bins
+    heap = [(0.0, g) for g in range(bins)]
+    for m in sorted(range(len(durations)), key=lambda i: -durations[i]):
+        lo, g = heap[0]
+        heapq.heapreplace(heap, (lo + durations[m], g))
+        members[g].append(m)
+        load[g] += durations[m]
+    for _ in range(max_moves):
+        hi = max(range(bins), key=load.__getitem__)
+        lo = min(range(bins), key=load.__getitem__)
+        gap = load[hi] - load[lo]
+        if gap <= 0:
+            break
+        best: tuple[float, int, int] | None = None  # (resulting pair max, item from hi, item from lo or -1)
+        for a in members[hi]:
+            d = durations[a]
+            if 0 < d < gap:
+                new_max = max(load[hi] - d, load[lo] + d)
+                if best is None or new_max < best[0]:
+                    best = (new_max, a, -1)
+            for b in members[lo]:
+                d2 = d - durations[b]
+                if 0 < d2 < gap:
+                    new_max = max(load[hi] - d2, load[lo] + d2)
+                    if best is None or new_max < best[0]:
+                        best = (new_max, a, b)
+        if best is None or best[0] >= load[hi] * (1 - 1e-12):
+            break
+        _, a, b = best
+        members[hi].remove(a)
+        members[lo].append(a)
+        load[hi] -= durations[a]
+        load[lo] += durations[a]
+        if b >= 0:
+            members[lo].remove(b)
+            members[hi].append(b)
+            load[lo] -= durations[b]
+            load[hi] += durations[b]
+    return members
+
+
 def predicted_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> float:
     """Compute time of ``plan`` priced by the cost model: every micro-batch in one vectorised
     call, then each group starting when all its ranks are free (rounds in order)."""
@@ -145,23 +198,31 @@ class DCPPlanner(Planner):
 
     name = "dcp"
 
-    def __init__(self, mode: Mode = "fair", pack_tokens: int = 1 << 20, refine_steps: int = 16) -> None:
+    def __init__(
+        self,
+        mode: Mode = "fair",
+        pack_tokens: int = 1 << 20,
+        refine_steps: int = 16,
+        search_max_samples: int = 384,
+    ) -> None:
         super().__init__(mode)
         if mode != "fair":
             raise ConfigError(
                 f"method dcp plans fair mode only, got mode={mode!r}; paper mode belongs to the "
                 "faithful DCP methods (dcp_intra, dcp_inter, dcp_inter_pac)"
             )
-        if pack_tokens < 1 or refine_steps < 0:
+        if pack_tokens < 1 or refine_steps < 0 or search_max_samples < 0:
             raise ConfigError(
-                f"dcp: pack_tokens={pack_tokens} must be >= 1 and refine_steps={refine_steps} >= 0"
+                f"dcp: pack_tokens={pack_tokens} must be >= 1, refine_steps={refine_steps} and "
+                f"search_max_samples={search_max_samples} >= 0"
             )
         self.pack_tokens = int(pack_tokens)
         self.refine_steps = int(refine_steps)
         # A schedule this close to the bound is not searched further (planning time matters).
         self.good_enough = 0.002
-        # Batches up to this many samples also try the per-degree floors (one schedule each).
-        self.floor_search_max = 512
+        # Batches up to this many samples also build the per-degree candidate plans and keep the
+        # one the cost model prices fastest (a dozen plans: tens of ms).
+        self.floor_search_max = int(search_max_samples)
 
     # -- choice --------------------------------------------------------------------------------
 
@@ -215,9 +276,20 @@ class DCPPlanner(Planner):
                 t2 = predicted_step_time(p2, batch, cost)
                 if t2 < best_t * (1 - 1e-9):
                     plan, best_t, sched, sample_choice = p2, t2, s2, trial
+            # And the one-degree plans: every sample at degree j, micro-batches packed across
+            # the whole batch, then dealt longest first to the least-loaded group.
+            for j in range(len(table.sps)):
+                p3 = self._uniform_plan(batch, cost, table, j, W)
+                if p3 is None:
+                    continue
+                t3 = predicted_step_time(p3, batch, cost)
+                if t3 < best_t * (1 - 1e-9):
+                    plan, best_t = p3, t3
+                    sample_choice = np.full(batch.n, j)
+            plan.info["predicted_step_time_s"] = best_t
         plan.info.update(
             {
-                "predicted_makespan_s": sched.makespan,
+                "schedule_estimate_s": sched.makespan,
                 "sp_histogram": {
                     int(s): int(c) for s, c in zip(*np.unique(table.sps[sample_choice], return_counts=True))
                 },
@@ -354,6 +426,35 @@ class DCPPlanner(Planner):
         for rnd in rounds:
             rnd.groups.sort(key=lambda g: g.start)
         return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step)
+
+    def _uniform_plan(
+        self, batch: GlobalBatch, cost: CostModel, table: ShapeTable, j: int, W: int
+    ) -> StepPlan | None:
+        """One round of equal groups of degree ``sps[j]``; None when a sample does not fit it."""
+        size = int(table.sps[j])
+        inv = table.inverse
+        ckpt = table.ckpt[inv, j]
+        if (ckpt < 0).any():
+            return None
+        budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+        order = np.argsort(-batch.tokens, kind="stable")
+        mbs = self._pack(order.tolist(), batch.tokens[order].tolist(), ckpt.tolist(),
+                         table.mem[inv, j].tolist(), budget, size)
+        pos = np.fromiter((s for mb in mbs for s in mb.samples), dtype=np.int64)
+        mb_index = np.repeat(np.arange(len(mbs)), [len(mb.samples) for mb in mbs])
+        c = cost.microbatch_costs(
+            batch.tokens[pos], batch.frames[pos], mb_index, np.full(len(mbs), size),
+            np.asarray([mb.ckpt_layers for mb in mbs]),
+        )
+        dur = c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+        members = balance_items(dur.tolist(), W // size)
+        groups = [
+            Group(start=g * size, size=size, micro_batches=[mbs[m] for m in ms])
+            for g, ms in enumerate(members)
+            if ms
+        ]
+        return StepPlan(world_size=W, rounds=[Round(groups=groups)], method=self.name, mode=self.mode,
+                        step=batch.step)
 
     def _pack(
         self,
