@@ -207,3 +207,18 @@ def test_dcp_is_deterministic_and_fair_only() -> None:
     assert a.to_json() == b.to_json()
     with pytest.raises(ConfigError, match="fair mode only"):
         DCPPlanner(mode="paper")
+
+
+def test_predicted_step_time_matches_the_simulator() -> None:
+    """The planner's own pricing of a plan equals the simulator's compute time (no noise)."""
+    from dcp_bench.cost import make_cost_model
+    from dcp_bench.planners.dcp import predicted_step_time
+    from dcp_bench.sim import simulate_step
+
+    cost = make_cost_model("llama3_8b", "h200x8")
+    rng = np.random.default_rng(2)
+    batch = GlobalBatch.from_lengths(np.minimum(rng.lognormal(8.5, 1.3, 60).astype(int) + 16, 200_000))
+    plan = DCPPlanner().plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    sim = simulate_step(plan, batch, cost)
+    assert np.isclose(predicted_step_time(plan, batch, cost), sim.compute_end_s, rtol=1e-9)
