@@ -8,8 +8,9 @@ sequences, longest first, are dealt to a new CP group while ranks are free, else
 least-loaded existing group of exactly the size they need, with the load estimated as L^2 / cp;
 a round closes early once it is balanced within ``delta``; the most recent sequence of the
 busiest group is handed to the next round while that reduces the imbalance; idle ranks are
-filled by doubling the smallest groups. Every sequence is its own forward/backward
-(micro-batch), as in the reference. See baselines/README.md for the deviations.
+filled by doubling the smallest groups. A group's sequences of a round are packed (THD) into
+micro-batches of at most ``max_tokens_per_rank`` tokens per rank; ``pack_sequences=False`` runs
+each sequence alone, as the schedule read does. See baselines/README.md for the deviations.
 """
 
 from __future__ import annotations
@@ -166,9 +167,9 @@ class MegatronHybridCP(Planner):
             sequence that fits one GPU under the memory cap with the chosen recompute policy.
         recompute: "full", "selective" (first half of the layers) or "none".
         delta: balance slack of a round (the reference's 5%).
-        pack_sequences: False (the reference schedule as read: every sequence is its own
-            forward/backward); True packs a group's sequences of a round into THD micro-batches
-            of at most ``max_tokens_per_rank`` tokens per rank (a stronger variant).
+        pack_sequences: True packs a group's sequences of a round into THD micro-batches of at
+            most ``max_tokens_per_rank`` tokens per rank (Megatron's packed-sequence path);
+            False runs every sequence as its own forward/backward (the schedule as read).
     """
 
     name = "megatron_hybrid_cp"
@@ -177,9 +178,9 @@ class MegatronHybridCP(Planner):
         self,
         mode: Mode = "fair",
         max_tokens_per_rank: int | None = None,
-        recompute: str = "full",
+        recompute: str = "none",
         delta: float = 0.05,
-        pack_sequences: bool = False,
+        pack_sequences: bool = True,
     ) -> None:
         super().__init__(mode)
         if max_tokens_per_rank is not None and max_tokens_per_rank < 1:

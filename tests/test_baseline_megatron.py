@@ -31,12 +31,12 @@ def test_each_sequence_runs_on_the_cp_size_it_needs_when_ranks_are_all_busy():
     # group is widened and every sequence runs at exactly its needed size
     lengths = [30000, 30000] + [6000] * 40
     batch = GlobalBatch.from_lengths(lengths)
-    plan = MegatronHybridCP(max_tokens_per_rank=8192).plan(batch, cost)
+    plan = MegatronHybridCP(max_tokens_per_rank=8192, pack_sequences=False).plan(batch, cost)
     validate_plan(plan, batch, cost)
     sizes = group_size_of(plan)
     assert plan.info["sequences_on_expanded_groups"] == 0
     assert all(sizes[p] == gpus_needed(lengths[p], 8192) for p in range(batch.n))
-    # one sequence per micro-batch, as the reference runs each sub-sample alone
+    # one sequence per micro-batch, as the schedule read runs each sub-sample alone
     assert all(len(mb.samples) == 1 for _, _, mb in plan.micro_batches())
 
 
@@ -78,9 +78,9 @@ def test_default_budget_plans_validate_on_the_shipped_cost_model(model):
     validate_plan(plan, batch, cost)
 
 
-def test_packed_variant_keeps_the_schedule_and_packs_within_the_per_rank_budget():
+def test_packing_keeps_the_schedule_and_packs_within_the_per_rank_budget():
     cost, batch = toy(), text_batch(300, seed=7)
-    plain = MegatronHybridCP(max_tokens_per_rank=16384).plan(batch, cost)
+    plain = MegatronHybridCP(max_tokens_per_rank=16384, pack_sequences=False).plan(batch, cost)
     packed = MegatronHybridCP(max_tokens_per_rank=16384, pack_sequences=True).plan(batch, cost)
     validate_plan(packed, batch, cost)
     # same rounds and groups (the schedule does not depend on packing), fewer micro-batches
