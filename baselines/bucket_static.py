@@ -23,7 +23,7 @@ from baselines.scheduling import (
     static_round,
 )
 from dcp_bench.errors import InfeasibleError
-from dcp_bench.plan import MicroBatch, Mode, StepPlan
+from dcp_bench.plan import MicroBatch, Mode, Split, StepPlan
 from dcp_bench.planners.base import Planner
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class BucketStatic(Planner):
         keys = sorted(buckets)
 
         bs: dict[BucketKey, int] = {}
-        splits: dict[BucketKey, str] = {}
+        splits: dict[BucketKey, Split] = {}
         for k in keys:
             pos = buckets[k]
             rep = max(pos, key=lambda p: int(batch.tokens[p]))  # the bucket's largest sample
@@ -135,7 +135,7 @@ class BucketStatic(Planner):
         for k in live:
             pos = buckets[k]
             for i in range(0, len(pos), bs[k]):
-                micro.append(MicroBatch(tuple(pos[i : i + bs[k]]), ckpt_layers=ckpt, split=splits[k]))  # type: ignore[arg-type]
+                micro.append(MicroBatch(tuple(pos[i : i + bs[k]]), ckpt_layers=ckpt, split=splits[k]))
         rng = np.random.default_rng([self.seed, batch.step])
         order = rng.permutation(len(micro))
         micro = [micro[i] for i in order]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.plan import Group, MicroBatch, Round, StepPlan, is_power_of_two
+from dcp_bench.plan import Group, MicroBatch, Round, Split, StepPlan, is_power_of_two
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -54,7 +54,7 @@ def sp_degrees(world_size: int) -> list[int]:
     return out
 
 
-def split_for(batch: GlobalBatch, positions: Sequence[int], cost: CostModel) -> str:
+def split_for(batch: GlobalBatch, positions: Sequence[int], cost: CostModel) -> Split:
     """The reference video runtime deals images (T' = 1 on a video model) to the ranks of an SP
     group whole ("batch" split); everything else is sharded along the sequence."""
     if cost.model.arch == "stdit" and all(int(batch.frames[p]) == 1 for p in positions):
