@@ -28,12 +28,11 @@ from baselines.scheduling import (
 )
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
+from dcp_bench.planners.base import Planner
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
     from dcp_bench.cost.base import CostModel
-
-from dcp_bench.planners.base import Planner
 
 Seq = tuple[int, int]  # (position in the batch, tokens)
 
