@@ -19,6 +19,7 @@ its status and no step time, and statistics count it as infinitely slow.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -28,7 +29,6 @@ import re
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 # Keys that say where or how often a run is recorded, not what it measures: left out of the cell
 # hash so that moving a campaign or adding repeats keeps run ids stable.
-BOOKKEEPING_KEYS = ("root", "campaign", "repeats", "jobs", "progress", "timeout_s")
+BOOKKEEPING_KEYS = ("root", "campaign", "repeats", "jobs", "progress", "timeout_s", "kill_grace_s")
 GROUP_KEYS = ("workload", "method", "cluster", "model")
 
 
@@ -616,6 +616,34 @@ def _run_one(
     return run_simulated(spec, root, campaign, backend=backend, env=env)
 
 
+def _child(run_fn: Callable[..., RunSummary], spec: RunSpec, root: str, campaign: str,
+           backend: Any, env: dict[str, Any] | None) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        run_fn(spec, root, campaign, backend, env)
+
+
+def _hard_limit(spec: RunSpec) -> float | None:
+    """Seconds after which a run's process is killed: its ``run.timeout_s`` plus a grace period
+    (the run checks its own limit between steps; this catches a step that never returns)."""
+    run = spec.config.get("run") or {}
+    t = float(run.get("timeout_s", 0) or 0)
+    grace = run.get("kill_grace_s")
+    return t + (float(grace) if grace is not None else max(10.0, 0.25 * t)) if t > 0 else None
+
+
+def _record_killed(spec: RunSpec, root: str, campaign: str, started: float, limit: float, executor: str) -> RunSummary:
+    from dcp_bench.records import atomic_write_json, read_steps
+
+    run_dir = Path(root) / campaign / spec.run_id
+    if not run_dir.exists():
+        RunWriter(root, campaign, spec.run_id, config=spec.config)
+    steps = read_steps(run_dir)
+    summary = _summarise(spec, campaign, steps, "timeout", executor, started,
+                         error=f"killed after {limit:.0f} s (run.timeout_s plus grace) inside step {len(steps)}")
+    atomic_write_json(run_dir / "run.json", dataclasses.asdict(summary))
+    return summary
+
+
 def run_sweep(
     specs: Sequence[RunSpec],
     root: str | os.PathLike[str],
@@ -627,16 +655,23 @@ def run_sweep(
     env: dict[str, Any] | None = None,
     executor: Callable[..., RunSummary] | None = None,
     deadline: float | None = None,
+    isolate: bool = True,
 ) -> SweepResult:
     """Run every spec whose run folder is not complete (all of them with ``resume=False``).
 
-    ``jobs > 1`` runs simulated runs in that many worker processes; ``executor`` replaces the
-    simulated executor (`run_torch` for real runs). ``deadline`` (a `time.time()` value): runs not
-    started by then are left out and listed in ``SweepResult.unrun``. Runs start seed by seed
-    (every cell's first repeat, then every cell's second ...), so a deadline leaves the cells
-    with balanced, paired repeats.
+    Each run executes in its own forked process (``isolate``; up to ``jobs`` at a time), killed
+    when it overruns ``run.timeout_s`` plus a grace period and then recorded as ``timeout``:
+    one stuck step cannot stall a sweep. ``executor`` replaces the simulated executor
+    (`run_torch` for real runs). ``deadline`` (a `time.time()` value): runs not started by then
+    are left out and listed in ``SweepResult.unrun``. Runs start seed by seed (every cell's first
+    repeat, then every cell's second ...), so a deadline leaves the cells with balanced, paired
+    repeats.
     """
+    import multiprocessing as mp
+
     from tqdm import tqdm
+
+    from dcp_bench.records import read_summary
 
     root = str(root)
     result = SweepResult()
@@ -655,39 +690,64 @@ def run_sweep(
     rank = {sd: i for i, sd in enumerate(seeds)}
     todo.sort(key=lambda s: (rank[s.seed], order[s.run_id]))
     run_fn = executor or _run_one
+    executor_name = "torch" if executor is not None and executor.__name__ == "run_torch" else "sim"
     bar = tqdm(total=len(todo), desc=f"{campaign}", unit="run", disable=not progress, leave=False)
 
     def late() -> bool:
         return deadline is not None and time.time() > deadline
 
+    def done(summary: RunSummary) -> None:
+        result.ran.append(summary)
+        bar.set_postfix_str(f"{summary.method}: {summary.status}", refresh=False)
+        bar.update(1)
+
     try:
-        if jobs > 1 and len(todo) > 1:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                pending: dict[Any, RunSpec] = {}
-                queue = list(todo)
-                while queue or pending:
-                    while queue and len(pending) < jobs and not late():
-                        spec = queue.pop(0)
-                        pending[pool.submit(run_fn, spec, root, campaign, backend, env)] = spec
-                    if late():
-                        result.unrun += [s.run_id for s in queue]
-                        queue = []
-                    if not pending:
-                        break
-                    fut = next(as_completed(list(pending)))
-                    pending.pop(fut)
-                    summary = fut.result()
-                    result.ran.append(summary)
-                    bar.set_postfix_str(f"{summary.method}: {summary.status}", refresh=False)
-                    bar.update(1)
-        else:
+        if not isolate:
             for i, spec in enumerate(todo):
                 if late():
                     result.unrun += [s.run_id for s in todo[i:]]
                     break
-                bar.set_postfix_str(spec.label, refresh=False)
-                result.ran.append(run_fn(spec, root, campaign, backend, env))
-                bar.update(1)
+                done(run_fn(spec, root, campaign, backend, env))
+            return result
+        ctx = mp.get_context("fork")
+        active: dict[str, tuple[Any, RunSpec, float]] = {}
+        queue = list(todo)
+        try:
+            while queue or active:
+                while queue and len(active) < max(1, jobs) and not late():
+                    spec = queue.pop(0)
+                    proc = ctx.Process(target=_child, args=(run_fn, spec, root, campaign, backend, env), daemon=False)
+                    proc.start()
+                    active[spec.run_id] = (proc, spec, time.time())
+                if queue and late():
+                    result.unrun += [s.run_id for s in queue]
+                    queue = []
+                for run_id, (proc, spec, started) in list(active.items()):
+                    limit = _hard_limit(spec)
+                    if proc.is_alive() and limit is not None and time.time() - started > limit:
+                        proc.kill()
+                        proc.join()
+                        active.pop(run_id)
+                        done(_record_killed(spec, root, campaign, started, limit, executor_name))
+                    elif not proc.is_alive():
+                        proc.join()
+                        active.pop(run_id)
+                        summary = read_summary(Path(root) / campaign / run_id)
+                        if summary is None:  # the child died without a summary (e.g. killed by the OS)
+                            summary = _record_killed(spec, root, campaign, started, time.time() - started, executor_name)
+                            summary = dataclasses.replace(summary, status="error",
+                                                          error=f"run process exited with code {proc.exitcode} before writing its summary")
+                            from dcp_bench.records import atomic_write_json
+
+                            atomic_write_json(Path(root) / campaign / run_id / "run.json", dataclasses.asdict(summary))
+                        done(summary)
+                if active:
+                    time.sleep(0.02)
+        finally:
+            for proc, _, _ in active.values():  # interrupted: stop our own children, leave runs incomplete
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
     finally:
         bar.close()
     return result

@@ -157,3 +157,16 @@ def test_resume_after_killed_sweep(tmp_path: Path) -> None:
     for s in specs:
         a, b = read_summary(camp / s.run_id), read_summary(fresh / "k" / s.run_id)
         assert a is not None and b is not None and a.step_time_s == pytest.approx(b.step_time_s)
+
+
+def test_stuck_run_is_killed_and_recorded_as_timeout(tmp_path: Path) -> None:
+    """A step that never returns in time: the run's process is killed after run.timeout_s plus
+    the grace period, and the run is recorded (status timeout), not lost."""
+    conf = write_toy_conf(tmp_path / "conf", sleep_s=30.0)
+    specs = plan_sweep([*_overrides(conf, "toy_static"), "++run.timeout_s=0.5", "++run.kill_grace_s=0.5"],
+                       repeats=1)
+    t0 = time.time()
+    res = run_sweep(specs, tmp_path / "runs", "t", backend=ToyBackend(), progress=False, env={})
+    assert time.time() - t0 < 20
+    assert [s.status for s in res.ran] == ["timeout"]
+    assert is_complete(tmp_path / "runs" / "t" / specs[0].run_id)
