@@ -222,3 +222,17 @@ def test_predicted_step_time_matches_the_simulator() -> None:
     validate_plan(plan, batch, cost)
     sim = simulate_step(plan, batch, cost)
     assert np.isclose(predicted_step_time(plan, batch, cost), sim.compute_end_s, rtol=1e-9)
+
+
+def test_dcp_never_slower_than_faithful_dcp() -> None:
+    """On random batches and worlds (closed-form cost, reference executor), `dcp` is never
+    slower than DCP-intra, DCP-inter or DCP-inter+PAC."""
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        world = int(rng.choice([1, 2, 4, 8, 16, 32]))
+        cost = quad_cost(world)
+        lengths = np.minimum(rng.lognormal(8, 1.5, int(rng.integers(1, 150))).astype(int) + 1, largest_fitting_length(cost))
+        batch = GlobalBatch.from_lengths(lengths)
+        ours = dataflow_makespan(DCPPlanner().plan(batch, cost), batch, cost)
+        for planner in (DCPIntraPlanner(), DCPInterPlanner(), DCPInterPACPlanner()):
+            assert ours <= dataflow_makespan(planner.plan(batch, cost), batch, cost) * (1 + 1e-9)
