@@ -9,8 +9,8 @@ share alone. Every micro-batch's loss is its sum over real tokens divided by the
 token count (fair mode: every token of the batch; paper mode: the tokens the plan covers), so the
 summed gradient equals single-device training on the whole batch whatever the plan. Gradients
 accumulate locally; then one SUM all-reduce over the world of all gradients plus the loss (ranks
-idle in a round contribute zeros), and one optimizer step. A non-finite loss skips the optimizer
-step and is reported.
+idle in a round contribute zeros; gradients go in flat buckets, the loss beside them), and one
+optimizer step. A non-finite loss skips the optimizer step and is reported.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def execute_step(
     seed: int = 0,
     grad_clip: float | None = None,
     measure_memory: bool = True,
+    bucket_elements: int = 1 << 26,
 ) -> StepResult:
     """Run ``plan`` on this rank (see the module docstring). ``optimizer=None`` leaves the
     all-reduced gradients in ``.grad`` without stepping (used by tests)."""
@@ -130,21 +131,26 @@ def execute_step(
                 loss.backward()
             local_loss += loss.detach().float()
             n_mb += 1
-    with busy.span():
-        flat = torch.cat([g.reshape(-1) for g in grads] + [local_loss.to(params[0].dtype).view(1)])
+    # The all-reduce waits for the slowest rank, so it stays outside busy time. Gradients go in
+    # flat buckets (one for a small model; bounded memory for real sizes), the loss in fp32.
+    sq_norm = torch.zeros((), dtype=torch.float64, device=device)
+    for bucket in _buckets(grads, bucket_elements):
+        flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
-        for g in grads:
+        for g in bucket:
             n = g.numel()
             g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
-        loss_value = float(flat[-1])
-        grad_norm = float(torch.linalg.vector_norm(flat[:-1].float()))
-        finite = math.isfinite(loss_value) and math.isfinite(grad_norm)
-        if finite and optimizer is not None:
-            if grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            optimizer.step()
+        sq_norm += flat.double().pow(2).sum()
+    dist.all_reduce(local_loss, op=dist.ReduceOp.SUM)
+    loss_value = float(local_loss)
+    grad_norm = float(sq_norm.sqrt())
+    finite = math.isfinite(loss_value) and math.isfinite(grad_norm)
+    if finite and optimizer is not None:
+        if grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        optimizer.step()
     peak = cuda_peak_bytes(device)
     if peak is None:
         peak = static_bytes(model, optimizer) + max_saved
@@ -160,6 +166,19 @@ def execute_step(
         micro_batches=n_mb,
         finite=finite,
     )
+
+
+def _buckets(tensors: list[torch.Tensor], max_elements: int) -> list[list[torch.Tensor]]:
+    """Consecutive tensors grouped so each group has at most ``max_elements`` (or one tensor)."""
+    out: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if out[-1] and size + t.numel() > max_elements:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel()
+    return out if out[-1] else out[:-1]
 
 
 def gather_floats(values: list[float], device: torch.device | None = None) -> list[list[float]]:
