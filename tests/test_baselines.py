@@ -317,3 +317,16 @@ def test_static_tuned_picks_the_grid_argmin_and_reuses_it():
 def test_static_tuned_rejects_sp_choice_beyond_the_world():
     with pytest.raises(ConfigError, match="sp=64 in sp_choices is larger than the world"):
         StaticTuned(sp_choices=[8, 64]).plan(text_batch(10), toy())
+
+
+def test_static_tuned_retunes_when_a_later_batch_cannot_run():
+    cost = toy()
+    planner = StaticTuned(sp_choices=[1], recompute_choices=["full"], budget_multiples=[1])
+    first = planner.plan(GlobalBatch.from_lengths([4000] * 64), cost)
+    assert first.info["tuned_config"] == "sp=1 recompute=full token_budget=4000"
+    later = GlobalBatch.from_lengths([4000] * 63 + [30000], step=1)
+    plan = planner.plan(later, cost)  # the tuned 4000-token budget cannot hold 30000 tokens
+    validate_plan(plan, later, cost)
+    assert plan.info["retuned"] and plan.info["tuned_on_batches"] == 2
+    assert plan.info["tuned_config"] == "sp=1 recompute=full token_budget=30000"
+    assert plan.info["tune_s"] > 0 and first.info["tune_s"] > 0
