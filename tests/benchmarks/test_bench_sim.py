@@ -11,13 +11,14 @@ import numpy as np
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.specs import cluster_spec
-from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
+from dcp_bench.plan import Group, MicroBatch, Round, StepPlan, validate_plan
 from dcp_bench.sim import lower_bound, simulate_step
 
 
-def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator) -> StepPlan:
-    """Groups of sizes 1..8 tiling the world; samples dealt longest-first to the group with the
-    least tokens per rank; two micro-batches of packed samples per group on average."""
+def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator, layers: int = 32) -> StepPlan:
+    """A valid plan of groups of sizes 1..8 tiling the world; samples dealt longest-first to the
+    group with the least tokens per rank, packed into micro-batches of at most 16K tokens per rank,
+    half or all layers checkpointed."""
     sizes, start = [], 0
     while start < world:
         s = int(rng.choice([1, 2, 4, 8]))
@@ -33,10 +34,17 @@ def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator) -> Step
         load[g] += batch.tokens[i] / sizes[g][1]
     groups = []
     for (st, s), mem in zip(sizes, members):
-        if not mem:
-            continue
-        halves = [mem[: len(mem) // 2 + 1], mem[len(mem) // 2 + 1 :]]
-        groups.append(Group(st, s, [MicroBatch(tuple(h), int(rng.integers(0, 33))) for h in halves if h]))
+        mbs: list[MicroBatch] = []
+        cur: list[int] = []
+        for i in mem:
+            if cur and batch.tokens[cur].sum() + batch.tokens[i] > 16384 * s:
+                mbs.append(MicroBatch(tuple(cur), int(rng.choice([layers // 2, layers]))))
+                cur = []
+            cur.append(i)
+        if cur:
+            mbs.append(MicroBatch(tuple(cur), int(rng.choice([layers // 2, layers]))))
+        if mbs:
+            groups.append(Group(st, s, mbs))
     return StepPlan(world, [Round(groups)])
 
 
@@ -47,6 +55,7 @@ def test_bench_200_steps_32_gpus(benchmark):
     for step in range(200):
         batch = GlobalBatch.from_lengths(rng.integers(64, 16384, size=520), step=step)
         cases.append((mixed_plan(batch, 32, rng), batch))
+    validate_plan(*cases[0], cost)
 
     def run() -> float:
         return sum(simulate_step(p, b, cost).step_time_s for p, b in cases)
@@ -58,8 +67,9 @@ def test_bench_one_step_1024_gpus_16k_samples(benchmark):
     cluster = dataclasses.replace(cluster_spec("h200x64"), name="h200x1024", num_nodes=128)
     cost = make_cost_model("llama3_8b", cluster)
     rng = np.random.default_rng(1)
-    batch = GlobalBatch.from_lengths(rng.integers(64, 32768, size=16384))
+    batch = GlobalBatch.from_lengths(rng.integers(64, 16384, size=16384))
     plan = mixed_plan(batch, 1024, rng)
+    validate_plan(plan, batch, cost)
     assert benchmark(simulate_step, plan, batch, cost).tokens == batch.total_tokens
 
 
