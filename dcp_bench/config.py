@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dcp_bench.errors import ConfigError
+from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.paths import CONF_DIR
 
 GROUPS = ("workload", "method", "cluster", "model", "run")
@@ -136,7 +136,18 @@ def config_hash(cfg: DictConfig | dict[str, Any], exclude: Sequence[str] = ()) -
 
 
 def instantiate(node: DictConfig | dict[str, Any], **kwargs: Any) -> Any:
-    """Build the object a config node names with `_target_`."""
+    """Build the object a config node names with `_target_`. A `DcpBenchError` raised by the
+    target's constructor propagates as itself (hydra would wrap it), so the CLI prints it on one
+    line."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
-    return hydra_instantiate(node, **kwargs)
+    try:
+        return hydra_instantiate(node, **kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, DcpBenchError):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise cause from None

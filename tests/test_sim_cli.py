@@ -12,6 +12,7 @@ import pytest
 from dcp_bench.cli import main
 from dcp_bench.config import load_config
 from dcp_bench.cost import make_cost_model
+from dcp_bench.errors import ConfigError
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
 from dcp_bench.planners.base import Planner
 from dcp_bench.sim import lower_bound, simulate_run, simulate_step
@@ -30,11 +31,21 @@ class OneGroupPerRank(Planner):
         return StepPlan(W, [Round([g for g in groups if g.micro_batches])], method=self.name, mode=self.mode, step=batch.step)
 
 
+class NeedsPositiveWidth(OneGroupPerRank):
+    def __init__(self, width: int, mode: str = "fair") -> None:
+        super().__init__(mode)  # type: ignore[arg-type]
+        if width < 1:
+            raise ConfigError(f"width={width}: expected >= 1")
+
+
 @pytest.fixture
 def conf_dir(tmp_path: Path) -> Path:
     (tmp_path / "method").mkdir()
     (tmp_path / "method" / "per_rank.yaml").write_text(
         f"name: per_rank\n_target_: {__name__}.OneGroupPerRank\nmode: fair\n"
+    )
+    (tmp_path / "method" / "bad_width.yaml").write_text(
+        f"name: bad_width\n_target_: {__name__}.NeedsPositiveWidth\nwidth: 0\n"
     )
     return tmp_path
 
@@ -115,3 +126,10 @@ def test_noise_and_scales_from_the_config(conf_dir):
     assert a["noise"] == {"seed": 4, "jitter_sigma": 0.1, "straggler_prob": 0.0, "straggler_slowdown": 1.5}
     assert a["step_time_s"] == b["step_time_s"] != c["step_time_s"]
     assert a["cost_model"]["scales"]["act_bytes"] == 1.5
+
+
+def test_a_planner_constructor_error_is_one_line(conf_dir, capsys):
+    """Config errors raised while building a method reach the user as themselves, not wrapped."""
+    assert main(["simulate", f"extra_conf={conf_dir}", "method=bad_width"]) == 2
+    err = capsys.readouterr().err
+    assert err == "dcp-bench simulate: error: width=0: expected >= 1\n"
