@@ -13,6 +13,8 @@ longest-processing-time balance) is used. Solve time, status and optimality gap 
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -77,6 +79,26 @@ def length_buckets(model: RoundModel, max_buckets: int) -> list[list[int]]:
     cuts = sorted(int(j) + 1 for j in np.argsort(-gaps, kind="stable")[: max_buckets - 1] if gaps[j] > 0)
     bounds = [0, *cuts, n]
     return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def quiet_highs() -> Any:
+    """A HiGHS instance with logging off. HiGHS prints a banner from its C++ constructor (once
+    per process) straight to file descriptor 1, which would corrupt JSON a command writes to
+    stdout; the descriptor is pointed at /dev/null just for the construction."""
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+    h.setOptionValue("output_flag", False)
+    return h
 
 
 def solve_round_milp(
@@ -158,8 +180,7 @@ def solve_round_milp(
     work_vals = [degrees[slots[g][0]] * float(t_b[bi, slots[g][0]]) / t_scale for (bi, g) in x_col]
     rows.append((-highspy.kHighsInf, 0.0, work_cols + [0], work_vals + [-float(W)]))
 
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
     h.setOptionValue("threads", 1)
     h.setOptionValue("random_seed", 0)

@@ -115,3 +115,18 @@ def test_fallback_on_time_out_still_gives_a_valid_plan():
     plan = FlexSPMILP(time_limit_s=0.01, max_buckets=64).plan(batch, cost)
     validate_plan(plan, batch, cost)
     assert all(s == "optimal" or s.startswith("fallback") or s for s in plan.info["status"])
+
+
+def test_solver_prints_nothing_on_stdout():
+    # HiGHS's banner would corrupt the JSON `dcp-bench plan` writes; a fresh process sees it
+    import subprocess
+    import sys
+
+    code = (
+        "from baselines.flexsp_milp import FlexSPMILP, RoundModel, solve_round_milp\n"
+        "import numpy as np\n"
+        "m = RoundModel([0, 1], [1, 2], np.array([[1.0, 0.6], [2.0, 1.1]]), np.ones((2, 2)), 10.0, 2)\n"
+        "assert solve_round_milp(m, 2, 5.0) is not None\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == ""
