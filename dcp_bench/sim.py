@@ -175,7 +175,7 @@ def simulate_step(
     sizes = np.asarray(g_size, dtype=np.int64)
     groups = np.asarray(mb_group, dtype=np.int64)
     if noise is not None and n_mb:
-        rng = noise.rng(plan.step)
+        rng = noise.rng(batch.step)  # the batch knows its step even if a planner leaves plan.step at 0
         # Kernel jitter: the group waits for the slowest of its ranks on every micro-batch.
         mb_sizes = sizes[groups]
         draws = rng.standard_normal(int(mb_sizes.sum()))
@@ -224,7 +224,7 @@ def simulate_step(
     comm_total = float(per_rank_sum(g_comm).sum()) + W * sync_comm
     peak_flops = cost.cluster.gpu.peak_flops
     return SimStepResult(
-        step=plan.step,
+        step=batch.step,
         step_time_s=step_time,
         busy_s=busy,
         idle_s=idle,

@@ -236,6 +236,10 @@ def test_noise_is_seeded_and_slows_down():
     assert slow.compute_end_s == pytest.approx(2 * clean.compute_end_s)
     with pytest.raises(ValueError):
         NoiseModel(straggler_slowdown=0.5)
+    # Draws follow the batch's step (planners may leave plan.step at 0).
+    later = GlobalBatch(7, batch.sample_ids, batch.tokens, batch.frames)
+    d = simulate_step(plan, later, cost, noise=NoiseModel(seed=1, jitter_sigma=0.05))
+    assert d.step == 7 and d.step_time_s != a.step_time_s
 
 
 def test_batch_split_and_world_mismatch():
