@@ -25,6 +25,12 @@ from dcp_bench.plan import Group, MicroBatch, Round, StepPlan, validate_plan
 from dcp_bench.runtime.attention import SINGLE
 from dcp_bench.runtime.models import build_model
 
+
+def flat_grads(model: torch.nn.Module) -> torch.Tensor:
+    """All gradients in parameter order (zeros for a parameter without one)."""
+    return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in model.parameters()])
+
+
 pytestmark = pytest.mark.dist
 
 WORLD = 4
@@ -116,7 +122,7 @@ def _worker(rank: int, port: int, out_dir: str, cases: list[tuple[str, str, Glob
         for _, model_name, batch, plan in cases:
             model = build_model(model_spec(model_name), seed=SEED)
             res = execute_step(plan, batch, model, None, pool, seed=SEED)
-            grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            grads = flat_grads(model)
             results.append({"loss": res.loss, "grad_norm": res.grad_norm, "grads": grads, "mbs": res.micro_batches})
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -150,7 +156,7 @@ def reference(model_name: str, batch: GlobalBatch, key: str) -> tuple[float, tor
     if (model_name, key) not in _REFERENCES:
         model = build_model(model_spec(model_name), seed=SEED)
         loss = reference_step(model, batch)
-        _REFERENCES[(model_name, key)] = (loss, torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        _REFERENCES[(model_name, key)] = (loss, flat_grads(model))
     return _REFERENCES[(model_name, key)]
 
 
