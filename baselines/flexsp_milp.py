@@ -267,9 +267,9 @@ def start_point(
 
 
 def solve_round_heuristic(model: RoundModel) -> RoundSolution:
-    """FlexSP's fallback: for every homogeneous SP degree that fits the round's longest
-    sequence, balance the sequences over W/d groups (longest processing time first, under
-    the group memory limit); keep the fastest."""
+    """The fallback: for every homogeneous SP degree that fits the round's longest sequence,
+    balance the sequences over W/d groups (longest processing time first, under the group
+    memory limit), and the mixed layout of `mixed_layout`; keep the fastest."""
     t0 = time.perf_counter()
     ok = model.allowed()
     best: RoundSolution | None = None
@@ -283,11 +283,58 @@ def solve_round_heuristic(model: RoundModel) -> RoundSolution:
         groups = [(d, [model.positions[i] for i in o]) for o in owners if o]
         if best is None or max(loads) < best.objective:
             best = RoundSolution(groups, max(loads), "heuristic", "heuristic", 0.0, None)
+    mixed = mixed_layout(model)
+    if mixed is not None and (best is None or mixed.objective < best.objective):
+        best = mixed
     if best is None:
-        # every degree breaks a group's memory: one group of the whole world per sequence chunk
-        raise InfeasibleError("no homogeneous SP layout fits this round under the memory cap")
+        raise InfeasibleError("no homogeneous or mixed SP layout fits this round under the memory cap")
     best.solve_s = time.perf_counter() - t0
     return best
+
+
+def mixed_layout(model: RoundModel) -> RoundSolution | None:
+    """A heterogeneous layout without a solver: every sequence at the smallest degree it fits
+    (FlexSP's minimum SP size), ranks shared between the degree classes in proportion to their
+    work (time x ranks), sequences balanced within a class by longest processing time. None when
+    the classes cannot all get a group or a group breaks the memory limit."""
+    ok = model.allowed()
+    W = model.world_size
+    cls: dict[int, list[int]] = {}
+    for i in range(len(model.positions)):
+        fits = np.flatnonzero(ok[i])
+        if not len(fits):
+            return None
+        cls.setdefault(int(fits[0]), []).append(i)
+    deg = model.degrees
+    work = {di: float(model.time[items, di].sum()) * deg[di] for di, items in cls.items()}
+    total = sum(work.values()) or 1.0
+    count = {di: max(1, int(W * work[di] / total) // deg[di]) for di in cls}
+    while sum(count[di] * deg[di] for di in cls) > W:
+        over = [di for di in cls if count[di] > 1]
+        if not over:
+            return None
+        di = max(over, key=lambda di: count[di] * deg[di] / max(work[di], 1e-30))
+        count[di] -= 1
+    while True:  # hand spare ranks to the class with the most work per rank
+        spare = W - sum(count[di] * deg[di] for di in cls)
+        grow = [di for di in cls if deg[di] <= spare and count[di] < len(cls[di])]
+        if not grow:
+            break
+        di = max(grow, key=lambda di: work[di] / (count[di] * deg[di]))
+        count[di] += 1
+    groups: list[tuple[int, list[int]]] = []
+    worst = 0.0
+    for di, items in cls.items():
+        owners = lpt_assign(model.time[items, di].tolist(), count[di])
+        for o in owners:
+            members = [items[j] for j in o]
+            if not members:
+                continue
+            if float(model.mem[members, di].sum()) > model.room:
+                return None
+            worst = max(worst, float(model.time[members, di].sum()))
+            groups.append((deg[di], [model.positions[i] for i in members]))
+    return RoundSolution(groups, worst, "heuristic", "heuristic", 0.0, None)
 
 
 def packed_round_time(batch: GlobalBatch, sol: RoundSolution, cost: CostModel, ckpt: int) -> float:
