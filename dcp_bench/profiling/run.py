@@ -71,25 +71,26 @@ class ProfileRequest:
 
 
 def sample_shapes(
-    model: ModelSpec, total: int, shape: str, packed: int, video_spatial: int = 256
+    model: ModelSpec, total: int, shape: str, packed: int, video_spatial: int = 256, sp: int = 1
 ) -> list[tuple[int, int]]:
     """(tokens, frames) of the samples of one grid point holding ``total`` tokens.
 
-    Text: one sample of ``total`` tokens, or ``packed`` equal samples. Video: frames of
-    ``video_spatial`` patches (fewer when the sample is smaller); packing splits the frames, or
-    the patches of a single frame.
+    Text: one sample of ``total`` tokens, or ``packed`` equal samples. Video: frames of up to
+    ``video_spatial`` patches, with at least ``sp`` frames so that DSP's frame sharding needs no
+    padding; packing splits the frames while each sample keeps ``sp`` of them, else the patches.
     """
     n = 1 if shape == "single" else packed
     if model.arch == "llama":
         return [(total // n, 1)] * n
-    spatial = min(video_spatial, total)
+    spatial = max(1, min(video_spatial, total // sp))
     frames = max(1, total // spatial)
-    if shape == "packed":
-        if frames >= n:
-            return [((frames // n) * spatial, frames // n)] * n
-        s = max(1, spatial // n)
-        return [(s * frames, frames)] * n
-    return [(frames * spatial, frames)]
+    if n == 1:
+        return [(frames * spatial, frames)]
+    if frames // n >= sp:
+        f = frames // n
+        return [(f * spatial, f)] * n
+    s = max(1, spatial // n)
+    return [(s * frames, frames)] * n
 
 
 def grid_points(req: ProfileRequest, world: int) -> list[dict[str, Any]]:
@@ -100,7 +101,7 @@ def grid_points(req: ProfileRequest, world: int) -> list[dict[str, Any]]:
             continue
         for tpr in req.tokens:
             for shape in req.shapes:
-                samples = sample_shapes(req.model, tpr * sp, shape, req.packed_samples, req.video_spatial)
+                samples = sample_shapes(req.model, tpr * sp, shape, req.packed_samples, req.video_spatial, sp)
                 out.append({"sp": sp, "tokens_per_rank_target": tpr, "shape": shape, "samples": samples})
     return out
 
