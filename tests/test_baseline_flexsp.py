@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from test_baselines import ToyCost, real_cost, text_batch, toy, video_batch
 
-from baselines.flexsp_milp import FlexSPMILP, RoundModel, solve_round_heuristic, solve_round_milp
+from baselines.flexsp_milp import (
+    FlexSPMILP,
+    RoundModel,
+    mixed_layout,
+    solve_round_heuristic,
+    solve_round_milp,
+)
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost.specs import cluster_spec, model_spec
 from dcp_bench.plan import validate_plan
@@ -130,3 +136,19 @@ def test_solver_prints_nothing_on_stdout():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == ""
+
+
+def test_mixed_layout_puts_each_sequence_at_its_minimum_degree_within_the_world():
+    cost = toy()
+    batch = GlobalBatch.from_lengths([3_000_000, 2_000_000] + [4000] * 50 + [60000] * 10)
+    model = FlexSPMILP().round_model(batch, list(range(batch.n)), cost, 32)
+    sol = mixed_layout(model)
+    assert sol is not None
+    assert sum(size for size, _ in sol.groups) <= 32
+    assert sorted(p for _, m in sol.groups for p in m) == list(range(batch.n))
+    ok = model.allowed()
+    for size, members in sol.groups:
+        for p in members:
+            d_min = model.degrees[int(np.flatnonzero(ok[p])[0])]
+            assert size == d_min
+            assert model.mem[members, model.degrees.index(size)].sum() <= model.room
