@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         n_boot=int(kv.get("n_boot", 2000)),
     ))
     for c in summary["claims"]:
-        ci = c["ci95"]
+        lo, hi = c["ci95"]
         val = c["reproduced_value"]
+        ci = "-" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
         print(f"{c['id']}: {c['verdict']} (claimed {c['claimed']}x, measured "
               f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci})")
     print(f"report: {summary['report']['md']} and {summary['report']['html']}")

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 unrun += res.unrun
                 failed += [f"{s.run_id} ({s.status}: {s.error})" for s in res.failed]
         res = run_sweep(sim_specs, root, campaign, jobs=jobs, progress=progress,
-                        deadline=max(sec_deadline, time.time() + 1) if not real_specs else hard_deadline)
+                        deadline=sec_deadline if not real_specs else hard_deadline)
         ran += len(res.ran)
         skipped += len(res.skipped)
         unrun += res.unrun

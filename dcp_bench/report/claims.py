@@ -16,7 +16,7 @@ import pandas as pd
 import yaml
 
 from dcp_bench.errors import ConfigError
-from dcp_bench.report.tables import STEP_PARTS, Campaign, speedup_between
+from dcp_bench.report.tables import STEP_PARTS, Campaign, cell_seeds, speedup_between
 
 DEFAULT_MEM_CAP = 0.7
 SCALE_CONSTANTS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff")
@@ -91,8 +91,10 @@ def compare(
     scales: dict[str, float] | None = None,
     mem_cap_fraction: float | None = DEFAULT_MEM_CAP,
     n_boot: int = 2000,
+    seeds: set[int] | None = None,
 ) -> list[PairResult]:
-    """Speedups of ``method`` over ``baseline`` in every matching context (one per workload)."""
+    """Speedups of ``method`` over ``baseline`` in every matching context (one per workload),
+    over the repeats with the given ``seeds`` only when given."""
     out = []
     b_cells = select_cells(cells, context, baseline, scales, mem_cap_fraction)
     m_cells = select_cells(cells, context, method, scales, mem_cap_fraction)
@@ -114,7 +116,7 @@ def compare(
                                   note=f"no data: {missing} not in this campaign"))
             continue
         b, m = pair
-        sp = speedup_between(c, b["config_hash"], m["config_hash"], n_boot=n_boot)
+        sp = speedup_between(c, b["config_hash"], m["config_hash"], n_boot=n_boot, seeds=seeds)
         note = ""
         if b["failures"] or m["failures"]:
             note = f"failures: baseline {b['failures']}/{b['repeats']}, method {m['failures']}/{m['repeats']}"
@@ -297,7 +299,6 @@ def sensitivity(
     targets = [by_id[i] for i in [sens.get("claim"), sens.get("also")] if i in by_id]
     rows = []
     for t in targets:
-        base = compare(c, cells, t["context"], t["baseline"], t["method"], n_boot=n_boot)[0]
         for const in sens.get("constants", []):
             for f in sens.get("factors", [0.5, 2.0]):
                 if const == "mem_cap":
@@ -306,9 +307,13 @@ def sensitivity(
                 else:
                     r = compare(c, cells, t["context"], t["baseline"], t["method"],
                                 scales={const: float(f)}, n_boot=n_boot)[0]
+                # The reference (default constants) over the same seeds as this variant, so a bar
+                # shows the constant's effect, not a difference in which batches were drawn.
+                seeds = (cell_seeds(c, r.baseline_cell) & cell_seeds(c, r.method_cell)) if r.method_cell and r.baseline_cell else None
+                base = compare(c, cells, t["context"], t["baseline"], t["method"], n_boot=n_boot, seeds=seeds)[0]
                 rows.append({"comparison": t["id"], "constant": const, "factor": float(f),
                              "speedup": r.speedup, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                             "reference_speedup": base.speedup, "note": r.note})
+                             "reference_speedup": base.speedup, "pairs": r.pairs, "note": r.note})
     return pd.DataFrame(rows)
 
 

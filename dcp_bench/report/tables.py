@@ -190,12 +190,21 @@ def _per_seed(df: pd.DataFrame, col: str, fail: float | None) -> dict[int, float
     return {int(s): (_num(v) if st == "ok" else fail) for s, v, st in zip(df["seed"], df[col], df["status"])}
 
 
-def speedup_between(c: Campaign, baseline_cell: str, method_cell: str, n_boot: int = 2000) -> dict[str, Any]:
-    """Speedup of one cell over another (same context), paired by seed. Step-time ratio in fair
-    mode; throughput (tokens/s) ratio when either side runs in paper mode, because paper mode
-    changes how many samples a step trains."""
+def cell_seeds(c: Campaign, cell: str) -> set[int]:
+    return {int(s) for s in c.runs.loc[c.runs["config_hash"] == cell, "seed"]}
+
+
+def speedup_between(
+    c: Campaign, baseline_cell: str, method_cell: str, n_boot: int = 2000, seeds: set[int] | None = None
+) -> dict[str, Any]:
+    """Speedup of one cell over another (same context), paired by seed (only ``seeds`` when
+    given). Step-time ratio in fair mode; throughput (tokens/s) ratio when either side runs in
+    paper mode, because paper mode changes how many samples a step trains."""
     b = c.runs[c.runs["config_hash"] == baseline_cell]
     m = c.runs[c.runs["config_hash"] == method_cell]
+    if seeds is not None:
+        b = b[b["seed"].isin(seeds)]
+        m = m[m["seed"].isin(seeds)]
     paper = "paper" in set(b["mode"]) | set(m["mode"])
     if paper:
         sp = paired_speedup(_per_seed(b, "tokens_per_s", 0.0), _per_seed(m, "tokens_per_s", 0.0),

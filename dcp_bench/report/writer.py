@@ -166,8 +166,13 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
          "pairs": r.result.pairs, "metric": r.result.metric, "note": r.verdict} for r in claim_results
     ]
     head = pd.concat([pd.DataFrame(head_rows), comparisons], ignore_index=True) if head_rows or not comparisons.empty else pd.DataFrame()
+    missing = head[head["pairs"] == 0] if not head.empty else head
+    head = head[head["pairs"] > 0] if not head.empty else head
     doc.table(head, "Speedup of method over baseline: ratio of medians over paired repeats, 95% paired-bootstrap CI",
               ["comparison", "workload", "method", "baseline", "speedup", "ci_low", "ci_high", "pairs", "metric", "note"])
+    if not missing.empty:
+        doc.p("**Not in this campaign** (no runs, so no number): " + "; ".join(
+            f"{r['comparison']}: {r['method']} vs {r['baseline']} on {r['workload']}" for _, r in missing.iterrows()) + ".")
     doc.p("`metric=throughput`: tokens per second (used whenever a side runs in paper mode, which trains a "
           "different number of samples per step); `metric=step_time`: ratio of median step times (fair mode: "
           "every method trains the same samples with one optimizer step per global batch).")
