@@ -280,6 +280,8 @@ class StepAccount:
     idle_s: float
     sp_samples: dict[int, int] = field(default_factory=dict)  # SP degree -> samples
     ckpt_samples: dict[str, int] = field(default_factory=dict)  # checkpointed fraction -> samples
+    sp_tokens: dict[int, int] = field(default_factory=dict)  # SP degree -> tokens
+    ckpt_tokens: dict[str, int] = field(default_factory=dict)  # checkpointed fraction -> tokens
 
 
 def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_s: float) -> StepAccount:
@@ -291,6 +293,8 @@ def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_
     comm = np.zeros(W)
     sp_hist: dict[int, int] = {}
     ckpt_hist: dict[str, int] = {}
+    sp_tok: dict[int, int] = {}
+    ckpt_tok: dict[str, int] = {}
     layers = max(1, int(cost.model.num_layers))
     for _, group, mb in plan.micro_batches():
         pos = list(mb.samples)
@@ -302,6 +306,9 @@ def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_
         sp_hist[group.size] = sp_hist.get(group.size, 0) + len(pos)
         frac = f"{mb.ckpt_layers / layers:.2f}"
         ckpt_hist[frac] = ckpt_hist.get(frac, 0) + len(pos)
+        n_tok = int(batch.tokens[pos].sum())
+        sp_tok[group.size] = sp_tok.get(group.size, 0) + n_tok
+        ckpt_tok[frac] = ckpt_tok.get(frac, 0) + n_tok
     sync = float(cost.step_sync_time())
     parts = float(compute.mean() + recompute.mean() + comm.mean()) + sync
     return StepAccount(
@@ -312,6 +319,8 @@ def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_
         idle_s=float(step_time_s - parts),
         sp_samples=sp_hist,
         ckpt_samples=ckpt_hist,
+        sp_tokens=sp_tok,
+        ckpt_tokens=ckpt_tok,
     )
 
 
@@ -483,6 +492,8 @@ def run_simulated(
                     "idle_s": acct.idle_s,
                     "sp_samples": {str(k): v for k, v in acct.sp_samples.items()},
                     "ckpt_samples": acct.ckpt_samples,
+                    "sp_tokens": {str(k): v for k, v in acct.sp_tokens.items()},
+                    "ckpt_tokens": acct.ckpt_tokens,
                     "rounds": len(plan.rounds),
                     "mem_cap_gib": float(cost.memory_cap_bytes) / 2**30,
                 },

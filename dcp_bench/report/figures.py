@@ -122,7 +122,8 @@ def _hist_table(steps: pd.DataFrame, cells: pd.DataFrame, column: str) -> pd.Dat
 
 
 def share_histogram(steps: pd.DataFrame, cells: pd.DataFrame, column: str, xlabel: str, title: str) -> bytes | None:
-    """Stacked share of samples per bin (SP degree, or checkpointed share of layers) per method."""
+    """Stacked share (of samples or tokens, by ``column``) per bin (SP degree, or checkpointed
+    share of layers) per method."""
     if steps.empty:
         return None
     df = _hist_table(steps, cells, column)
@@ -137,10 +138,10 @@ def share_histogram(steps: pd.DataFrame, cells: pd.DataFrame, column: str, xlabe
     for color, col in zip(colors, table.columns):
         ax.barh(table.index, table[col], left=left, color=color, label=str(col))
         left += table[col].to_numpy()
-    ax.set_xlabel("share of samples")
+    ax.set_xlabel("share")
     ax.set_title(title, fontsize=9)
     ax.legend(title=xlabel, fontsize=7, ncol=min(8, len(table.columns)), loc="upper center",
-              bbox_to_anchor=(0.5, -0.25))
+              bbox_to_anchor=(0.5, -0.12 - 0.6 / max(1, len(table))))
     return _png(fig)
 
 

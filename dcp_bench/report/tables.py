@@ -119,6 +119,8 @@ def load_campaign(
                     "imbalance": st.imbalance,
                     "sp_samples": ex.get("sp_samples") or {},
                     "ckpt_samples": ex.get("ckpt_samples") or {},
+                    "sp_tokens": ex.get("sp_tokens") or {},
+                    "ckpt_tokens": ex.get("ckpt_tokens") or {},
                     **{k: ex.get(k) for k in STEP_PARTS},
                 }
             )

@@ -234,11 +234,12 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
                "step_times", "Step time per method (all measured steps of all repeats)")
     doc.figure(fig.peak_memory_per_rank(ctx_steps, ctx_cells, "peak memory per rank"), "peak_memory",
                "Peak memory per rank (max over steps) against the cap")
-    doc.figure(fig.share_histogram(ctx_steps, ctx_cells, "sp_samples", "SP degree", "SP degree per sample"),
-               "sp_degree_hist", "Share of samples run at each SP degree, per method")
-    doc.figure(fig.share_histogram(ctx_steps, ctx_cells, "ckpt_samples", "checkpointed share of layers",
-                                   "recomputation per sample"), "recompute_hist",
-               "Share of samples per checkpointed fraction of layers (0 = no recomputation, 1 = full)")
+    doc.figure(fig.share_histogram(ctx_steps, ctx_cells, "sp_tokens", "SP degree", "SP degree (share of tokens)"),
+               "sp_degree_hist", "Share of tokens run at each SP degree, per method (token-weighted: the few long "
+               "videos carry most of the work; sample-weighted counts are in the run records)")
+    doc.figure(fig.share_histogram(ctx_steps, ctx_cells, "ckpt_tokens", "checkpointed share of layers",
+                                   "recomputation (share of tokens)"), "recompute_hist",
+               "Share of tokens per checkpointed fraction of layers (0 = no recomputation, 1 = full)")
 
     doc.h2("Scaling with the number of GPUs")
     scale_cells = default[default["executor"] == "sim"] if not default.empty else default
