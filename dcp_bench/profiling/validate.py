@@ -3,7 +3,9 @@
 For every (nproc, SP degree) table of an artifact, the per-layer time law is fitted on the grid
 points whose tokens-per-rank are *not* held out, and each held-out point's forward + backward
 time is predicted and compared with its measured median. ``python -m
-dcp_bench.profiling.validate PROFILE.json [TOKENS...]`` prints the table.
+dcp_bench.profiling.validate PROFILE.json`` prints the table for leave-one-size-out
+cross-validation over the interior sizes; ``... PROFILE.json 256 512`` holds those sizes out
+together.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ def holdout_errors(artifact: dict[str, Any], held_out: list[int]) -> list[dict[s
     return rows
 
 
+def leave_one_size_out(artifact: dict[str, Any]) -> list[dict[str, Any]]:
+    """Cross-validation over sizes: each interior grid size in turn is held out, the law fitted on
+    all other sizes, and the held-out points predicted."""
+    rows: list[dict[str, Any]] = []
+    for size in interior_tokens(artifact):
+        rows += holdout_errors(artifact, [size])
+    return rows
+
+
 def _near(tokens_per_rank: int, target: int, sp: int) -> bool:
     # Ulysses pads each sample to a multiple of the SP degree: at most sp-1 rows per sample
     return target <= tokens_per_rank < target + 4 * sp
@@ -61,15 +72,16 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m dcp_bench.profiling.validate PROFILE.json [TOKENS_PER_RANK ...]")
         return 2
     art = load_artifact(args[0])
-    held = [int(a) for a in args[1:]] or interior_tokens(art)
-    rows = holdout_errors(art, held)
+    held = [int(a) for a in args[1:]]
+    # default: leave one interior size out at a time; with sizes given, hold them all out at once
+    rows = holdout_errors(art, held) if held else leave_one_size_out(art)
     for r in rows:
         print(f"nproc {r['nproc']} sp {r['sp']} {r['shape']:6s} {r['tokens_per_rank']:6d} tok/rank: "
               f"measured {r['measured_s'] * 1e3:8.1f} ms  predicted {r['predicted_s'] * 1e3:8.1f} ms  "
               f"error {100 * r['rel_err']:5.1f}%")
     errs = [r["rel_err"] for r in rows]
     if errs:
-        print(json.dumps({"held_out_tokens": held, "points": len(errs),
+        print(json.dumps({"held_out_tokens": held or "each interior size in turn", "points": len(errs),
                           "median_rel_err": float(np.median(errs)), "max_rel_err": float(max(errs))}))
     return 0
 
