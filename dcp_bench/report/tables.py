@@ -90,6 +90,7 @@ def load_campaign(
             "lower_bound_s": summary.lower_bound_s,
             "n_steps": summary.n_steps,
             "cost_source": summary.cost_source,
+            "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
             "hardware": summary.hardware,
             "error": summary.error,
         }

@@ -64,20 +64,56 @@ def _default_context(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def calibration_error() -> dict[str, Any] | None:
-    """The committed CPU calibration's measured error, when results/calibration/ has one."""
+    """Where the committed calibration states its measured error (a README or JSON under
+    results/calibration/), when it does."""
     folder = RESULTS_DIR / "calibration"
     if not folder.is_dir():
         return None
+    found: dict[str, Any] = {}
+    for path in sorted(folder.rglob("README.md")):
+        lines = [ln.strip() for ln in path.read_text().splitlines() if "error" in ln.lower()]
+        if lines:
+            found[str(path.relative_to(RESULTS_DIR.parent))] = lines[:4]
     for path in sorted(folder.rglob("*.json")):
         try:
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(data, dict):
-            for key in ("validation", "error", "errors", "fit_error"):
+            for key in ("validation", "error", "errors", "fit_error", "held_out"):
                 if key in data:
-                    return {"file": str(path.relative_to(RESULTS_DIR.parent)), key: data[key]}
-    return None
+                    found[str(path.relative_to(RESULTS_DIR.parent))] = {key: data[key]}
+    return found or None
+
+
+def cost_models_used(c: Campaign) -> list[str]:
+    """One line per cost model behind the simulated runs: source, cluster, model, and for a
+    profiled source its artifact, hash and fit error."""
+    if c.runs.empty or "cost_desc" not in c.runs:
+        return []
+    out = []
+    variants = 0
+    for desc_json in sorted(set(c.runs.loc[c.runs["executor"] == "sim", "cost_desc"])):
+        d = json.loads(desc_json or "{}")
+        if not d:
+            continue
+        if any(float(v) != 1.0 for v in (d.get("scales") or {}).values()):
+            variants += 1  # sensitivity variants: listed in the sensitivity section
+            continue
+        prof = d.get("profile") if isinstance(d.get("profile"), dict) else {}
+        bits = [f"`{d.get('source')}` cost model of {d.get('model')} on {d.get('cluster')}"]
+        path = prof.get("path") or d.get("profile_path")
+        if path:
+            bits.append(f"profile `{path}` (sha256 {str(prof.get('sha256') or d.get('profile_sha256'))[:12]})")
+        err = d.get("fit_max_rel_err") or prof.get("fit_max_rel_err")
+        if err is not None:
+            bits.append(f"in-sample fit max relative error {json.dumps(err, default=str)[:200]}")
+        if d.get("source") == "analytical":
+            bits.append("unvalidated on GPU" if "cpu" not in str(d.get("cluster")) else "analytical CPU constants")
+        out.append(", ".join(bits))
+    if variants:
+        out.append(f"and {variants} sensitivity variants of these (constants halved / doubled)")
+    return out
 
 
 def validation_table(c: Campaign, cells: pd.DataFrame) -> pd.DataFrame:
@@ -292,7 +328,7 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
         "run ids end in the cell's config hash and the seed",
         f"system: {env.get('cpu_model', '?')}, {env.get('cpu_cores', '?')} cores, torch {env.get('torch', '?')}, "
         f"python {env.get('python', '?')}, host {env.get('hostname', '?')}",
-        "cost sources: " + ", ".join(sorted({str(s) for s in cells.get("cost_source", pd.Series(dtype=str)).dropna()})) if not cells.empty else "cost sources: none",
+        *[f"cost model: {line}" for line in cost_models_used(c)[:12]],
         "calibration error: " + (json.dumps(calib, default=str)[:400] if calib else
                                  "no calibration error on record in results/calibration/"),
         "planner time: measured on this machine, charged per `run.planner_clock` (default overlap: "
