@@ -9,7 +9,8 @@ Example (the committed CPU calibration)::
 Keys: ``model=NAME`` (config group), ``nproc=N`` or ``nproc=[2,4]`` (ranks per measurement),
 ``out=PATH``, and ``profile.KEY=VALUE`` for the grid: tokens (per rank), sp, shapes
 (single/packed), packed_samples, reps, warmup, collective_bytes, threads, device (cpu/cuda), dtype
-(fp32/bf16/fp16), outer, collectives, ceilings (true/false).
+(fp32/bf16/fp16), video_spatial (patches per video frame), outer_max_tokens, outer, collectives,
+ceilings (true/false).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ _KEYS = {
     "outer": "outer",
     "collectives": "collectives",
     "ceilings": "ceilings",
+    "video_spatial": "video_spatial",
+    "outer_max_tokens": "outer_max_tokens",
 }
 
 
