@@ -85,6 +85,9 @@ def resolve_train_config(overrides: list[str]) -> dict[str, Any]:
 
         kind = getattr(make_workload(cfg["workload"]), "kind", "text")
         cfg = to_container(load_config([*ovs, f"model={'tiny_stdit' if kind == 'video' else 'tiny_llama'}"]))
+    # As in sweeps, the run's seed also picks the global batches (unless workload.seed is given).
+    if "workload.seed" not in keys and isinstance(cfg.get("workload"), dict):
+        cfg["workload"]["seed"] = cfg.get("seed", 0)
     return cfg
 
 
