@@ -103,7 +103,7 @@ def peak_memory_per_rank(steps: pd.DataFrame, cells: pd.DataFrame, title: str) -
     ax.set_xlabel("rank")
     ax.set_ylabel("peak memory (GiB), max over steps")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return _png(fig)
 
 
@@ -204,7 +204,11 @@ def decomposition_bars(dec: pd.DataFrame, title: str) -> bytes | None:
     colors = ["tab:green" if v >= 0 else "tab:red" for v in dec["log_share"]]
     ax.barh(dec["factor"], dec["factor_x"] - 1.0, left=1.0, color=colors)
     ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_xscale("log")
+    for y, v in enumerate(dec["factor_x"]):
+        ax.annotate(f"x{v:.2f}", (float(v), y), xytext=(3 if v >= 1 else -3, 0), textcoords="offset points",
+                    ha="left" if v >= 1 else "right", va="center", fontsize=7)
+    lo, hi = float(dec["factor_x"].min()), float(dec["factor_x"].max())
+    ax.set_xlim(min(lo, 1.0) - 0.15, max(hi, 1.0) + 0.25)
     ax.set_xlabel("multiplicative factor of the speedup (product = headline speedup)")
     ax.set_title(title, fontsize=9)
     ax.invert_yaxis()

@@ -193,7 +193,7 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
         doc.p("Simulated numbers come from the cost model named in the cells table (`cost_source`). The "
               "analytical H200 model is **unvalidated on GPU**: no H200 measurement has been compared "
               "with it yet, so the H200 speedups are model predictions whose robustness the sensitivity "
-              "section shows." + (f" CPU calibration on record: `{calib['file']}`." if calib else ""))
+              "section shows." + (" CPU calibration on record: " + ", ".join(f"`{k}`" for k in calib) + "." if calib else ""))
 
     doc.h2("Headline comparisons")
     head_rows = [
