@@ -209,7 +209,7 @@ class SimBackend(Protocol):
 
     def workload(self, cfg: dict[str, Any]) -> Any: ...
 
-    def cost_model(self, cfg: dict[str, Any]) -> CostModel: ...
+    def cost_model(self, cfg: dict[str, Any], source: str | None = None) -> CostModel: ...
 
     def planner(self, cfg: dict[str, Any]) -> Planner: ...
 
@@ -228,20 +228,22 @@ class DefaultSimBackend:
 
         return make_workload(cfg["workload"])
 
-    def cost_model(self, cfg: dict[str, Any]) -> CostModel:
+    def cost_model(self, cfg: dict[str, Any], source: str | None = None) -> CostModel:
+        """The simulator's cost model (``cost.source``, default auto), or with ``source`` given
+        another source of the same model (``cost.planner_source``: what the planners see)."""
         from dcp_bench.config import instantiate
-        from dcp_bench.cost import make_cost_model  # type: ignore[attr-defined]
+        from dcp_bench.cost import make_cost_model
 
         cost_cfg = dict(cfg.get("cost") or {})
         model = instantiate(cfg["model"])
         cluster = instantiate(cfg["cluster"])
         kwargs: dict[str, Any] = {
-            "source": cost_cfg.get("source", "auto"),
+            "source": source or cost_cfg.get("source", "auto"),
             "mem_cap_fraction": float(cfg.get("mem_cap_fraction", 0.7)),
         }
         if cost_cfg.get("profile"):
             kwargs["profile"] = cost_cfg["profile"]
-        if cost_cfg.get("scales"):
+        if cost_cfg.get("scales") and kwargs["source"] != "profiled":
             kwargs["scales"] = {k: float(v) for k, v in cost_cfg["scales"].items()}
         return make_cost_model(model, cluster, **kwargs)  # type: ignore[no-any-return]
 
@@ -447,6 +449,10 @@ def run_simulated(
         model = instantiate(cfg["model"])
         workload = backend.workload(cfg)
         cost = backend.cost_model(cfg)
+        # Planners may see another source than the simulator (``cost.planner_source``): e.g. to
+        # replay what a real run planned with while simulating with measured costs.
+        planner_source = (cfg.get("cost") or {}).get("planner_source")
+        plan_cost = backend.cost_model(cfg, source=planner_source) if planner_source else cost
         cost_source = str(getattr(cost, "source", "unknown"))
         cost_desc = dict(cost.describe()) if hasattr(cost, "describe") else {}
         planner = backend.planner(cfg)
@@ -455,7 +461,7 @@ def run_simulated(
                 raise RunTimeout(f"run exceeded run.timeout_s={timeout:g} at step {step}")
             batch = workload.global_batch(step, world, model.max_seq_len)
             t0 = time.perf_counter()
-            plan = planner.plan(batch, cost)
+            plan = planner.plan(batch, plan_cost)
             planner_s = time.perf_counter() - t0
             validate_plan(plan, batch)
             res = backend.simulate_step(plan, batch, cost, cfg)

@@ -138,7 +138,7 @@ class ToyBackend:
         node.pop("_target_", None)
         return ToyWorkload(**node)
 
-    def cost_model(self, cfg: dict[str, Any]) -> CostModel:
+    def cost_model(self, cfg: dict[str, Any], source: str | None = None) -> CostModel:
         scales = (cfg.get("cost") or {}).get("scales") or {}
         return ToyCost(model=instantiate(cfg["model"]), cluster=instantiate(cfg["cluster"]),
                        mem_cap_fraction=float(cfg.get("mem_cap_fraction", 0.7)),
