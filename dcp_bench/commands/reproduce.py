@@ -79,11 +79,14 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     notes: list[str] = [f"reproduce config: `{cfg['_path']}`; budget {budget:g} s ({reserve:g} s kept for the report)"]
     only = cfg.get("only_sections")
-    for section in cfg.get("sections", []):
+    sections = [sec for sec in cfg.get("sections", []) if not only or sec["name"] in only]
+    notes += [f"section {sec['name']}: skipped (sections={','.join(only)})" for sec in cfg.get("sections", [])
+              if only and sec["name"] not in only]
+    for index, section in enumerate(sections):
         name = section["name"]
-        if only and name not in only:
-            notes.append(f"section {name}: skipped (sections={','.join(only)})")
-            continue
+        # Each later section keeps a minimum share (reserve_s), so a slow machine still gets a
+        # first repeat of every section rather than none of the last ones.
+        later = sum(float(s.get("reserve_s", 20)) for s in sections[index + 1:])
         is_real = bool(section.get("real", False))
         if is_real and not cfg.get("real", True):
             notes.append(f"section {name}: skipped (real=false): no measured runs, so the simulator's error is not measured")
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             notes.append(f"section {name}: NOT RUN, its configs do not compose: {exc}")
             continue
-        sec_deadline = min(hard_deadline, time.time() + float(section.get("budget_s", budget)))
+        sec_deadline = min(hard_deadline - later, time.time() + float(section.get("budget_s", budget)))
         ran = skipped = 0
         unrun: list[str] = []
         failed: list[str] = []
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
                 unrun += res.unrun
                 failed += [f"{s.run_id} ({s.status}: {s.error})" for s in res.failed]
         res = run_sweep(sim_specs, root, campaign, jobs=jobs, progress=progress,
-                        deadline=sec_deadline if not real_specs else hard_deadline)
+                        deadline=sec_deadline if not real_specs else hard_deadline - later)
         ran += len(res.ran)
         skipped += len(res.skipped)
         unrun += res.unrun
