@@ -82,6 +82,30 @@ def test_batches_accept_length_dicts_and_global_batches() -> None:
     assert out[1].frames.tolist() == [1, 1, 1] and out[1].step == 1
 
 
+def test_a_workload_supplies_one_batch_per_step_for_the_world() -> None:
+    class FixedWorkload:  # the Workload interface: global_batch(step, world_size)
+        def global_batch(self, step: int, world_size: int) -> GlobalBatch:
+            return GlobalBatch.from_lengths([10 * world_size] * (step + 1), step=step)
+
+    it = _batches(FixedWorkload(), world_size=4)
+    first, second = next(it), next(it)
+    assert (first.step, first.n, second.step, second.n) == (0, 1, 1, 2)
+    assert first.tokens.tolist() == [40]
+
+
+def test_building_without_torch_distributed_says_what_to_call() -> None:
+    import torch.distributed as dist
+
+    from dcp_bench.api import DataCentricParallel
+    from dcp_bench.cost.specs import model_spec
+    from dcp_bench.runtime.models import build_model
+
+    assert not dist.is_initialized()
+    model = build_model(model_spec("tiny_llama"))
+    with pytest.raises(ConfigError, match="init_process_group"):
+        DataCentricParallel(model, None, [GlobalBatch.from_lengths([5])])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
