@@ -186,7 +186,7 @@ class FaithfulDCPPlanner(Planner):
                     break
                 g.micro_batches.append([bk.queue.popleft() for _ in range(min(bk.setting.bs, len(bk.queue)))])
 
-    def _balance_intra(self, groups: list[_GroupPlan], buckets: list[_Bucket], W: int, cost: CostModel) -> None:
+    def _balance_intra(self, groups: list[_GroupPlan], buckets: list[_Bucket], W: int) -> None:
         if not groups:
             return
         t_min = min(g.time_s * len(g.micro_batches[0]) / buckets[g.bucket].setting.bs for g in groups)
@@ -223,7 +223,7 @@ class FaithfulDCPPlanner(Planner):
             if self.balance == "inter":
                 self._balance_inter(groups, buckets)
             else:
-                self._balance_intra(groups, buckets, W, cost)
+                self._balance_intra(groups, buckets, W)
             rounds.append(self._round(groups, buckets))
             iterations += 1
             if self.mode == "paper":

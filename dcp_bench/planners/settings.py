@@ -175,7 +175,7 @@ def build_shape_table(
 
 
 
-def largest_fitting_length(cost: CostModel, frames: int = 1, spatial: int | None = None) -> int:
+def largest_fitting_length(cost: CostModel, frames: int = 1) -> int:
     """The longest sample (tokens) that fits the cap at the largest SP degree with full
     recompute: what an infeasibility error reports. Video keeps the frame count and grows the
     spatial size; text (frames=1) grows the length."""
@@ -314,16 +314,11 @@ def profile_bucket(
     return None
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 __all__ = [
     "BucketSetting",
     "ShapeTable",
     "bucket_keys",
     "build_shape_table",
-    "ceil_div",
     "fewest_ckpt_layers",
     "largest_fitting_length",
     "profile_bucket",
