@@ -36,7 +36,7 @@ def fmt(x: Any, digits: int = 3) -> str:
         if math.isnan(x):
             return "-"
         if math.isinf(x):
-            return "failed (inf)" if x > 0 else "-inf"
+            return "inf" if x > 0 else "-inf"
         return f"{x:.{digits + 1}g}"
     return str(x)
 

@@ -148,7 +148,10 @@ def share_histogram(steps: pd.DataFrame, cells: pd.DataFrame, column: str, xlabe
 def versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, log: bool = False) -> bytes | None:
     df = cells.dropna(subset=["world_size"])
     df = df[np.isfinite(df[column].astype(float))]
-    if df.empty or df["world_size"].nunique() < 2:
+    # Only the (workload, method) series measured at several GPU counts: a line needs two points.
+    counts = df.groupby(["workload", "label"])["world_size"].transform("nunique")
+    df = df[counts >= 2]
+    if df.empty:
         return None
     plt, sns = _plt(), _sns()
     fig, ax = plt.subplots(figsize=(6, 3.4))
@@ -161,7 +164,7 @@ def versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, log: 
     ax.set_xlabel("GPUs")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return _png(fig)
 
 
