@@ -195,6 +195,11 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
               "with it yet, so the H200 speedups are model predictions whose robustness the sensitivity "
               "section shows." + (" CPU calibration on record: " + ", ".join(f"`{k}`" for k in calib) + "." if calib else ""))
 
+    if not validation.empty and validation["error"].notna().any():
+        errs = np.abs(validation["error"].astype(float))
+        doc.p(f"The simulator's own error, measured here on CPU ranks against real training (section "
+              f"'Simulator against measurement'): median {float(np.nanmedian(errs)):.0%} on median step time "
+              f"(target {SIM_ERROR_TARGET:.0%}){'' if float(np.nanmedian(errs)) <= SIM_ERROR_TARGET else ': above target, so read simulated speedups as estimates of that precision'}.")
     doc.h2("Headline comparisons")
     head_rows = [
         {"comparison": r.id, "workload": r.result.workload, "method": r.result.method, "baseline": r.result.baseline,
