@@ -1,0 +1,42 @@
+"""Pure checks of the group layout and the batch-split dealing (no processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dcp_bench.errors import ClusterError
+from dcp_bench.runtime.executor import deal_samples
+from dcp_bench.runtime.groups import aligned_groups
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8, 32])
+def test_aligned_groups_are_every_aligned_power_of_two_block(world: int) -> None:
+    groups = aligned_groups(world)
+    # Brute force: every (start, size) with size a power of two dividing start, inside the world.
+    expected = {
+        tuple(range(s, s + z))
+        for z in (1 << k for k in range(world.bit_length()))
+        for s in range(0, world, z)
+        if z <= world
+    }
+    assert set(groups) == expected
+    assert len(groups) == len(set(groups)) == 2 * world - 1
+
+
+def test_non_power_of_two_world_is_rejected() -> None:
+    with pytest.raises(ClusterError, match="power of two"):
+        aligned_groups(6)
+
+
+def test_deal_partitions_samples_and_balances_like_lpt() -> None:
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 1000, size=23)
+    positions = list(range(23))
+    parts = deal_samples(positions, tokens, 4)
+    assert sorted(p for part in parts for p in part) == positions
+    loads = [int(tokens[part].sum()) for part in parts]
+    # LPT's guarantee: no rank exceeds the mean load by more than the largest item.
+    assert max(loads) <= tokens.sum() / 4 + tokens.max()
+    for part in parts:  # plan order is kept within a rank
+        assert part == sorted(part)
