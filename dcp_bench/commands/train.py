@@ -94,7 +94,12 @@ def resolve_train_config(overrides: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.runtime.launch import TrainSettings, launch_train
 
+    from dcp_bench.errors import ConfigError
+
     config_ovs, raw = split_overrides(list(args.overrides))
+    nproc = raw.get("nproc", 4)
+    if nproc < 1 or nproc & (nproc - 1):
+        raise ConfigError(f"nproc={nproc}: expected a power of two (aligned SP groups tile such worlds only)")
     cfg = resolve_train_config(config_ovs)
     run_cfg = dict(cfg.get("run") or {})
     settings = TrainSettings(
