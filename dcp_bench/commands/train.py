@@ -92,9 +92,8 @@ def resolve_train_config(overrides: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp_bench.runtime.launch import TrainSettings, launch_train
-
     from dcp_bench.errors import ConfigError
+    from dcp_bench.runtime.launch import TrainSettings, launch_train
 
     config_ovs, raw = split_overrides(list(args.overrides))
     nproc = raw.get("nproc", 4)
