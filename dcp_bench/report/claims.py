@@ -302,8 +302,9 @@ def sensitivity(
         for const in sens.get("constants", []):
             for f in sens.get("factors", [0.5, 2.0]):
                 if const == "mem_cap":
+                    # A cap cannot exceed the GPU's usable memory: doubling 0.7 is clipped to 1.0.
                     r = compare(c, cells, t["context"], t["baseline"], t["method"],
-                                mem_cap_fraction=DEFAULT_MEM_CAP * float(f), n_boot=n_boot)[0]
+                                mem_cap_fraction=min(1.0, DEFAULT_MEM_CAP * float(f)), n_boot=n_boot)[0]
                 else:
                     r = compare(c, cells, t["context"], t["baseline"], t["method"],
                                 scales={const: float(f)}, n_boot=n_boot)[0]

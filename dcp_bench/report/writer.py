@@ -254,7 +254,7 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
         doc.p("Constants: `act_bytes` (activation bytes per token), `attn_eff` (attention kernel efficiency), "
               "`small_kernel_eff` (efficiency of small kernels), `a2a_eff` (all-to-all efficiency), all "
               "multipliers of the analytical model; `mem_cap` scales the per-GPU memory cap (0.7 of usable "
-              "memory: x0.5 = 0.35, x2 = 1.4, i.e. a GPU with twice the memory).")
+              "memory: x0.5 = 0.35; x2 is clipped to 1.0, all usable memory, since a cap cannot exceed it).")
 
     # -- all speedups ------------------------------------------------------------------------
     doc.h2("Speedups per workload and method")
