@@ -39,7 +39,16 @@ def fewest_ckpt_layers(
     cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, budget: np.ndarray | float
 ) -> np.ndarray:
     """Vectorised: the smallest ``k`` (layers checkpointed) with activation memory <= ``budget``
-    per sample, or -1 where even ``k = num_layers`` does not fit.
+    per sample, or -1 where even ``k = num_layers`` does not fit (see `ckpt_and_memory`)."""
+    return ckpt_and_memory(cost, tokens, frames, sp, budget)[0]
+
+
+def ckpt_and_memory(
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, budget: np.ndarray | float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised: the smallest ``k`` (layers checkpointed) with activation memory <= ``budget``
+    per sample, or -1 where even ``k = num_layers`` does not fit; and the memory without
+    checkpointing.
 
     Memory is non-increasing in ``k``. Between ``k = 1`` and ``k = num_layers - 1`` it is
     usually affine (the end points may differ by a recompute peak); when a midpoint check
@@ -52,13 +61,13 @@ def fewest_ckpt_layers(
     k[m0 <= budget] = 0
     todo = m0 > budget
     if not todo.any() or L == 0:
-        return k
+        return k, m0
     idx = np.flatnonzero(todo)
     t, f, bud = tokens[idx], frames[idx], budget[idx]
     mL = np.asarray(cost.sample_memory(t, f, sp, L), dtype=float)
     fits = mL <= bud
     if not fits.any():
-        return k
+        return k, m0
     idx, t, f, bud, mL = idx[fits], t[fits], f[fits], bud[fits], mL[fits]
     sub = np.full(len(idx), -1, dtype=np.int64)
     m1 = np.asarray(cost.sample_memory(t, f, sp, 1), dtype=float)
@@ -84,7 +93,7 @@ def fewest_ckpt_layers(
             mem = np.asarray(cost.sample_memory(t[open_], f[open_], sp, kk), dtype=float)
             sub[np.flatnonzero(open_)[mem <= bud[open_]]] = kk
     k[idx] = sub
-    return k
+    return k, m0
 
 
 def time_at_ckpt(
@@ -160,13 +169,13 @@ def build_shape_table(
     for j, sp in enumerate(sps):
         # A shape that fits at some SP degree without checkpointing never needs a larger one for
         # memory; it is still evaluated everywhere so the scheduler may raise its degree.
-        k = fewest_ckpt_layers(cost, ut, uf, int(sp), budget)
+        k, m0 = ckpt_and_memory(cost, ut, uf, int(sp), budget)
         ok = k >= 0
         if ok.any():
             ckpt[ok, j] = k[ok]
             time[ok, j] = time_at_ckpt(cost, ut[ok], uf[ok], int(sp), k[ok], packed)
             # Memory without checkpointing decides packing (only k = 0 samples are packed).
-            mem[ok, j] = cost.sample_memory(ut[ok], uf[ok], int(sp), 0)
+            mem[ok, j] = m0[ok]
             if packed:
                 alone = ok & ((k > 0) | (mem[:, j] > budget / 2))
                 if alone.any():
@@ -319,6 +328,7 @@ __all__ = [
     "ShapeTable",
     "bucket_keys",
     "build_shape_table",
+    "ckpt_and_memory",
     "fewest_ckpt_layers",
     "largest_fitting_length",
     "profile_bucket",
