@@ -15,6 +15,7 @@ import numpy as np
 
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import Group, MicroBatch, Round, Split, StepPlan, is_power_of_two
+from dcp_bench.plan import aligned_sp_degrees as sp_degrees
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -43,15 +44,6 @@ def check_sp_degree(sp: int, world_size: int) -> None:
         raise ConfigError(f"sp={sp} is larger than the world ({world_size} ranks)")
     if world_size % sp:
         raise ConfigError(f"sp={sp} does not divide the world size {world_size}")
-
-
-def sp_degrees(world_size: int) -> list[int]:
-    """Power-of-two SP degrees an aligned layout supports on ``world_size`` ranks."""
-    out, s = [], 1
-    while s <= world_size and world_size % s == 0:
-        out.append(s)
-        s *= 2
-    return out
 
 
 def split_for(batch: GlobalBatch, positions: Sequence[int], cost: CostModel) -> Split:

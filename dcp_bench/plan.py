@@ -135,6 +135,15 @@ def is_power_of_two(n: int) -> bool:
     return n >= 1 and (n & (n - 1)) == 0
 
 
+def aligned_sp_degrees(world_size: int) -> list[int]:
+    """The SP degrees 1, 2, 4, ... whose aligned groups tile ``world_size`` ranks."""
+    out, s = [], 1
+    while s <= world_size and world_size % s == 0:
+        out.append(s)
+        s *= 2
+    return out
+
+
 def validate_plan(
     plan: StepPlan,
     batch: GlobalBatch | int,

@@ -31,24 +31,9 @@ STATUSES = ("ok", "oom", "timeout", "nonfinite", "error")
 Status = Literal["ok", "oom", "timeout", "nonfinite", "error"]
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new content, never a mix."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix:
+    a temporary file in the same folder, fsync, then rename over the target."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -62,6 +47,13 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """`atomic_write_bytes` for text (UTF-8)."""
+    if not isinstance(text, str):
+        raise TypeError(f"atomic_write_text needs a str, got {type(text).__name__}")
+    atomic_write_bytes(path, text.encode())
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:

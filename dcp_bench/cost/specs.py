@@ -59,11 +59,9 @@ class ClusterSpec:
 
     def sp_degrees(self) -> list[int]:
         """The SP degrees an aligned group layout supports on this cluster."""
-        out, s = [], 1
-        while s <= self.world_size and self.world_size % s == 0:
-            out.append(s)
-            s *= 2
-        return out
+        from dcp_bench.plan import aligned_sp_degrees
+
+        return aligned_sp_degrees(self.world_size)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dcp_bench.errors import ConfigError
-from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
+from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan, aligned_sp_degrees
 from dcp_bench.planners.base import Planner
 from dcp_bench.planners.settings import ShapeTable, build_shape_table, raise_if_infeasible
 
@@ -55,11 +55,7 @@ class Schedule:
 
 def _pow2_upto(world_size: int) -> list[int]:
     """Aligned group sizes > 1 that tile the world."""
-    out, s = [], 2
-    while s <= world_size and world_size % s == 0:
-        out.append(s)
-        s *= 2
-    return out
+    return aligned_sp_degrees(world_size)[1:]
 
 
 def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: str) -> Schedule:

@@ -24,15 +24,7 @@ import numpy as np
 
 from dcp_bench.cost.base import CostModel
 from dcp_bench.errors import InfeasibleError
-
-
-def sp_degrees(world_size: int) -> list[int]:
-    """Aligned SP degrees 1, 2, 4, ... that divide the world."""
-    out, s = [], 1
-    while s <= world_size and world_size % s == 0:
-        out.append(s)
-        s *= 2
-    return out
+from dcp_bench.plan import aligned_sp_degrees as sp_degrees
 
 
 def fewest_ckpt_layers(
