@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{c['id']}: {c['verdict'].upper()} - claimed {c['claimed']}x, reproduced "
               f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci_txt}")
     err = summary["simulator_error"]
-    if err["median_abs_step_time_error"] is not None:
+    if err.get("median_abs_step_time_error") is not None:
         print(f"simulator error on CPU (median |error| of median step time): {err['median_abs_step_time_error']:.1%}")
     print(f"report: {summary['report']['md']} ({time.time() - t_start:.0f} s in all)")
     return 0

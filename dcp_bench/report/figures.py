@@ -219,6 +219,7 @@ def decomposition_bars(dec: pd.DataFrame, title: str) -> bytes | None:
 
 
 def sim_vs_measured(df: pd.DataFrame, title: str) -> bytes | None:
+    df = df[np.isfinite(df["measured_s"].astype(float)) & np.isfinite(df["simulated_s"].astype(float))] if not df.empty else df
     if df.empty:
         return None
     plt, sns = _plt(), _sns()

@@ -196,10 +196,10 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
               "section shows." + (" CPU calibration on record: " + ", ".join(f"`{k}`" for k in calib) + "." if calib else ""))
 
     if not validation.empty and validation["error"].notna().any():
-        errs = np.abs(validation["error"].astype(float))
+        med = _nanmedian_abs(validation["error"])
         doc.p(f"The simulator's own error, measured here on CPU ranks against real training (section "
-              f"'Simulator against measurement'): median {float(np.nanmedian(errs)):.0%} on median step time "
-              f"(target {SIM_ERROR_TARGET:.0%}){'' if float(np.nanmedian(errs)) <= SIM_ERROR_TARGET else ': above target, so read simulated speedups as estimates of that precision'}.")
+              f"'Simulator against measurement'): median {med:.0%} on median step time "
+              f"(target {SIM_ERROR_TARGET:.0%}){'' if med <= SIM_ERROR_TARGET else ': above target, so read simulated speedups as estimates of that precision'}.")
     doc.h2("Headline comparisons")
     head_rows = [
         {"comparison": r.id, "workload": r.result.workload, "method": r.result.method, "baseline": r.result.baseline,
@@ -296,7 +296,7 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
     if validation.empty:
         doc.p("No measured (torch executor) runs in this campaign, so the simulator's error is not measured here.")
     else:
-        med_err = float(np.nanmedian(np.abs(validation["error"].astype(float))))
+        med_err = _nanmedian_abs(validation["error"])
         max_err = float(np.nanmax(np.abs(validation["error"].astype(float)))) if validation["error"].notna().any() else math.nan
         doc.p(f"Median absolute error of the simulated median step time: **{med_err:.1%}** (max {max_err:.1%}; "
               f"target within {SIM_ERROR_TARGET:.0%}). The simulated runs use the cost model named in "
@@ -304,7 +304,7 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
         doc.table(validation, "Median step time, measured vs simulated",
                   ["workload", "model", "method", "measured_s", "measured_cv", "simulated_s", "error", "cost_source"])
         if not val_sp.empty:
-            sp_err = float(np.nanmedian(np.abs(val_sp["error"].astype(float))))
+            sp_err = _nanmedian_abs(val_sp["error"])
             doc.p(f"Median absolute error of the simulated speedup: **{sp_err:.1%}**.")
             doc.table(val_sp, "Speedup, measured vs simulated")
         doc.figure(fig.sim_vs_measured(validation, "simulated vs measured"), "sim_vs_measured",
@@ -361,8 +361,8 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
         "comparisons": _records(comparisons),
         "sensitivity": _records(sens),
         "simulator_error": {
-            "median_abs_step_time_error": float(np.nanmedian(np.abs(validation["error"].astype(float)))) if not validation.empty else None,
-            "median_abs_speedup_error": float(np.nanmedian(np.abs(val_sp["error"].astype(float)))) if not val_sp.empty else None,
+            "median_abs_step_time_error": _none_if_nan(_nanmedian_abs(validation["error"])) if not validation.empty else None,
+            "median_abs_speedup_error": _none_if_nan(_nanmedian_abs(val_sp["error"])) if not val_sp.empty else None,
             "target": SIM_ERROR_TARGET,
             "cells": _records(validation),
         },
@@ -372,6 +372,17 @@ def build_report(inp: ReportInputs) -> dict[str, Any]:
     }
     atomic_write_json(out / "summary.json", summary)
     return summary
+
+
+def _nanmedian_abs(values: pd.Series) -> float:
+    """Median of |values| over the finite ones; nan when there are none (no warning)."""
+    arr = np.abs(values.astype(float).to_numpy())
+    arr = arr[np.isfinite(arr)]
+    return float(np.median(arr)) if arr.size else math.nan
+
+
+def _none_if_nan(x: float) -> float | None:
+    return None if math.isnan(x) else x
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
