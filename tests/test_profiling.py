@@ -283,9 +283,7 @@ CALIBRATION = REPO_ROOT / "results" / "calibration" / "cpu"
 def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
     """Leave one interior grid size out at a time, fit each (nproc, SP) table on the other sizes,
     predict the held-out points and compare with their measured medians. The property: the
-    median prediction error is within 15%, or, where the measurements themselves are noisier than
-    that (a shared machine), within their own spread (median inter-quartile range / median), i.e.
-    the size law is not what limits accuracy. The numbers are reported in
+    median prediction error is within 15% (the issue's target). The numbers are reported in
     results/calibration/cpu/README.md (`python -m dcp_bench.profiling.validate` prints them)."""
     from dcp_bench.profiling.artifact import load_artifact
     from dcp_bench.profiling.validate import leave_one_size_out
@@ -293,15 +291,8 @@ def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
     art = load_artifact(CALIBRATION / f"{model}.json")
     rows = leave_one_size_out(art)
     assert len(rows) >= 20  # every (nproc, sp) table and shape contributes
-    by_key = {(p["nproc"], p["sp"], p["shape"], p["tokens_per_rank"]): p for p in art["layers"]}
-    spreads = []
-    for r in rows:
-        p = by_key[(r["nproc"], r["sp"], r["shape"], r["tokens_per_rank"])]
-        lo = p["fwd_s"]["p25"] + p["bwd_s"]["p25"]
-        hi = p["fwd_s"]["p75"] + p["bwd_s"]["p75"]
-        spreads.append((hi - lo) / r["measured_s"])
     errors = [r["rel_err"] for r in rows]
-    assert np.median(errors) <= max(0.15, float(np.median(spreads)))
+    assert np.median(errors) <= 0.15
     # and the profile is what the cpu cluster's profiled cost model reads
     cost = ProfiledCostModel(model=model_spec(model), cluster=cpu_cluster(4), profile=str(CALIBRATION))
     assert cost.describe()["profile_nproc_used"] == 4
