@@ -105,7 +105,6 @@ def solve_round_milp(
     model: RoundModel,
     max_buckets: int,
     time_limit_s: float,
-    start: RoundSolution | None = None,
 ) -> RoundSolution | None:
     """The FlexSP program over group slots (W/d slots of each degree d):
 
@@ -118,8 +117,8 @@ def solve_round_milp(
                                                               that tightens the LP bound)
 
     x integer (sequences of bucket b in slot g; t and m are the bucket's mean time and mean
-    memory; a bucket may only use degrees its longest sequence fits), y binary. ``start`` (e.g. the heuristic's layout) seeds the search with an
-    incumbent. Returns None when HiGHS finds no feasible point in the time limit.
+    memory; a bucket may only use degrees its longest sequence fits), y binary. Returns None
+    when HiGHS finds no feasible point in the time limit.
     """
     import highspy
 
@@ -196,10 +195,6 @@ def solve_round_milp(
     index = np.array([c for r in rows for c in r[2]], dtype=np.int32)
     value = np.array([v for r in rows for v in r[3]], dtype=np.float64)
     h.addRows(len(rows), lower, upper, len(index), starts, index, value)
-    if start is not None:
-        warm = start_point(start, model, buckets, slots, x_col, y_col, t_b, t_scale, n)
-        if warm is not None:
-            h.setSolution(n, idx, warm)
     t0 = time.perf_counter()
     h.run()
     solve_s = time.perf_counter() - t0
@@ -225,45 +220,6 @@ def solve_round_milp(
     gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else None
     name = "optimal" if status == highspy.HighsModelStatus.kOptimal else h.modelStatusToString(status)
     return RoundSolution(groups, max(load.values(), default=0.0), "milp", name, solve_s, gap)
-
-
-def start_point(
-    sol: RoundSolution,
-    model: RoundModel,
-    buckets: list[list[int]],
-    slots: list[tuple[int, int]],
-    x_col: dict[tuple[int, int], int],
-    y_col: dict[int, int],
-    t_b: np.ndarray,
-    t_scale: float,
-    n: int,
-) -> np.ndarray | None:
-    """Column values of a known layout (groups laid on the first free slots of their degree),
-    or None when it does not map onto the program's columns."""
-    bucket_of = {model.positions[i]: bi for bi, b in enumerate(buckets) for i in b}
-    next_slot = {di: 0 for di in range(len(model.degrees))}
-    vals = np.zeros(n)
-    worst = 0.0
-    for size, members in sol.groups:
-        di = model.degrees.index(size)
-        k = next_slot[di]
-        next_slot[di] += 1
-        if k >= model.world_size // size:
-            return None
-        g = slots.index((di, k))
-        vals[y_col[g]] = 1.0
-        load = 0.0
-        for p in members:
-            bi = bucket_of[p]
-            if (bi, g) not in x_col:
-                return None
-            vals[x_col[bi, g]] += 1.0
-            load += float(t_b[bi, di]) / t_scale
-        worst = max(worst, load)
-    work = sum(model.degrees[slots[g][0]] * float(t_b[bi, slots[g][0]]) / t_scale * vals[c]
-               for (bi, g), c in x_col.items())
-    vals[0] = max(worst, work / model.world_size)
-    return vals
 
 
 def solve_round_heuristic(model: RoundModel) -> RoundSolution:
@@ -434,7 +390,10 @@ class FlexSPMILP(Planner):
                         heur: RoundSolution | None = solve_round_heuristic(model)
                     except InfeasibleError:
                         heur = None
-                    sol = solve_round_milp(model, self.max_buckets, left, start=heur)
+                    # No warm start from the heuristic: HiGHS 1.16 completes a user start point
+                    # without honouring time_limit (a step of videosys_zipf on 32 GPUs ran
+                    # for minutes); the heuristic competes with the incumbent below instead.
+                    sol = solve_round_milp(model, self.max_buckets, left)
                     # compare layouts on their packed micro-batch cost (what the executor runs),
                     # not the program's per-sequence sum
                     for cand in (sol, heur):
