@@ -480,6 +480,7 @@ def run_simulated(
                 tokens=int(batch.tokens[used].sum()) if used else 0,
                 samples=len(used),
                 samples_dropped=batch.n - len(set(used)) + int(batch.dropped),
+                samples_truncated=int(batch.truncated),
                 lower_bound_s=float(backend.lower_bound(batch, cost)),
                 imbalance=_opt_float(_get(res, "imbalance")),
                 comm_share=_opt_float(_get(res, "comm_share")),

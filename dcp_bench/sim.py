@@ -425,6 +425,7 @@ def simulate_run(cfg: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             "lower_bound_s": lb,
             "samples": len(used),
             "samples_dropped": batch.n - len(set(used)) + int(batch.dropped),
+            "samples_truncated": int(batch.truncated),
             "over_cap": bool(res.peak_mem_bytes.max() > cost.memory_cap_bytes),
             "model_flops": res.model_flops,
             "rounds": len(plan.rounds),

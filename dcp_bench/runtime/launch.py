@@ -188,6 +188,7 @@ def worker_main(config: dict[str, Any], settings: TrainSettings, summary_path: s
                     tokens=res.tokens,
                     samples=res.samples,
                     samples_dropped=res.samples_dropped + batch.dropped,
+                    samples_truncated=int(batch.truncated),
                     imbalance=sum(idle) / (world * step_time) if step_time > 0 else 0.0,
                     peak_mem_gib=max(peaks),
                     peak_mem_per_rank_gib=peaks,
