@@ -43,8 +43,8 @@ from dcp_bench.cost.base import CostModel
 from dcp_bench.cost.specs import ClusterSpec
 from dcp_bench.errors import ConfigError, WorkloadError
 from dcp_bench.plan import StepPlan, validate_plan
-from dcp_bench.runtime.attention import SINGLE, SPContext
-from dcp_bench.runtime.executor import deal_samples, step_token_count
+from dcp_bench.runtime.attention import SPContext
+from dcp_bench.runtime.executor import rank_work, step_token_count
 from dcp_bench.runtime.groups import ProcessGroupPool
 
 
@@ -214,24 +214,12 @@ class DataCentricParallel:
         planner_s = time.perf_counter() - t0
         out = StepWork(step=batch.step, batch=batch, plan=plan, tokens=step_token_count(plan, batch),
                        planner_s=planner_s)
-        for r in range(len(plan.rounds)):
-            group = plan.group_for_rank(r, self.rank)
-            if group is None:
-                continue
-            sp = self.pool.context(group.start, group.size)
-            for mb in group.micro_batches:
-                positions = list(mb.samples)
-                ctx = sp
-                if mb.split == "batch" or group.size == 1:
-                    positions = deal_samples(positions, batch.tokens, group.size)[sp.rank]
-                    ctx = SINGLE
-                    if not positions:
-                        continue
-                pos = np.asarray(positions, dtype=np.int64)
-                inputs = self.model.make_inputs(
-                    batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, self.seed
-                )
-                out.micro_batches.append(RankMicroBatch(inputs, ctx, mb.ckpt_layers, tuple(positions), r))
+        for r, mb, ctx, positions in rank_work(plan, batch, self.rank, self.pool):
+            pos = np.asarray(positions, dtype=np.int64)
+            inputs = self.model.make_inputs(
+                batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, self.seed
+            )
+            out.micro_batches.append(RankMicroBatch(inputs, ctx, mb.ckpt_layers, tuple(positions), r))
         return out
 
     def __iter__(self) -> Iterator[StepWork]:

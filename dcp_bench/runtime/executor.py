@@ -16,6 +16,7 @@ optimizer step. A non-finite loss skips the optimizer step and is reported.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from dcp_bench.batch import GlobalBatch
-from dcp_bench.plan import StepPlan
-from dcp_bench.runtime.attention import SINGLE
+from dcp_bench.plan import MicroBatch, StepPlan
+from dcp_bench.runtime.attention import SINGLE, SPContext
 from dcp_bench.runtime.groups import ProcessGroupPool
 from dcp_bench.runtime.measure import (
     BusyTimer,
@@ -64,6 +65,29 @@ def deal_samples(positions: list[int], tokens: np.ndarray, size: int) -> list[li
         load[r] += int(tokens[pos])
     return [[p for p in positions if owner[p] == r] for r in range(size)]
 
+
+
+def rank_work(
+    plan: StepPlan, batch: GlobalBatch, rank: int, pool: ProcessGroupPool
+) -> Iterator[tuple[int, MicroBatch, SPContext, list[int]]]:
+    """This rank's share of a plan in execution order: (round, micro-batch, SP context, sample
+    positions). Batch-split micro-batches (and groups of one rank) deal whole samples to the
+    group's ranks and run each rank's share without sequence parallelism; a rank dealt nothing
+    skips the micro-batch."""
+    for r in range(len(plan.rounds)):
+        group = plan.group_for_rank(r, rank)
+        if group is None:
+            continue
+        sp = pool.context(group.start, group.size)
+        for mb in group.micro_batches:
+            positions = list(mb.samples)
+            ctx = sp
+            if mb.split == "batch" or group.size == 1:
+                positions = deal_samples(positions, batch.tokens, group.size)[sp.rank]
+                ctx = SINGLE
+                if not positions:
+                    continue
+            yield r, mb, ctx, positions
 
 def step_token_count(plan: StepPlan, batch: GlobalBatch) -> int:
     """The loss normaliser: all tokens of the batch in fair mode, the covered tokens in paper mode."""
@@ -106,31 +130,19 @@ def execute_step(
     max_saved = 0
     local_loss = torch.zeros((), dtype=torch.float32, device=device)
     n_mb = 0
-    for r in range(len(plan.rounds)):
-        group = plan.group_for_rank(r, rank)
-        if group is None:
-            continue
-        sp = pool.context(group.start, group.size)
-        for mb in group.micro_batches:
-            positions = list(mb.samples)
-            ctx = sp
-            if mb.split == "batch" or group.size == 1:
-                positions = deal_samples(positions, batch.tokens, group.size)[sp.rank]
-                ctx = SINGLE
-                if not positions:
-                    continue
-            pos = np.asarray(positions, dtype=np.int64)
-            inputs = model.make_inputs(batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, seed)
-            with busy.span():
-                if measure_memory:
-                    with meter.active():
-                        loss = model.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
-                    max_saved = max(max_saved, meter.bytes)
-                else:
+    for _, mb, ctx, positions in rank_work(plan, batch, rank, pool):
+        pos = np.asarray(positions, dtype=np.int64)
+        inputs = model.make_inputs(batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, seed)
+        with busy.span():
+            if measure_memory:
+                with meter.active():
                     loss = model.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
-                loss.backward()
-            local_loss += loss.detach().float()
-            n_mb += 1
+                max_saved = max(max_saved, meter.bytes)
+            else:
+                loss = model.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
+            loss.backward()
+        local_loss += loss.detach().float()
+        n_mb += 1
     # The all-reduce waits for the slowest rank, so it stays outside busy time. Gradients go in
     # flat buckets (one for a small model; bounded memory for real sizes), the loss in fp32.
     sq_norm = torch.zeros((), dtype=torch.float64, device=device)
