@@ -74,3 +74,19 @@ def test_train_overrides_split_settings_from_config() -> None:
     cfg_ovs, settings = split_overrides(["workload=wikipedia", "nproc=4", "steps=7", "lr=0.01", "seed=3"])
     assert settings == {"nproc": 4, "lr": 0.01}
     assert cfg_ovs == ["workload=wikipedia", "run.steps=7", "seed=3"]
+
+
+def test_only_launch_failures_are_retried_and_errors_say_more_than_torchrun() -> None:
+    from dcp_bench.runtime.launch import RANK_ERROR_MARK, _error_tail, _is_launch_failure
+
+    port_taken = (
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+        "network address. port: 29500, useIPv6: false, code: -98, name: EADDRINUSE\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    )
+    assert _is_launch_failure(port_taken)
+    assert "EADDRINUSE" in _error_tail(port_taken)
+    rank_failed = f"{RANK_ERROR_MARK} RuntimeError: boom\nConnection reset by peer\n"
+    assert not _is_launch_failure(rank_failed)  # a rank that trained and failed is not retried
+    assert _error_tail(rank_failed) == "RuntimeError: boom"
+    assert not _is_launch_failure("ValueError: bad config\n")

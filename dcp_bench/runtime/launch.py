@@ -273,11 +273,15 @@ def launch_train(config: dict[str, Any], settings: TrainSettings) -> dict[str, A
         ]  # fmt: skip
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(settings.threads))
-        try:
-            proc = subprocess.run(cmd, env=env, timeout=settings.run_timeout_s, capture_output=True, text=True)
-        except subprocess.TimeoutExpired:
-            raise TrainError(f"training did not finish within run_timeout_s={settings.run_timeout_s}") from None
-        summary = json.loads(out_path.read_text()) if out_path.exists() else None
+        for attempt in range(2):
+            try:
+                proc = subprocess.run(cmd, env=env, timeout=settings.run_timeout_s, capture_output=True, text=True)
+            except subprocess.TimeoutExpired:
+                raise TrainError(f"training did not finish within run_timeout_s={settings.run_timeout_s}") from None
+            summary = json.loads(out_path.read_text()) if out_path.exists() else None
+            if attempt == 0 and proc.returncode != 0 and summary is None and _is_launch_failure(proc.stderr):
+                continue  # the launch itself failed (no rank trained): start it once more
+            break
         if proc.returncode != 0 and (summary is None or summary.get("status") == "ok"):
             tail = _error_tail(proc.stderr)
             raise TrainError(f"training failed (torchrun exit {proc.returncode}): {tail}")
@@ -286,14 +290,33 @@ def launch_train(config: dict[str, Any], settings: TrainSettings) -> dict[str, A
         return dict(summary)
 
 
+# Signs that torchrun's launch failed before any rank trained (a rendezvous that did not form, or
+# a port taken between torchrun choosing it and a rank binding it). Such a launch is retried
+# once; a failure inside a rank's training (marked with RANK_ERROR_MARK) never is.
+LAUNCH_FAILURE_SIGNS = (
+    "DistNetworkError",
+    "EADDRINUSE",
+    "Address already in use",
+    "RendezvousError",
+    "RendezvousConnectionError",
+    "Connection refused",
+    "Connection reset by peer",
+)
+
+
+def _is_launch_failure(stderr: str) -> bool:
+    return RANK_ERROR_MARK not in stderr and any(sign in stderr for sign in LAUNCH_FAILURE_SIGNS)
+
+
 def _error_tail(stderr: str) -> str:
-    """The most telling line of the ranks' stderr: the last exception line."""
+    """The most telling line of the ranks' stderr: a rank's marked failure, else the last
+    exception line that says more than torchrun's own "ChildFailedError"."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     marked = [ln[len(RANK_ERROR_MARK) :].strip() for ln in lines if ln.startswith(RANK_ERROR_MARK)]
     if marked:
         return marked[0][:500]
     for ln in reversed(lines):
-        if "Error" in ln and not ln.startswith(("File ", "[")):
+        if "Error" in ln and not ln.startswith(("File ", "[")) and not ln.endswith("ChildFailedError:"):
             return ln[:500]
     return lines[-1][:500] if lines else "no output"
 
