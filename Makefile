@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 test: setup
 	$(PY) -m pytest -q -m "not slow and not gpu" -p no:cacheprovider
 
+# Slow checks launch many torchrun / gloo jobs on an oversubscribed CPU: a failure is rerun once,
+# and pytest reports every rerun, so a flaky launch is visible rather than hidden.
 test-slow: setup
-	$(PY) -m pytest -q -m "slow and not gpu" -p no:cacheprovider
+	$(PY) -m pytest -q -m "slow and not gpu" -p no:cacheprovider --reruns 1 -rR
 
 bench: setup
 	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only -p no:cacheprovider
