@@ -8,7 +8,7 @@ Everything here is pure numpy: no torch, no torch.distributed.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,17 +76,9 @@ def smallest_fitting_sp(
     return None
 
 
-def largest_batch_size(
-    tokens: int, frames: int, cost: CostModel, sp: int, ckpt: int, split: str, limit: int
-) -> int:
-    """The largest number (<= ``limit``) of copies of one sample shape that fit as one
-    micro-batch; 0 when even one does not fit. Memory grows with the batch size, so a binary
-    search finds it."""
-    def fits(bs: int) -> bool:
-        t = np.full(bs, tokens, dtype=np.int64)
-        f = np.full(bs, frames, dtype=np.int64)
-        return bool(cost.microbatch_memory(t, f, sp, ckpt, split) <= cost.memory_cap_bytes)
-
+def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest n in 1..``limit`` with ``fits(n)``, for a predicate that stays false once it
+    turns false (memory grows with size); 0 when even 1 does not fit. Doubling, then bisection."""
     if limit < 1 or not fits(1):
         return 0
     lo, hi = 1, 2
@@ -100,6 +92,20 @@ def largest_batch_size(
         else:
             hi = mid
     return lo
+
+
+def largest_batch_size(
+    tokens: int, frames: int, cost: CostModel, sp: int, ckpt: int, split: str, limit: int
+) -> int:
+    """The largest number (<= ``limit``) of copies of one sample shape that fit as one
+    micro-batch; 0 when even one does not fit. Memory grows with the batch size, so a binary
+    search finds it."""
+    def fits(bs: int) -> bool:
+        t = np.full(bs, tokens, dtype=np.int64)
+        f = np.full(bs, frames, dtype=np.int64)
+        return bool(cost.microbatch_memory(t, f, sp, ckpt, split) <= cost.memory_cap_bytes)
+
+    return largest_fitting(fits, limit)
 
 
 def pack_under_budget(
@@ -261,16 +267,4 @@ def max_tokens_fitting_one_rank(cost: CostModel, ckpt: int, frames: int = 1) -> 
         f = np.array([frames], dtype=np.int64)
         return bool(cost.microbatch_memory(t, f, 1, ckpt, "sequence") <= cost.memory_cap_bytes)
 
-    hi = max(1, cost.model.max_seq_len // frames)
-    if not fits(1):
-        return 0
-    if fits(hi):
-        return hi * frames
-    lo = 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo * frames
+    return largest_fitting(fits, max(1, cost.model.max_seq_len // frames)) * frames
