@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.plan import Group, MicroBatch, Round, Split, StepPlan, is_power_of_two
-from dcp_bench.plan import aligned_sp_degrees as sp_degrees
+from dcp_bench.layout import aligned_sp_degrees as sp_degrees
+from dcp_bench.layout import is_power_of_two
+from dcp_bench.plan import Group, MicroBatch, Round, Split, StepPlan
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch

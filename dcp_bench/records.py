@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,48 +25,11 @@ from typing import Any, Literal
 
 import yaml
 
+from dcp_bench.files import atomic_write_bytes, atomic_write_json, atomic_write_text, json_default
+
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "timeout", "nonfinite", "error")
 Status = Literal["ok", "oom", "timeout", "nonfinite", "error"]
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix:
-    a temporary file in the same folder, fsync, then rename over the target."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """`atomic_write_bytes` for text (UTF-8)."""
-    if not isinstance(text, str):
-        raise TypeError(f"atomic_write_text needs a str, got {type(text).__name__}")
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
-
-
-def _json_default(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if hasattr(obj, "tolist"):  # numpy scalars and arrays
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
 def is_writer_rank() -> bool:
@@ -193,7 +155,7 @@ class RunWriter:
         if not self.enabled:
             return
         lines = "".join(
-            json.dumps(dataclasses.asdict(s), default=_json_default) + "\n" for s in self.steps
+            json.dumps(dataclasses.asdict(s), default=json_default) + "\n" for s in self.steps
         )
         atomic_write_text(self.path / "steps.jsonl", lines)
 
@@ -271,7 +233,7 @@ def build_index(
         if summary is None:
             continue
         base = dataclasses.asdict(summary)
-        base["extra"] = json.dumps(base["extra"], sort_keys=True, default=_json_default)
+        base["extra"] = json.dumps(base["extra"], sort_keys=True, default=json_default)
         base["profile"] = json.dumps(base["profile"], sort_keys=True) if base["profile"] else None
         if not steps:
             rows.append(base)
@@ -279,7 +241,7 @@ def build_index(
         ident = {k: base[k] for k in STEP_INDEX_KEYS}
         for rec in read_steps(run):
             rec_d = dataclasses.asdict(rec)
-            rec_d["extra"] = json.dumps(rec_d["extra"], sort_keys=True, default=_json_default)
+            rec_d["extra"] = json.dumps(rec_d["extra"], sort_keys=True, default=json_default)
             rows.append({**ident, **rec_d})
     table = pd.DataFrame(rows)
     if out is not None:

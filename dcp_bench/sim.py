@@ -15,14 +15,15 @@ Speed: costs are computed for all sequence-split micro-batches of a step in one 
 
 from __future__ import annotations
 
-import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dcp_bench.errors import ClusterError, InfeasibleError
+from dcp_bench.execution import PlanFn, StepOutcome
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -103,6 +104,125 @@ def _sync_comm_s(cost: CostModel, sync_s: float) -> float:
     return float(breakdown().get("grad_sync_s", sync_s))
 
 
+@dataclass
+class _PlanArrays:
+    """A plan flattened for vectorised pricing: one entry per group task and per micro-batch."""
+
+    g_start: np.ndarray  # per group task: first rank, size, round
+    g_size: np.ndarray
+    g_round: list[int]
+    mb_group: np.ndarray  # per micro-batch: its group task
+    seq_pos: list[tuple[int, ...]]  # sequence-split micro-batches: samples, index, SP, ckpt
+    seq_mb: list[int]
+    seq_sp: list[int]
+    seq_ckpt: list[int]
+    batch_split: list[tuple[int, tuple[int, ...], int, int]]  # (micro-batch, samples, size, ckpt)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.g_start)
+
+    @property
+    def n_mb(self) -> int:
+        return len(self.mb_group)
+
+
+def _flatten(plan: StepPlan) -> _PlanArrays:
+    g_start: list[int] = []
+    g_size: list[int] = []
+    g_round: list[int] = []
+    mb_group: list[int] = []
+    out = _PlanArrays(np.zeros(0), np.zeros(0), g_round, np.zeros(0), [], [], [], [], [])
+    for r, rnd in enumerate(plan.rounds):
+        for g in rnd.groups:
+            gid = len(g_start)
+            g_start.append(g.start)
+            g_size.append(g.size)
+            g_round.append(r)
+            for mb in g.micro_batches:
+                j = len(mb_group)
+                mb_group.append(gid)
+                if mb.split == "batch" and g.size > 1:
+                    out.batch_split.append((j, mb.samples, g.size, mb.ckpt_layers))
+                else:
+                    out.seq_pos.append(mb.samples)
+                    out.seq_mb.append(j)
+                    out.seq_sp.append(g.size)
+                    out.seq_ckpt.append(mb.ckpt_layers)
+    out.g_start = np.asarray(g_start, dtype=np.int64)
+    out.g_size = np.asarray(g_size, dtype=np.int64)
+    out.mb_group = np.asarray(mb_group, dtype=np.int64)
+    return out
+
+
+def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, int]:
+    """Per micro-batch (duration, communication, peak memory), and the plan's model FLOPs and
+    tokens: sequence-split micro-batches in one vectorised call, batch-split ones one by one."""
+    dur = np.zeros(arr.n_mb)
+    comm = np.zeros(arr.n_mb)
+    mem = np.zeros(arr.n_mb)
+    flops = 0.0
+    tokens = 0
+    if arr.seq_mb:
+        lens = np.fromiter((len(p) for p in arr.seq_pos), dtype=np.int64, count=len(arr.seq_pos))
+        pos = np.fromiter((s for p in arr.seq_pos for s in p), dtype=np.int64, count=int(lens.sum()))
+        local = np.repeat(np.arange(len(arr.seq_pos)), lens)
+        c = cost.microbatch_costs(
+            batch.tokens[pos], batch.frames[pos], local, np.asarray(arr.seq_sp), np.asarray(arr.seq_ckpt)
+        )
+        idx = np.asarray(arr.seq_mb)
+        dur[idx] = c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+        comm[idx] = c["comm_s"]
+        mem[idx] = c["mem_bytes"]
+        flops += float(c["model_flops"].sum())
+        tokens += int(batch.tokens[pos].sum())
+    for j, samples, size, ckpt in arr.batch_split:
+        sel = np.asarray(samples, dtype=np.int64)
+        mc = cost.microbatch_cost(batch.tokens[sel], batch.frames[sel], size, ckpt, "batch")
+        dur[j], comm[j], mem[j] = mc.total_s, mc.comm_s, mc.mem_bytes
+        flops += mc.model_flops
+        tokens += int(batch.tokens[sel].sum())
+    return dur, comm, mem, flops, tokens
+
+
+def _with_noise(dur: np.ndarray, arr: _PlanArrays, noise: NoiseModel, step: int, world: int) -> np.ndarray:
+    """Micro-batch durations under seeded kernel jitter (the group waits for its slowest rank) and
+    straggler ranks (a group runs at its slowest member's pace)."""
+    rng = noise.rng(step)
+    mb_sizes = arr.g_size[arr.mb_group]
+    draws = rng.standard_normal(int(mb_sizes.sum()))
+    offsets = np.concatenate(([0], np.cumsum(mb_sizes)[:-1]))
+    dur = dur * np.exp(noise.jitter_sigma * np.maximum.reduceat(draws, offsets))
+    slow = np.where(rng.random(world) < noise.straggler_prob, noise.straggler_slowdown, 1.0)
+    if np.any(slow > 1):
+        cum = np.concatenate(([0.0], np.cumsum(slow > 1)))
+        has_straggler = cum[arr.g_start + arr.g_size] - cum[arr.g_start] > 0
+        dur = dur * np.where(has_straggler[arr.mb_group], noise.straggler_slowdown, 1.0)
+    return dur
+
+
+def _timeline(arr: _PlanArrays, g_dur: np.ndarray, world: int, round_barrier: bool) -> float:
+    """When the last rank finishes its micro-batches: groups in round order, each starting when
+    its slowest member is free (and, with ``round_barrier``, not before the previous round ends)."""
+    free = np.zeros(world)
+    current_round = -1
+    for gid in range(arr.n_groups):
+        if round_barrier and arr.g_round[gid] != current_round:
+            free[:] = free.max()
+            current_round = arr.g_round[gid]
+        a, b = int(arr.g_start[gid]), int(arr.g_start[gid] + arr.g_size[gid])
+        free[a:b] = free[a:b].max() + g_dur[gid]
+    return float(free.max()) if world else 0.0
+
+
+def _per_rank_sum(arr: _PlanArrays, values: np.ndarray, world: int) -> np.ndarray:
+    """Per rank, the sum of ``values`` (one per group task) over the groups it belongs to."""
+    diff = np.zeros(world + 1)
+    np.add.at(diff, arr.g_start, values)
+    np.add.at(diff, arr.g_start + arr.g_size, -values)
+    return np.cumsum(diff[:-1])
+
+
 def simulate_step(
     plan: StepPlan,
     batch: GlobalBatch,
@@ -111,118 +231,35 @@ def simulate_step(
     round_barrier: bool = False,
 ) -> SimStepResult:
     """Simulate one step of ``plan`` over ``batch`` on ``cost.cluster`` (see the module docstring).
-    The plan is not validated here (the runner validates it once)."""
+    The plan is not validated here (the run loop validates it once)."""
     W = plan.world_size
     if cost.cluster.world_size != W:
         raise ClusterError(
             f"plan for {W} ranks cannot run on cluster {cost.cluster.name!r} of "
             f"{cost.cluster.world_size} ranks"
         )
-    # Flatten the plan: one entry per group task, one per micro-batch.
-    g_start: list[int] = []
-    g_size: list[int] = []
-    g_round: list[int] = []
-    mb_group: list[int] = []
-    seq_pos: list[tuple[int, ...]] = []
-    seq_mb: list[int] = []
-    seq_sp: list[int] = []
-    seq_ckpt: list[int] = []
-    batch_split: list[tuple[int, tuple[int, ...], int, int]] = []  # (mb, samples, size, ckpt)
-    n_mb = 0
-    for r, rnd in enumerate(plan.rounds):
-        for g in rnd.groups:
-            gid = len(g_start)
-            g_start.append(g.start)
-            g_size.append(g.size)
-            g_round.append(r)
-            for mb in g.micro_batches:
-                mb_group.append(gid)
-                if mb.split == "batch" and g.size > 1:
-                    batch_split.append((n_mb, mb.samples, g.size, mb.ckpt_layers))
-                else:
-                    seq_pos.append(mb.samples)
-                    seq_mb.append(n_mb)
-                    seq_sp.append(g.size)
-                    seq_ckpt.append(mb.ckpt_layers)
-                n_mb += 1
-    n_groups = len(g_start)
-    dur = np.zeros(n_mb)
-    comm = np.zeros(n_mb)
-    mem = np.zeros(n_mb)
-    flops = 0.0
-    tokens = 0
-    if seq_mb:
-        lens = np.fromiter((len(p) for p in seq_pos), dtype=np.int64, count=len(seq_pos))
-        pos = np.fromiter((s for p in seq_pos for s in p), dtype=np.int64, count=int(lens.sum()))
-        local = np.repeat(np.arange(len(seq_pos)), lens)
-        c = cost.microbatch_costs(
-            batch.tokens[pos], batch.frames[pos], local, np.asarray(seq_sp), np.asarray(seq_ckpt)
-        )
-        idx = np.asarray(seq_mb)
-        dur[idx] = c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
-        comm[idx] = c["comm_s"]
-        mem[idx] = c["mem_bytes"]
-        flops += float(c["model_flops"].sum())
-        tokens += int(batch.tokens[pos].sum())
-    for j, samples, size, ckpt in batch_split:
-        sel = np.asarray(samples, dtype=np.int64)
-        mc = cost.microbatch_cost(batch.tokens[sel], batch.frames[sel], size, ckpt, "batch")
-        dur[j], comm[j], mem[j] = mc.total_s, mc.comm_s, mc.mem_bytes
-        flops += mc.model_flops
-        tokens += int(batch.tokens[sel].sum())
-
-    starts = np.asarray(g_start, dtype=np.int64)
-    sizes = np.asarray(g_size, dtype=np.int64)
-    groups = np.asarray(mb_group, dtype=np.int64)
-    if noise is not None and n_mb:
-        rng = noise.rng(batch.step)  # the batch knows its step even if a planner leaves plan.step at 0
-        # Kernel jitter: the group waits for the slowest of its ranks on every micro-batch.
-        mb_sizes = sizes[groups]
-        draws = rng.standard_normal(int(mb_sizes.sum()))
-        offsets = np.concatenate(([0], np.cumsum(mb_sizes)[:-1]))
-        dur = dur * np.exp(noise.jitter_sigma * np.maximum.reduceat(draws, offsets))
-        slow = np.where(rng.random(W) < noise.straggler_prob, noise.straggler_slowdown, 1.0)
-        if np.any(slow > 1):
-            # The slowdown of a group is its slowest member's, for every micro-batch it runs.
-            cum = np.concatenate(([0.0], np.cumsum(slow > 1)))
-            has_straggler = cum[starts + sizes] - cum[starts] > 0
-            dur = dur * np.where(has_straggler[groups], noise.straggler_slowdown, 1.0)
-    g_dur = np.bincount(groups, weights=dur, minlength=n_groups)
-    g_comm = np.bincount(groups, weights=comm, minlength=n_groups)
-    g_mem = np.zeros(n_groups)
-    np.maximum.at(g_mem, groups, mem)
-
-    # Timeline: groups in round order; a group starts when its slowest member is free.
-    free = np.zeros(W)
-    current_round = -1
-    for gid in range(n_groups):
-        if round_barrier and g_round[gid] != current_round:
-            free[:] = free.max()
-            current_round = g_round[gid]
-        a, b = g_start[gid], g_start[gid] + g_size[gid]
-        free[a:b] = free[a:b].max() + g_dur[gid]
-    compute_end = float(free.max()) if W else 0.0
-
-    # Per-rank sums over the groups a rank belongs to (difference arrays over rank ranges).
-    def per_rank_sum(values: np.ndarray) -> np.ndarray:
-        diff = np.zeros(W + 1)
-        np.add.at(diff, starts, values)
-        np.add.at(diff, starts + sizes, -values)
-        return np.cumsum(diff[:-1])
+    arr = _flatten(plan)
+    dur, comm, mem, flops, tokens = _price(arr, batch, cost)
+    if noise is not None and arr.n_mb:
+        # the batch knows its step even if a planner leaves plan.step at 0
+        dur = _with_noise(dur, arr, noise, batch.step, W)
+    g_dur = np.bincount(arr.mb_group, weights=dur, minlength=arr.n_groups)
+    g_comm = np.bincount(arr.mb_group, weights=comm, minlength=arr.n_groups)
+    g_mem = np.zeros(arr.n_groups)
+    np.maximum.at(g_mem, arr.mb_group, mem)
+    compute_end = _timeline(arr, g_dur, W, round_barrier)
 
     static = cost.static_memory_bytes()
     peak = np.full(W, static)
     for big in np.flatnonzero(g_mem > static).tolist():
-        a, b = g_start[big], g_start[big] + g_size[big]
+        a, b = int(arr.g_start[big]), int(arr.g_start[big] + arr.g_size[big])
         peak[a:b] = np.maximum(peak[a:b], g_mem[big])
     sync = cost.step_sync_time()
-    sync_comm = _sync_comm_s(cost, sync)
     step_time = compute_end + sync
-    busy = per_rank_sum(g_dur) + sync
+    busy = _per_rank_sum(arr, g_dur, W) + sync
     idle = step_time - busy
     total_busy = float(busy.sum())
-    comm_total = float(per_rank_sum(g_comm).sum()) + W * sync_comm
-    peak_flops = cost.cluster.gpu.peak_flops
+    comm_total = float(_per_rank_sum(arr, g_comm, W).sum()) + W * _sync_comm_s(cost, sync)
     return SimStepResult(
         step=batch.step,
         step_time_s=step_time,
@@ -232,12 +269,12 @@ def simulate_step(
         comm_share=comm_total / total_busy if total_busy > 0 else 0.0,
         peak_mem_bytes=peak,
         oom=bool(np.any(peak > cost.cluster.gpu.usable_mem_bytes)),
-        mfu=flops / (step_time * W * peak_flops) if step_time > 0 else 0.0,
+        mfu=flops / (step_time * W * cost.cluster.gpu.peak_flops) if step_time > 0 else 0.0,
         model_flops=flops,
         tokens=tokens,
         compute_end_s=compute_end,
         sync_s=sync,
-        info={"rounds": len(plan.rounds), "groups": n_groups, "micro_batches": n_mb},
+        info={"rounds": len(plan.rounds), "groups": arr.n_groups, "micro_batches": arr.n_mb},
     )
 
 
@@ -330,138 +367,110 @@ def lower_bound(
 
 
 # ------------------------------------------------------------------------------------------------
-# A whole simulated run from a config (what `dcp-bench simulate` prints). Workloads and planners
-# are imported inside the functions: the simulator itself depends only on plans and cost models.
+# Where a step's time goes, and the simulator as an executor of the one step loop.
 
 
-def cost_model_from_config(cfg: Any) -> CostModel:
-    """The cost model a composed config names: ``cfg.model``, ``cfg.cluster``,
-    ``cfg.mem_cap_fraction`` and an optional ``cfg.cost`` node {source (default auto), profile,
-    scales, and constructor options such as zero_stage}."""
-    from dcp_bench.cost import make_cost_model
+@dataclass
+class StepAccount:
+    """Where one step's time goes, averaged over ranks (seconds): forward+backward compute,
+    recomputation, sequence-parallel communication, gradient sync + optimizer, and the rest of the
+    step time (ranks waiting for the slowest: imbalance)."""
 
-    node = _plain(cfg.get("cost")) if cfg.get("cost") is not None else {}
-    source = str(node.pop("source", "auto"))
-    profile = node.pop("profile", None)
-    scales = {str(k): float(v) for k, v in (node.pop("scales", None) or {}).items()}
-    return make_cost_model(
-        cfg["model"], cfg["cluster"], source=source,
-        mem_cap_fraction=float(cfg.get("mem_cap_fraction", 0.7)), profile=profile, scales=scales or None,
-        **node,
+    compute_s: float
+    recompute_s: float
+    comm_s: float
+    sync_s: float
+    idle_s: float
+    sp_samples: dict[int, int] = field(default_factory=dict)  # SP degree -> samples
+    ckpt_samples: dict[str, int] = field(default_factory=dict)  # checkpointed fraction -> samples
+    sp_tokens: dict[int, int] = field(default_factory=dict)  # SP degree -> tokens
+    ckpt_tokens: dict[str, int] = field(default_factory=dict)  # checkpointed fraction -> tokens
+
+
+def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_s: float) -> StepAccount:
+    """Attribute a simulated step's time to its parts using the cost model's per-micro-batch
+    costs; the idle part is the remainder, so the parts add up to the step time exactly."""
+    W = plan.world_size
+    compute = np.zeros(W)
+    recompute = np.zeros(W)
+    comm = np.zeros(W)
+    sp_hist: dict[int, int] = {}
+    ckpt_hist: dict[str, int] = {}
+    sp_tok: dict[int, int] = {}
+    ckpt_tok: dict[str, int] = {}
+    layers = max(1, int(cost.model.num_layers))
+    for _, group, mb in plan.micro_batches():
+        pos = list(mb.samples)
+        c = cost.microbatch_cost(batch.tokens[pos], batch.frames[pos], group.size, mb.ckpt_layers, mb.split)
+        sl = slice(group.start, group.start + group.size)
+        compute[sl] += c.fwd_s + c.bwd_s
+        recompute[sl] += c.recompute_s
+        comm[sl] += c.comm_s
+        sp_hist[group.size] = sp_hist.get(group.size, 0) + len(pos)
+        frac = f"{mb.ckpt_layers / layers:.2f}"
+        ckpt_hist[frac] = ckpt_hist.get(frac, 0) + len(pos)
+        n_tok = int(batch.tokens[pos].sum())
+        sp_tok[group.size] = sp_tok.get(group.size, 0) + n_tok
+        ckpt_tok[frac] = ckpt_tok.get(frac, 0) + n_tok
+    sync = float(cost.step_sync_time())
+    parts = float(compute.mean() + recompute.mean() + comm.mean()) + sync
+    return StepAccount(
+        compute_s=float(compute.mean()),
+        recompute_s=float(recompute.mean()),
+        comm_s=float(comm.mean()),
+        sync_s=sync,
+        idle_s=float(step_time_s - parts),
+        sp_samples=sp_hist,
+        ckpt_samples=ckpt_hist,
+        sp_tokens=sp_tok,
+        ckpt_tokens=ckpt_tok,
     )
 
 
-def _plain(node: Any) -> dict[str, Any]:
-    from omegaconf import DictConfig, OmegaConf
+class SimExecutor:
+    """The simulator as an `dcp_bench.execution.Executor`: plans in-process and prices each plan
+    with ``cost`` (plus seeded ``noise``). Its times are simulated, labelled as such."""
 
-    if isinstance(node, DictConfig):
-        out = OmegaConf.to_container(node, resolve=True)
-        assert isinstance(out, dict)
-        return {str(k): v for k, v in out.items()}
-    return dict(node)
+    measured = False
+    writes_records = True
 
+    def __init__(self, cost: CostModel, noise: NoiseModel | None = None) -> None:
+        self.cost = cost
+        self.noise = noise
+        self.world_size = cost.cluster.world_size
+        self.hardware = f"simulated {cost.cluster.name}"
+        self.info: dict[str, Any] = {}
 
-def _median(values: list[float]) -> float | None:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    return float(np.median(vals)) if vals else None
+    def agree(self, flag: bool) -> bool:
+        return flag
 
-
-def simulate_run(cfg: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Simulate ``cfg.run.warmup_steps + cfg.run.steps`` steps of ``cfg.method`` on
-    ``cfg.workload`` x ``cfg.cluster`` x ``cfg.model``.
-
-    Returns (summary, per-step records). Per step: the planner's wall time on this machine, the
-    plan (validated structurally), the simulated step, and the batch's lower bound. The summary
-    holds the medians over non-warm-up steps (``step_time_s`` = simulated step time plus planner
-    time unless ``run.planner_on_clock=false``; ``sim_step_time_s`` without it), the OOM and
-    over-cap step counts, the resolved config and the cost model's provenance. Everything is
-    labelled ``simulated``. An optional ``cfg.noise`` node configures a `NoiseModel` (seed
-    defaults to ``cfg.seed``).
-    """
-    import time
-
-    from dcp_bench.config import to_container
-    from dcp_bench.cost import resolve_cluster, resolve_model
-    from dcp_bench.plan import validate_plan
-    from dcp_bench.planners.base import make_planner
-    from dcp_bench.workload import make_workload
-
-    run = cfg.get("run") or {}
-    n_warm = int(run.get("warmup_steps", 0))
-    n_steps = int(run.get("steps", 1))
-    on_clock = bool(run.get("planner_on_clock", True))
-    if n_steps < 1 or n_warm < 0:
-        from dcp_bench.errors import ConfigError
-
-        raise ConfigError(f"run.steps={n_steps} must be >= 1 and run.warmup_steps={n_warm} >= 0")
-    seed = int(cfg.get("seed", 0))
-    cluster, model = resolve_cluster(cfg["cluster"]), resolve_model(cfg["model"])
-    cost = cost_model_from_config(cfg)
-    workload = make_workload(cfg["workload"])
-    planner = make_planner(cfg["method"])
-    noise = None
-    if cfg.get("noise") is not None:
-        params = _plain(cfg["noise"])
-        params.setdefault("seed", seed)
-        noise = NoiseModel(**params)
-    W = cluster.world_size
-    records: list[dict[str, Any]] = []
-    for step in range(n_warm + n_steps):
-        batch = workload.global_batch(step, W, model.max_seq_len)
+    def plan(self, batch: GlobalBatch, plan_fn: PlanFn) -> tuple[StepPlan, float]:
         t0 = time.perf_counter()
-        plan = planner.plan(batch, cost)
-        planner_s = time.perf_counter() - t0
-        validate_plan(plan, batch)
-        res = simulate_step(plan, batch, cost, noise=noise)
-        lb = lower_bound(batch, cost, infeasible="skip" if plan.mode == "paper" else "raise")
-        used = plan.sample_positions()
-        records.append({
-            "step": step,
-            "warmup": step < n_warm,
-            **res.record_fields(),
-            "step_time_s": res.step_time_s + (planner_s if on_clock else 0.0),
-            "sim_step_time_s": res.step_time_s,
-            "planner_ms": planner_s * 1e3,
-            "lower_bound_s": lb,
-            "samples": len(used),
-            "samples_dropped": batch.n - len(set(used)) + int(batch.dropped),
-            "samples_truncated": int(batch.truncated),
-            "over_cap": bool(res.peak_mem_bytes.max() > cost.memory_cap_bytes),
-            "model_flops": res.model_flops,
-            "rounds": len(plan.rounds),
-        })
-    measured = [r for r in records if not r["warmup"]]
+        plan = plan_fn(batch)
+        return plan, time.perf_counter() - t0
 
-    def med(key: str) -> float | None:
-        return _median([float(r[key]) for r in measured])
-
-    step_med = med("step_time_s")
-    tokens = sum(r["tokens"] for r in measured)
-    total_time = sum(r["step_time_s"] for r in measured)
-    summary: dict[str, Any] = {
-        "label": "simulated",
-        "method": planner.label(),
-        "workload": str((cfg["workload"] or {}).get("name", "")),
-        "cluster": cluster.name,
-        "model": model.name,
-        "world_size": W,
-        "seed": seed,
-        "steps": n_steps,
-        "warmup_steps": n_warm,
-        "step_time_s": step_med,
-        "sim_step_time_s": med("sim_step_time_s"),
-        "lower_bound_s": med("lower_bound_s"),
-        "imbalance": med("imbalance"),
-        "comm_share": med("comm_share"),
-        "peak_mem_gib": med("peak_mem_gib"),
-        "oom_steps": sum(bool(r["oom"]) for r in measured),
-        "over_cap_steps": sum(bool(r["over_cap"]) for r in measured),
-        "mfu": med("mfu"),
-        "planner_ms": med("planner_ms"),
-        "tokens_per_s": tokens / total_time if total_time > 0 else None,
-        "planner_on_clock": on_clock,
-        "noise": dataclasses.asdict(noise) if noise else None,
-        "cost_model": cost.describe(),
-        "config": to_container(cfg) if not isinstance(cfg, dict) else cfg,
-    }
-    return summary, records
+    def execute(self, plan: StepPlan, batch: GlobalBatch) -> StepOutcome:
+        res = simulate_step(plan, batch, self.cost, noise=self.noise)
+        acct = account_step(plan, batch, self.cost, res.step_time_s)
+        return StepOutcome(
+            step_time_s=res.step_time_s,
+            busy_s=res.busy_s.tolist(),
+            peak_mem_bytes=res.peak_mem_bytes.tolist(),
+            tokens=res.tokens,
+            oom=res.oom,
+            comm_share=res.comm_share,
+            mfu=res.mfu,
+            model_flops=res.model_flops,
+            extra={
+                "sim_step_time_s": res.step_time_s,
+                "compute_s": acct.compute_s,
+                "recompute_s": acct.recompute_s,
+                "comm_s": acct.comm_s,
+                "sync_s": acct.sync_s,
+                "idle_s": acct.idle_s,
+                "sp_samples": {str(k): v for k, v in acct.sp_samples.items()},
+                "ckpt_samples": acct.ckpt_samples,
+                "sp_tokens": {str(k): v for k, v in acct.sp_tokens.items()},
+                "ckpt_tokens": acct.ckpt_tokens,
+            },
+        )

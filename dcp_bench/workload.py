@@ -34,7 +34,10 @@ from typing import Any
 import numpy as np
 
 from dcp_bench.batch import GlobalBatch
+from dcp_bench.config import instantiate, to_container
+from dcp_bench.corpora import read_lengths_file, read_text_dataset
 from dcp_bench.errors import WorkloadError
+from dcp_bench.files import sha256_file
 from dcp_bench.paths import WORKLOADS_DIR
 
 DATA_DIR = WORKLOADS_DIR / "data"
@@ -607,12 +610,10 @@ def _lengths_file(
     tokenizer: str | None = None,
     text_field: str = "text",
 ) -> tuple[SizeSource, dict[str, Any]]:
-    from dcp_bench.corpora import read_lengths_file, read_text_dataset, sha256_file
-
     file = path or lengths_file
     if not file:
         raise WorkloadError(
-            "workload 'lengths_file' needs a file: lengths_file=PATH (as a config override: workload.lengths_file=PATH)"
+            "workload 'lengths_file' needs a file: workload.lengths_file=PATH"
         )
     p = Path(file).expanduser()
     if tokenizer:
@@ -707,7 +708,7 @@ WORKLOADS: Mapping[str, WorkloadEntry] = {
         lambda: _fixture("debian_docs"),
     ),
     "lengths_file": WorkloadEntry(
-        "text", TEXT_MODEL, "the user's lengths file or text dataset (lengths_file=PATH)",
+        "text", TEXT_MODEL, "the user's lengths file or text dataset (workload.lengths_file=PATH)",
         _lengths_file, ("path", "lengths_file", "column", "tokenizer", "text_field"),
     ),
     "synthetic_fixed": WorkloadEntry(
@@ -723,10 +724,6 @@ WORKLOADS: Mapping[str, WorkloadEntry] = {
         lambda **p: _synthetic("lognormal", **p), ("median", "sigma", "low", "high"),
     ),
 }
-
-
-def workload_names() -> list[str]:
-    return list(WORKLOADS)
 
 
 def load_workload(name: str, **params: Any) -> Workload:
@@ -781,21 +778,31 @@ def _as_int(value: Any, name: str, key: str) -> int:
     return int(f)
 
 
-def make_workload(node: Any) -> Workload:
-    """Build the workload a ``workload`` config node describes: ``name`` plus parameters; a
-    ``_target_`` (when present) must be this module's `load_workload`."""
-    from omegaconf import DictConfig, OmegaConf
-
+def make_workload(node: Any, seed: int | None = None) -> Any:
+    """Build the workload a ``workload`` config node describes, its global batches seeded by
+    ``seed`` (the run's seed). A node whose ``_target_`` is this module's `load_workload` (or that
+    has none) names a registered workload; any other ``_target_`` is a user's class, built with
+    the node's parameters and ``seed``, which must provide ``global_batch(step, world_size,
+    max_seq_len)``."""
     if isinstance(node, str):
-        return load_workload(node)
-    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
-    assert isinstance(raw, dict)
-    data: dict[str, Any] = {str(k): v for k, v in raw.items()}
+        return load_workload(node, **({"seed": seed} if seed is not None else {}))
+    data = to_container(node)
+    if seed is not None:
+        data["seed"] = seed
     target = data.pop("_target_", None)
+    if target not in (None, "dcp_bench.workload.load_workload"):
+        try:
+            built = instantiate({"_target_": target, **{k: v for k, v in data.items() if k not in ("kind", "description")}})
+        except WorkloadError:
+            raise
+        except Exception as exc:  # an import error, a refused or failing constructor: one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkloadError(f"workload _target_ {target!r} could not be built: {first}") from None
+        if not callable(getattr(built, "global_batch", None)):
+            raise WorkloadError(f"workload {target!r} has no global_batch(step, world_size, max_seq_len) method")
+        return built
     data.pop("kind", None)
     data.pop("description", None)
-    if target not in (None, "dcp_bench.workload.load_workload"):
-        raise WorkloadError(f"workload config: _target_ {target!r}; expected dcp_bench.workload.load_workload")
     name = data.pop("name", None)
     if not name:
         raise WorkloadError("workload config has no name")

@@ -1,23 +1,23 @@
-"""Small, closed-form stand-ins for a workload, a cost model, planners and a simulator, so the
-runner and the report can be tested on their own (and fast). Each has an obvious reference:
-step time = sum over rounds of the slowest group, plus a fixed sync time."""
+"""Small, closed-form stand-ins for a workload, a cost model and planners, so the runner and the
+report can be tested on their own (and fast), through the real run path and simulator."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from dcp_bench.batch import GlobalBatch
-from dcp_bench.config import instantiate
 from dcp_bench.cost.base import CostModel, MicroBatchCost
 from dcp_bench.errors import InfeasibleError
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
-from dcp_bench.planners.base import Planner
+from dcp_bench.planners.base import Planner, make_planner
+from dcp_bench.run.assemble import RunParts
+from dcp_bench.run.spec import RunSpec
+from dcp_bench.workload import make_workload
 
 HERE = Path(__file__).resolve().parent
 
@@ -48,13 +48,14 @@ class ToyCost(CostModel):
     b: float = 1e-10
     c: float = 2e-7
     act: float = 1e5
+    slowdown: float = 1.0  # every time multiplied by this (a "measured" machine slower than predicted)
     source: str = "toy"
 
     def microbatch_cost(self, tokens: Any, frames: Any, sp: int, ckpt_layers: int, split: str = "sequence") -> MicroBatchCost:
         t = np.asarray(tokens, dtype=float)
-        work = float(np.sum(self.a * t + self.b * t * t)) / sp
+        work = self.slowdown * float(np.sum(self.a * t + self.b * t * t)) / sp
         frac = ckpt_layers / self.model.num_layers
-        comm = float(self.c * t.sum() / sp) if sp > 1 else 0.0
+        comm = self.slowdown * float(self.c * t.sum() / sp) if sp > 1 else 0.0
         mem = self.static_memory_bytes() + float(self.sample_memory(t, t, sp, ckpt_layers).sum())
         return MicroBatchCost(work / 3, 2 * work / 3, frac * work / 3, comm, mem, 6.0 * t.sum())
 
@@ -70,7 +71,7 @@ class ToyCost(CostModel):
         return 1e9
 
     def step_sync_time(self) -> float:
-        return 0.01
+        return 0.01 * self.slowdown
 
 
 class ToyPlanner(Planner):
@@ -108,53 +109,12 @@ class ToyPlanner(Planner):
         return StepPlan(world_size=W, rounds=[Round(groups=groups)], method=self.name, mode=self.mode)
 
 
-def toy_simulate(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> SimpleNamespace:
-    W = plan.world_size
-    busy = np.zeros(W)
-    peak = np.full(W, cost.static_memory_bytes())
-    step = 0.0
-    for rnd in plan.rounds:
-        round_time = 0.0
-        for g in rnd.groups:
-            gt = 0.0
-            for mb in g.micro_batches:
-                pos = list(mb.samples)
-                c = cost.microbatch_cost(batch.tokens[pos], batch.frames[pos], g.size, mb.ckpt_layers, mb.split)
-                gt += c.total_s
-                peak[g.start:g.start + g.size] = np.maximum(peak[g.start:g.start + g.size], c.mem_bytes)
-            busy[g.start:g.start + g.size] += gt
-            round_time = max(round_time, gt)
-        step += round_time
-    step += cost.step_sync_time()
-    return SimpleNamespace(step_time_s=step, busy_s=busy, idle_s=step - busy,
-                           imbalance=float(busy.max() / busy.mean()) if busy.mean() else 1.0,
-                           comm_share=0.0, peak_mem_bytes=peak,
-                           oom=bool(peak.max() > cost.memory_cap_bytes), mfu=0.3)
-
-
-class ToyBackend:
-    def workload(self, cfg: dict[str, Any]) -> Any:
-        node = dict(cfg["workload"])
-        node.pop("_target_", None)
-        return ToyWorkload(**node)
-
-    def cost_model(self, cfg: dict[str, Any], source: str | None = None) -> CostModel:
-        scales = (cfg.get("cost") or {}).get("scales") or {}
-        return ToyCost(model=instantiate(cfg["model"]), cluster=instantiate(cfg["cluster"]),
-                       mem_cap_fraction=float(cfg.get("mem_cap_fraction", 0.7)),
-                       act=1e5 * float(scales.get("act_bytes", 1.0)))
-
-    def planner(self, cfg: dict[str, Any]) -> Planner:
-        from dcp_bench.planners.base import make_planner
-
-        return make_planner(cfg["method"])
-
-    def simulate_step(self, plan: StepPlan, batch: GlobalBatch, cost: CostModel, cfg: dict[str, Any]) -> Any:
-        return toy_simulate(plan, batch, cost)
-
-    def lower_bound(self, batch: GlobalBatch, cost: CostModel) -> float:
-        W = cost.cluster.world_size
-        return float(cost.sample_time(batch.tokens, batch.frames, 1, 0).sum() / W)
+def toy_assemble(spec: RunSpec, slowdown: float = 1.0) -> RunParts:
+    """The real assembly with the closed-form `ToyCost` in place of the cost model."""
+    cost = ToyCost(model=spec.model, cluster=spec.cluster, mem_cap_fraction=spec.mem_cap_fraction,
+                   act=1e5 * spec.cost.scale_map.get("act_bytes", 1.0), slowdown=slowdown)
+    return RunParts(workload=make_workload(spec.workload, seed=spec.seed), cost=cost, plan_cost=cost,
+                    planner=make_planner(spec.method, seed=spec.seed))
 
 
 def write_toy_conf(root: Path, sleep_s: float = 0.0) -> Path:

@@ -23,18 +23,18 @@ import pytest
 import torch
 from torch import nn
 
-from dcp_bench.cost.profiled import ProfiledCostModel
-from dcp_bench.cost.specs import ClusterSpec, GPUSpec, model_spec
-from dcp_bench.errors import ConfigError
-from dcp_bench.paths import REPO_ROOT
-from dcp_bench.profiling.artifact import (
+from dcp_bench.cost.profile_artifact import (
     KIND,
     SCHEMA_VERSION,
     attention_pairs,
     dumps_artifact,
     summarize,
 )
-from dcp_bench.profiling.fit import collective_features, fit_nonnegative, layer_features
+from dcp_bench.cost.profile_fit import collective_features, fit_nonnegative, layer_features
+from dcp_bench.cost.profiled import ProfiledCostModel
+from dcp_bench.cost.specs import ClusterSpec, GPUSpec, model_spec
+from dcp_bench.errors import ConfigError
+from dcp_bench.paths import REPO_ROOT
 from dcp_bench.profiling.measure import parameter_storages, saved_activation_bytes
 
 
@@ -285,7 +285,7 @@ def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
     predict the held-out points and compare with their measured medians. The property: the
     median prediction error is within 15% (the issue's target). The numbers are reported in
     results/calibration/cpu/README.md (`python -m dcp_bench.profiling.validate` prints them)."""
-    from dcp_bench.profiling.artifact import load_artifact
+    from dcp_bench.cost.profile_artifact import load_artifact
     from dcp_bench.profiling.validate import leave_one_size_out
 
     art = load_artifact(CALIBRATION / f"{model}.json")

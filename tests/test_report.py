@@ -16,7 +16,7 @@ from dcp_bench.report.writer import ReportInputs, build_report
 from dcp_bench.runner import plan_sweep, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runner_doubles import ToyBackend, write_toy_conf  # noqa: E402
+from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
 
 CLAIMS = """
 claims:
@@ -44,13 +44,13 @@ sensitivity:
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     tmp = tmp_path_factory.mktemp("report")
     conf = write_toy_conf(tmp / "conf")
+    root = tmp / "runs"
     base = [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=3",
-            "run.warmup_steps=1", "++run.planner_clock=off"]
+            "run.warmup_steps=1", "run.planner_clock=off", f"run.root={root}", "run.campaign=small"]
     specs = plan_sweep([*base, "method=toy_static,toy_greedy,toy_fail"], repeats=5)
     specs += plan_sweep([*base, "method=toy_static,toy_greedy", "++cost.scales.act_bytes=0.5,2.0"], repeats=5)
     specs += plan_sweep([*base, "method=toy_static,toy_greedy", "method.mode=paper"], repeats=5)
-    root = tmp / "runs"
-    run_sweep(specs, root, "small", backend=ToyBackend(), progress=False, env={"cpu_model": "test"})
+    run_sweep(specs, build=toy_assemble, progress=False, env={"cpu_model": "test"})
     claims = tmp / "claims.yaml"
     claims.write_text(CLAIMS)
     out = tmp / "report"
@@ -144,42 +144,33 @@ def test_deadline_leaves_runs_unrun(tmp_path: Path) -> None:
 
     conf = write_toy_conf(tmp_path / "conf")
     specs = plan_sweep([f"extra_conf={conf}", "workload=toy", "method=toy_static", "cluster=h200x8",
-                        "model=tiny_llama", "run.steps=1"], repeats=3)
-    res = run_sweep(specs, tmp_path / "runs", "d", backend=ToyBackend(), progress=False, env={},
-                    deadline=time.time() - 1)
+                        "model=tiny_llama", "run.steps=1", f"run.root={tmp_path / 'runs'}"], repeats=3)
+    res = run_sweep(specs, build=toy_assemble, progress=False, env={}, deadline=time.time() - 1)
     assert not res.ran and sorted(res.unrun) == sorted(s.run_id for s in specs)
 
 
-class _SlowerToy(ToyBackend):
+def _run_as_measured(specs):  # type: ignore[no-untyped-def]
     """'Measured' runs: every step exactly 10% slower than the toy simulator predicts."""
-
-    def simulate_step(self, plan, batch, cost, cfg):  # type: ignore[no-untyped-def]
-        res = super().simulate_step(plan, batch, cost, cfg)
-        res.step_time_s *= 1.1
-        return res
-
-
-def _as_measured(spec, root, campaign, backend, env):  # type: ignore[no-untyped-def]
     import dataclasses
+    import functools
 
-    from dcp_bench.records import atomic_write_json
-    from dcp_bench.runner import run_simulated
+    from dcp_bench.files import atomic_write_json
+    from dcp_bench.run.simulated import run_simulated
 
-    summary = run_simulated(spec, root, campaign, backend=_SlowerToy(), env=env)
-    summary = dataclasses.replace(summary, executor="torch")
-    atomic_write_json(Path(root) / campaign / spec.run_id / "run.json", dataclasses.asdict(summary))
-    return summary
+    for spec in specs:
+        summary = run_simulated(spec, build=functools.partial(toy_assemble, slowdown=1.1), env={})
+        summary = dataclasses.replace(summary, executor="torch")
+        atomic_write_json(Path(spec.root) / spec.campaign / spec.run_id / "run.json", dataclasses.asdict(summary))
 
 
 def test_simulator_error_table(tmp_path: Path) -> None:
     conf = write_toy_conf(tmp_path / "conf")
-    base = [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=2",
-            "run.warmup_steps=1", "++run.planner_clock=off", "method=toy_static,toy_greedy"]
     root = tmp_path / "runs"
-    run_sweep(plan_sweep([*base, "run.executor=sim"], repeats=1), root, "v", backend=ToyBackend(),
-              progress=False, env={})
-    run_sweep(plan_sweep([*base, "run.executor=torch"], repeats=1), root, "v", executor=_as_measured,
-              progress=False, env={})
+    base = [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=2",
+            "run.warmup_steps=1", "run.planner_clock=off", "method=toy_static,toy_greedy", f"run.root={root}",
+            "run.campaign=v"]
+    run_sweep(plan_sweep([*base, "run.executor=sim"], repeats=1), build=toy_assemble, progress=False, env={})
+    _run_as_measured(plan_sweep([*base, "run.executor=torch"], repeats=1))
     claims = tmp_path / "claims.yaml"
     claims.write_text("claims: []\n")
     summary = build_report(ReportInputs(root=root, campaign="v", out_dir=tmp_path / "out", claims_path=claims,

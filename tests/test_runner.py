@@ -14,17 +14,19 @@ import numpy as np
 import pytest
 
 from dcp_bench.records import is_complete, read_steps, read_summary
-from dcp_bench.runner import charge_planner, expand_grid, plan_sweep, run_sweep, split_alternatives
+from dcp_bench.run.loop import charge_planner
+from dcp_bench.runner import expand_grid, plan_sweep, run_sweep, split_alternatives
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runner_doubles import ToyBackend, write_toy_conf  # noqa: E402
+from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
 
-BASE = ["cluster=h200x8", "model=tiny_llama", "run.steps=3", "run.warmup_steps=1",
-        "++run.planner_clock=off"]
+BASE = ["cluster=h200x8", "model=tiny_llama", "run.steps=3", "run.warmup_steps=1", "run.planner_clock=off"]
 
 
-def _overrides(conf: Path, methods: str = "toy_static,toy_greedy") -> list[str]:
-    return [f"extra_conf={conf}", "workload=toy", f"method={methods}", *BASE]
+def _overrides(conf: Path, methods: str = "toy_static,toy_greedy", root: Path | None = None,
+               campaign: str = "t") -> list[str]:
+    where = [f"run.root={root or conf.parent / 'runs'}", f"run.campaign={campaign}"]
+    return [f"extra_conf={conf}", "workload=toy", f"method={methods}", *BASE, *where]
 
 
 def test_planner_clock_policies() -> None:
@@ -48,7 +50,7 @@ def test_run_ids_deterministic_and_paired(tmp_path: Path) -> None:
     assert len({s.run_id for s in a}) == 6
     by_method: dict[str, list[int]] = {}
     for s in a:
-        by_method.setdefault(s.method, []).append(s.seed)
+        by_method.setdefault(s.method_name, []).append(s.seed)
     assert by_method["toy_static"] == by_method["toy_greedy"] == [0, 1, 2]
     # cells: the hash ignores the seed; the comparison context ignores the method too
     assert len({s.config_hash for s in a}) == 2
@@ -61,7 +63,7 @@ def test_run_ids_deterministic_and_paired(tmp_path: Path) -> None:
 def test_sweep_records_warmup_and_same_batches(tmp_path: Path) -> None:
     conf = write_toy_conf(tmp_path / "conf")
     specs = plan_sweep(_overrides(conf), repeats=2)
-    res = run_sweep(specs, tmp_path / "runs", "t", backend=ToyBackend(), progress=False, env={})
+    res = run_sweep(specs, build=toy_assemble, progress=False, env={})
     assert len(res.ran) == 4 and not res.failed
     tokens: dict[tuple[int, str], list[int]] = {}
     for s in specs:
@@ -77,7 +79,8 @@ def test_sweep_records_warmup_and_same_batches(tmp_path: Path) -> None:
         for st in steps:
             parts = sum(st.extra[k] for k in ("compute_s", "recompute_s", "comm_s", "sync_s", "idle_s"))
             assert parts == pytest.approx(st.extra["sim_step_time_s"])
-        tokens[(s.seed, s.method)] = [st.tokens for st in steps]
+            assert st.step_time_s == pytest.approx(st.extra["sim_step_time_s"])  # planner clock off
+        tokens[(s.seed, s.method_name)] = [st.tokens for st in steps]
     # same seed -> same global batches for both methods; different seeds differ
     assert tokens[(0, "toy_static")] == tokens[(0, "toy_greedy")]
     assert tokens[(0, "toy_static")] != tokens[(1, "toy_static")]
@@ -86,7 +89,7 @@ def test_sweep_records_warmup_and_same_batches(tmp_path: Path) -> None:
 def test_failure_recorded_not_dropped(tmp_path: Path) -> None:
     conf = write_toy_conf(tmp_path / "conf")
     specs = plan_sweep(_overrides(conf, "toy_fail"), repeats=2)
-    res = run_sweep(specs, tmp_path / "runs", "t", backend=ToyBackend(), progress=False, env={})
+    res = run_sweep(specs, build=toy_assemble, progress=False, env={})
     assert len(res.failed) == 2
     for s in res.ran:
         assert s.status == "error" and s.step_time_s is None and "no plan fits" in (s.error or "")
@@ -96,11 +99,11 @@ def test_resume_redoes_only_incomplete(tmp_path: Path) -> None:
     conf = write_toy_conf(tmp_path / "conf")
     specs = plan_sweep(_overrides(conf), repeats=2)
     root = tmp_path / "runs"
-    run_sweep(specs, root, "t", backend=ToyBackend(), progress=False, env={})
+    run_sweep(specs, build=toy_assemble, progress=False, env={})
     victim = root / "t" / specs[1].run_id
     before = json.loads((victim / "run.json").read_text())
     (victim / "run.json").unlink()  # as if killed before the summary was written
-    res = run_sweep(specs, root, "t", backend=ToyBackend(), progress=False, env={})
+    res = run_sweep(specs, build=toy_assemble, progress=False, env={})
     assert [s.run_id for s in res.ran] == [specs[1].run_id]
     assert len(res.skipped) == 3
     after = read_summary(victim)
@@ -111,10 +114,10 @@ KILL_SCRIPT = """
 import sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
-from runner_doubles import ToyBackend
+from runner_doubles import toy_assemble
 from dcp_bench.runner import plan_sweep, run_sweep
 specs = plan_sweep({overrides!r}, repeats=3)
-run_sweep(specs, {root!r}, "k", backend=ToyBackend(), progress=False, env={{}})
+run_sweep(specs, build=toy_assemble, progress=False, env={{}})
 """
 
 
@@ -124,8 +127,8 @@ def test_resume_after_killed_sweep(tmp_path: Path) -> None:
     runs are skipped, the interrupted one is redone, and the result equals an uninterrupted
     sweep."""
     conf = write_toy_conf(tmp_path / "conf", sleep_s=0.15)
-    overrides = _overrides(conf)
     root = tmp_path / "runs"
+    overrides = _overrides(conf, root=root, campaign="k")
     script = KILL_SCRIPT.format(tests=str(Path(__file__).resolve().parent), overrides=overrides,
                                 root=str(root))
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
@@ -147,13 +150,14 @@ def test_resume_after_killed_sweep(tmp_path: Path) -> None:
     assert len(complete_before) >= 2 and incomplete_before, "the kill did not land mid-sweep"
 
     specs = plan_sweep(overrides, repeats=3)
-    res = run_sweep(specs, root, "k", backend=ToyBackend(), progress=False, env={})
+    res = run_sweep(specs, build=toy_assemble, progress=False, env={})
     assert set(res.skipped) == complete_before
     assert incomplete_before <= {s.run_id for s in res.ran}
     assert all(is_complete(camp / s.run_id) for s in specs)
 
     fresh = tmp_path / "fresh"
-    run_sweep(specs, fresh, "k", backend=ToyBackend(), progress=False, env={})
+    run_sweep(plan_sweep(_overrides(conf, root=fresh, campaign="k"), repeats=3), build=toy_assemble,
+              progress=False, env={})
     for s in specs:
         a, b = read_summary(camp / s.run_id), read_summary(fresh / "k" / s.run_id)
         assert a is not None and b is not None and a.step_time_s == pytest.approx(b.step_time_s)
@@ -163,10 +167,10 @@ def test_stuck_run_is_killed_and_recorded_as_timeout(tmp_path: Path) -> None:
     """A step that never returns in time: the run's process is killed after run.timeout_s plus
     the grace period, and the run is recorded (status timeout), not lost."""
     conf = write_toy_conf(tmp_path / "conf", sleep_s=30.0)
-    specs = plan_sweep([*_overrides(conf, "toy_static"), "++run.timeout_s=0.5", "++run.kill_grace_s=0.5"],
+    specs = plan_sweep([*_overrides(conf, "toy_static"), "run.timeout_s=0.5", "run.kill_grace_s=0.5"],
                        repeats=1)
     t0 = time.time()
-    res = run_sweep(specs, tmp_path / "runs", "t", backend=ToyBackend(), progress=False, env={})
+    res = run_sweep(specs, build=toy_assemble, progress=False, env={})
     assert time.time() - t0 < 20
     assert [s.status for s in res.ran] == ["timeout"]
     assert is_complete(tmp_path / "runs" / "t" / specs[0].run_id)

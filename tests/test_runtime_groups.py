@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from dcp_bench.errors import ClusterError
+from dcp_bench.layout import aligned_blocks as aligned_groups
 from dcp_bench.runtime.executor import deal_samples
-from dcp_bench.runtime.groups import aligned_groups
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8, 32])

@@ -4,15 +4,23 @@ non-finite loss stops the run with status ``nonfinite``, and rank 0 writes compl
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dcp_bench.commands.train import resolve_train_config, split_overrides
+from dcp_bench.cli import main
+from dcp_bench.commands.train import resolve_train_config
 from dcp_bench.records import read_steps, read_summary
-from dcp_bench.runtime.launch import TrainError, TrainSettings, launch_train
+from dcp_bench.run.spec import parse_run_spec
+from dcp_bench.run.torch_run import (
+    RANK_ERROR_MARK,
+    _error_tail,
+    _is_launch_failure,
+    launch_torch_run,
+)
 
 pytestmark = pytest.mark.dist
 
@@ -26,12 +34,10 @@ SMALL = [
 ]
 
 
-def _run(tmp_path: Path, run_id: str, **settings: Any) -> dict[str, Any]:
-    cfg = resolve_train_config(SMALL)
-    base: dict[str, Any] = dict(nproc=2, steps=3, warmup_steps=1, seed=5, root=str(tmp_path), campaign="t",
-                                run_id=run_id, timeout_s=60, run_timeout_s=240)
-    base.update(settings)
-    return launch_train(cfg, TrainSettings(**base))
+def _run(tmp_path: Path, campaign: str, *overrides: str) -> dict[str, Any]:
+    cfg = resolve_train_config([*SMALL, "nproc=2", "steps=2", "warmup_steps=1", "seed=5", f"root={tmp_path}",
+                                f"campaign={campaign}", "train.pg_timeout_s=60", "timeout_s=240", *overrides])
+    return dataclasses.asdict(launch_torch_run(parse_run_spec(cfg)))
 
 
 @pytest.mark.slow  # two torchrun launches (~50 s here)
@@ -43,42 +49,52 @@ def test_same_seed_gives_bitwise_identical_losses_and_records(tmp_path: Path) ->
     assert a["extra"]["losses"] == b["extra"]["losses"]
     assert a["extra"]["grad_norms"] == b["extra"]["grad_norms"]
     # Records: written by rank 0, complete, one line per step, losses as in the summary.
-    steps = read_steps(tmp_path / "t" / "a")
+    steps = read_steps(tmp_path / "a" / a["run_id"])
     assert [s.loss for s in steps] == a["extra"]["losses"]
     assert [s.warmup for s in steps] == [True, False, False]
     assert all(len(s.busy_s or []) == 2 and s.step_time_s and s.step_time_s > 0 for s in steps)
-    summary = read_summary(tmp_path / "t" / "a")
+    summary = read_summary(tmp_path / "a" / a["run_id"])
     assert summary is not None and summary.executor == "torch" and summary.n_steps == 2
+    # The cost model's prediction of the same plans sits beside every measured step.
+    assert all(s.extra["predicted_step_time_s"] > 0 and s.extra["predicted_peak_mem_gib"] > 0 for s in steps)
 
 
 def test_crashed_rank_makes_the_run_fail_not_hang(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    with pytest.raises(TrainError, match="injected failure"):
-        _run(tmp_path, "crash", fail_rank=1, fail_step=1, timeout_s=30)
+    out = _run(tmp_path, "crash", "train.fail_rank=1", "train.fail_step=1", "train.pg_timeout_s=30")
+    assert out["status"] == "error" and "injected failure" in out["error"]
     # The surviving rank is stopped by torchrun or by the 30 s group timeout, well before the
     # 240 s launcher limit that would signal a hang.
     assert time.monotonic() - t0 < 200
-    assert read_summary(tmp_path / "t" / "crash") is None  # an incomplete run, never "ok"
+    summary = read_summary(tmp_path / "crash" / out["run_id"])
+    assert summary is not None and summary.status == "error"  # recorded, never "ok"
 
 
 @pytest.mark.slow
 def test_nonfinite_loss_stops_with_status(tmp_path: Path) -> None:
     # An absurd learning rate overflows the parameters after the first step.
-    out = _run(tmp_path, "nan", lr=1e30, grad_clip=None, steps=4)
+    out = _run(tmp_path, "nan", "lr=1e30", "train.grad_clip=null", "steps=3")
     assert out["status"] == "nonfinite"
     losses = out["extra"]["losses"]
-    assert len(losses) < 4 and not all(abs(x) < float("inf") for x in losses)
+    assert len(losses) < 4 and any(x is None for x in losses)  # the non-finite loss is recorded as null
 
 
-def test_train_overrides_split_settings_from_config() -> None:
-    cfg_ovs, settings = split_overrides(["workload=wikipedia", "nproc=4", "steps=7", "lr=0.01", "seed=3"])
-    assert settings == {"nproc": 4, "lr": 0.01}
-    assert cfg_ovs == ["workload=wikipedia", "run.steps=7", "seed=3"]
+def test_train_keys_mean_what_they_mean_everywhere() -> None:
+    spec = parse_run_spec(resolve_train_config(["workload=wikipedia", "method=dcp", "nproc=2", "steps=7",
+                                                "lr=0.01", "seed=3"]))
+    assert spec.steps == 7 and spec.warmup_steps == 2 and spec.total_steps == 9  # steps = measured steps
+    assert spec.world_size == 2 and spec.cluster.name == "cpu@2" and spec.train.lr == 0.01
+    assert spec.seed == 3 and spec.executor == "torch" and spec.model.name == "tiny_llama"
+
+
+@pytest.mark.slow  # one torchrun launch
+def test_train_command_reports_the_measured_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", *SMALL, "nproc=2", "steps=2", f"root={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "status ok, 2 measured steps, median step" in out and "median step None" not in out
 
 
 def test_only_launch_failures_are_retried_and_errors_say_more_than_torchrun() -> None:
-    from dcp_bench.runtime.launch import RANK_ERROR_MARK, _error_tail, _is_launch_failure
-
     port_taken = (
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
         "network address. port: 29500, useIPv6: false, code: -98, name: EADDRINUSE\n"

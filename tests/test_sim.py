@@ -259,7 +259,7 @@ def test_simulator_runs_the_profiled_source(tmp_path):
     per-micro-batch loop) the timeline still equals the brute-force walk."""
     from test_profiling import cpu_cluster, synthetic_artifact
 
-    from dcp_bench.profiling.artifact import dumps_artifact
+    from dcp_bench.cost.profile_artifact import dumps_artifact
 
     path = tmp_path / "tiny_llama.json"
     path.write_text(dumps_artifact(synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4)))

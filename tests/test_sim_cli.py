@@ -1,5 +1,6 @@
 """`dcp-bench simulate` and `dcp-bench plan` with a trivial static planner registered from a user
-config folder; the printed numbers are checked against the simulator run directly."""
+config folder; the printed numbers are checked against the simulator run directly, and the one
+run path gives the same numbers whichever command runs a config."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import numpy as np
 import pytest
 
 from dcp_bench.cli import main
-from dcp_bench.config import load_config
+from dcp_bench.config import load_config, to_container
 from dcp_bench.cost import make_cost_model
 from dcp_bench.errors import ConfigError
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
 from dcp_bench.planners.base import Planner
-from dcp_bench.sim import lower_bound, simulate_run, simulate_step
+from dcp_bench.records import RunSummary, read_steps
+from dcp_bench.run.simulated import run_simulated
+from dcp_bench.run.spec import parse_run_spec
+from dcp_bench.runner import plan_sweep, run_sweep
+from dcp_bench.sim import lower_bound, simulate_step
 from dcp_bench.workload import make_workload
 
 
@@ -54,49 +59,79 @@ def overrides(conf_dir: Path, steps: int = 3) -> list[str]:
     return [
         f"extra_conf={conf_dir}", "method=per_rank", "workload=synthetic_uniform", "cluster=h200x8",
         "model=llama3_8b", "workload.tokens_per_gpu=16384", f"run.steps={steps}", "run.warmup_steps=1",
-        "+run.planner_on_clock=false",
+        "run.planner_clock=off",
     ]
 
 
+def simulate(ovs: list[str], **kw) -> RunSummary:
+    return run_simulated(parse_run_spec(to_container(load_config(ovs))), write=False, **kw)
+
+
 def test_simulate_run_medians_equal_direct_simulation(conf_dir):
-    cfg = load_config(overrides(conf_dir))
-    summary, records = simulate_run(cfg)
-    assert len(records) == 4 and records[0]["warmup"] and not records[1]["warmup"]
+    summary = simulate(overrides(conf_dir))
+    assert summary.n_steps == 3 and summary.n_warmup == 1
     cost = make_cost_model("llama3_8b", "h200x8")
-    workload = make_workload(cfg.workload)
+    cfg = load_config(overrides(conf_dir))
+    workload = make_workload(cfg.workload, seed=0)
     times, bounds = [], []
     for step in range(1, 4):
         batch = workload.global_batch(step, 8, cost.model.max_seq_len)
         plan = OneGroupPerRank().plan(batch, cost)
         times.append(simulate_step(plan, batch, cost).step_time_s)
         bounds.append(lower_bound(batch, cost))
-    assert summary["step_time_s"] == pytest.approx(float(np.median(times)))
-    assert summary["lower_bound_s"] == pytest.approx(float(np.median(bounds)))
-    assert summary["lower_bound_s"] <= summary["step_time_s"]
-    assert summary["label"] == "simulated" and summary["cost_model"]["source"] == "analytical"
-    assert summary["oom_steps"] == 0 and summary["steps"] == 3
+    assert summary.step_time_s == pytest.approx(float(np.median(times)))
+    assert summary.lower_bound_s == pytest.approx(float(np.median(bounds)))
+    assert summary.lower_bound_s <= summary.step_time_s
+    assert summary.executor == "sim" and summary.extra["cost"]["source"] == "analytical"
+    assert summary.oom_steps == 0 and summary.status == "ok"
 
 
 def test_simulate_json_has_the_issue_keys(conf_dir, capsys):
     assert main(["simulate", *overrides(conf_dir, steps=2), "seed=3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    for key in ("step_time_s", "lower_bound_s", "imbalance", "peak_mem_gib", "oom_steps", "mfu", "planner_ms", "config"):
+    for key in ("step_time_s", "lower_bound_s", "imbalance", "peak_mem_gib", "oom_steps", "mfu", "planner_ms"):
         assert key in out
-    assert out["config"]["seed"] == 3 and out["label"] == "simulated"
-    assert out["config"]["run"]["steps"] == 2
+    assert out["seed"] == 3 and out["executor"] == "sim" and out["hardware"] == "simulated h200x8"
+    assert out["n_steps"] == 2 and out["n_warmup"] == 1
 
 
 def test_simulate_steps_shortcut_and_text_output(conf_dir, capsys):
     args = [a for a in overrides(conf_dir) if not a.startswith("run.steps")]
     assert main(["simulate", *args, "steps=1"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("SIMULATED:") and "1 steps after 1 warm-up" in text and "median lower bound" in text
+    assert text.startswith("SIMULATED:") and "1 measured steps after 1 warm-up" in text and "median lower bound" in text
 
 
-def test_plan_prints_a_loadable_plan(conf_dir, capsys):
+def test_the_seed_picks_the_batches_in_simulate(conf_dir):
+    """One seed feeds the workload: another seed is other batches (here, other lower bounds)."""
+    base = ["workload=videosys_zipf", "method=bucket_static", "cluster=h200x32", "model=stdit3_xl2", "steps=3",
+            "warmup_steps=0"]
+    a, b, c = (simulate([*base, f"seed={s}"]) for s in (0, 0, 3))
+    assert a.lower_bound_s == b.lower_bound_s != c.lower_bound_s
+
+
+def test_simulate_and_sweep_give_bit_identical_step_times(conf_dir, tmp_path):
+    """The same config through `simulate` and through a sweep: the same run, step for step."""
+    ovs = [*overrides(conf_dir, steps=3), "seed=2", f"run.root={tmp_path}", "run.campaign=same"]
+    alone = simulate(ovs)
+    specs = plan_sweep(ovs, repeats=1)
+    assert len(specs) == 1 and specs[0].seed == 2
+    run_sweep(specs, progress=False, env={})
+    recorded = read_steps(tmp_path / "same" / specs[0].run_id)
+    assert [s.step_time_s for s in recorded if not s.warmup] and alone.step_time_s is not None
+    via_sweep = [s.step_time_s for s in recorded if not s.warmup]
+    assert float(np.median(via_sweep)) == alone.step_time_s  # bit-identical, not approximately
+
+
+def test_plan_summary_and_a_loadable_plan(conf_dir, capsys, tmp_path):
     args = [a for a in overrides(conf_dir) if not a.startswith("run.")]
-    assert main(["plan", *args, "step=2"]) == 0
+    assert main(["plan", *args, "step=2", f"--out={tmp_path / 'plan.json'}"]) == 0
+    text = capsys.readouterr().out
+    assert "rounds 1" in text and "simulated step" in text and len(text) < 2000
+    assert main(["plan", *args, "step=2", "--json"]) == 0
     plan = StepPlan.from_json(capsys.readouterr().out)
+    written = StepPlan.from_json((tmp_path / "plan.json").read_text())
+    assert written.rounds == plan.rounds and written.info["batch"] == plan.info["batch"]  # planner_ms differs
     assert plan.step == 2 and plan.world_size == 8
     assert sorted(plan.sample_positions()) == list(range(len(plan.info["batch"]["tokens"])))
     assert plan.info["cost_model"]["cluster"] == "h200x8"
@@ -108,8 +143,8 @@ def test_bad_input_is_one_line_exit_2(conf_dir, capsys):
     assert "unknown cluster 'h300x32'" in err and "h200x32" in err and err.count("\n") == 1
     assert main(["plan", f"extra_conf={conf_dir}", "method=per_rank", "step=-1"]) == 2
     assert "step=-1" in capsys.readouterr().err
-    assert main(["simulate", f"extra_conf={conf_dir}", "method=per_rank", "+cost.source=guess"]) == 2
-    assert "unknown cost source 'guess'" in capsys.readouterr().err
+    assert main(["simulate", f"extra_conf={conf_dir}", "method=per_rank", "cost.source=guess"]) == 2
+    assert "cost.source='guess'" in capsys.readouterr().err
 
 
 def test_world_no_layout_fits_is_a_cluster_error(conf_dir, capsys):
@@ -119,13 +154,20 @@ def test_world_no_layout_fits_is_a_cluster_error(conf_dir, capsys):
 
 
 def test_noise_and_scales_from_the_config(conf_dir):
-    base = [*overrides(conf_dir, steps=2), "+noise.jitter_sigma=0.1", "+cost.scales.act_bytes=1.5"]
-    a, _ = simulate_run(load_config([*base, "seed=4"]))
-    b, _ = simulate_run(load_config([*base, "seed=4"]))
-    c, _ = simulate_run(load_config([*base, "seed=5"]))
-    assert a["noise"] == {"seed": 4, "jitter_sigma": 0.1, "straggler_prob": 0.0, "straggler_slowdown": 1.5}
-    assert a["step_time_s"] == b["step_time_s"] != c["step_time_s"]
-    assert a["cost_model"]["scales"]["act_bytes"] == 1.5
+    base = [*overrides(conf_dir, steps=2), "run.noise.jitter_sigma=0.1", "cost.scales.act_bytes=1.5"]
+    a, b, c = (simulate([*base, f"seed={s}"]) for s in (4, 4, 5))
+    assert a.extra["noise"] == {"jitter_sigma": 0.1, "straggler_prob": 0.0, "straggler_slowdown": 1.5}
+    assert a.step_time_s == b.step_time_s != c.step_time_s
+    assert a.extra["cost"]["scales"]["act_bytes"] == 1.5
+
+
+def test_old_spellings_name_the_one_that_works(conf_dir, capsys):
+    for bad, right in (("+noise.jitter_sigma=0.1", "run.noise.jitter_sigma"),
+                       ("++sim.noise.jitter_sigma=0.1", "run.noise.jitter_sigma"),
+                       ("lengths_file=x.txt", "workload.lengths_file"),
+                       ("+workload.seed=3", "seed")):
+        assert main(["simulate", bad]) == 2
+        assert f"spelled {right}" in capsys.readouterr().err
 
 
 def test_a_planner_constructor_error_is_one_line(conf_dir, capsys):

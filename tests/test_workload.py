@@ -431,6 +431,8 @@ def test_default_config_uses_videosys_zipf() -> None:
     assert make_workload(load_config([]).workload).name == "videosys_zipf"
 
 
-def test_make_workload_rejects_a_foreign_target() -> None:
-    with pytest.raises(WorkloadError, match="_target_"):
+def test_make_workload_refuses_targets_that_are_not_workloads() -> None:
+    with pytest.raises(WorkloadError, match="_target_ 'os.system' could not be built"):
         make_workload({"_target_": "os.system", "name": "prolong"})
+    with pytest.raises(WorkloadError, match="global_batch"):
+        make_workload({"_target_": "collections.OrderedDict"})

@@ -1,33 +1,36 @@
-"""`dcp-bench plan`: print one step's plan as JSON, for inspection."""
+"""`dcp-bench plan`: one step's plan, summarised or as JSON, for inspection."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 
 NAME = "plan"
 HELP = (
-    "print the plan a method makes for one global batch as JSON (e.g. `dcp-bench plan "
-    "workload=videosys_zipf method=dcp cluster=h200x32 model=stdit3_xl2 step=0`); "
-    "StepPlan.from_json reads it back"
+    "the plan a method makes for one global batch (e.g. `dcp-bench plan workload=videosys_zipf "
+    "method=dcp cluster=h200x32 model=stdit3_xl2 step=0`): a summary by default, the whole plan as "
+    "JSON with --json or --out PATH (StepPlan.from_json reads it back)"
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides: workload=, method=, cluster=, model=, step=K, seed=")
+    parser.add_argument("--json", action="store_true", help="print the whole plan as JSON")
+    parser.add_argument("--out", default=None, metavar="PATH", help="write the whole plan as JSON to PATH")
     parser.add_argument("--no-validate", action="store_true",
-                        help="print the plan even if the validator rejects it")
+                        help="show the plan even if the validator rejects it")
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp_bench.config import load_config
-    from dcp_bench.cost import resolve_cluster, resolve_model
+    from dcp_bench.config import load_config, to_container
     from dcp_bench.errors import ConfigError
+    from dcp_bench.files import atomic_write_text
     from dcp_bench.plan import validate_plan
-    from dcp_bench.planners.base import make_planner
-    from dcp_bench.sim import cost_model_from_config
-    from dcp_bench.workload import make_workload
+    from dcp_bench.run.assemble import assemble
+    from dcp_bench.run.spec import parse_run_spec
+    from dcp_bench.sim import lower_bound, simulate_step
 
     step, overrides = 0, []
     for ov in args.overrides:
@@ -41,26 +44,34 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"step={step}: expected a non-negative integer")
         else:
             overrides.append(ov)
-    cfg = load_config(overrides)
-    cluster, model = resolve_cluster(cfg["cluster"]), resolve_model(cfg["model"])
-    cost = cost_model_from_config(cfg)
-    batch = make_workload(cfg["workload"]).global_batch(step, cluster.world_size, model.max_seq_len)
-    planner = make_planner(cfg["method"])
+    spec = parse_run_spec(to_container(load_config(overrides)))
+    parts = assemble(spec)
+    batch = parts.workload.global_batch(step, spec.world_size, spec.model.max_seq_len)
     t0 = time.perf_counter()
-    plan = planner.plan(batch, cost)
+    plan = parts.planner.plan(batch, parts.plan_cost)
     planner_ms = (time.perf_counter() - t0) * 1e3
     if not args.no_validate:
-        validate_plan(plan, batch, cost)
+        validate_plan(plan, batch, parts.cost)
     plan.info = {
         **plan.info,
         "planner_ms": planner_ms,
-        "batch": {
-            "step": batch.step,
-            "sample_ids": batch.sample_ids.tolist(),
-            "tokens": batch.tokens.tolist(),
-            "frames": batch.frames.tolist(),
-        },
-        "cost_model": cost.describe(),
+        "batch": {"step": batch.step, "sample_ids": batch.sample_ids.tolist(), "tokens": batch.tokens.tolist(),
+                  "frames": batch.frames.tolist()},
+        "cost_model": parts.cost.describe(),
     }
-    print(plan.to_json())
+    if args.out:
+        atomic_write_text(args.out, plan.to_json())
+    if args.json:
+        print(plan.to_json())
+        return 0
+    sim = simulate_step(plan, batch, parts.cost)
+    sp = Counter(g.size for _, g, _ in plan.micro_batches())
+    print(f"plan of {spec.label} for step {step} of {spec.workload_name} (seed {spec.seed}) on {spec.cluster.name} "
+          f"({spec.world_size} ranks), {spec.model.name}")
+    print(f"  batch: {batch.n} samples, {batch.total_tokens} tokens; plan covers {len(set(plan.sample_positions()))}")
+    print(f"  rounds {len(plan.rounds)}, groups {sum(len(r.groups) for r in plan.rounds)}, micro-batches "
+          f"{sum(1 for _ in plan.micro_batches())}; micro-batches per SP degree {dict(sorted(sp.items()))}")
+    print(f"  simulated step {sim.step_time_s:.4g} s (lower bound {lower_bound(batch, parts.cost, infeasible='skip'):.4g} s), "
+          f"peak memory {sim.peak_mem_gib:.3g} GiB, planner {planner_ms:.1f} ms ({parts.cost.source} cost model)")
+    print("  whole plan: --json (stdout) or --out PATH" + (f"; written to {args.out}" if args.out else ""))
     return 0

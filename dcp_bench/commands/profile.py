@@ -105,9 +105,9 @@ def build_request(own: dict[str, Any], model: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.config import instantiate, load_config
-    from dcp_bench.profiling.artifact import dumps_artifact, file_sha256
+    from dcp_bench.cost.profile_artifact import dumps_artifact
+    from dcp_bench.files import atomic_write_text, sha256_file
     from dcp_bench.profiling.run import run_profile
-    from dcp_bench.records import atomic_write_text
 
     own, rest = split_overrides(list(args.overrides))
     cfg = load_config(rest)
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     artifact = run_profile(req, command=command)
     atomic_write_text(out, dumps_artifact(artifact))
     print(
-        f"wrote {out} (sha256 {file_sha256(out)}) in {artifact['cost']['wall_s']:.1f} s: "
+        f"wrote {out} (sha256 {sha256_file(out)}) in {artifact['cost']['wall_s']:.1f} s: "
         f"{len(artifact['layers'])} layer points, {len(artifact['collectives'])} collective points"
     )
     return 0

@@ -67,7 +67,8 @@ def _cell_name(run_id: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.errors import ConfigError, DcpBenchError
     from dcp_bench.report.writer import ReportInputs, build_report
-    from dcp_bench.runner import RunSpec, plan_sweep, run_sweep, run_torch
+    from dcp_bench.run.spec import RunSpec
+    from dcp_bench.runner import plan_sweep, run_sweep
 
     t_start = time.time()
     cfg = load_reproduce_config(list(args.overrides))
@@ -111,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
         if real_specs:
             # Real runs first and alone: simulated runs in parallel would disturb their timings.
             try:
-                res = run_sweep(real_specs, root, campaign, executor=run_torch, jobs=1, progress=progress,
-                                deadline=sec_deadline)
+                res = run_sweep(real_specs, jobs=1, progress=progress, deadline=sec_deadline)
             except (DcpBenchError, ImportError) as exc:
                 notes.append(f"section {name}: real runs NOT RUN: {type(exc).__name__}: {exc}")
                 res = None
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 skipped += len(res.skipped)
                 unrun += res.unrun
                 failed += [f"{s.run_id} ({s.status}: {s.error})" for s in res.failed]
-        res = run_sweep(sim_specs, root, campaign, jobs=jobs, progress=progress,
+        res = run_sweep(sim_specs, jobs=jobs, progress=progress,
                         deadline=sec_deadline if not real_specs else hard_deadline - later)
         ran += len(res.ran)
         skipped += len(res.skipped)

@@ -26,34 +26,23 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dcp_bench.records import is_complete
-    from dcp_bench.runner import plan_sweep, run_sweep, run_torch
+    from dcp_bench.runner import plan_sweep, run_sweep
 
     specs = plan_sweep(list(args.overrides))
     if not specs:
         print("no runs in this grid")
         return 0
-    run_cfg = specs[0].config.get("run") or {}
-    root, campaign = str(run_cfg.get("root", "runs")), str(run_cfg.get("campaign", "default"))
-    executors = {str((s.config.get("run") or {}).get("executor", "sim")) for s in specs}
     if args.dry_run:
         for s in specs:
-            done = is_complete(Path(root) / campaign / s.run_id)
+            done = is_complete(Path(s.root) / s.campaign / s.run_id)
             print(f"{'done' if done else 'todo'}  {s.run_id}")
         return 0
-    summaries = []
-    skipped = 0
-    for executor in sorted(executors):
-        part = [s for s in specs if str((s.config.get("run") or {}).get("executor", "sim")) == executor]
-        res = run_sweep(
-            part, root, campaign, resume=not args.no_resume, jobs=args.jobs if executor == "sim" else 1,
-            progress=not args.no_progress and sys.stderr.isatty(),
-            executor=run_torch if executor == "torch" else None,
-        )
-        summaries += res.ran
-        skipped += len(res.skipped)
-    failed = [s for s in summaries if s.status != "ok"]
-    print(f"{len(summaries)} run(s) done, {skipped} already complete, {len(failed)} failed; records in "
-          f"{Path(root) / campaign}; report: dcp-bench report campaign={campaign} root={root}")
-    for bad in failed:
+    res = run_sweep(specs, resume=not args.no_resume, jobs=args.jobs,
+                    progress=not args.no_progress and sys.stderr.isatty())
+    places = sorted({f"{s.root}/{s.campaign}" for s in specs})
+    campaign, root = specs[0].campaign, specs[0].root
+    print(f"{len(res.ran)} run(s) done, {len(res.skipped)} already complete, {len(res.failed)} failed; records in "
+          f"{', '.join(places)}; report: dcp-bench report campaign={campaign} root={root}")
+    for bad in res.failed:
         print(f"  {bad.status}: {bad.run_id}: {bad.error}")
     return 0

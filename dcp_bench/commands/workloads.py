@@ -1,11 +1,12 @@
 """`dcp-bench workloads`: list the workloads, show one's statistics, or print a global batch.
 
-    dcp-bench workloads list [--json]
+    dcp-bench workloads list [extra_conf=DIR] [--json]
     dcp-bench workloads show NAME [key=value ...] [--json] [--plot PATH]
     dcp-bench workloads batch NAME [key=value ...] [--step N] [--world-size N] [--max-seq-len N]
 
-``key=value`` are workload parameters (``lengths_file=PATH``, ``length_scale=64``, ``seed=1`` ...);
-a ``workload.`` prefix is accepted so config-style overrides work too.
+NAME is a workload config (packaged, or a user's in ``extra_conf=DIR`` / ``$DCP_BENCH_CONF_PATH``);
+``key=value`` are config overrides spelled as in every other command (``workload.lengths_file=PATH``,
+``workload.length_scale=64``, ``seed=1``, ``extra_conf=DIR``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from dcp_bench.errors import WorkloadError
+from dcp_bench.errors import ConfigError
 
 NAME = "workloads"
 HELP = "list workloads, show a workload's length statistics (--json, --plot), or print a global batch"
@@ -32,34 +31,67 @@ STAT_KEYS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
-    p_list = sub.add_parser("list", help="the shipped workloads")
+    p_list = sub.add_parser("list", help="the workload configs (packaged and the user's)")
+    p_list.add_argument("overrides", nargs="*", metavar="extra_conf=DIR", help="user config folders")
     p_list.add_argument("--json", action="store_true", help="print JSON")
     p_show = sub.add_parser("show", help="statistics of a workload's length distribution")
     p_show.add_argument("name")
-    p_show.add_argument("params", nargs="*", metavar="key=value", help="workload parameters")
+    p_show.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (workload.KEY=VALUE, seed=, extra_conf=)")
     p_show.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p_show.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a histogram figure")
     p_batch = sub.add_parser("batch", help="the global batch of one step (sample ids and sizes)")
     p_batch.add_argument("name")
-    p_batch.add_argument("params", nargs="*", metavar="key=value", help="workload parameters")
+    p_batch.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (workload.KEY=VALUE, seed=, extra_conf=)")
     p_batch.add_argument("--step", type=int, default=0)
     p_batch.add_argument("--world-size", type=int, default=32)
     p_batch.add_argument("--max-seq-len", type=int, default=None)
 
 
-def parse_params(items: list[str]) -> dict[str, Any]:
-    """``key=value`` strings to workload parameters (values parsed as YAML scalars)."""
-    out: dict[str, Any] = {}
+def _config_overrides(items: list[str]) -> list[str]:
+    """Overrides as every command spells them; a bare workload parameter gets the one spelling."""
+    out = []
     for item in items:
-        if "=" not in item:
-            raise WorkloadError(f"bad parameter {item!r}: expected key=value (e.g. lengths_file=PATH)")
-        key, value = item.split("=", 1)
-        key = key.removeprefix("workload.")
-        if not key:
-            raise WorkloadError(f"bad parameter {item!r}: empty key")
-        # Paths stay strings even when they look like numbers or YAML.
-        out[key] = value if key in ("lengths_file", "path", "column", "text_field", "tokenizer") else yaml.safe_load(value)
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"bad override {item!r}: expected key=value (e.g. workload.length_scale=8)")
+        bare = key.lstrip("+~")
+        if "." not in bare and bare not in ("seed", "extra_conf", "lengths_file"):
+            raise ConfigError(f"{item}: workload parameters are spelled workload.{bare}={value} (the same key as "
+                              "in simulate, sweep and train)")
+        out.append(item)
     return out
+
+
+def load_named_workload(name: str, overrides: list[str]) -> Any:
+    """The workload config ``name`` with overrides, built with the run's seed, as every command does."""
+    from dcp_bench.config import load_config, to_container
+    from dcp_bench.workload import make_workload
+
+    cfg = to_container(load_config([f"workload={name}", *_config_overrides(overrides)]))
+    return make_workload(cfg["workload"], seed=int(cfg.get("seed", 0)))
+
+
+def list_workloads(overrides: list[str]) -> list[dict[str, Any]]:
+    """One row per workload config: its name, kind, default model, version and description."""
+    from dcp_bench.config import EXTRA_CONF_KEY, group_choices, load_config, to_container
+    from dcp_bench.workload import WORKLOADS
+
+    dirs = [ov.split("=", 1)[1] for ov in overrides if ov.split("=", 1)[0] == EXTRA_CONF_KEY]
+    bad = [ov for ov in overrides if ov.split("=", 1)[0] != EXTRA_CONF_KEY]
+    if bad:
+        raise ConfigError(f"workloads list takes extra_conf=DIR only; got {bad[0]!r}")
+    rows = []
+    for name in group_choices("workload", dirs):
+        node = to_container(load_config([*overrides, f"workload={name}"]))["workload"]
+        entry = WORKLOADS.get(str(node.get("name")))
+        rows.append({
+            "name": name,
+            "kind": node.get("kind") or (entry.kind if entry else "?"),
+            "default_model": entry.default_model if entry else "-",
+            "version": str(node.get("version") or (entry.version if entry else "1")),
+            "description": node.get("description") or (entry.description if entry else ""),
+        })
+    return rows
 
 
 def _fmt(value: Any) -> str:
@@ -73,13 +105,8 @@ def _fmt(value: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp_bench.workload import WORKLOADS, load_workload
-
     if args.action == "list":
-        rows = [
-            {"name": n, "kind": e.kind, "default_model": e.default_model, "version": e.version, "description": e.description}
-            for n, e in WORKLOADS.items()
-        ]
+        rows = list_workloads(list(args.overrides))
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
@@ -88,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{r['name']:<{width}}  {r['kind']:<9}  {r['default_model']:<10}  v{r['version']}  {r['description']}")
         return 0
 
-    workload = load_workload(args.name, **parse_params(args.params))
+    workload = load_named_workload(args.name, list(args.overrides))
     if args.action == "batch":
         batch = workload.global_batch(args.step, args.world_size, args.max_seq_len)
         print(json.dumps({

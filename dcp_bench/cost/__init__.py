@@ -10,14 +10,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dcp_bench.cost.base import CostModel, MicroBatchCost
+from dcp_bench.config import to_container
+from dcp_bench.cost.analytical import AnalyticalCostModel
+from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION, CostModel, MicroBatchCost
 from dcp_bench.cost.params import param_breakdown, param_count
+from dcp_bench.cost.profiled import ProfiledCostModel
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec, cluster_spec, model_spec
 from dcp_bench.errors import ConfigError
 
 SOURCES = ("analytical", "profiled", "auto")
 
 __all__ = [
+    "DEFAULT_MEM_CAP_FRACTION",
     "SOURCES",
     "CostModel",
     "MicroBatchCost",
@@ -29,26 +33,13 @@ __all__ = [
 ]
 
 
-def _plain(node: Any) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(node, DictConfig):
-            out = OmegaConf.to_container(node, resolve=True)
-            assert isinstance(out, dict)
-            return {str(k): v for k, v in out.items()}
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return dict(node)
-
-
 def resolve_model(model: ModelSpec | str | Mapping[str, Any] | Any) -> ModelSpec:
     """A `ModelSpec` from a spec, a config name, or a config node (``cfg.model``)."""
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
         return model_spec(model)
-    data = {k: v for k, v in _plain(model).items() if not k.startswith("_")}
+    data = {k: v for k, v in to_container(model).items() if not k.startswith("_")}
     return model_spec(data.pop("name"), **data)
 
 
@@ -58,7 +49,7 @@ def resolve_cluster(cluster: ClusterSpec | str | Mapping[str, Any] | Any) -> Clu
         return cluster
     if isinstance(cluster, str):
         return cluster_spec(cluster)
-    data = {k: v for k, v in _plain(cluster).items() if not k.startswith("_")}
+    data = {k: v for k, v in to_container(cluster).items() if not k.startswith("_")}
     return cluster_spec(data.pop("name"), **data)
 
 
@@ -66,7 +57,7 @@ def make_cost_model(
     model: ModelSpec | str | Any,
     cluster: ClusterSpec | str | Any,
     source: str = "analytical",
-    mem_cap_fraction: float = 0.7,
+    mem_cap_fraction: float = DEFAULT_MEM_CAP_FRACTION,
     profile: str | Path | None = None,
     scales: Mapping[str, float] | None = None,
     **options: Any,
@@ -103,15 +94,9 @@ def make_cost_model(
                 f"cost scales {sorted(scales)} apply to the analytical source only; the profiled "
                 "source uses measured times"
             )
-        try:
-            from dcp_bench.cost.profiled import ProfiledCostModel
-        except ImportError as exc:
-            raise ConfigError(f"the profiled cost source is unavailable: {exc}") from None
         return ProfiledCostModel(
             model=mspec, cluster=cspec, mem_cap_fraction=mem_cap_fraction, profile=str(profile_path), **options
         )
-    from dcp_bench.cost.analytical import AnalyticalCostModel
-
     return AnalyticalCostModel(
         model=mspec,
         cluster=cspec,

@@ -16,6 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+# The per-GPU memory cap of every method, as a fraction of usable GPU memory: the DCP reference
+# profiles under 0.7 (docs/cost_model.md). The one default; configs and reports refer to it.
+DEFAULT_MEM_CAP_FRACTION = 0.7
+
 if TYPE_CHECKING:
     from dcp_bench.cost.specs import ClusterSpec, ModelSpec
 
@@ -41,7 +45,7 @@ class MicroBatchCost:
 class CostModel(ABC):
     model: ModelSpec
     cluster: ClusterSpec
-    mem_cap_fraction: float = 0.7
+    mem_cap_fraction: float = DEFAULT_MEM_CAP_FRACTION
     provenance: dict[str, Any] = field(default_factory=dict)
 
     source: str = "abstract"  # "analytical" or "profiled"

@@ -1,6 +1,6 @@
 """`ProfiledCostModel`: the cost model whose numbers come from a measured profile artifact.
 
-It reads the artifact `dcp-bench profile` writes (`dcp_bench.profiling.artifact`) and fits, per
+It reads the artifact `dcp-bench profile` writes (`dcp_bench.cost.profile_artifact`) and fits, per
 SP degree, the per-layer forward, backward and recompute time as ``a + b*T + c*P`` (T: tokens per
 rank, P: attention query-key pairs per rank, so packed micro-batches and long single samples share
 one law), activation bytes per layer as ``b*T``, the rest of the model (embedding, head, loss) as
@@ -20,19 +20,19 @@ from typing import Any
 import numpy as np
 
 from dcp_bench.cost.base import CostModel, MicroBatchCost
-from dcp_bench.errors import ConfigError
-from dcp_bench.profiling.artifact import (
+from dcp_bench.cost.profile_artifact import (
     attention_pairs,
-    file_sha256,
     load_artifact,
     resolve_profile_path,
 )
-from dcp_bench.profiling.fit import (
+from dcp_bench.cost.profile_fit import (
     LinearFit,
     collective_features,
     fit_nonnegative,
     layer_features,
 )
+from dcp_bench.errors import ConfigError
+from dcp_bench.files import sha256_file
 
 PHASES = ("fwd", "bwd", "recompute")
 
@@ -153,7 +153,7 @@ class ProfiledCostModel(CostModel):
         self.provenance = {
             **self.provenance,
             "profile_path": self.profile,
-            "profile_sha256": file_sha256(resolved),
+            "profile_sha256": sha256_file(resolved),
             "profile_hardware": self.artifact.get("hardware", {}).get("cpu_model")
             if not self.artifact.get("hardware", {}).get("gpu_model")
             else self.artifact["hardware"]["gpu_model"],

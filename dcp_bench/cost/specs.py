@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from dcp_bench.errors import ClusterError, ConfigError
+from dcp_bench.layout import aligned_sp_degrees
 from dcp_bench.paths import CONF_DIR
 
 
@@ -59,9 +60,24 @@ class ClusterSpec:
 
     def sp_degrees(self) -> list[int]:
         """The SP degrees an aligned group layout supports on this cluster."""
-        from dcp_bench.plan import aligned_sp_degrees
-
         return aligned_sp_degrees(self.world_size)
+
+    def resized(self, world_size: int) -> ClusterSpec:
+        """The same hardware with ``world_size`` ranks: one node when it fits in one, else whole
+        nodes. The name says the size when it changes (``cpu@2``), so records and reports never
+        mix a resized cluster with the original."""
+        if world_size == self.world_size:
+            return self
+        if world_size < 1:
+            raise ClusterError(f"cluster {self.name!r}: world size {world_size}; expected >= 1")
+        base = self.name.split("@", 1)[0]
+        if world_size <= self.gpus_per_node:
+            return dataclasses.replace(self, name=f"{base}@{world_size}", num_nodes=1, gpus_per_node=world_size)
+        if world_size % self.gpus_per_node:
+            raise ClusterError(
+                f"cluster {self.name!r}: {world_size} ranks do not fill whole nodes of {self.gpus_per_node} GPUs"
+            )
+        return dataclasses.replace(self, name=f"{base}@{world_size}", num_nodes=world_size // self.gpus_per_node)
 
 
 @dataclass(frozen=True)

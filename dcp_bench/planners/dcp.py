@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dcp_bench.errors import ConfigError
-from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan, aligned_sp_degrees
+from dcp_bench.layout import aligned_sp_degrees
+from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
 from dcp_bench.planners.base import Planner
 from dcp_bench.planners.settings import ShapeTable, build_shape_table, raise_if_infeasible
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from dcp_bench.cost.base import CostModel
 from dcp_bench.errors import InfeasibleError
-from dcp_bench.plan import aligned_sp_degrees as sp_degrees
+from dcp_bench.layout import aligned_sp_degrees
 
 
 def fewest_ckpt_layers(
@@ -152,7 +152,7 @@ def build_shape_table(
     key = tokens.astype(np.int64) * (1 << 20) + frames.astype(np.int64)
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     ut, uf = tokens[first], frames[first]
-    sps = np.asarray(sp_degrees(world_size), dtype=np.int64)
+    sps = np.asarray(aligned_sp_degrees(world_size), dtype=np.int64)
     m, kk = len(ut), len(sps)
     ckpt = np.full((m, kk), -1, dtype=np.int64)
     time = np.full((m, kk), np.inf)
@@ -181,7 +181,7 @@ def largest_fitting_length(cost: CostModel, frames: int = 1) -> int:
     recompute: what an infeasibility error reports. Video keeps the frame count and grows the
     spatial size; text (frames=1) grows the length."""
     W = cost.cluster.world_size
-    sp = sp_degrees(W)[-1]
+    sp = aligned_sp_degrees(W)[-1]
     L = cost.model.num_layers
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
 
@@ -216,7 +216,7 @@ def raise_if_infeasible(table: ShapeTable, batch_tokens: np.ndarray, batch_frame
     W = cost.cluster.world_size
     shape = f"{t} tokens ({f} frames x {t // f})" if f > 1 else f"{t} tokens"
     raise InfeasibleError(
-        f"a sample of {shape} fits no SP degree up to {sp_degrees(W)[-1]} on {W} GPUs even with "
+        f"a sample of {shape} fits no SP degree up to {aligned_sp_degrees(W)[-1]} on {W} GPUs even with "
         f"all {cost.model.num_layers} layers recomputed (memory cap "
         f"{cost.memory_cap_bytes / 2**30:.1f} GiB); the largest that fits is {limit} tokens"
         + (f" at {f} frames" if f > 1 else "")
@@ -284,7 +284,7 @@ def profile_bucket(
     L = cost.model.num_layers
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
     gpn = cost.cluster.gpus_per_node
-    all_sps = sp_degrees(cost.cluster.world_size)
+    all_sps = aligned_sp_degrees(cost.cluster.world_size)
     inside = [s for s in all_sps if s <= gpn]
     outside = [s for s in all_sps if s > gpn]
     t1 = np.asarray([tokens], dtype=np.int64)
@@ -325,6 +325,5 @@ __all__ = [
     "largest_fitting_length",
     "profile_bucket",
     "raise_if_infeasible",
-    "sp_degrees",
     "time_at_ckpt",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from dcp_bench.profiling.artifact import summarize
+from dcp_bench.cost.profile_artifact import summarize
 
 
 def _timed(fn: Any, device: torch.device, reps: int, warmup: int) -> list[float]:

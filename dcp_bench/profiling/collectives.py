@@ -15,26 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dcp_bench.profiling.artifact import summarize
-
-
-def aligned_groups(world: int) -> dict[int, list[Any]]:
-    """Process groups for every aligned power-of-two block, keyed by size (size 1 and the world
-    map to None: no group object is needed there). Every rank must call this, in the same order,
-    because ``new_group`` pairs ranks by call order."""
-    out: dict[int, list[Any]] = {}
-    size = 2
-    while size < world:
-        out[size] = [dist.new_group(list(range(s, s + size))) for s in range(0, world, size)]
-        size *= 2
-    return out
-
-
-def group_of(groups: dict[int, list[Any]], size: int, rank: int, world: int) -> Any:
-    """The group of ``size`` ranks that holds ``rank`` (the default group for the whole world)."""
-    if size == world:
-        return dist.group.WORLD
-    return groups[size][rank // size]
+from dcp_bench.cost.profile_artifact import summarize
+from dcp_bench.runtime.groups import ProcessGroupPool
 
 
 def slowest_rank_times(times: Sequence[float]) -> list[float]:
@@ -50,7 +32,7 @@ def measure_collectives(
     group_sizes: Sequence[int],
     reps: int,
     warmup: int,
-    groups: dict[int, list[Any]],
+    pool: ProcessGroupPool,
 ) -> list[dict[str, Any]]:
     """Time ``all_to_all_single`` and ``all_reduce`` of fp32 tensors of each size (bytes per rank)
     in every group size given; returns one point per (op, group size, size)."""
@@ -59,7 +41,8 @@ def measure_collectives(
     for g in group_sizes:
         if g < 2 or g > world:
             continue
-        pg = group_of(groups, g, rank, world)
+        start = rank // g * g
+        pg = pool.get(range(start, start + g))
         for nbytes in sizes_bytes:
             # all-to-all needs a length divisible by the group size
             numel = max(g, (int(nbytes) // 4) // g * g)

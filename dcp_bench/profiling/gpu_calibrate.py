@@ -16,11 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from dcp_bench.cost.profile_artifact import dumps_artifact
 from dcp_bench.cost.specs import model_spec
+from dcp_bench.files import atomic_write_text, sha256_file
 from dcp_bench.paths import RESULTS_DIR
-from dcp_bench.profiling.artifact import dumps_artifact, file_sha256
 from dcp_bench.profiling.run import ProfileRequest, run_profile
-from dcp_bench.records import atomic_write_text
 
 FULL_TOKENS = [1024 << i for i in range(8)]  # 1K .. 128K
 FULL_MODELS = ("llama3_8b", "stdit3_xl2")
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(path, dumps_artifact(artifact))
         ceil = artifact["ceilings"]
         print(
-            f"wrote {path} (sha256 {file_sha256(path)}): matmul "
+            f"wrote {path} (sha256 {sha256_file(path)}): matmul "
             f"{max(c['flops_per_s'] for c in ceil['matmul']) / 1e12:.1f} TFLOP/s, copy "
             f"{max(c['bytes_per_s'] for c in ceil['copy']) / 1e9:.0f} GB/s, "
             f"{artifact['cost']['wall_s']:.0f} s",

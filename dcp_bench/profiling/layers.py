@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dcp_bench.cost.profile_artifact import summarize
 from dcp_bench.cost.specs import ModelSpec
-from dcp_bench.profiling.artifact import summarize
 from dcp_bench.runtime.attention import SINGLE, SPContext
 from dcp_bench.runtime.models import (
     LlamaModel,

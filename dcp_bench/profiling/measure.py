@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from dcp_bench.profiling.artifact import summarize
+from dcp_bench.cost.profile_artifact import summarize
 from dcp_bench.profiling.collectives import slowest_rank_times
 
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dcp_bench.cost.profile_artifact import KIND, SCHEMA_VERSION, attention_pairs
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
-from dcp_bench.profiling.artifact import KIND, SCHEMA_VERSION, attention_pairs
 
 
 @dataclass
@@ -125,8 +125,9 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
 
     from dcp_bench.cost.specs import model_spec
     from dcp_bench.profiling import layers as layer_cases
-    from dcp_bench.profiling.collectives import aligned_groups, group_of, measure_collectives
+    from dcp_bench.profiling.collectives import measure_collectives
     from dcp_bench.profiling.measure import ModuleTiming, measure_interleaved, measure_module
+    from dcp_bench.runtime.groups import ProcessGroupPool
 
     req_d = json.loads(req_json)
     model = model_spec(**req_d.pop("model"))
@@ -136,21 +137,21 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        groups = aligned_groups(world) if world > 1 else {}
+        pool = ProcessGroupPool() if world > 1 else None
         device = torch.device(req.device)
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[req.dtype]
         result: dict[str, Any] = {"layers": [], "outer": [], "collectives": []}
-        if req.collectives and world > 1:
+        if req.collectives and pool is not None:
             result["collectives"] = measure_collectives(
                 req.collective_bytes, [g for g in (2, 4, 8, 16, 32, 64) if g <= world],
-                req.reps, req.warmup, groups,
+                req.reps, req.warmup, pool,
             )
         one_layer = layer_cases.one_layer_model(model, device, dtype)
         entries: list[dict[str, Any]] = []
         contexts = []
         for point in grid_points(req, world):
             sp = point["sp"]
-            pg = group_of(groups, sp, rank, world) if sp > 1 else None
+            pg = pool.get(range(rank // sp * sp, rank // sp * sp + sp)) if pool is not None else None
             contexts.append(layer_cases.sp_context(sp, rank % sp, pg))
             tokens = [t for t, _ in point["samples"]]
             frames = [f for _, f in point["samples"]]
@@ -215,6 +216,10 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
         if rank == 0:
             result["static"] = layer_cases.static_costs(model, device, dtype, req.reps, req.warmup)
             Path(out_path).write_text(json.dumps(result))
+        if world > 1:
+            # Leave together: a rank tearing down its gloo context while its peer still works
+            # (rank 0 measures the static costs alone) can abort the process at exit.
+            dist.barrier()
     finally:
         if world > 1:
             dist.destroy_process_group()

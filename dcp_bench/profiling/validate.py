@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from dcp_bench.cost.profile_artifact import load_artifact
+from dcp_bench.cost.profile_fit import layer_features
 from dcp_bench.cost.profiled import fit_layer_tables
-from dcp_bench.profiling.artifact import load_artifact
-from dcp_bench.profiling.fit import layer_features
 
 
 def interior_tokens(artifact: dict[str, Any]) -> list[int]:

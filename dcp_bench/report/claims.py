@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION
 from dcp_bench.errors import ConfigError
+from dcp_bench.planners.base import method_label
 from dcp_bench.report.tables import STEP_PARTS, Campaign, cell_seeds, speedup_between
 
-DEFAULT_MEM_CAP = 0.7
 SCALE_CONSTANTS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff")
 
 
@@ -43,7 +43,7 @@ def select_cells(
     context: dict[str, Any],
     selector: dict[str, Any],
     scales: dict[str, float] | None = None,
-    mem_cap_fraction: float | None = DEFAULT_MEM_CAP,
+    mem_cap_fraction: float | None = DEFAULT_MEM_CAP_FRACTION,
 ) -> pd.DataFrame:
     """Cells matching a context (workload/cluster/model, each a value or a list), a method
     selector {method, mode?, params?}, the given cost scales (default: none) and memory cap."""
@@ -89,7 +89,7 @@ def compare(
     baseline: dict[str, Any],
     method: dict[str, Any],
     scales: dict[str, float] | None = None,
-    mem_cap_fraction: float | None = DEFAULT_MEM_CAP,
+    mem_cap_fraction: float | None = DEFAULT_MEM_CAP_FRACTION,
     n_boot: int = 2000,
     seeds: set[int] | None = None,
 ) -> list[PairResult]:
@@ -130,9 +130,7 @@ def _selector_label(sel: dict[str, Any]) -> str:
     params = sel.get("params") or {}
     if params:
         label += "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"
-    if sel.get("mode") == "paper":
-        label += " (paper mode)"
-    return label
+    return method_label(label, str(sel.get("mode", "fair")))
 
 
 def verdict(value: float, tolerance: float, lo: float, hi: float) -> str:
@@ -304,7 +302,7 @@ def sensitivity(
                 if const == "mem_cap":
                     # A cap cannot exceed the GPU's usable memory: doubling 0.7 is clipped to 1.0.
                     r = compare(c, cells, t["context"], t["baseline"], t["method"],
-                                mem_cap_fraction=min(1.0, DEFAULT_MEM_CAP * float(f)), n_boot=n_boot)[0]
+                                mem_cap_fraction=min(1.0, DEFAULT_MEM_CAP_FRACTION * float(f)), n_boot=n_boot)[0]
                 else:
                     r = compare(c, cells, t["context"], t["baseline"], t["method"],
                                 scales={const: float(f)}, n_boot=n_boot)[0]
@@ -316,20 +314,3 @@ def sensitivity(
                              "speedup": r.speedup, "ci_low": r.ci_low, "ci_high": r.ci_high,
                              "reference_speedup": base.speedup, "pairs": r.pairs, "note": r.note})
     return pd.DataFrame(rows)
-
-
-def verdict_robustness(sens: pd.DataFrame, claims: dict[str, Any]) -> list[str]:
-    """For the claim: under which halved/doubled constants the verdict would change."""
-    out: list[str] = []
-    if sens.empty:
-        return out
-    for cl in claims.get("claims", []):
-        sub = sens[sens["comparison"] == cl["id"]]
-        for _, r in sub.iterrows():
-            v = verdict(float(cl["value"]), float(cl["tolerance"]), r["ci_low"], r["ci_high"])
-            out.append(f"{cl['id']}: {r['constant']} x{r['factor']:g} -> {r['speedup']:.2f}x ({v})")
-    return out
-
-
-def summary_rows(results: Sequence[ClaimResult]) -> list[dict[str, Any]]:
-    return [r.to_summary() for r in results]

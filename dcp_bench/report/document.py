@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from dcp_bench.records import atomic_write_bytes, atomic_write_text
+from dcp_bench.files import atomic_write_bytes, atomic_write_text
 
 
 @dataclass

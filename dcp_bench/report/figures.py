@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION
+
 
 def _plt() -> Any:
     import matplotlib
@@ -240,6 +242,6 @@ def sim_vs_measured(df: pd.DataFrame, title: str) -> bytes | None:
 def scales_label(scales_json: str, mem_cap: Any) -> str:
     s = json.loads(scales_json or "{}")
     parts = [f"{k} x{v:g}" for k, v in s.items()]
-    if mem_cap is not None and not math.isclose(float(mem_cap), 0.7):
+    if mem_cap is not None and not math.isclose(float(mem_cap), DEFAULT_MEM_CAP_FRACTION):
         parts.append(f"mem cap {float(mem_cap):g}")
     return ", ".join(parts) or "default"

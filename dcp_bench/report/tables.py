@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from dcp_bench.files import atomic_write_text
 from dcp_bench.records import iter_run_dirs, read_steps, read_summary
 from dcp_bench.report.stats import cell_stats, paired_speedup
 
@@ -261,6 +262,5 @@ def speedup_table(
 
 
 def write_csv(df: pd.DataFrame, path: Path) -> None:
-    from dcp_bench.records import atomic_write_text
 
     atomic_write_text(path, df.to_csv(index=False, float_format="%.6g"))

@@ -14,23 +14,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dcp_bench.errors import ClusterError, PlanError
+from dcp_bench.errors import PlanError
+from dcp_bench.layout import aligned_blocks
 from dcp_bench.runtime.attention import SPContext
-
-
-def aligned_groups(world_size: int) -> list[tuple[int, ...]]:
-    """All aligned power-of-two rank blocks of the world, in creation order (size, then start)."""
-    if world_size < 1 or world_size & (world_size - 1):
-        raise ClusterError(
-            f"world size {world_size} is not a power of two; aligned sequence-parallel groups "
-            "(1, 2, 4, ...) cannot tile it"
-        )
-    out: list[tuple[int, ...]] = []
-    size = 1
-    while size <= world_size:
-        out.extend(tuple(range(s, s + size)) for s in range(0, world_size, size))
-        size *= 2
-    return out
 
 
 class ProcessGroupPool:
@@ -44,7 +30,7 @@ class ProcessGroupPool:
         self.rank = dist.get_rank()
         self.timeout = timedelta(seconds=timeout_s)
         self._groups: dict[tuple[int, ...], Any] = {}
-        for ranks in aligned_groups(self.world_size):
+        for ranks in aligned_blocks(self.world_size):
             if len(ranks) == 1:
                 continue  # a group of one needs no communicator
             if len(ranks) == self.world_size:
@@ -54,7 +40,7 @@ class ProcessGroupPool:
             self._groups[ranks] = dist.new_group(list(ranks), timeout=self.timeout, backend=backend)
 
     def __len__(self) -> int:
-        return len(aligned_groups(self.world_size))
+        return len(aligned_blocks(self.world_size))
 
     def get(self, ranks: tuple[int, ...] | range) -> Any:
         key = tuple(ranks)

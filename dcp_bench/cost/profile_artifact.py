@@ -23,7 +23,6 @@ it); run records name the profile by path and that hash.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -46,10 +45,6 @@ def summarize(samples: Sequence[float]) -> dict[str, float]:
         raise ValueError("no samples to summarise")
     p25, med, p75 = np.percentile(arr, [25, 50, 75])
     return {"median": float(med), "p25": float(p25), "p75": float(p75), "n": int(arr.size)}
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def dumps_artifact(artifact: dict[str, Any]) -> str:

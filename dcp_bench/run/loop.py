@@ -1,0 +1,279 @@
+"""The one step loop: every run, simulated or real, goes through `execute_run`.
+
+For each of ``warmup_steps + steps`` steps: the workload deals the global batch (the same for
+every method at a given seed and step), the executor plans it (planning timed) and executes the
+plan, and the step becomes a `StepRecord`: the executed time with planning charged by
+``run.planner_clock``, per-rank busy / idle time and peak memory, the batch's lower bound, and, beside
+measured steps, the cost model's prediction of the same plan. Warm-up steps are recorded and
+excluded from the summary. A run ends early with status ``oom`` (a simulated step over the GPU's
+memory), ``nonfinite`` (a non-finite loss), ``timeout`` (``run.timeout_s`` passed between steps)
+or ``error`` (a planner or input error); every outcome is written, never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dcp_bench.errors import DcpBenchError
+from dcp_bench.execution import Executor, ExecutorDescription, ExecutorInfo, StepOutcome
+from dcp_bench.files import atomic_write_json
+from dcp_bench.plan import StepPlan
+from dcp_bench.records import RunSummary, RunWriter, StepRecord, read_steps
+from dcp_bench.run.assemble import RunParts
+from dcp_bench.run.spec import RunSpec
+from dcp_bench.sim import lower_bound, simulate_step
+
+
+class RunTimeout(DcpBenchError):
+    """A run went past ``run.timeout_s``."""
+
+
+class _StopRun(Exception):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def charge_planner(step_s: float, planner_s: float, clock: str) -> float:
+    """The step time with planning charged. ``serial``: the planner runs between steps (step +
+    planner). ``overlap``: the next step is planned on the host while this one runs, as data
+    loaders do, so planning costs time only when it is slower than the step (max of the two).
+    ``off``: planning is free (for studies of the plan alone)."""
+    if clock == "serial":
+        return step_s + planner_s
+    if clock == "overlap":
+        return max(step_s, planner_s)
+    return step_s
+
+
+def _finite(x: Any) -> float | None:
+    if x is None:
+        return None
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.median(vals)) if vals else None
+
+
+def step_record(
+    step: int,
+    spec: RunSpec,
+    parts: RunParts,
+    executor: Executor,
+    batch: Any,
+    plan: StepPlan,
+    planner_s: float,
+    out: StepOutcome,
+) -> StepRecord:
+    """The record of one executed step (see the module docstring)."""
+    used = plan.sample_positions()
+    peaks = [float(b) / 2**30 for b in out.peak_mem_bytes]
+    extra: dict[str, Any] = {
+        **out.extra,
+        "executed_s": out.step_time_s,
+        "rounds": len(plan.rounds),
+        "micro_batches": sum(1 for _ in plan.micro_batches()),
+        "mem_cap_gib": float(parts.cost.memory_cap_bytes) / 2**30,
+        "over_cap": bool(peaks and max(peaks) * 2**30 > parts.cost.memory_cap_bytes),
+    }
+    if executor.measured:
+        # The cost model's view of the same plan, beside the measurement: the simulator's error
+        # and the memory prediction's error come straight from the record.
+        predicted = simulate_step(plan, batch, parts.cost)
+        extra["predicted_step_time_s"] = predicted.step_time_s
+        extra["predicted_peak_mem_gib"] = predicted.peak_mem_gib
+        extra["predicted_peak_mem_per_rank_gib"] = (predicted.peak_mem_bytes / 2**30).round(4).tolist()
+    return StepRecord(
+        step=step,
+        step_time_s=charge_planner(out.step_time_s, planner_s, spec.planner_clock),
+        warmup=step < spec.warmup_steps,
+        planner_ms=planner_s * 1e3,
+        tokens=int(batch.tokens[used].sum()) if used else 0,
+        samples=len(used),
+        samples_dropped=batch.n - len(set(used)) + int(batch.dropped),
+        samples_truncated=int(batch.truncated),
+        # "skip": a sample no setting fits is the planners' problem (they fail or drop it), not
+        # the bound's.
+        lower_bound_s=float(lower_bound(batch, parts.cost, infeasible="skip")),
+        imbalance=out.imbalance,
+        comm_share=_finite(out.comm_share),
+        mfu=_finite(out.mfu),
+        peak_mem_gib=max(peaks) if peaks else None,
+        peak_mem_per_rank_gib=[round(p, 6) for p in peaks],
+        busy_s=[round(b, 9) for b in out.busy_s],
+        idle_s=[round(i, 9) for i in out.idle_s],
+        oom=out.oom,
+        loss=_finite(out.loss),
+        grad_norm=_finite(out.grad_norm),
+        extra=extra,
+    )
+
+
+def run_steps(
+    spec: RunSpec,
+    parts: RunParts,
+    executor: Executor,
+    writer: RunWriter,
+    started: float,
+) -> None:
+    """The loop itself; raises `_StopRun` for an early end with a status, `DcpBenchError` for an
+    input or planner error. Every executed step is in ``writer`` before anything is raised."""
+    for step in range(spec.total_steps):
+        # Rank 0's clock decides for every rank, so no rank leaves the loop alone.
+        late = spec.timeout_s is not None and time.time() - started > spec.timeout_s
+        if executor.agree(late):
+            raise RunTimeout(f"run exceeded run.timeout_s={spec.timeout_s:g} before step {step}")
+        batch = parts.workload.global_batch(step, executor.world_size, spec.model.max_seq_len)
+        plan, planner_s = executor.plan(batch, parts.plan_step)
+        out = executor.execute(plan, batch)
+        writer.add_step(step_record(step, spec, parts, executor, batch, plan, planner_s, out))
+        if out.oom:
+            raise _StopRun("oom", f"step {step}: peak memory over the GPU's usable memory")
+        if not out.finite:
+            raise _StopRun("nonfinite", f"non-finite loss or gradient at step {step}")
+
+
+def summarise(
+    spec: RunSpec,
+    steps: list[StepRecord],
+    status: str,
+    error: str | None,
+    executor: ExecutorInfo,
+    cost: Any,
+    started: float,
+) -> RunSummary:
+    """The run summary: medians over measured steps; step time and throughput only for a run
+    that finished ``ok`` with measured steps (a failed run has no step time: statistics count it
+    as infinitely slow)."""
+    measured = [s for s in steps if not s.warmup and s.step_time_s is not None]
+    ok = status == "ok" and bool(measured)
+    if status == "ok" and not measured:
+        status, error = "error", error or "no measured steps"
+    total_time = sum(s.step_time_s or 0.0 for s in measured)
+    total_tokens = sum(s.tokens for s in measured)
+    total_samples = sum(s.samples for s in measured)
+    cost_desc = dict(cost.describe()) if cost is not None and hasattr(cost, "describe") else {}
+    losses = [s.loss for s in steps]
+    extra: dict[str, Any] = {
+        "label": spec.label,
+        "mode": spec.mode,
+        "context_hash": spec.context_hash,
+        "sweep": spec.sweep,
+        "overrides": list(spec.overrides),
+        "target": spec.method.get("_target_"),
+        "scales": spec.cost.scale_map,
+        "mem_cap_fraction": spec.mem_cap_fraction,
+        "world_size": executor.world_size,
+        "planner_clock": spec.planner_clock,
+        "noise": {"jitter_sigma": spec.noise.jitter_sigma, "straggler_prob": spec.noise.straggler_prob,
+                  "straggler_slowdown": spec.noise.straggler_slowdown} if spec.noise.active else None,
+        "samples_per_s": (total_samples / total_time) if ok and total_time > 0 else None,
+        "comm_share": _median([s.comm_share for s in measured]),
+        "executed_s": _median([s.extra.get("executed_s") for s in measured]),
+        "over_cap_steps": sum(1 for s in measured if s.extra.get("over_cap")),
+        "cost": cost_desc,
+        **getattr(executor, "info", {}),
+    }
+    if any(v is not None for v in losses):
+        extra["losses"] = losses
+        extra["grad_norms"] = [s.grad_norm for s in steps]
+        extra["step_times_s"] = [s.step_time_s for s in steps]
+    if executor.measured:
+        extra["predicted_step_time_s"] = _median([s.extra.get("predicted_step_time_s") for s in measured])
+        extra["predicted_peak_mem_gib"] = max(
+            (s.extra["predicted_peak_mem_gib"] for s in steps if s.extra.get("predicted_peak_mem_gib") is not None),
+            default=None,
+        )
+    return RunSummary(
+        run_id=spec.run_id,
+        campaign=spec.campaign,
+        status=status,  # type: ignore[arg-type]
+        executor=spec.executor,
+        method=spec.method_name,
+        workload=spec.workload_name,
+        cluster=spec.cluster.name,
+        model=spec.model.name,
+        seed=spec.seed,
+        config_hash=spec.config_hash,
+        n_steps=len(measured),
+        n_warmup=sum(1 for s in steps if s.warmup),
+        step_time_s=_median([s.step_time_s for s in measured]) if ok else None,
+        lower_bound_s=_median([s.lower_bound_s for s in measured]),
+        imbalance=_median([s.imbalance for s in measured]),
+        peak_mem_gib=max((s.peak_mem_gib for s in steps if s.peak_mem_gib is not None), default=None),
+        mfu=_median([s.mfu for s in measured]) if ok else None,
+        planner_ms=_median([s.planner_ms for s in measured]),
+        tokens_per_s=(total_tokens / total_time) if ok and total_time > 0 else None,
+        oom_steps=sum(1 for s in steps if s.oom),
+        hardware=executor.hardware,
+        cost_source=str(getattr(cost, "source", "unknown")) if cost is not None else None,
+        profile=cost_desc.get("profile") if isinstance(cost_desc.get("profile"), dict) else None,
+        error=error,
+        started_at=started,
+        finished_at=time.time(),
+        extra=extra,
+    )
+
+
+def execute_run(
+    spec: RunSpec,
+    parts: RunParts | None,
+    executor: Executor | None,
+    writer: RunWriter,
+    started: float | None = None,
+    setup_error: BaseException | None = None,
+) -> RunSummary:
+    """Run the loop and write the summary. Input and planner errors, timeouts, OOM and
+    non-finite losses become the run's status. Any other exception becomes status ``error`` on
+    a simulated run; on a measured run it propagates (the rank exits, torchrun stops the others,
+    and the launcher records the failure). ``setup_error``: assembling the run already failed."""
+    started = time.time() if started is None else started
+    status, error = "ok", None
+    try:
+        if setup_error is not None:
+            raise setup_error
+        assert parts is not None and executor is not None
+        run_steps(spec, parts, executor, writer, started)
+    except _StopRun as exc:
+        status, error = exc.status, str(exc)
+    except RunTimeout as exc:
+        status, error = "timeout", str(exc)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        if executor is not None and executor.measured and not isinstance(exc, DcpBenchError):
+            raise
+        status, error = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        if not isinstance(exc, DcpBenchError):
+            error += " @ " + traceback.format_exc().strip().splitlines()[-3].strip()[:200]
+    desc: ExecutorInfo = executor or described(spec)
+    summary = summarise(spec, writer.steps, status, error, desc, parts.cost if parts else None, started)
+    return writer.finish(summary)
+
+
+def described(spec: RunSpec) -> ExecutorDescription:
+    """The executor a run names, for a summary written without it."""
+    measured = spec.executor == "torch"
+    return ExecutorDescription(world_size=spec.world_size, measured=measured,
+                               hardware=f"{'' if measured else 'simulated '}{spec.cluster.name}")
+
+
+def record_unfinished(spec: RunSpec, status: str, error: str, started: float) -> RunSummary:
+    """The summary of a run whose processes ended without writing one (killed at its time
+    limit, crashed, killed by the OS), from the steps they did write."""
+    run_dir = Path(spec.root) / spec.campaign / spec.run_id
+    if not run_dir.exists():
+        RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config))
+    summary = summarise(spec, read_steps(run_dir), status, error, described(spec), None, started)
+    atomic_write_json(run_dir / "run.json", dataclasses.asdict(summary))
+    return summary

@@ -1,0 +1,403 @@
+"""`RunSpec`: one run, parsed once from a composed config into typed, validated, frozen settings.
+
+Every command that runs something (``simulate``, ``sweep``, ``train``, ``reproduce``, the
+integration API) turns its config into a `RunSpec` here and hands it to the one step loop
+(`dcp_bench.run.loop`). A bad value fails here, naming its key and what was expected; nothing
+below reads the raw config with defaults of its own.
+
+A run's identity is a pure function of its config: ``config_hash`` hashes the config without the
+seed and the bookkeeping keys (where records go, how many repeats), ``context_hash`` also without
+the method (the runs a comparison pairs), and ``run_id`` names method, workload, cluster, model,
+the cell hash and the seed, so a rerun of the same sweep finds its runs again.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dcp_bench.config import config_hash
+from dcp_bench.cost import SOURCES, resolve_cluster, resolve_model
+from dcp_bench.cost.analytical import SCALE_KEYS
+from dcp_bench.cost.specs import ClusterSpec, ModelSpec
+from dcp_bench.errors import ConfigError, DcpBenchError
+from dcp_bench.layout import is_power_of_two
+from dcp_bench.planners.base import method_label
+
+EXECUTORS = ("sim", "torch")
+PLANNER_CLOCKS = ("overlap", "serial", "off")
+
+# Keys of the `run` group that say where or how often a run is recorded, not what it measures:
+# left out of the cell hash, so moving a campaign or adding repeats keeps run ids stable.
+BOOKKEEPING_KEYS = ("root", "campaign", "repeats", "jobs", "progress", "timeout_s", "kill_grace_s")
+
+
+@dataclass(frozen=True)
+class NoiseSettings:
+    """Seeded run-to-run variation of the simulator (`dcp_bench.sim.NoiseModel`); all zero = none."""
+
+    jitter_sigma: float = 0.0
+    straggler_prob: float = 0.0
+    straggler_slowdown: float = 1.5
+
+    @property
+    def active(self) -> bool:
+        return self.jitter_sigma > 0 or self.straggler_prob > 0
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """Which cost model prices plans (``source``) and which one planners see (``planner_source``)."""
+
+    source: str = "auto"
+    planner_source: str | None = None
+    profile: str | None = None
+    zero_stage: int | None = None
+    scales: tuple[tuple[str, float], ...] = ()  # only the factors that differ from 1
+    options: tuple[tuple[str, Any], ...] = ()  # further constructor options (``+cost.KEY=...``)
+
+    @property
+    def scale_map(self) -> dict[str, float]:
+        return dict(self.scales)
+
+    def constructor_options(self) -> dict[str, Any]:
+        out = dict(self.options)
+        if self.zero_stage is not None:
+            out["zero_stage"] = self.zero_stage
+        return out
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Real training (executor ``torch``)."""
+
+    lr: float = 1e-3
+    grad_clip: float | None = 1.0
+    backend: str = "auto"  # auto: nccl on CUDA, gloo otherwise
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 1
+    pg_timeout_s: float = 300.0
+    fail_rank: int = -1  # fault injection: this rank raises ...
+    fail_step: int = 0  # ... at the start of this step
+    nnodes: int = 1  # nodes of a multi-node run (one torchrun per node, c10d rendezvous)
+    rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous (multi-node)
+    rdzv_id: str = "dcp-bench"  # the rendezvous id every node's torchrun shares
+
+    @property
+    def torchrun_args(self) -> tuple[str, ...]:
+        """torchrun's rendezvous arguments: standalone on one node, c10d across nodes."""
+        if self.nnodes == 1 and not self.rdzv_endpoint:
+            return ("--standalone",)
+        return ("--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                str(self.rdzv_endpoint), "--rdzv-id", self.rdzv_id)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: what to build (workload, method, cluster, model, cost) and how to run it."""
+
+    config: Mapping[str, Any]  # the resolved config, seed included (written as config.yaml)
+    seed: int
+    workload: Mapping[str, Any]  # the workload node (built by the assembly with ``seed``)
+    method: Mapping[str, Any]  # the method node (``name``, ``_target_``, constructor arguments)
+    cluster: ClusterSpec  # resized to ``run.nproc`` ranks when that is set
+    model: ModelSpec
+    mem_cap_fraction: float
+    cost: CostSettings
+    steps: int  # measured steps
+    warmup_steps: int
+    planner_clock: str
+    noise: NoiseSettings
+    executor: str
+    timeout_s: float | None
+    kill_grace_s: float | None
+    train: TrainSettings
+    root: str
+    campaign: str
+    run_id: str
+    config_hash: str
+    context_hash: str
+    label: str  # the method's name, "(paper mode)" appended in paper mode
+    workload_name: str  # the workload's config name (a user's ``my_corpus``)
+    sweep: str = ""
+    overrides: tuple[str, ...] = ()
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.world_size
+
+    @property
+    def method_name(self) -> str:
+        return str(self.method.get("name", "method"))
+
+    @property
+    def mode(self) -> str:
+        return str(self.method.get("mode", "fair"))
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.steps
+
+    def hard_limit_s(self) -> float | None:
+        """Seconds after which the run's whole process tree is killed: ``timeout_s`` plus a grace
+        period (the loop checks ``timeout_s`` between steps; this catches a step that never
+        returns)."""
+        if self.timeout_s is None:
+            return None
+        grace = self.kill_grace_s if self.kill_grace_s is not None else max(10.0, 0.25 * self.timeout_s)
+        return self.timeout_s + grace
+
+    def with_timeout(self, timeout_s: float | None) -> RunSpec:
+        """The same run under another time limit (a section budget bounding it): identity unchanged."""
+        return dataclasses.replace(self, timeout_s=timeout_s)
+
+
+# ------------------------------------------------------------------------------------------------
+# Typed reads: every bad value names its key.
+
+
+def _node(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected a config group (a mapping), got {value!r}")
+    return dict(value)
+
+
+def _int(value: Any, key: str, minimum: int | None = None, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or value is None:
+        raise ConfigError(f"{key}={value!r}: expected an integer" + (f" >= {minimum}" if minimum is not None else ""))
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{key}={value!r}: expected an integer") from None
+    if not isinstance(value, int):
+        raise ConfigError(f"{key}={value!r}: expected an integer")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{key}={value}: expected an integer >= {minimum}")
+    return value
+
+
+def _float(value: Any, key: str, positive: bool = False, allow_none: bool = False, lo: float | None = None,
+           hi: float | None = None) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r}: expected a number")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r}: expected a number") from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise ConfigError(f"{key}={value!r}: expected a finite number")
+    if positive and not out > 0:
+        raise ConfigError(f"{key}={value!r}: expected a number > 0")
+    if lo is not None and out < lo or hi is not None and out > hi:
+        raise ConfigError(f"{key}={value!r}: expected a number in [{lo}, {hi}]")
+    return out
+
+
+def _choice(value: Any, key: str, choices: Sequence[str]) -> str:
+    if str(value) not in choices:
+        raise ConfigError(f"{key}={value!r}; expected one of {', '.join(choices)}")
+    return str(value)
+
+
+def _cost_settings(node: dict[str, Any]) -> CostSettings:
+    node = dict(node)
+    source = _choice(node.pop("source", "auto"), "cost.source", SOURCES)
+    planner_source = node.pop("planner_source", None)
+    if planner_source is not None:
+        planner_source = _choice(planner_source, "cost.planner_source", SOURCES)
+    profile = node.pop("profile", None)
+    zero_stage = _int(node.pop("zero_stage", None), "cost.zero_stage", minimum=0, allow_none=True)
+    raw_scales = node.pop("scales", None) or {}
+    if not isinstance(raw_scales, Mapping):
+        raise ConfigError(f"cost.scales={raw_scales!r}: expected a mapping of {', '.join(SCALE_KEYS)}")
+    scales = []
+    for key, val in sorted(raw_scales.items()):
+        if key not in SCALE_KEYS:
+            raise ConfigError(f"cost.scales.{key}: unknown constant; expected one of {', '.join(SCALE_KEYS)}")
+        factor = _float(val, f"cost.scales.{key}", positive=True)
+        if factor != 1.0:
+            scales.append((str(key), factor))
+    return CostSettings(
+        source=source,
+        planner_source=planner_source,
+        profile=str(profile) if profile else None,
+        zero_stage=zero_stage,
+        scales=tuple(scales),
+        options=tuple(sorted(node.items())),
+    )
+
+
+def _train_settings(node: dict[str, Any]) -> TrainSettings:
+    known = {f.name for f in dataclasses.fields(TrainSettings)}
+    unknown = sorted(set(node) - known)
+    if unknown:
+        raise ConfigError(f"train.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known))}")
+    clip = node.get("grad_clip", 1.0)
+    nnodes = _int(node.get("nnodes", 1), "train.nnodes (nnodes)", minimum=1)
+    endpoint = node.get("rdzv_endpoint")
+    if nnodes > 1 and not endpoint:
+        raise ConfigError(f"train.nnodes (nnodes)={nnodes}: a multi-node run needs rdzv_endpoint=HOST:PORT "
+                          "(the node that hosts the rendezvous)")
+    if endpoint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-\[\]:]+:\d+", str(endpoint)):
+        raise ConfigError(f"train.rdzv_endpoint (rdzv_endpoint)={endpoint!r}: expected HOST:PORT")
+    return TrainSettings(
+        lr=_float(node.get("lr", 1e-3), "train.lr", positive=True),
+        grad_clip=_float(clip, "train.grad_clip", positive=True, allow_none=True),
+        backend=_choice(node.get("backend", "auto"), "train.backend", ("auto", "gloo", "nccl")),
+        device=_choice(node.get("device", "auto"), "train.device", ("auto", "cpu", "cuda")),
+        threads=_int(node.get("threads", 1), "train.threads", minimum=1),
+        pg_timeout_s=_float(node.get("pg_timeout_s", 300), "train.pg_timeout_s", positive=True),
+        fail_rank=_int(node.get("fail_rank", -1), "train.fail_rank", minimum=-1),
+        fail_step=_int(node.get("fail_step", 0), "train.fail_step", minimum=0),
+        nnodes=nnodes,
+        rdzv_endpoint=str(endpoint) if endpoint is not None else None,
+        rdzv_id=str(node.get("rdzv_id", "dcp-bench")),
+    )
+
+
+def _noise_settings(node: dict[str, Any]) -> NoiseSettings:
+    return NoiseSettings(
+        jitter_sigma=_float(node.get("jitter_sigma", 0.0), "run.noise.jitter_sigma", lo=0.0, hi=10.0),
+        straggler_prob=_float(node.get("straggler_prob", 0.0), "run.noise.straggler_prob", lo=0.0, hi=1.0),
+        straggler_slowdown=_float(node.get("straggler_slowdown", 1.5), "run.noise.straggler_slowdown", lo=1.0, hi=1e6),
+    )
+
+
+def _resolve_group(node: Mapping[str, Any], group: str, resolve: Any) -> Any:
+    try:
+        return resolve(node)
+    except DcpBenchError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{group} config {node.get('name', '?')!r}: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Identity
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+
+
+def _hashable(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    data = copy.deepcopy(dict(cfg))
+    data.pop("seed", None)
+    run = data.get("run")
+    if isinstance(run, dict):
+        for key in BOOKKEEPING_KEYS:
+            run.pop(key, None)
+    return data
+
+
+def cell_hashes(cfg: Mapping[str, Any]) -> tuple[str, str]:
+    """(cell hash: the config without seed and bookkeeping; context hash: also without the method)."""
+    base = _hashable(cfg)
+    context = {k: v for k, v in base.items() if k != "method"}
+    if isinstance(context.get("names"), dict):
+        context["names"] = {k: v for k, v in context["names"].items() if k != "method"}
+    return config_hash(base), config_hash(context)
+
+
+# ------------------------------------------------------------------------------------------------
+# Parsing
+
+
+def parse_run_spec(
+    cfg: Mapping[str, Any],
+    seed: int | None = None,
+    sweep: str = "",
+    overrides: Sequence[str] = (),
+) -> RunSpec:
+    """The `RunSpec` of a composed, resolved config (a plain dict: `dcp_bench.config.to_container`).
+    ``seed`` replaces the config's seed (a sweep's repeats). Raises `ConfigError` naming the key of
+    the first bad value."""
+    resolved: dict[str, Any] = copy.deepcopy(dict(cfg))
+    seed = _int(resolved.get("seed", 0) if seed is None else seed, "seed", minimum=0)
+    resolved["seed"] = seed
+    cfg = resolved
+    run = _node(cfg, "run")
+    known_run = {"steps", "warmup_steps", "repeats", "root", "campaign", "executor", "nproc", "timeout_s",
+                 "kill_grace_s", "planner_clock", "noise", "jobs", "progress"}
+    unknown = sorted(set(run) - known_run)
+    if unknown:
+        raise ConfigError(f"run.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known_run))}")
+    steps = _int(run.get("steps", 20), "run.steps (steps)", minimum=1)
+    warmup = _int(run.get("warmup_steps", 2), "run.warmup_steps", minimum=0)
+    executor = _choice(run.get("executor", "sim"), "run.executor", EXECUTORS)
+    clock = _choice(run.get("planner_clock", "overlap"), "run.planner_clock", PLANNER_CLOCKS)
+    timeout = _float(run.get("timeout_s"), "run.timeout_s", positive=True, allow_none=True)
+    grace = _float(run.get("kill_grace_s"), "run.kill_grace_s", lo=0.0, hi=1e9, allow_none=True)
+    noise = _noise_settings(_node(run, "noise"))
+    mem_cap = _float(cfg.get("mem_cap_fraction", 0.7), "mem_cap_fraction", lo=1e-6, hi=1.0)
+    cost = _cost_settings(_node(cfg, "cost"))
+    train = _train_settings(_node(cfg, "train"))
+
+    workload = _node(cfg, "workload")
+    method = _node(cfg, "method")
+    if not method.get("_target_"):
+        raise ConfigError(f"method config {method.get('name')!r} has no _target_ naming its planner class")
+    mode = method.get("mode", "fair")
+    if mode not in ("fair", "paper"):
+        raise ConfigError(f"method.mode={mode!r}; expected fair or paper")
+    cluster = _resolve_group(_node(cfg, "cluster"), "cluster", resolve_cluster)
+    model = _resolve_group(_node(cfg, "model"), "model", resolve_model)
+    nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
+    if nproc is not None:
+        if not is_power_of_two(nproc):
+            raise ConfigError(f"run.nproc (nproc)={nproc}: expected a power of two (aligned SP groups tile such worlds only)")
+        cluster = cluster.resized(nproc)
+    if cluster.world_size % train.nnodes:
+        raise ConfigError(f"train.nnodes (nnodes)={train.nnodes}: the run's {cluster.world_size} ranks do not "
+                          "split evenly over the nodes")
+
+    names = {str(k): str(v) for k, v in _node(cfg, "names").items()}
+    workload_name = names.get("workload") or str(workload.get("name", "workload"))
+    cell, context = cell_hashes(cfg)
+    stem = "__".join(_slug(s) for s in (
+        f"{method.get('name', 'method')}{'-paper' if mode == 'paper' else ''}",
+        workload_name, cluster.name, model.name, cell,
+    ))
+    return RunSpec(
+        config=cfg,
+        seed=seed,
+        workload=workload,
+        method=method,
+        cluster=cluster,
+        model=model,
+        mem_cap_fraction=mem_cap,
+        cost=cost,
+        steps=steps,
+        warmup_steps=warmup,
+        planner_clock=clock,
+        noise=noise,
+        executor=executor,
+        timeout_s=timeout,
+        kill_grace_s=grace,
+        train=train,
+        root=str(run.get("root", "runs")),
+        campaign=str(run.get("campaign", "default")),
+        run_id=f"{stem}__s{seed}",
+        config_hash=cell,
+        context_hash=context,
+        label=method_label(str(method.get("name", "method")), str(mode)),
+        workload_name=workload_name,
+        sweep=sweep,
+        overrides=tuple(overrides),
+        names=names,
+    )

@@ -1,0 +1,126 @@
+"""The package's dependencies point one way (README "Layout"): every import, at module level or
+inside a function, goes from a higher layer to a lower one. Planners, baselines, the simulator
+and the plan/cost/workload core never import torch; nothing imports in a circle."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Units (a module, or a package with its submodules), lowest layer first. A unit may import its
+# own modules and units of lower layers; units of one layer are siblings that never import each
+# other (except the pairs in SIBLING_IMPORTS).
+LAYERS: list[list[str]] = [
+    ["dcp_bench.errors", "dcp_bench.paths"],
+    ["dcp_bench.files", "dcp_bench.layout", "dcp_bench.config", "dcp_bench.envinfo", "dcp_bench.batch"],
+    ["dcp_bench.records", "dcp_bench.corpora", "dcp_bench.cost"],
+    ["dcp_bench.plan", "dcp_bench.workload"],
+    ["dcp_bench.execution"],
+    ["dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.runtime"],
+    ["dcp_bench.profiling", "dcp_bench.report"],
+    ["dcp_bench.run"],
+    ["dcp_bench.runner", "dcp_bench.api"],
+    ["dcp_bench.cli", "dcp_bench.commands", "dcp_bench"],
+]
+SIBLING_IMPORTS = {("baselines", "dcp_bench.planners")}  # a baseline is a Planner subclass
+TORCH_FREE = ("dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.plan", "dcp_bench.cost",
+              "dcp_bench.workload", "dcp_bench.execution", "dcp_bench.layout", "dcp_bench.batch")
+
+
+def unit_of(module: str) -> str:
+    best = ""
+    for layer in LAYERS:
+        for unit in layer:
+            if (module == unit or module.startswith(unit + ".")) and len(unit) > len(best):
+                best = unit
+    assert best, f"module {module} is in no layer: add it to LAYERS"
+    return best
+
+
+def layer_of(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for top in ("dcp_bench", "baselines"):
+        for path in (REPO / top).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """(imported module, line) for every import in the file, wherever it stands."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+    return out
+
+
+def test_every_import_points_down() -> None:
+    offences = []
+    for module, path in modules().items():
+        src = unit_of(module)
+        for target, line in imports(path):
+            if not target.startswith(("dcp_bench", "baselines")):
+                continue
+            dst = unit_of(target)
+            if dst == src or (src, dst) in SIBLING_IMPORTS or layer_of(dst) < layer_of(src):
+                continue
+            offences.append(f"{path.relative_to(REPO)}:{line}: {src} (layer {layer_of(src)}) imports "
+                            f"{target} ({dst}, layer {layer_of(dst)})")
+    assert not offences, "imports against the layer direction:\n" + "\n".join(offences)
+
+
+def test_pure_code_never_imports_torch() -> None:
+    offences = [
+        f"{path.relative_to(REPO)}:{line}: imports {target}"
+        for module, path in modules().items() if module.startswith(TORCH_FREE)
+        for target, line in imports(path) if target.split(".")[0] == "torch"
+    ]
+    assert not offences, "\n".join(offences)
+
+
+def test_no_module_imports_in_a_circle() -> None:
+    mods = modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in mods.items():
+        for target, _ in imports(path):
+            # `from pkg import name` may name a submodule; resolve to the longest module known.
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            if target and target != module and not module.startswith(target + "."):
+                graph[module].add(target)
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        state[m] = 2
+        stack.pop()
+        return None
+
+    for m in sorted(mods):
+        if m not in state and (cycle := visit(m)):
+            raise AssertionError("import circle: " + " -> ".join(cycle))
+
+
+def test_the_layer_table_can_fail() -> None:
+    """The checker itself: a planner importing the runtime would be an offence."""
+    src, dst = unit_of("dcp_bench.planners.dcp"), unit_of("dcp_bench.runtime.executor")
+    assert src != dst and layer_of(dst) == layer_of(src) and (src, dst) not in SIBLING_IMPORTS
