@@ -111,6 +111,7 @@ def solve_round_milp(
     minimise C  s.t.  sum_g x[b,g] = n_b                    (every sequence placed)
                       sum_b t[b,d_g] x[b,g] <= C             (slowest group)
                       sum_b m[b,d_g] x[b,g] <= room * y_g    (group memory; y_g: group used)
+                      sum_b x[b,g] <= n_g y_g                (only used slots hold sequences)
                       sum_g d_g y_g <= W                     (groups fit the world)
                       y_{d,k+1} <= y_{d,k}                   (symmetry breaking)
                       sum_g d_g sum_b t[b,d_g] x[b,g] <= W C (work conservation: a valid cut
@@ -168,6 +169,11 @@ def solve_round_milp(
         rows.append((-highspy.kHighsInf, 0.0, cols + [0], vals + [-1.0]))
         mvals = [float(m_b[bi, di]) / model.room for bi in range(len(buckets)) if (bi, g) in x_col]
         rows.append((-highspy.kHighsInf, 0.0, cols + [y_col[g]], mvals + [-1.0]))
+        # A slot holds sequences only when it is counted as used. The memory row above cannot
+        # carry this: a short sequence's memory share is below HiGHS's feasibility tolerance
+        # (1 token at SP 8 is 3e-8 of a rank), and a memory-free cost model has no row at all.
+        cap = sum(len(buckets[bi]) for bi in range(len(buckets)) if (bi, g) in x_col)
+        rows.append((-highspy.kHighsInf, 0.0, cols + [y_col[g]], [1.0] * len(cols) + [-float(cap)]))
     rows.append(
         (-highspy.kHighsInf, float(W), [y_col[g] for g in range(len(slots))],
          [float(degrees[di]) for di, _ in slots])

@@ -152,3 +152,31 @@ def test_mixed_layout_puts_each_sequence_at_its_minimum_degree_within_the_world(
             d_min = model.degrees[int(np.flatnonzero(ok[p])[0])]
             assert size == d_min
             assert model.mem[members, model.degrees.index(size)].sum() <= model.room
+
+
+def test_groups_stay_inside_the_world_for_tiny_sequences():
+    # Regression: with the toy cost model, one token needs 3e-8 of a rank's free memory at SP 8,
+    # below HiGHS's feasibility tolerance; the program linked a slot's sequences to its "used"
+    # flag only through that memory row, so it placed sequences in slots it never counted
+    # against the world (a size-8 group at ranks 32..39 of 32).
+    cost, batch = toy("llama3_8b"), GlobalBatch.from_lengths([1, 4])
+    plan = FlexSPMILP().plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    for rnd in plan.rounds:
+        assert sum(g.size for g in rnd.groups) <= cost.cluster.world_size
+
+
+@pytest.mark.parametrize("comm", [0.05, 0.1])
+def test_program_counts_every_used_group_against_the_world_without_memory(comm):
+    # Sequences that need no activation memory: only the program's own link between a slot's
+    # sequences and its "used" flag keeps the groups inside the world. With a per-sequence
+    # sharding overhead, three equal sequences on 4 ranks run best on three single ranks (1.0);
+    # three groups of 2 (0.6 + comm each) would be faster but need 6 ranks.
+    degrees = [1, 2, 4]
+    time_ = np.array([[1.0, 0.5 + comm, 0.25 + comm]] * 3)
+    model = RoundModel([0, 1, 2], degrees, time_, np.zeros((3, 3)), 1.0, 4)
+    sol = solve_round_milp(model, max_buckets=3, time_limit_s=20.0)
+    assert sol is not None and sol.status == "optimal"
+    assert sum(size for size, _ in sol.groups) <= 4
+    assert sorted(p for _, m in sol.groups for p in m) == [0, 1, 2]
+    assert sol.objective == pytest.approx(brute_force(model), rel=1e-6)

@@ -4,7 +4,7 @@ fair-mode plan passes the validator (each sample exactly once, aligned groups, m
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_baselines import toy
 
@@ -31,12 +31,23 @@ def planners():
     ]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same examples every run (a failure reproduces; a pass is not luck), and no
+# example database carried between runs.
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     lengths=st.lists(st.integers(min_value=1, max_value=4_000_000), min_size=1, max_size=60),
     video=st.booleans(),
     frames_seed=st.integers(0, 2**16),
 )
+# flexsp_milp placed a size-8 group at ranks 32..39 of 32 on this batch (HiGHS's tolerance hid
+# a tiny sequence's memory, the program's only link between a slot's sequences and its use)
+@example(lengths=[1, 4], video=False, frames_seed=0)
 def test_every_baseline_plans_any_batch(lengths, video, frames_seed):
     if video:
         rng = np.random.default_rng(frames_seed)
