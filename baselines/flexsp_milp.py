@@ -52,17 +52,23 @@ class RoundSolution:
 
 @dataclass
 class RoundModel:
-    """The data of one round's program: per-sequence time and activation memory at each degree."""
+    """The data of one round's program at each SP degree: a group of degree d takes
+    ``overhead[d]`` plus the sum of its sequences' ``time[:, d]`` (FlexSP's model: per-sequence
+    time plus one bias per group), and holds the sum of their ``mem[:, d]``."""
 
     positions: list[int]
     degrees: list[int]
-    time: np.ndarray  # (n, D) seconds
+    time: np.ndarray  # (n, D) seconds: each sequence's share of a packed micro-batch
     mem: np.ndarray  # (n, D) activation bytes per rank
     room: float  # per-rank bytes left under the cap for activations
     world_size: int
+    overhead: np.ndarray | None = None  # (D,) seconds per group; None: no overhead
 
     def allowed(self) -> np.ndarray:
         return self.mem <= self.room
+
+    def group_overhead(self) -> np.ndarray:
+        return np.zeros(len(self.degrees)) if self.overhead is None else np.asarray(self.overhead, float)
 
 
 def length_buckets(model: RoundModel, max_buckets: int) -> list[list[int]]:
@@ -109,15 +115,17 @@ def solve_round_milp(
     """The FlexSP program over group slots (W/d slots of each degree d):
 
     minimise C  s.t.  sum_g x[b,g] = n_b                    (every sequence placed)
-                      sum_b t[b,d_g] x[b,g] <= C             (slowest group)
+                      o_g y_g + sum_b t[b,d_g] x[b,g] <= C   (slowest group)
                       sum_b m[b,d_g] x[b,g] <= room * y_g    (group memory; y_g: group used)
                       sum_b x[b,g] <= n_g y_g                (only used slots hold sequences)
                       sum_g d_g y_g <= W                     (groups fit the world)
                       y_{d,k+1} <= y_{d,k}                   (symmetry breaking)
-                      sum_g d_g sum_b t[b,d_g] x[b,g] <= W C (work conservation: a valid cut
+                      sum_g d_g (o_g y_g + sum_b t[b,d_g] x[b,g]) <= W C
+                                                             (work conservation: a valid cut
                                                               that tightens the LP bound)
 
-    x integer (sequences of bucket b in slot g; t and m are the bucket's mean time and mean
+    x integer (sequences of bucket b in slot g; o_g the group overhead at the slot's degree; t and
+    m are the bucket's mean time and mean
     memory; a bucket may only use degrees its longest sequence fits), y binary. Returns None
     when HiGHS finds no feasible point in the time limit.
     """
@@ -162,11 +170,14 @@ def solve_round_milp(
     for bi, b in enumerate(buckets):
         cols = [x_col[bi, g] for g in range(len(slots)) if (bi, g) in x_col]
         rows.append((float(len(b)), float(len(b)), cols, [1.0] * len(cols)))
-    t_scale = max(float(t_b.max()), 1e-12)  # keep coefficients near 1 for the solver
+    over = model.group_overhead()
+    t_scale = max(float(t_b.max()), float(over.max()), 1e-12)  # keep coefficients near 1 for the solver
     for g, (di, _) in enumerate(slots):
         cols = [x_col[bi, g] for bi in range(len(buckets)) if (bi, g) in x_col]
         vals = [float(t_b[bi, di]) / t_scale for bi in range(len(buckets)) if (bi, g) in x_col]
-        rows.append((-highspy.kHighsInf, 0.0, cols + [0], vals + [-1.0]))
+        rows.append((
+            -highspy.kHighsInf, 0.0, cols + [y_col[g], 0], vals + [float(over[di]) / t_scale, -1.0]
+        ))
         mvals = [float(m_b[bi, di]) / model.room for bi in range(len(buckets)) if (bi, g) in x_col]
         rows.append((-highspy.kHighsInf, 0.0, cols + [y_col[g]], mvals + [-1.0]))
         # A slot holds sequences only when it is counted as used. The memory row above cannot
@@ -181,8 +192,9 @@ def solve_round_milp(
     for g in range(1, len(slots)):
         if slots[g][0] == slots[g - 1][0]:
             rows.append((-highspy.kHighsInf, 0.0, [y_col[g], y_col[g - 1]], [1.0, -1.0]))
-    work_cols = list(x_col.values())
+    work_cols = list(x_col.values()) + [y_col[g] for g in range(len(slots))]
     work_vals = [degrees[slots[g][0]] * float(t_b[bi, slots[g][0]]) / t_scale for (bi, g) in x_col]
+    work_vals += [degrees[di] * float(over[di]) / t_scale for di, _ in slots]
     rows.append((-highspy.kHighsInf, 0.0, work_cols + [0], work_vals + [-float(W)]))
 
     h = quiet_highs()
@@ -213,15 +225,15 @@ def solve_round_milp(
     # slot with quota left, so the realised times track the bucket means.
     quota = {k: int(round(sol[c])) for k, c in x_col.items() if round(sol[c]) > 0}
     members: dict[int, list[int]] = {}
-    load: dict[int, float] = {}
+    load = {g: float(over[slots[g][0]]) for (_, g) in quota}
     for bi, b in enumerate(buckets):
         targets = {g: q for (bb, g), q in quota.items() if bb == bi}
         for i in sorted(b, key=lambda i: -float(model.time[i, 0])):
             open_slots = [g for g, q in targets.items() if q > 0]
-            g = min(open_slots, key=lambda g: (load.get(g, 0.0), g))
+            g = min(open_slots, key=lambda g: (load[g], g))
             targets[g] -= 1
             members.setdefault(g, []).append(i)
-            load[g] = load.get(g, 0.0) + float(model.time[i, slots[g][0]])
+            load[g] += float(model.time[i, slots[g][0]])
     groups = [(degrees[slots[g][0]], [model.positions[i] for i in mem]) for g, mem in members.items()]
     gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else None
     name = "optimal" if status == highspy.HighsModelStatus.kOptimal else h.modelStatusToString(status)
@@ -234,6 +246,7 @@ def solve_round_heuristic(model: RoundModel) -> RoundSolution:
     memory limit), and the mixed layout of `mixed_layout`; keep the fastest."""
     t0 = time.perf_counter()
     ok = model.allowed()
+    over = model.group_overhead()
     best: RoundSolution | None = None
     for di, d in enumerate(model.degrees):
         if not ok[:, di].all():
@@ -241,7 +254,7 @@ def solve_round_heuristic(model: RoundModel) -> RoundSolution:
         owners = lpt_assign(model.time[:, di].tolist(), model.world_size // d)
         if any(model.mem[o, di].sum() > model.room for o in owners if o):
             continue
-        loads = [float(model.time[o, di].sum()) for o in owners]
+        loads = [float(over[di] + model.time[o, di].sum()) for o in owners if o]
         groups = [(d, [model.positions[i] for i in o]) for o in owners if o]
         if best is None or max(loads) < best.objective:
             best = RoundSolution(groups, max(loads), "heuristic", "heuristic", 0.0, None)
@@ -284,6 +297,7 @@ def mixed_layout(model: RoundModel) -> RoundSolution | None:
             break
         di = max(grow, key=lambda di: work[di] / (count[di] * deg[di]))
         count[di] += 1
+    overhead = model.group_overhead()
     groups: list[tuple[int, list[int]]] = []
     worst = 0.0
     for di, items in cls.items():
@@ -294,7 +308,7 @@ def mixed_layout(model: RoundModel) -> RoundSolution | None:
                 continue
             if float(model.mem[members, di].sum()) > model.room:
                 return None
-            worst = max(worst, float(model.time[members, di].sum()))
+            worst = max(worst, float(overhead[di] + model.time[members, di].sum()))
             groups.append((deg[di], [model.positions[i] for i in members]))
     return RoundSolution(groups, worst, "heuristic", "heuristic", 0.0, None)
 
@@ -349,10 +363,19 @@ class FlexSPMILP(Planner):
         degrees = sp_degrees(W)
         t = batch.tokens[positions]
         f = batch.frames[positions]
-        time_ = np.stack([cost.sample_time(t, f, d, ckpt) for d in degrees], axis=1)
+        # A group runs its sequences packed in one micro-batch, so a sequence costs its packed
+        # share (the cost of it run alone would charge every short sequence the fixed costs of a
+        # whole micro-batch: at 32 ranks that is 5x the packed time on prolong). The fixed costs
+        # (collective latencies, kernel efficiency) are charged once per group, measured at the
+        # round's scale.
+        share = np.stack([cost.sample_time_packed(t, f, d, ckpt) for d in degrees], axis=1)
+        whole = [cost.microbatch_cost(t, f, d, ckpt, "sequence").total_s for d in degrees]
+        overhead = np.maximum(0.0, np.asarray(whole) - share.sum(axis=0))
         mem = np.stack([cost.sample_memory(t, f, d, ckpt) for d in degrees], axis=1)
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
-        return RoundModel(list(positions), degrees, np.asarray(time_, float), np.asarray(mem, float), room, W)
+        return RoundModel(
+            list(positions), degrees, np.asarray(share, float), np.asarray(mem, float), room, W, overhead
+        )
 
     def chunk(self, batch: GlobalBatch, cost: CostModel, ckpt: int, num_rounds: int) -> list[list[int]]:
         """Deal the sequences, longest first, in a snake order over ``num_rounds`` rounds so

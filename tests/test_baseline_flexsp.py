@@ -4,6 +4,7 @@ solve time and gap are reported; the heuristic takes over when the solver cannot
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from baselines.flexsp_milp import (
     solve_round_milp,
 )
 from dcp_bench.batch import GlobalBatch
+from dcp_bench.cost.base import MicroBatchCost
 from dcp_bench.cost.specs import cluster_spec, model_spec
 from dcp_bench.plan import validate_plan
 
@@ -38,14 +40,18 @@ def layouts(world: int):
 
 
 def brute_force(model: RoundModel) -> float:
-    """Min over layouts and assignments of the slowest group's summed time, memory respected."""
+    """Min over layouts and assignments of the slowest group's time (its overhead plus its
+    sequences' times), memory respected; layouts with an empty group are covered by smaller ones."""
     n, best = len(model.positions), float("inf")
     col = {d: i for i, d in enumerate(model.degrees)}
+    over = model.group_overhead()
     for lay in layouts(model.world_size):
         if len(lay) > n:
             continue
         for assign in itertools.product(range(len(lay)), repeat=n):
-            loads = [0.0] * len(lay)
+            if len(set(assign)) < len(lay):
+                continue
+            loads = [float(over[col[d]]) for d in lay]
             mems = [0.0] * len(lay)
             for i, g in enumerate(assign):
                 loads[g] += model.time[i, col[lay[g]]]
@@ -61,15 +67,36 @@ def small_cost(gpus: int) -> ToyCost:
     return ToyCost(model=model_spec("llama3_8b"), cluster=cluster, b=1e-10, act_ckpt_per_token=1.5e5)
 
 
+@dataclass
+class FixedCostToy(ToyCost):
+    """A micro-batch also pays a fixed cost per SP group run (collective latencies): a packed
+    group pays it once, a sequence run alone pays it whole."""
+
+    fixed: float = 0.05
+
+    def microbatch_cost(self, tokens, frames, sp, ckpt_layers, split="sequence"):
+        c = super().microbatch_cost(tokens, frames, sp, ckpt_layers, split)
+        return MicroBatchCost(c.fwd_s, c.bwd_s, c.recompute_s, c.comm_s + self.fixed, c.mem_bytes, c.model_flops)
+
+    def sample_time(self, tokens, frames, sp, ckpt_layers):
+        return super().sample_time(tokens, frames, sp, ckpt_layers) + self.fixed
+
+    def sample_time_packed(self, tokens, frames, sp, ckpt_layers):
+        return super().sample_time(tokens, frames, sp, ckpt_layers)
+
+
+@pytest.mark.parametrize("fixed", [0.0, 0.05])
 @pytest.mark.parametrize("seed", range(6))
-def test_milp_matches_brute_force_on_tiny_instances(seed):
+def test_milp_matches_brute_force_on_tiny_instances(seed, fixed):
     rng = np.random.default_rng(seed)
     gpus = 4
-    cost = small_cost(gpus)
+    cost = small_cost(gpus) if fixed == 0.0 else FixedCostToy(**{**small_cost(gpus).__dict__, "fixed": fixed})
     lengths = rng.integers(1000, 500_000, size=5)
     batch = GlobalBatch.from_lengths(lengths)
     planner = FlexSPMILP()
     model = planner.round_model(batch, list(range(batch.n)), cost, cost.model.num_layers)
+    # the cost model's fixed per-group cost is what the program charges once per group
+    assert model.group_overhead() == pytest.approx(np.full(len(model.degrees), fixed), abs=1e-12)
     if not model.allowed()[:, -1].all():
         pytest.skip("instance has a sequence that fits nowhere")
     sol = solve_round_milp(model, max_buckets=batch.n, time_limit_s=20.0)
