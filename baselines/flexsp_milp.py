@@ -3,20 +3,28 @@
 Per step, the global batch is chunked into rounds (FlexSP's micro-batches) that fit the
 cluster's memory; per round a mixed-integer linear program (HiGHS) picks a set of heterogeneous
 SP groups (powers of two, at most the world in total) and assigns the sequences to them,
-minimising the slowest group's predicted time under each group's memory limit. Sequences are
-bucketed by length to keep the program small (FlexSP's bucketed variant). On a time-out without
-a proven optimum the better of the incumbent and the heuristic (best homogeneous SP degree,
-longest-processing-time balance) is used. Solve time, status and optimality gap go into
-``plan.info``. See baselines/README.md.
+minimising the slowest group's predicted time under each group's memory limit. As in FlexSP,
+sequences are bucketed by length with a dynamic program that minimises padding, and a bucket
+enters the program at its longest member's time and memory.
+
+Planning is bounded: the whole step (cost-model evaluation, bucketing, building the programs,
+HiGHS, extracting the layouts) has ``step_time_limit_s``, and each round's HiGHS limit is what
+is left once the other work, measured as it happens, is set aside. The better of HiGHS's
+incumbent and a heuristic (best homogeneous SP degree or a mixed layout, longest-processing-time
+balance) is kept. ``plan.info`` records the planning time and, per round, the solver status,
+HiGHS's gap to the bound it proved and the gap to a solver-independent lower bound. See
+baselines/README.md.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,49 +44,169 @@ if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
     from dcp_bench.cost.base import CostModel
 
+# A round whose HiGHS share is below this gets the heuristic alone: HiGHS needs a few
+# milliseconds for presolve and the root LP of even a small round.
+MIN_SOLVE_S = 0.005
+# Time held back for HiGHS running past its limit: some of its work checks no clock (nor the
+# interrupt callbacks), and on a 32-GPU videosys_zipf round it overran by up to 0.17 s of CPU
+# time. At most a quarter of a small budget, which then cannot be kept to 10%.
+SOLVER_OVERRUN_S = 0.15
+
 
 @dataclass
 class RoundSolution:
-    """SP groups of one round: (size, positions) each, with the model's objective (slowest
-    group's predicted time) and how it was found."""
+    """SP groups of one round: (size, positions) each, with the slowest group's predicted time
+    and how the layout was found. ``gap`` and ``bound_s`` are HiGHS's, for the bucketed program
+    (None without a HiGHS incumbent)."""
 
     groups: list[tuple[int, list[int]]]
     objective: float
     method: str  # "milp", "heuristic"
     status: str
-    solve_s: float
-    gap: float | None
+    solve_s: float = 0.0
+    gap: float | None = None
+    bound_s: float | None = None
 
 
 @dataclass
 class RoundModel:
-    """The data of one round's program: per-sequence time and activation memory at each degree."""
+    """The data of one round's program at each SP degree: a group of degree d takes
+    ``overhead[d]`` plus the sum of its sequences' ``time[:, d]`` (FlexSP's model: per-sequence
+    time plus one bias per group), and holds the sum of their ``mem[:, d]``.
+
+    ``tokens`` orders the sequences for bucketing (None: by time on one rank).
+    """
 
     positions: list[int]
     degrees: list[int]
-    time: np.ndarray  # (n, D) seconds
+    time: np.ndarray  # (n, D) seconds: each sequence's share of a packed micro-batch
     mem: np.ndarray  # (n, D) activation bytes per rank
     room: float  # per-rank bytes left under the cap for activations
     world_size: int
+    tokens: np.ndarray | None = None  # (n,)
+    overhead: np.ndarray | None = None  # (D,) seconds per group; None: no overhead
 
     def allowed(self) -> np.ndarray:
         return self.mem <= self.room
 
+    def group_overhead(self) -> np.ndarray:
+        return np.zeros(len(self.degrees)) if self.overhead is None else np.asarray(self.overhead, float)
 
-def length_buckets(model: RoundModel, max_buckets: int) -> list[list[int]]:
-    """Indices (into model.positions) grouped into at most ``max_buckets`` buckets of similar
-    size: sorted by predicted time alone on one GPU, cut at the largest gaps in log time (equal
-    sizes share a bucket, very different ones never do while buckets are left)."""
+    def lengths(self) -> np.ndarray:
+        return np.asarray(self.tokens if self.tokens is not None else self.time[:, 0], dtype=np.float64)
+
+    def footprint(self) -> np.ndarray:
+        """Each sequence's smallest cluster-wide activation memory (per-rank bytes x ranks)."""
+        return np.min(self.mem * np.asarray(self.degrees, dtype=np.float64), axis=1)
+
+
+def round_lower_bound(model: RoundModel) -> float:
+    """A lower bound on the round's time that no layout can beat, independent of any solver:
+    the longest sequence at its fastest degree that fits, and the work bound (each sequence needs
+    at least min_d d * t_d rank-seconds; the groups share W ranks, so the slowest group takes at
+    least the total over W). The per-group overhead is left out: a micro-batch never takes less
+    than its sequences' packed shares (the cost-model contract), but the overhead is an estimate."""
+    if not model.positions:
+        return 0.0
+    share = model.time
+    ok = model.allowed()
+    fastest = np.where(ok, share, np.inf).min(axis=1)
+    work = np.where(ok, share * np.asarray(model.degrees, dtype=np.float64), np.inf).min(axis=1)
+    return float(max(fastest.max(), work.sum() / model.world_size))
+
+
+# ---------------------------------------------------------------- bucketing (FlexSP's DP)
+
+
+def padding_partitions(length: np.ndarray, count: np.ndarray, max_buckets: int) -> Iterator[list[tuple[int, int]]]:
+    """FlexSP's bucketing dynamic program over distinct lengths sorted ascending, each with its
+    count: yields, for b = 1 .. min(max_buckets, len(length)), the partition into b contiguous
+    buckets (unit ranges [start, end)) with the least padding, sum over sequences of (the
+    bucket's longest length - the sequence's length)."""
+    U = len(length)
+    if U == 0:
+        return
+    csum = np.concatenate([[0.0], np.cumsum(count, dtype=np.float64)])
+    lsum = np.concatenate([[0.0], np.cumsum(length * count, dtype=np.float64)])
+    top = np.concatenate([[0.0], np.asarray(length, dtype=np.float64)])  # top[i]: longest of units < i
+    # pad[j, i - lo] of a column block [lo, hi): the padding of the bucket of units j .. i-1,
+    # whose longest is unit i-1 (inf unless j < i). Only rows j < hi can start such a bucket, so
+    # the blocks hold half the (U+1)^2 matrix; computed once, they serve every bucket count.
+    blocks: list[tuple[int, int, np.ndarray]] = []
+    for lo in range(1, U + 1, 256):
+        hi = min(U + 1, lo + 256)
+        j = np.arange(hi)[:, None]
+        i = np.arange(lo, hi)[None, :]
+        pad = top[i] * (csum[i] - csum[j]) - (lsum[i] - lsum[j])
+        blocks.append((lo, hi, np.where(j < i, pad, np.inf)))
+    dp = np.full(U + 1, np.inf)
+    dp[0] = 0.0
+    choice: list[np.ndarray] = []
+    for b in range(1, min(max_buckets, U) + 1):
+        new = np.full(U + 1, np.inf)
+        arg = np.zeros(U + 1, dtype=np.int64)
+        for lo, hi, pad in blocks:
+            tot = dp[:hi, None] + pad
+            arg[lo:hi] = tot.argmin(axis=0)
+            new[lo:hi] = tot[arg[lo:hi], np.arange(hi - lo)]
+        dp = new
+        choice.append(arg)
+        if math.isfinite(dp[U]):
+            ranges, end = [], U
+            for bb in range(b - 1, -1, -1):
+                start = int(choice[bb][end])
+                ranges.append((start, end))
+                end = start
+            yield ranges[::-1]
+
+
+def flexsp_buckets(model: RoundModel, buckets: int, max_buckets: int) -> list[list[int]]:
+    """Indices (into ``model.positions``) grouped into length buckets the way FlexSP does it:
+    FlexSP's padding-minimising DP (`padding_partitions`), starting at ``buckets`` buckets and
+    adding buckets (up to ``max_buckets``) until the padded activation footprint is at most half
+    way from the real footprint to the cluster's capacity. Sequences identical for the program
+    (same length, time and memory at every degree) always share a bucket; with no more such
+    shapes than ``buckets`` every bucket holds one shape and the program is exact."""
     n = len(model.positions)
-    key = [(float(model.time[i, 0]), float(model.mem[i, 0]), i) for i in range(n)]
-    order = [k[2] for k in sorted(key)]
     if n == 0:
         return []
-    logt = np.log(np.maximum([model.time[i, 0] for i in order], 1e-30))
-    gaps = np.diff(logt)
-    cuts = sorted(int(j) + 1 for j in np.argsort(-gaps, kind="stable")[: max_buckets - 1] if gaps[j] > 0)
-    bounds = [0, *cuts, n]
-    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    key = np.column_stack([model.lengths(), model.time, model.mem])
+    shapes, inverse = np.unique(key, axis=0, return_inverse=True)  # sorted by length first
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.searchsorted(inverse[order], np.arange(len(shapes) + 1))
+    members = [order[starts[u] : starts[u + 1]] for u in range(len(shapes))]
+    if len(shapes) <= buckets:
+        return [m.tolist() for m in members]
+    count = np.diff(starts).astype(np.float64)
+    degrees = np.asarray(model.degrees, dtype=np.float64)
+    real = float(model.footprint().sum())
+    halfway = (real + model.world_size * model.room) / 2
+    chosen: list[list[int]] = []
+    for ranges in padding_partitions(shapes[:, 0], count, max(buckets, max_buckets)):
+        if len(ranges) < buckets:
+            continue
+        chosen = [np.concatenate(members[a:e]).tolist() for a, e in ranges]
+        # a bucket enters the program at its largest memory at every degree
+        padded = sum(len(b) * float(np.min(model.mem[b].max(axis=0) * degrees)) for b in chosen)
+        if padded <= halfway:
+            break
+    return chosen
+
+
+# ---------------------------------------------------------------- the program
+
+
+@dataclass
+class RoundProgram:
+    """One round's FlexSP program, loaded into a HiGHS instance, and the maps back to it."""
+
+    highs: Any
+    buckets: list[list[int]]
+    slots: list[int]  # degree index of every group slot (W/d slots of degree d)
+    x_col: dict[tuple[int, int], int]  # (bucket, slot) -> column: sequences of the bucket in the slot
+    y_col: list[int]  # slot -> column: the slot is a group
+    t_scale: float  # seconds per unit of the program's time
 
 
 def quiet_highs() -> Any:
@@ -101,125 +229,159 @@ def quiet_highs() -> Any:
     return h
 
 
-def solve_round_milp(
-    model: RoundModel,
-    max_buckets: int,
-    time_limit_s: float,
-) -> RoundSolution | None:
+def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundProgram:
     """The FlexSP program over group slots (W/d slots of each degree d):
 
     minimise C  s.t.  sum_g x[b,g] = n_b                    (every sequence placed)
-                      sum_b t[b,d_g] x[b,g] <= C             (slowest group)
-                      sum_b m[b,d_g] x[b,g] <= room * y_g    (group memory; y_g: group used)
+                      o_g y_g + sum_b t[b,d_g] x[b,g] <= C   (slowest group)
+                      sum_b m[b,d_g] x[b,g] <= room * y_g    (group memory)
+                      sum_b x[b,g] <= n_g y_g                (only used slots hold sequences)
                       sum_g d_g y_g <= W                     (groups fit the world)
                       y_{d,k+1} <= y_{d,k}                   (symmetry breaking)
-                      sum_g d_g sum_b t[b,d_g] x[b,g] <= W C (work conservation: a valid cut
+                      sum_g d_g (o_g y_g + sum_b t[b,d_g] x[b,g]) <= W C
+                                                             (work conservation: a valid cut
                                                               that tightens the LP bound)
 
-    x integer (sequences of bucket b in slot g; t and m are the bucket's mean time and mean
-    memory; a bucket may only use degrees its longest sequence fits), y binary. Returns None
-    when HiGHS finds no feasible point in the time limit.
+    x integer (sequences of bucket b in slot g), y binary, o_g the group overhead at the slot's
+    degree; t and m are the largest time and
+    memory of the bucket's sequences at the slot's degree (FlexSP uses the bucket's longest
+    length), and a bucket may only use degrees where that memory fits. Raises `InfeasibleError`
+    when a bucket fits no degree.
     """
     import highspy
 
-    buckets = length_buckets(model, max_buckets)
+    inf = highspy.kHighsInf
     degrees, W = model.degrees, model.world_size
-    slots = [(di, k) for di, d in enumerate(degrees) for k in range(W // d)]
-    t_b = np.array([[model.time[b, di].mean() for di in range(len(degrees))] for b in buckets])
-    m_b = np.array([[model.mem[b, di].mean() for di in range(len(degrees))] for b in buckets])
-    ok = np.array([[model.mem[b, di].max() <= model.room for di in range(len(degrees))] for b in buckets])
+    slots = [di for di, d in enumerate(degrees) for _ in range(W // d)]
+    t_b = np.array([model.time[b].max(axis=0) for b in buckets])  # (B, D)
+    m_b = np.array([model.mem[b].max(axis=0) for b in buckets])
+    ok = m_b <= model.room
     for bi, b in enumerate(buckets):
         if not ok[bi].any():
             raise InfeasibleError(
-                f"sample {model.positions[b[-1]]} does not fit the memory cap even on "
-                f"{degrees[-1]} ranks"
+                f"sample {model.positions[b[-1]]} does not fit the memory cap even on {degrees[-1]} ranks"
             )
+    over = model.group_overhead()
+    t_scale = max(float(t_b.max()), float(over.max()), 1e-12)  # keep coefficients near 1 for the solver
 
     # Columns: C, y_g, then x[b,g] for allowed pairs.
-    col_lb: list[float] = [0.0]
-    col_ub: list[float] = [highspy.kHighsInf]
-    cost_c: list[float] = [1.0]
-    integrality: list[int] = [0]
-    y_col = {}
-    for g in range(len(slots)):
-        y_col[g] = len(col_lb)
-        col_lb.append(0.0)
-        col_ub.append(1.0)
-        cost_c.append(0.0)
-        integrality.append(1)
+    y_col = list(range(1, 1 + len(slots)))
     x_col: dict[tuple[int, int], int] = {}
-    for bi, b in enumerate(buckets):
-        for g, (di, _) in enumerate(slots):
+    for bi in range(len(buckets)):
+        for g, di in enumerate(slots):
             if ok[bi, di]:
-                x_col[bi, g] = len(col_lb)
-                col_lb.append(0.0)
-                col_ub.append(float(len(b)))
-                cost_c.append(0.0)
-                integrality.append(1)
+                x_col[bi, g] = 1 + len(slots) + len(x_col)
+    n_cols = 1 + len(slots) + len(x_col)
+    col_ub = np.concatenate([[inf], np.ones(len(slots)), [float(len(buckets[bi])) for bi, _ in x_col]])
+    integrality = np.array([0] + [1] * (n_cols - 1), dtype=np.uint8)
+    cost = np.zeros(n_cols)
+    cost[0] = 1.0
 
     rows: list[tuple[float, float, list[int], list[float]]] = []
     for bi, b in enumerate(buckets):
         cols = [x_col[bi, g] for g in range(len(slots)) if (bi, g) in x_col]
         rows.append((float(len(b)), float(len(b)), cols, [1.0] * len(cols)))
-    t_scale = max(float(t_b.max()), 1e-12)  # keep coefficients near 1 for the solver
-    for g, (di, _) in enumerate(slots):
-        cols = [x_col[bi, g] for bi in range(len(buckets)) if (bi, g) in x_col]
-        vals = [float(t_b[bi, di]) / t_scale for bi in range(len(buckets)) if (bi, g) in x_col]
-        rows.append((-highspy.kHighsInf, 0.0, cols + [0], vals + [-1.0]))
-        mvals = [float(m_b[bi, di]) / model.room for bi in range(len(buckets)) if (bi, g) in x_col]
-        rows.append((-highspy.kHighsInf, 0.0, cols + [y_col[g]], mvals + [-1.0]))
-    rows.append(
-        (-highspy.kHighsInf, float(W), [y_col[g] for g in range(len(slots))],
-         [float(degrees[di]) for di, _ in slots])
-    )
+    for g, di in enumerate(slots):
+        bs = [bi for bi in range(len(buckets)) if (bi, g) in x_col]
+        cols = [x_col[bi, g] for bi in bs]
+        rows.append((
+            -inf, 0.0, cols + [y_col[g], 0],
+            [float(t_b[bi, di]) / t_scale for bi in bs] + [float(over[di]) / t_scale, -1.0],
+        ))
+        rows.append((-inf, 0.0, cols + [y_col[g]], [float(m_b[bi, di]) / model.room for bi in bs] + [-1.0]))
+        # A slot holds sequences only when it is counted as used. The memory row above cannot
+        # carry this: a short sequence's memory share is below HiGHS's feasibility tolerance
+        # (1 token at SP 8 is 3e-8 of a rank), and a memory-free cost model has no row at all.
+        cap = float(sum(len(buckets[bi]) for bi in bs))
+        rows.append((-inf, 0.0, cols + [y_col[g]], [1.0] * len(cols) + [-cap]))
+    rows.append((-inf, float(W), y_col, [float(degrees[di]) for di in slots]))
     for g in range(1, len(slots)):
-        if slots[g][0] == slots[g - 1][0]:
-            rows.append((-highspy.kHighsInf, 0.0, [y_col[g], y_col[g - 1]], [1.0, -1.0]))
-    work_cols = list(x_col.values())
-    work_vals = [degrees[slots[g][0]] * float(t_b[bi, slots[g][0]]) / t_scale for (bi, g) in x_col]
-    rows.append((-highspy.kHighsInf, 0.0, work_cols + [0], work_vals + [-float(W)]))
+        if slots[g] == slots[g - 1]:
+            rows.append((-inf, 0.0, [y_col[g], y_col[g - 1]], [1.0, -1.0]))
+    work_vals = [degrees[slots[g]] * float(t_b[bi, slots[g]]) / t_scale for (bi, g) in x_col]
+    work_vals += [degrees[di] * float(over[di]) / t_scale for di in slots]
+    rows.append((-inf, 0.0, [*x_col.values(), *y_col, 0], work_vals + [-float(W)]))
 
     h = quiet_highs()
-    h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
     h.setOptionValue("threads", 1)
     h.setOptionValue("random_seed", 0)
     h.setOptionValue("mip_rel_gap", 1e-6)
-    n = len(col_lb)
-    h.addVars(n, np.array(col_lb), np.array(col_ub))
-    idx = np.arange(n, dtype=np.int32)
-    h.changeColsCost(n, idx, np.array(cost_c))
-    h.changeColsIntegrality(n, idx, np.array(integrality, dtype=np.uint8))
-    lower = np.array([r[0] for r in rows])
-    upper = np.array([r[1] for r in rows])
+    h.addVars(n_cols, np.zeros(n_cols), col_ub)
+    idx = np.arange(n_cols, dtype=np.int32)
+    h.changeColsCost(n_cols, idx, cost)
+    h.changeColsIntegrality(n_cols, idx, integrality)
     starts = np.cumsum([0] + [len(r[2]) for r in rows[:-1]]).astype(np.int32)
     index = np.array([c for r in rows for c in r[2]], dtype=np.int32)
     value = np.array([v for r in rows for v in r[3]], dtype=np.float64)
-    h.addRows(len(rows), lower, upper, len(index), starts, index, value)
+    h.addRows(
+        len(rows), np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), len(index), starts, index, value
+    )
+    return RoundProgram(h, buckets, slots, x_col, y_col, t_scale)
+
+
+def solve_program(program: RoundProgram, time_limit_s: float | None) -> float:
+    """Run HiGHS on the program (None: no time limit); returns the seconds it ran."""
+    h = program.highs
+    h.setOptionValue("time_limit", math.inf if time_limit_s is None else float(time_limit_s))
     t0 = time.perf_counter()
     h.run()
-    solve_s = time.perf_counter() - t0
-    status = h.getModelStatus()
+    return time.perf_counter() - t0
+
+
+def extract_solution(program: RoundProgram, model: RoundModel, solve_s: float) -> RoundSolution | None:
+    """The groups of HiGHS's incumbent, or None when it has none. The program fixes how many
+    sequences of each bucket a slot runs; the concrete sequences are dealt longest first to the
+    least-loaded slot with quota left, so realised times track the program's."""
+    import highspy
+
+    h = program.highs
     info = h.getInfo()
     if info.primal_solution_status != 2:  # 2 = a feasible point exists
         return None
     sol = np.asarray(h.getSolution().col_value)
-    # Deal each bucket's concrete sequences to its slots, longest first to the least-loaded
-    # slot with quota left, so the realised times track the bucket means.
-    quota = {k: int(round(sol[c])) for k, c in x_col.items() if round(sol[c]) > 0}
+    quota: dict[int, dict[int, int]] = {}
+    for (bi, g), c in program.x_col.items():
+        q = int(round(sol[c]))
+        if q > 0:
+            quota.setdefault(bi, {})[g] = q
+    over = model.group_overhead()
     members: dict[int, list[int]] = {}
-    load: dict[int, float] = {}
-    for bi, b in enumerate(buckets):
-        targets = {g: q for (bb, g), q in quota.items() if bb == bi}
+    load = {g: float(over[program.slots[g]]) for targets in quota.values() for g in targets}
+    for bi, b in enumerate(program.buckets):
+        targets = quota.get(bi, {})
+        heap = [(load[g], g) for g in targets]
+        heapq.heapify(heap)
         for i in sorted(b, key=lambda i: -float(model.time[i, 0])):
-            open_slots = [g for g, q in targets.items() if q > 0]
-            g = min(open_slots, key=lambda g: (load.get(g, 0.0), g))
-            targets[g] -= 1
+            _, g = heapq.heappop(heap)
             members.setdefault(g, []).append(i)
-            load[g] = load.get(g, 0.0) + float(model.time[i, slots[g][0]])
-    groups = [(degrees[slots[g][0]], [model.positions[i] for i in mem]) for g, mem in members.items()]
-    gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else None
+            load[g] += float(model.time[i, program.slots[g]])
+            targets[g] -= 1
+            if targets[g] > 0:
+                heapq.heappush(heap, (load[g], g))
+    groups = [(model.degrees[program.slots[g]], [model.positions[i] for i in m]) for g, m in members.items()]
+    used = sum(size for size, _ in groups)
+    if used > model.world_size:  # the program's world row forbids this; a violation is a bug here
+        raise RuntimeError(f"HiGHS layout uses {used} ranks of {model.world_size}")
+    status = h.getModelStatus()
     name = "optimal" if status == highspy.HighsModelStatus.kOptimal else h.modelStatusToString(status)
-    return RoundSolution(groups, max(load.values(), default=0.0), "milp", name, solve_s, gap)
+    gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else None
+    bound = float(info.mip_dual_bound) * program.t_scale if math.isfinite(info.mip_dual_bound) else None
+    return RoundSolution(groups, max(load.values(), default=0.0), "milp", name, solve_s, gap, bound)
+
+
+def solve_round_milp(
+    model: RoundModel, time_limit_s: float | None = None, buckets: list[list[int]] | None = None
+) -> RoundSolution | None:
+    """Build, solve and read back one round's program (`build_round_program`). ``buckets``
+    None: one bucket per distinct sequence shape (the exact program). Returns None when HiGHS
+    finds no feasible point within ``time_limit_s`` (None: no limit)."""
+    if buckets is None:
+        buckets = flexsp_buckets(model, len(model.positions), len(model.positions))
+    program = build_round_program(model, buckets)
+    return extract_solution(program, model, solve_program(program, time_limit_s))
+
+
+# ---------------------------------------------------------------- heuristics
 
 
 def solve_round_heuristic(model: RoundModel) -> RoundSolution:
@@ -228,6 +390,7 @@ def solve_round_heuristic(model: RoundModel) -> RoundSolution:
     memory limit), and the mixed layout of `mixed_layout`; keep the fastest."""
     t0 = time.perf_counter()
     ok = model.allowed()
+    over = model.group_overhead()
     best: RoundSolution | None = None
     for di, d in enumerate(model.degrees):
         if not ok[:, di].all():
@@ -235,10 +398,10 @@ def solve_round_heuristic(model: RoundModel) -> RoundSolution:
         owners = lpt_assign(model.time[:, di].tolist(), model.world_size // d)
         if any(model.mem[o, di].sum() > model.room for o in owners if o):
             continue
-        loads = [float(model.time[o, di].sum()) for o in owners]
+        loads = [float(over[di] + model.time[o, di].sum()) for o in owners if o]
         groups = [(d, [model.positions[i] for i in o]) for o in owners if o]
         if best is None or max(loads) < best.objective:
-            best = RoundSolution(groups, max(loads), "heuristic", "heuristic", 0.0, None)
+            best = RoundSolution(groups, max(loads), "heuristic", "heuristic")
     mixed = mixed_layout(model)
     if mixed is not None and (best is None or mixed.objective < best.objective):
         best = mixed
@@ -278,6 +441,7 @@ def mixed_layout(model: RoundModel) -> RoundSolution | None:
             break
         di = max(grow, key=lambda di: work[di] / (count[di] * deg[di]))
         count[di] += 1
+    overhead = model.group_overhead()
     groups: list[tuple[int, list[int]]] = []
     worst = 0.0
     for di, items in cls.items():
@@ -288,9 +452,9 @@ def mixed_layout(model: RoundModel) -> RoundSolution | None:
                 continue
             if float(model.mem[members, di].sum()) > model.room:
                 return None
-            worst = max(worst, float(model.time[members, di].sum()))
+            worst = max(worst, float(overhead[di] + model.time[members, di].sum()))
             groups.append((deg[di], [model.positions[i] for i in members]))
-    return RoundSolution(groups, worst, "heuristic", "heuristic", 0.0, None)
+    return RoundSolution(groups, worst, "heuristic", "heuristic")
 
 
 def packed_round_time(batch: GlobalBatch, sol: RoundSolution, cost: CostModel, ckpt: int) -> float:
@@ -303,16 +467,57 @@ def packed_round_time(batch: GlobalBatch, sol: RoundSolution, cost: CostModel, c
     return worst
 
 
+# ---------------------------------------------------------------- the step budget
+
+
+@dataclass
+class PlanningBudget:
+    """The planning time of one step on ``clock``: HiGHS gets what is left once the other work
+    (cost-model evaluation, heuristics, building programs, reading solutions, the layout) is set
+    aside, estimated from what that work has cost so far in this step."""
+
+    limit_s: float
+    clock: Callable[[], float] = time.perf_counter
+    start: float = field(init=False)
+    overhead_s: float = 0.0  # the most a finished round spent outside HiGHS
+
+    def __post_init__(self) -> None:
+        self.start = self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def solver_limit(self, rounds_left: int, spent_s: float) -> float:
+        """HiGHS's limit for the current round, ``spent_s`` into it: an equal share, over the
+        ``rounds_left`` rounds still to solve (this one included), of the time left once three
+        things are set aside: the rest of this round (as long again as ``spent_s``), the work
+        outside HiGHS of the other rounds and of the final layout (each as much as the costliest
+        round so far, or twice ``spent_s``), and HiGHS's overrun of its limit."""
+        per_round = max(self.overhead_s, 2 * spent_s)
+        slack = min(SOLVER_OVERRUN_S, self.limit_s / 4)
+        reserve = spent_s + rounds_left * per_round + slack
+        return (self.limit_s - self.elapsed() - reserve) / rounds_left
+
+    def finish_round(self, round_s: float, solve_s: float) -> None:
+        self.overhead_s = max(self.overhead_s, round_s - solve_s)
+
+
+# ---------------------------------------------------------------- the planner
+
+
 class FlexSPMILP(Planner):
     """FlexSP: per-step MILP over heterogeneous SP groups (HiGHS), with a heuristic fallback.
 
     Args:
         mode: labels runs only (FlexSP takes one optimizer step per global batch).
         recompute: "full", "selective" (first half of the layers) or "none".
-        time_limit_s: HiGHS time limit per step, shared by the step's rounds.
-        max_buckets: length buckets per round (program size grows with it).
+        step_time_limit_s: the whole step's planning time (cost model, programs, HiGHS, layout).
+        buckets: length buckets per round to start from (FlexSP's 16).
+        max_buckets: at most this many buckets when FlexSP's padding rule asks for more.
         fill: the fraction of the cluster's activation memory a round may use (slack for the
             bucket-level memory estimate); more rounds when the batch needs it.
+        time_limit_s: the former name of ``step_time_limit_s``; when set, it is used instead.
+        clock: the clock the budget is kept on (tests pass a simulated one).
     """
 
     name = "flexsp_milp"
@@ -321,34 +526,53 @@ class FlexSPMILP(Planner):
         self,
         mode: Mode = "fair",
         recompute: str = "full",
-        time_limit_s: float = 2.0,
-        max_buckets: int = 16,
+        step_time_limit_s: float = 2.0,
+        buckets: int = 16,
+        max_buckets: int = 32,
         fill: float = 0.9,
+        time_limit_s: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         super().__init__(mode)
         ckpt_layers_for(recompute, 1)
-        if time_limit_s <= 0:
-            raise ConfigError(f"time_limit_s={time_limit_s}; expected a positive number of seconds")
-        if max_buckets < 1:
-            raise ConfigError(f"max_buckets={max_buckets}; expected >= 1")
+        if time_limit_s is not None:
+            step_time_limit_s = time_limit_s
+        if step_time_limit_s <= 0:
+            raise ConfigError(f"step_time_limit_s={step_time_limit_s}; expected a positive number of seconds")
+        if buckets < 1:
+            raise ConfigError(f"buckets={buckets}; expected >= 1")
+        if max_buckets < buckets:
+            raise ConfigError(f"max_buckets={max_buckets}; expected >= buckets ({buckets})")
         if not 0.0 < fill <= 1.0:
             raise ConfigError(f"fill={fill}; expected a fraction in (0, 1]")
         self.recompute = recompute
-        self.time_limit_s = time_limit_s
+        self.step_time_limit_s = float(step_time_limit_s)
+        self.buckets = buckets
         self.max_buckets = max_buckets
         self.fill = fill
+        self.clock = clock
 
     def round_model(self, batch: GlobalBatch, positions: list[int], cost: CostModel, ckpt: int) -> RoundModel:
         W = cost.cluster.world_size
         degrees = sp_degrees(W)
         t = batch.tokens[positions]
         f = batch.frames[positions]
-        time_ = np.stack([cost.sample_time(t, f, d, ckpt) for d in degrees], axis=1)
+        # A group runs its sequences packed in one micro-batch, so a sequence costs its packed
+        # share (the cost of it run alone would charge every short sequence the fixed costs of a
+        # whole micro-batch: at 32 ranks that is 5x the packed time on prolong). The fixed costs
+        # (collective latencies, kernel efficiency) are charged once per group, measured at the
+        # round's scale.
+        share = np.stack([cost.sample_time_packed(t, f, d, ckpt) for d in degrees], axis=1)
+        whole = [cost.microbatch_cost(t, f, d, ckpt, "sequence").total_s for d in degrees]
+        overhead = np.maximum(0.0, np.asarray(whole) - share.sum(axis=0))
         mem = np.stack([cost.sample_memory(t, f, d, ckpt) for d in degrees], axis=1)
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
-        return RoundModel(list(positions), degrees, np.asarray(time_, float), np.asarray(mem, float), room, W)
+        return RoundModel(
+            list(positions), degrees, np.asarray(share, float), np.asarray(mem, float), room, W,
+            tokens=np.asarray(t), overhead=overhead,
+        )
 
-    def chunk(self, batch: GlobalBatch, cost: CostModel, ckpt: int, num_rounds: int) -> list[list[int]]:
+    def chunk(self, batch: GlobalBatch, num_rounds: int) -> list[list[int]]:
         """Deal the sequences, longest first, in a snake order over ``num_rounds`` rounds so
         every round gets a similar mix of lengths."""
         order = sorted(range(batch.n), key=lambda p: (-int(batch.tokens[p]), p))
@@ -358,7 +582,65 @@ class FlexSPMILP(Planner):
             chunks[j if lap % 2 == 0 else num_rounds - 1 - j].append(p)
         return [c for c in chunks if c]
 
+    def solve_round(
+        self, batch: GlobalBatch, positions: list[int], cost: CostModel, ckpt: int,
+        budget: PlanningBudget, rounds_left: int,
+    ) -> tuple[RoundSolution, dict[str, Any]]:
+        """One round within the step's budget: the heuristic, then HiGHS on the bucketed program
+        for this round's share of the time left; the faster layout on the packed micro-batch
+        cost (what the executor runs). Returns it with the round's record for ``plan.info``."""
+        t0 = budget.clock()
+        model = self.round_model(batch, positions, cost, ckpt)
+        try:
+            heur: RoundSolution | None = solve_round_heuristic(model)
+        except InfeasibleError:
+            heur = None
+        buckets = flexsp_buckets(model, self.buckets, self.max_buckets)
+        milp, limit, solve_s = self.solve_within_budget(model, buckets, budget, rounds_left, t0)
+        for cand in (milp, heur):
+            if cand is not None:
+                cand.objective = packed_round_time(batch, cand, cost, ckpt)
+        sol = milp
+        if heur is not None and (milp is None or heur.objective < milp.objective):
+            reason = "no time left" if limit is None else (milp.status if milp is not None else "no incumbent")
+            heur.status = f"fallback ({reason})"
+            sol = heur
+        if sol is None:
+            raise InfeasibleError(f"round of {len(positions)} sequences has no feasible layout")
+        record = {
+            "buckets": len(buckets),
+            "time_limit_s": limit or 0.0,
+            "solve_s": solve_s,
+            "mip_gap": milp.gap if milp is not None else None,
+            "bound_s": milp.bound_s if milp is not None else None,
+            "lower_bound_s": round_lower_bound(model),
+        }
+        budget.finish_round(budget.clock() - t0, solve_s)
+        return sol, record
+
+    def solve_within_budget(
+        self, model: RoundModel, buckets: list[list[int]], budget: PlanningBudget, rounds_left: int,
+        round_start: float,
+    ) -> tuple[RoundSolution | None, float | None, float]:
+        """Build the round's program and run HiGHS for the round's share of the budget. Returns
+        HiGHS's incumbent (None without one), the limit it had (None: no time was left to run
+        it) and the seconds it ran."""
+        if budget.solver_limit(rounds_left, budget.clock() - round_start) < MIN_SOLVE_S:
+            return None, None, 0.0  # not even worth building the program
+        # No warm start from the heuristic: HiGHS 1.16 completes a user start point without
+        # honouring time_limit (a step of videosys_zipf on 32 GPUs ran for minutes); the
+        # heuristic competes with the incumbent instead.
+        program = build_round_program(model, buckets)
+        limit = budget.solver_limit(rounds_left, budget.clock() - round_start)
+        if limit < MIN_SOLVE_S:
+            return None, None, 0.0
+        s0 = budget.clock()
+        solve_program(program, limit)
+        solve_s = budget.clock() - s0
+        return extract_solution(program, model, solve_s), limit, solve_s
+
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        budget = PlanningBudget(self.step_time_limit_s, self.clock)
         W = cost.cluster.world_size
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
@@ -378,62 +660,54 @@ class FlexSPMILP(Planner):
             if batch.n else np.zeros(0)
         )
         num_rounds = max(1, math.ceil(float(footprint.sum()) / (self.fill * room * W))) if batch.n else 0
-        deadline = time.perf_counter() + self.time_limit_s
         while True:
-            chunks = self.chunk(batch, cost, ckpt, num_rounds) if batch.n else []
+            chunks = self.chunk(batch, num_rounds) if batch.n else []
             sols: list[RoundSolution] = []
+            records: list[dict[str, Any]] = []
             try:
                 for r, positions in enumerate(chunks):
-                    model = self.round_model(batch, positions, cost, ckpt)
-                    left = max(0.01, (deadline - time.perf_counter()) / (len(chunks) - r))
-                    try:
-                        heur: RoundSolution | None = solve_round_heuristic(model)
-                    except InfeasibleError:
-                        heur = None
-                    # No warm start from the heuristic: HiGHS 1.16 completes a user start point
-                    # without honouring time_limit (a step of videosys_zipf on 32 GPUs ran
-                    # for minutes); the heuristic competes with the incumbent below instead.
-                    sol = solve_round_milp(model, self.max_buckets, left)
-                    # compare layouts on their packed micro-batch cost (what the executor runs),
-                    # not the program's per-sequence sum
-                    for cand in (sol, heur):
-                        if cand is not None:
-                            cand.objective = packed_round_time(batch, cand, cost, ckpt)
-                    if heur is not None and (sol is None or (sol.status != "optimal" and heur.objective < sol.objective)):
-                        heur.status = "fallback" if sol is None else f"fallback ({sol.status})"
-                        heur.gap = sol.gap if sol is not None else None
-                        heur.solve_s += sol.solve_s if sol is not None else left
-                        sol = heur
-                    if sol is None:
-                        raise InfeasibleError(f"round {r} has no feasible layout")
+                    sol, record = self.solve_round(batch, positions, cost, ckpt, budget, len(chunks) - r)
                     sols.append(sol)
+                    records.append(record)
                 break
             except InfeasibleError:
                 if num_rounds >= batch.n:
                     raise
                 num_rounds = min(batch.n, 2 * num_rounds)
-        rounds: list[Round] = []
-        for sol in sols:
-            start, laid = 0, []
-            for size, members in sorted(sol.groups, key=lambda g: -g[0]):
-                # FlexSP runs a group's sequences packed in one pass; split only if the cost
-                # model disagrees with the additive memory estimate.
-                if microbatch_fits(batch, members, cost, size, ckpt, "sequence"):
-                    packs = [tuple(members)]
-                else:
-                    packs = pack_under_budget(batch, members, cost, size, ckpt, None)
-                laid.append(Group(start, size, [MicroBatch(p, ckpt_layers=ckpt) for p in packs]))
-                start += size
-            rounds.append(Round(groups=laid))
+        rounds = [self.lay_out(batch, sol, cost, ckpt) for sol in sols]
+        objective = [s.objective for s in sols]
+        lower = [rec["lower_bound_s"] for rec in records]
         info: dict[str, Any] = {
             "recompute": self.recompute,
             "ckpt_layers": ckpt,
             "rounds": len(rounds),
-            "solve_s": sum(s.solve_s for s in sols),
+            "step_time_limit_s": self.step_time_limit_s,
             "solver": [s.method for s in sols],
             "status": [s.status for s in sols],
-            "mip_gap": [s.gap for s in sols],
-            "objective_s": [s.objective for s in sols],  # slowest packed group per round
-            "time_limit_s": self.time_limit_s,
+            "objective_s": objective,  # slowest packed group per round
+            **{key: [rec[key] for rec in records] for key in
+               ("buckets", "time_limit_s", "solve_s", "mip_gap", "bound_s", "lower_bound_s")},
+            "lb_gap": [gap_to(o, lb) for o, lb in zip(objective, lower)],
+            "step_lb_gap": gap_to(sum(objective), sum(lower)),
         }
+        info["plan_s"] = budget.elapsed()
         return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step, info=info)
+
+    def lay_out(self, batch: GlobalBatch, sol: RoundSolution, cost: CostModel, ckpt: int) -> Round:
+        """Aligned groups, largest first from rank 0 (powers of two in decreasing size stay
+        aligned), each running its sequences packed in one pass as FlexSP does; split only if
+        the cost model disagrees with the additive memory estimate."""
+        start, laid = 0, []
+        for size, members in sorted(sol.groups, key=lambda g: -g[0]):
+            if microbatch_fits(batch, members, cost, size, ckpt, "sequence"):
+                packs = [tuple(members)]
+            else:
+                packs = pack_under_budget(batch, members, cost, size, ckpt, None)
+            laid.append(Group(start, size, [MicroBatch(p, ckpt_layers=ckpt) for p in packs]))
+            start += size
+        return Round(groups=laid)
+
+
+def gap_to(objective: float, bound: float) -> float:
+    """Relative gap of an objective to a lower bound: (objective - bound) / objective."""
+    return (objective - bound) / objective if objective > 0 else 0.0

@@ -1,0 +1,69 @@
+"""Planning time of `flexsp_milp` per step under its default budget (``step_time_limit_s`` = 2 s,
+everything in ``plan()`` on the clock: cost model, bucketing, programs, HiGHS, layout). Goal,
+checked by reading the table, never asserted: the step never takes more than 10% over its
+budget (max <= 2.2 s). Cases: 32 H200s x 512 sequences (the batch of the other planner
+benchmarks), and the first steps of a 32-GPU video (videosys_zipf, stdit3_xl2) and text
+(prolong, llama3_8b) workload. ``extra_info`` holds each run's planning time and gaps.
+Run: ``pytest tests/benchmarks/test_bench_flexsp.py --benchmark-enable``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dcp_bench.batch import GlobalBatch
+from dcp_bench.config import load_config
+from dcp_bench.cost import make_cost_model
+from dcp_bench.plan import StepPlan, validate_plan
+from dcp_bench.planners.base import make_planner
+from dcp_bench.workload import load_workload
+
+
+def lognormal_batch(n: int, seed: int = 0) -> GlobalBatch:
+    rng = np.random.default_rng(seed)
+    return GlobalBatch.from_lengths(np.minimum(rng.lognormal(8.5, 1.2, n).astype(np.int64) + 16, 131_072))
+
+
+CASES = {
+    "lognormal_512": ("llama3_8b", None),
+    "videosys_zipf": ("stdit3_xl2", "videosys_zipf"),
+    "prolong": ("llama3_8b", "prolong"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bench_flexsp_step_planning_time(benchmark, case: str) -> None:
+    model, workload = CASES[case]
+    cost = make_cost_model(model, "h200x32")
+    if workload is None:
+        batches = [lognormal_batch(512)]
+    else:
+        wl = load_workload(workload)
+        batches = [wl.global_batch(step, 32, cost.model.max_seq_len) for step in range(3)]
+    planner = make_planner(load_config(["method=flexsp_milp"]).method)
+    steps = itertools.cycle(batches)
+    plans: list[tuple[StepPlan, GlobalBatch]] = []
+
+    def plan_next() -> StepPlan:
+        batch = next(steps)
+        plan = planner.plan(batch, cost)
+        plans.append((plan, batch))
+        return plan
+
+    benchmark.pedantic(plan_next, rounds=5, iterations=1, warmup_rounds=1)
+    for plan, batch in plans:
+        validate_plan(plan, batch, cost)
+        assert sorted(plan.sample_positions()) == list(range(batch.n))
+    infos: list[dict[str, Any]] = [p.info for p, _ in plans[1:]]  # the warm-up round left out
+    benchmark.extra_info.update(
+        step_time_limit_s=infos[0]["step_time_limit_s"],
+        plan_s=[round(i["plan_s"], 4) for i in infos],
+        rounds=[i["rounds"] for i in infos],
+        mip_gap=[i["mip_gap"] for i in infos],
+        step_lb_gap=[round(i["step_lb_gap"], 4) for i in infos],
+        status=[i["status"] for i in infos],
+    )
