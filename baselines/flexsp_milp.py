@@ -516,7 +516,6 @@ class FlexSPMILP(Planner):
         max_buckets: at most this many buckets when FlexSP's padding rule asks for more.
         fill: the fraction of the cluster's activation memory a round may use (slack for the
             bucket-level memory estimate); more rounds when the batch needs it.
-        time_limit_s: the former name of ``step_time_limit_s``; when set, it is used instead.
         clock: the clock the budget is kept on (tests pass a simulated one).
     """
 
@@ -530,13 +529,10 @@ class FlexSPMILP(Planner):
         buckets: int = 16,
         max_buckets: int = 32,
         fill: float = 0.9,
-        time_limit_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         super().__init__(mode)
         ckpt_layers_for(recompute, 1)
-        if time_limit_s is not None:
-            step_time_limit_s = time_limit_s
         if step_time_limit_s <= 0:
             raise ConfigError(f"step_time_limit_s={step_time_limit_s}; expected a positive number of seconds")
         if buckets < 1:

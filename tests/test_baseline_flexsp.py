@@ -416,6 +416,3 @@ def test_tiny_budget_still_plans_every_sample_once():
     assert sum(plan.info["time_limit_s"]) <= 0.01
 
 
-def test_former_time_limit_name_sets_the_step_budget():
-    assert FlexSPMILP(time_limit_s=0.3).step_time_limit_s == 0.3
-    assert FlexSPMILP().step_time_limit_s == 2.0

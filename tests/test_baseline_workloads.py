@@ -37,7 +37,7 @@ def check_workload(method: str, workload: str, tokens_per_gpu: int) -> None:
         batch = wl.global_batch(0, 32, cost.model.max_seq_len)
         overrides = [f"method={method}"]
         if method == "flexsp_milp":
-            overrides.append("method.time_limit_s=0.3")
+            overrides.append("method.step_time_limit_s=0.3")
         planner = make_planner(load_config(overrides).method)
         plan = planner.plan(batch, cost)
         validate_plan(plan, batch, cost)
@@ -68,7 +68,7 @@ def test_paper_mode_plans_validate(method):
     batch = wl.global_batch(0, 32, cost.model.max_seq_len)
     overrides = [f"method={method}", "method.mode=paper"]
     if method == "flexsp_milp":
-        overrides.append("method.time_limit_s=0.3")
+        overrides.append("method.step_time_limit_s=0.3")
     plan = make_planner(load_config(overrides).method).plan(batch, cost)
     validate_plan(plan, batch, cost)
     assert plan.mode == "paper"

@@ -28,7 +28,7 @@ def _batch(n: int, seed: int = 0) -> GlobalBatch:
 def test_bench_baseline_planning_time(benchmark, method: str) -> None:
     cost = make_cost_model("llama3_8b", "h200x32")
     batch = _batch(512)
-    overrides = [f"method={method}"] + (["method.time_limit_s=0.5"] if method == "flexsp_milp" else [])
+    overrides = [f"method={method}"] + (["method.step_time_limit_s=0.5"] if method == "flexsp_milp" else [])
     planner = make_planner(load_config(overrides).method)
     planner.plan(batch, cost)  # tunes static_tuned; warms caches for the rest
     plan = benchmark(planner.plan, batch, cost)
