@@ -2,9 +2,13 @@
 
 One fixed SP degree for every sample, samples grouped into shape buckets, one batch size per
 bucket (the largest that fits the memory cap at that SP degree), full activation checkpointing.
-Fair mode runs every sample of the global batch exactly once; paper mode reproduces the
-reference benchmark's dealing (median-time batch-size damping, skipped buckets, one bucket per
-data-parallel replica, remainder dropped). See baselines/README.md for sources and deviations.
+Fair mode runs every sample of the global batch exactly once; paper mode with ``run.unit=step``
+deals one batch per step (median-time batch-size damping, skipped buckets, one bucket per
+data-parallel replica, remainder dropped), all deals in one plan. The reference runtime itself
+(paper mode, ``run.unit=epoch``) is `BucketStatic.plan_epoch`: the reference profile (powers of
+two, no cap, its throughput guard and median damping over all profiled buckets) and the
+reference's bucket sampler over a fixed dataset, every deal its own iteration (its own barrier,
+gradient sync and optimizer step). See baselines/README.md for sources and deviations.
 """
 
 from __future__ import annotations
@@ -22,9 +26,21 @@ from baselines.scheduling import (
     split_for,
     static_round,
 )
-from dcp_bench.errors import InfeasibleError
+from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import MicroBatch, Mode, Split, StepPlan
 from dcp_bench.planners.base import Planner
+from dcp_bench.reference.epoch import (
+    EpochPlan,
+    bucket_label,
+    bucket_shape,
+    dataset_buckets,
+    deal_summary,
+    iteration_plan,
+    merge_iterations,
+    packed_plan,
+)
+from dcp_bench.reference.profile import BucketProfile, baseline_search, cost_measure, damp_to_median
+from dcp_bench.reference.samplers import bucket_epoch
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -63,7 +79,12 @@ class BucketStatic(Planner):
             (it only grows, so the degree stays fixed once the workload's longest has appeared).
         recompute: "full" (the reference), "selective" or "none".
         seed: seeds the random order in which micro-batches are dealt to replicas.
-        max_batch_size: upper bound on a bucket's batch size (the reference's profiler limit).
+        max_batch_size: upper bound on a bucket's batch size (fair and per-step paper mode; the
+            reference profile of ``plan_epoch`` has no bound).
+        deals_per_iteration: ``plan_epoch`` only: deals per optimizer step. 1 (the reference):
+            every deal is an iteration with its own barrier and gradient sync; k > 1: k deals
+            run back to back in one plan; 0: the epoch's deals in one plan (readings for the
+            report, not the reference).
     """
 
     name = "bucket_static"
@@ -75,14 +96,20 @@ class BucketStatic(Planner):
         recompute: str = "full",
         seed: int = 0,
         max_batch_size: int = 256,
+        deals_per_iteration: int = 1,
     ) -> None:
         super().__init__(mode)
         self.sp = sp
         self.recompute = recompute
         self.seed = seed
         self.max_batch_size = max_batch_size
+        if int(deals_per_iteration) < 0:
+            raise ConfigError(f"bucket_static: deals_per_iteration={deals_per_iteration}; expected 0 (all deals of "
+                              "the epoch in one plan) or a count >= 1")
+        self.deals_per_iteration = int(deals_per_iteration)
         self._auto_sp = 1  # the smallest fitting degree of the longest sample seen so far
         ckpt_layers_for(recompute, 1)  # reject an unknown policy at construction
+        self._ref_profiles: dict[int, tuple[Any, dict[tuple[int, int, int, int], BucketProfile | None]]] = {}
 
     def fixed_sp(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
         W = cost.cluster.world_size
@@ -168,6 +195,39 @@ class BucketStatic(Planner):
             step=batch.step,
             info=info,
         )
+
+
+    # -- the reference runtime: an epoch (run.unit=epoch) ---------------------------------------
+
+    def reference_profile(self, cost: CostModel, tokens: int, frames: int, sp: int, ckpt: int) -> BucketProfile | None:
+        """The reference baseline profile of one bucket shape at the fixed degree (cached)."""
+        entry = self._ref_profiles.setdefault(id(cost), (cost, {}))
+        key = (tokens, frames, sp, ckpt)
+        if key not in entry[1]:
+            entry[1][key] = baseline_search(cost_measure(cost, tokens, frames, pac=False, ckpt_layers=ckpt), sp)
+        return entry[1][key]
+
+    def plan_epoch(self, dataset: GlobalBatch, cost: CostModel, epoch: int = 0) -> EpochPlan:
+        """The reference baseline's epoch over the fixed ``dataset`` (module docstring)."""
+        W = cost.cluster.world_size
+        ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
+        sp = self.fixed_sp(dataset, cost, ckpt)
+        buckets = dataset_buckets(dataset)
+        raw = {b.key: self.reference_profile(cost, *bucket_shape(b.key), sp, ckpt) for b in buckets}
+        damped = damp_to_median({k: p for k, p in raw.items() if p is not None})
+        profile: dict[Any, BucketProfile | None] = {k: damped.get(k) for k in raw}
+        deal = bucket_epoch(buckets, profile, sp, W // sp, np.random.default_rng(self.seed + epoch))
+        if self.deals_per_iteration == 1:
+            iterations = [iteration_plan(it, W, self.name, i) for i, it in enumerate(deal.iterations)]
+        else:
+            chunks = merge_iterations(deal, self.deals_per_iteration)
+            iterations = [packed_plan(chunk, W, self.name, i) for i, chunk in enumerate(chunks)]
+        info = deal_summary(deal)
+        info["optimizer_steps"] = len(iterations)
+        info["profile"] = {bucket_label(k): None if p is None else {"sp": p.sp, "bs": p.bs, "time_s": p.time_s,
+                                                                    "undamped_bs": raw[k].bs}  # type: ignore[union-attr]
+                           for k, p in profile.items()}
+        return EpochPlan(iterations, info)
 
 
 __all__ = ["BucketStatic", "bucket_key", "damp_batch_sizes"]

@@ -132,6 +132,100 @@ def zipf_weights(n: int, alpha: float = 3.0, offset: int = 5) -> np.ndarray:
     return w / w.sum()
 
 
+def latent_voxels(bucket: VideoBucket) -> int:
+    """Latent voxels of one sample, T' x floor(H/8) x floor(W/8): the unit the reference's
+    throughput counter uses (no 2x2 patching, no padding). 240p: 30 x 53 = 1,590 per frame."""
+    return bucket.latent_frames * (bucket.height // VAE_STRIDE) * (bucket.width // VAE_STRIDE)
+
+
+@dataclass(frozen=True)
+class ReferenceDataset:
+    """The reference benchmark's dummy dataset generator, as a fixed list of samples.
+
+    The arguments are the generator's own (docs/reference_semantics.md cites each rule): the
+    bucket grid (5 resolutions x {1, 51, 102, 204, 408} frames, one aspect ratio each), a
+    ``distribution`` (``zipf``: rounded shares of 1/k^3 for k = offset+1.., the first bucket
+    absorbing the rounding; ``uniform``: ``size`` uniform draws from a generator seeded
+    ``data_seed + data_size``), drawn separately for images and videos in the generator's order
+    (videos by frames x height, images by height, ties in config order), and the image mixing
+    (``exclusive``: ``frac x data_size`` images on top of ``data_size`` videos; ``inclusive``:
+    images take ``frac`` (or, for frac < 0, their share of the candidates) of ``data_size``).
+    """
+
+    distribution: str = "zipf"
+    zipf_offset: int = 5
+    image_mixing_type: str = "exclusive"
+    image_mixing_frac: float = 50.0
+    data_size: int = 2000
+    data_seed: int = 42
+
+    def __post_init__(self) -> None:
+        if self.distribution not in ("zipf", "uniform"):
+            raise WorkloadError(f"dataset distribution {self.distribution!r}; expected zipf or uniform")
+        if self.image_mixing_type not in ("exclusive", "inclusive"):
+            raise WorkloadError(f"dataset image_mixing_type {self.image_mixing_type!r}; expected exclusive or inclusive")
+        if self.image_mixing_type == "exclusive" and self.image_mixing_frac < 0:
+            raise WorkloadError(f"dataset image_mixing_frac {self.image_mixing_frac!r}: exclusive mixing needs >= 0")
+        if self.image_mixing_type == "inclusive" and self.image_mixing_frac > 1:
+            raise WorkloadError(f"dataset image_mixing_frac {self.image_mixing_frac!r}: inclusive mixing needs <= 1")
+        if self.data_size < 1 or self.zipf_offset < 0 or self.data_seed < 0:
+            raise WorkloadError(f"dataset data_size {self.data_size!r} (>= 1), zipf_offset {self.zipf_offset!r} "
+                                f"(>= 0) and data_seed {self.data_seed!r} (>= 0) out of range")
+
+    @staticmethod
+    def candidates() -> tuple[list[VideoBucket], list[VideoBucket]]:
+        """(images, videos) in the generator's order: a stable sort of the config order
+        (resolutions 144p..720p, frames ascending) by height, and by frames x height."""
+        config = [VideoBucket(r, f) for r in VIDEO_RESOLUTIONS for f in (1, *VIDEO_FRAMES)]
+        images = sorted((b for b in config if b.frames == 1), key=lambda b: b.height)
+        videos = sorted((b for b in config if b.frames > 1), key=lambda b: b.frames * b.height)
+        return images, videos
+
+    def sizes(self) -> tuple[int, int]:
+        """(images, videos) the mixing rule asks for."""
+        n_img = len(self.candidates()[0])
+        n_vid = len(self.candidates()[1])
+        if self.image_mixing_type == "exclusive":
+            return int(self.image_mixing_frac * self.data_size), self.data_size
+        if self.image_mixing_frac < 0:
+            img = int(n_img / (n_img + n_vid) * self.data_size)
+        else:
+            img = int(self.image_mixing_frac * self.data_size)
+        return img, self.data_size - img
+
+    def counts(self) -> tuple[list[VideoBucket], np.ndarray]:
+        """Every bucket (images, then videos, in the generator's order) and its sample count."""
+        images, videos = self.candidates()
+        img_size, vid_size = self.sizes()
+        if self.distribution == "uniform":
+            rng = np.random.default_rng(self.data_seed + self.data_size)
+            img = np.bincount(rng.integers(0, len(images), size=img_size), minlength=len(images))
+            vid = np.bincount(rng.integers(0, len(videos), size=vid_size), minlength=len(videos))
+        else:
+            img = self._zipf_counts(len(images), img_size)
+            vid = self._zipf_counts(len(videos), vid_size)
+        return images + videos, np.concatenate([img, vid]).astype(np.int64)
+
+    def _zipf_counts(self, n: int, size: int) -> np.ndarray:
+        ranks = np.arange(1, n + 1 + self.zipf_offset, dtype=np.float64) ** 3.0
+        prob = 1.0 / (ranks * np.sum(1.0 / ranks))
+        prob = prob[self.zipf_offset:]
+        counts = np.round(size * prob / prob.sum()).astype(np.int64)  # numpy rounds half to even
+        if n:
+            counts[0] += size - int(counts.sum())
+        return counts
+
+    def describe(self) -> dict[str, Any]:
+        buckets, counts = self.counts()
+        return {
+            "generator": "the reference benchmark's dummy dataset (docs/reference_semantics.md)",
+            "distribution": self.distribution, "zipf_offset": self.zipf_offset,
+            "image_mixing_type": self.image_mixing_type, "image_mixing_frac": self.image_mixing_frac,
+            "data_size": self.data_size, "data_seed": self.data_seed, "samples": int(counts.sum()),
+            "counts": {b.label: int(c) for b, c in zip(buckets, counts)},
+        }
+
+
 # ---------------------------------------------------------------------------------------------
 # Size sources
 
@@ -292,6 +386,7 @@ class Workload:
     length_scale: float = 1.0
     max_len: int | None = None
     max_len_policy: str = "truncate"
+    dataset: ReferenceDataset | None = None  # the fixed dataset of an epoch (run.unit=epoch)
 
     def __post_init__(self) -> None:
         if self.kind not in ("video", "text", "synthetic"):
@@ -410,6 +505,58 @@ class Workload:
             },
         )
 
+    # -- the fixed dataset of an epoch ---------------------------------------------------------
+
+    def epoch_dataset(self, world_size: int, max_seq_len: int | None = None) -> GlobalBatch:
+        """The whole fixed dataset an epoch visits (``run.unit=epoch``), in the generator's order
+        (images, then videos; positions are dataset indices). The same for every seed, method and
+        world size: the run's seed only shuffles how a method's sampler deals it. Sample ids
+        name the bucket and the dataset index, so ``shapes`` recovers every size. The batch
+        policy's ``length_scale`` and maximum length apply as they do to a step's batch."""
+        if self.dataset is None:
+            names = ", ".join(n for n, e in WORKLOADS.items() if e.dataset is not None)
+            raise WorkloadError(f"workload {self.name!r} has no fixed dataset for run.unit=epoch "
+                                f"(workloads with one: {names})")
+        if world_size < 1:
+            raise WorkloadError(f"workload {self.name!r}: world_size {world_size}; expected >= 1")
+        buckets, counts = self.dataset.counts()
+        index = {(b.resolution, b.frames): i for i, b in enumerate(getattr(self.source, "buckets", []))}
+        missing = [b.label for b in buckets if (b.resolution, b.frames) not in index]
+        if missing:
+            raise WorkloadError(f"workload {self.name!r}: its dataset has buckets its size source lacks ({missing[0]})")
+        bucket_of = np.repeat([index[(b.resolution, b.frames)] for b in buckets], counts).astype(np.int64)
+        ids = (bucket_of << ID_SHIFT) | np.arange(len(bucket_of), dtype=np.int64)
+        tokens, frames = self.shapes(ids)
+        limit = self._limit(max_seq_len)
+        over = np.zeros(len(ids), dtype=bool) if limit is None else tokens > limit
+        dropped = 0
+        if over.any():
+            if self.max_len_policy == "truncate":
+                frames, tokens = _truncate(frames, tokens, over, limit)  # type: ignore[arg-type]
+            else:
+                keep = ~over
+                ids, tokens, frames, dropped = ids[keep], tokens[keep], frames[keep], int(over.sum())
+        return GlobalBatch(
+            step=0, sample_ids=ids, tokens=tokens, frames=frames,
+            truncated=int(over.sum()) if self.max_len_policy == "truncate" else 0, dropped=dropped,
+            info={"workload": self.name, "workload_version": self.version, "dataset": self.dataset.describe(),
+                  "length_scale": self.length_scale, "max_len": limit, "max_len_policy": self.max_len_policy},
+        )
+
+    def latent_tokens(self, sample_ids: Any) -> np.ndarray | None:
+        """Latent voxels of each sample (T' x H/8 x W/8, `latent_voxels`), the reference's token
+        unit, after ``length_scale``; None for sources that are not the video grid."""
+        buckets = getattr(self.source, "buckets", None)
+        if not buckets:
+            return None
+        per_frame = np.array([b.height // VAE_STRIDE * (b.width // VAE_STRIDE) for b in buckets], dtype=np.int64)
+        frames, _ = self.source.shapes(np.asarray(sample_ids, dtype=np.int64))
+        b = np.asarray(sample_ids, dtype=np.int64) >> ID_SHIFT
+        spatial = per_frame[b]
+        if self.length_scale != 1:
+            spatial = np.maximum(1, np.rint(spatial / self.length_scale).astype(np.int64))
+        return frames * spatial
+
     # -- statistics ----------------------------------------------------------------------------
 
     def length_distribution(self) -> tuple[np.ndarray, np.ndarray, str]:
@@ -456,6 +603,7 @@ class Workload:
             "max_len": self.max_len,
             "max_len_policy": self.max_len_policy,
             "provenance": self.provenance,
+            **({"dataset": self.dataset.describe()} if self.dataset is not None else {}),
         }
 
 
@@ -526,6 +674,41 @@ def _video_zipf(population_images: int = 100_000, population_videos: int = 2_000
         "licence": "synthetic shapes of a public benchmark grid (no data)",
     }
     return BucketSource(img + vid, p, population=n), prov
+
+
+# The three mixes of the reference's figure "short sequences dominated / balanced sequences / long
+# sequences dominated": the reference defines only the first (its benchmark configs); the other
+# two are the project's choices, made with the reference generator's own knobs
+# (workloads/README.md says so and why).
+MIX_DATASETS: dict[str, dict[str, Any]] = {
+    "videosys_zipf": {"distribution": "zipf", "zipf_offset": 5, "image_mixing_type": "exclusive",
+                      "image_mixing_frac": 50.0},
+    "videosys_mix_balanced": {"distribution": "uniform", "image_mixing_type": "exclusive", "image_mixing_frac": 50.0},
+    "videosys_mix_long": {"distribution": "uniform", "image_mixing_type": "inclusive", "image_mixing_frac": -1.0},
+}
+
+
+def mix_dataset(name: str, data_size: int = 2000, data_seed: int = 42) -> ReferenceDataset:
+    """The fixed dataset of a mix workload: the reference generator with the mix's knobs."""
+    return ReferenceDataset(**MIX_DATASETS[name], data_size=int(data_size), data_seed=int(data_seed))
+
+
+def _video_mix(name: str, data_size: int = 2000, data_seed: int = 42) -> tuple[SizeSource, dict[str, Any]]:
+    """A mix as a bucket distribution (step mode): the shares of its fixed dataset's counts."""
+    ds = mix_dataset(name, data_size, data_seed)
+    buckets, counts = ds.counts()
+    img, vid = image_buckets(), video_buckets()
+    order = {(b.resolution, b.frames): c for b, c in zip(buckets, counts)}
+    grid = img + vid
+    p = np.array([order[(b.resolution, b.frames)] for b in grid], dtype=np.float64)
+    knobs = ", ".join(f"{k}={v}" for k, v in MIX_DATASETS[name].items())
+    prov = {
+        "source": "the DCP reference benchmark's dummy dataset generator (VideoSys), project-chosen knobs",
+        "weights": f"the counts of the generator's dataset ({knobs}, data_size={data_size}, seed={data_seed}); "
+                   "step mode draws buckets i.i.d. with these shares, run.unit=epoch visits the dataset itself",
+        "licence": "synthetic shapes of a public benchmark grid (no data)",
+    }
+    return BucketSource(grid, p, population=int(counts.sum())), prov
 
 
 def _video_reweighted(how: str) -> tuple[SizeSource, dict[str, Any]]:
@@ -670,6 +853,8 @@ class WorkloadEntry:
     build: Callable[..., tuple[SizeSource, dict[str, Any]]]
     params: tuple[str, ...] = ()  # source parameters besides the batch-policy ones
     version: str = "1"
+    dataset: Callable[..., ReferenceDataset] | None = None  # the fixed dataset of run.unit=epoch
+    dataset_params: tuple[str, ...] = ()  # its parameters (also accepted as workload parameters)
 
 
 VIDEO_MODEL, TEXT_MODEL = "stdit3_xl2", "llama3_8b"
@@ -678,6 +863,19 @@ WORKLOADS: Mapping[str, WorkloadEntry] = {
     "videosys_zipf": WorkloadEntry(
         "video", VIDEO_MODEL, "reference video grid, Zipf(3, offset 5) mix of 100,000 images and 2,000 videos",
         lambda **p: _video_zipf(**p), ("population_images", "population_videos", "alpha", "offset"),
+        dataset=lambda **p: mix_dataset("videosys_zipf", **p), dataset_params=("data_size", "data_seed"),
+    ),
+    "videosys_mix_balanced": WorkloadEntry(
+        "video", VIDEO_MODEL, "the project's balanced mix: reference generator, uniform buckets, 100,000 images "
+        "+ 2,000 videos (images ~48% of tokens)",
+        lambda **p: _video_mix("videosys_mix_balanced", **p), ("data_size", "data_seed"),
+        dataset=lambda **p: mix_dataset("videosys_mix_balanced", **p), dataset_params=("data_size", "data_seed"),
+    ),
+    "videosys_mix_long": WorkloadEntry(
+        "video", VIDEO_MODEL, "the project's long mix: reference generator, uniform buckets, inclusive mixing "
+        "(400 images + 1,600 videos; videos >99% of tokens)",
+        lambda **p: _video_mix("videosys_mix_long", **p), ("data_size", "data_seed"),
+        dataset=lambda **p: mix_dataset("videosys_mix_long", **p), dataset_params=("data_size", "data_seed"),
     ),
     "videosys_balanced": WorkloadEntry(
         "video", VIDEO_MODEL, "reference video grid, equal token mass per bucket",
@@ -735,14 +933,20 @@ def load_workload(name: str, **params: Any) -> Workload:
     if entry is None:
         raise WorkloadError(f"unknown workload {name!r}; valid names: {', '.join(WORKLOADS)}")
     params = {k: v for k, v in params.items() if v is not None or k in _POLICY_PARAMS}
-    unknown = sorted(set(params) - set(_POLICY_PARAMS) - set(entry.params) - {"default_model"})
+    valid = tuple(dict.fromkeys(_POLICY_PARAMS + entry.params + entry.dataset_params))
+    unknown = sorted(set(params) - set(valid) - {"default_model"})
     if unknown:
         raise WorkloadError(
-            f"workload {name!r}: unknown parameter(s) {', '.join(unknown)}; valid: "
-            f"{', '.join(_POLICY_PARAMS + entry.params)}"
+            f"workload {name!r}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
         )
+    for key in entry.dataset_params:
+        if key in params:
+            params[key] = _as_int(params[key], name, key)
     source_params = {k: params[k] for k in entry.params if k in params}
     source, prov = entry.build(**source_params)
+    dataset = None
+    if entry.dataset is not None:
+        dataset = entry.dataset(**{k: params[k] for k in entry.dataset_params if k in params})
     policy = {k: params[k] for k in _POLICY_PARAMS if params.get(k) is not None}
     for key in ("seed", "tokens_per_gpu", "samples_per_step", "max_len"):
         if key in policy:
@@ -762,6 +966,7 @@ def load_workload(name: str, **params: Any) -> Workload:
         default_model=str(params.get("default_model") or entry.default_model),
         provenance=prov,
         description=entry.description,
+        dataset=dataset,
         **policy,
     )
 

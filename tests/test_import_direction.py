@@ -19,6 +19,7 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.records", "dcp_bench.corpora", "dcp_bench.cost"],
     ["dcp_bench.plan", "dcp_bench.workload"],
     ["dcp_bench.execution"],
+    ["dcp_bench.reference"],  # the reference runtime's rules (profile, samplers, epoch), used by planners
     ["dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.runtime"],
     ["dcp_bench.profiling", "dcp_bench.report"],
     ["dcp_bench.run"],
@@ -26,7 +27,7 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.cli", "dcp_bench.commands", "dcp_bench"],
 ]
 SIBLING_IMPORTS = {("baselines", "dcp_bench.planners")}  # a baseline is a Planner subclass
-TORCH_FREE = ("dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.plan", "dcp_bench.cost",
+TORCH_FREE = ("dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.plan", "dcp_bench.cost", "dcp_bench.reference",
               "dcp_bench.workload", "dcp_bench.execution", "dcp_bench.layout", "dcp_bench.batch")
 
 

@@ -20,11 +20,19 @@ descending size order are aligned by construction.
 
 Modes. ``fair`` (default): iterations repeat as rounds of one plan until every sample of the
 global batch has run once; buckets the intra-node profile cannot fit use cross-node degrees;
-one optimizer step. ``paper``: the reference runtime's behaviour: one optimizer step is *one*
-iteration, so it sees only the samples that iteration's groups and micro-steps take (their count
-varies from step to step); buckets that fit no intra-node degree are skipped; the rest of the
-batch is not seen by this step. ``plan.info`` records ``samples_seen``, ``samples_skipped`` and
-``samples_deferred``.
+one optimizer step. ``paper`` with ``run.unit=step``: one optimizer step is *one* iteration of a
+fresh batch, so it sees only the samples that iteration's groups and micro-steps take; buckets
+that fit no intra-node degree are skipped; the rest of the batch is not seen by this step
+(``plan.info`` records ``samples_seen``, ``samples_skipped`` and ``samples_deferred``).
+
+The reference runtime itself (``method.mode=paper``, ``run.unit=epoch``, the default of paper
+mode) is `plan_epoch`: the reference profile (`dcp_bench.reference.profile.dcp_search`) and the
+reference sampler (`dcp_bench.reference.samplers`) deal a fixed dataset into iterations, each its
+own `StepPlan`. Its parameters are the reference's: ``sampler_max_steps`` / ``sampler_min_steps``
+(the benchmark configs: 5 / 2 for DCP-inter, 5 / 15 for PAC), ``sampler_bounds`` (``literal``:
+the code's reading; ``per_group``: the documentation's), ``sp_rule`` (null: the reference's rule,
+``categorical`` for intra and ``threshold`` for inter; or ``largest``), ``eject`` and
+``second_pass`` (both true in the reference). docs/reference_semantics.md cites every rule.
 """
 
 from __future__ import annotations
@@ -44,6 +52,22 @@ from dcp_bench.planners.settings import (
     build_shape_table,
     profile_bucket,
     raise_if_infeasible,
+)
+from dcp_bench.reference.epoch import (
+    EpochPlan,
+    bucket_label,
+    bucket_shape,
+    dataset_buckets,
+    deal_summary,
+    iteration_plan,
+)
+from dcp_bench.reference.profile import BucketProfile, cost_measure, dcp_search
+from dcp_bench.reference.samplers import (
+    BOUNDS,
+    SP_RULES,
+    accumulation_counts,
+    dcp_inter_epoch,
+    dcp_intra_epoch,
 )
 
 if TYPE_CHECKING:
@@ -66,32 +90,15 @@ class _GroupPlan:
 
 
 def accumulation_steps(times: list[float], min_steps: int, max_steps: int) -> list[int]:
-    """Gradient-accumulation steps per group so the groups finish together.
+    """Gradient-accumulation steps per group so the groups finish together, every count within
+    ``min_steps .. max_steps`` (the per-group reading of the reference's bounds, which fair mode
+    uses; `dcp_bench.reference.samplers.accumulation_counts` has both readings).
 
     Candidates for the common finishing time are ``t_j * m`` for every group ``j`` and step count
     ``m`` within bounds; each group takes the step count closest to it (an over-run costs 1.2x
     an under-run); the candidate with the least total mismatch wins.
     """
-    if not times:
-        return []
-    horizon = max(times) * max_steps
-    best: list[int] = [min_steps] * len(times)
-    best_score = float("inf")
-    for t_out in times:
-        for m in range(min_steps, max_steps + 1):
-            target = t_out * m
-            if target > horizon * (1 + 1e-12):
-                break
-            steps, score = [], 0.0
-            for t in times:
-                opts = range(min_steps, max_steps + 1)
-                g = min(opts, key=lambda k: (1.2 * (t * k - target) if t * k > target else target - t * k, k))
-                steps.append(g)
-                d = t * g - target
-                score += 1.2 * d if d > 0 else -d
-            if score < best_score - 1e-15:
-                best, best_score = steps, score
-    return best
+    return accumulation_counts(times, max_steps, min_steps, bounds="per_group")
 
 
 class FaithfulDCPPlanner(Planner):
@@ -108,6 +115,13 @@ class FaithfulDCPPlanner(Planner):
         min_steps: int = 1,
         max_steps: int = 2,
         tolerance: float = 0.1,
+        seed: int = 0,
+        sampler_max_steps: int = 5,
+        sampler_min_steps: int = 2,
+        sampler_bounds: str = "literal",
+        sp_rule: str | None = None,
+        eject: bool = True,
+        second_pass: bool = True,
     ) -> None:
         super().__init__(mode)
         if buckets_per_octave < 1 or min_steps < 1 or max_steps < min_steps or tolerance < 0:
@@ -116,13 +130,31 @@ class FaithfulDCPPlanner(Planner):
                 f"1 <= min_steps <= max_steps (got {min_steps}, {max_steps}), tolerance >= 0 "
                 f"(got {tolerance})"
             )
+        if sampler_max_steps < 1 or sampler_min_steps < 1:
+            raise ConfigError(f"{self.name}: sampler_max_steps={sampler_max_steps} and sampler_min_steps="
+                              f"{sampler_min_steps}: expected integers >= 1")
+        if sampler_bounds not in BOUNDS:
+            raise ConfigError(f"{self.name}: sampler_bounds={sampler_bounds!r}; expected one of {', '.join(BOUNDS)}")
+        if sampler_bounds == "per_group" and sampler_min_steps > sampler_max_steps:
+            raise ConfigError(f"{self.name}: sampler_bounds=per_group needs sampler_min_steps <= sampler_max_steps "
+                              f"(got {sampler_min_steps}, {sampler_max_steps})")
+        if sp_rule is not None and sp_rule not in SP_RULES:
+            raise ConfigError(f"{self.name}: sp_rule={sp_rule!r}; expected null or one of {', '.join(SP_RULES)}")
         self.buckets_per_octave = int(buckets_per_octave)
         self.min_steps = int(min_steps)
         self.max_steps = int(max_steps)
         self.tolerance = float(tolerance)
+        self.seed = int(seed)
+        self.sampler_max_steps = int(sampler_max_steps)
+        self.sampler_min_steps = int(sampler_min_steps)
+        self.sampler_bounds = str(sampler_bounds)
+        self.sp_rule = sp_rule
+        self.eject = bool(eject)
+        self.second_pass = bool(second_pass)
         # The profile, as the reference keeps it: per cost model, per bucket shape. Instance
         # state, not global; the cost model is held so its id cannot be reused while cached.
         self._profiles: dict[int, tuple[Any, dict[tuple[int, int, bool], BucketSetting | None]]] = {}
+        self._ref_profiles: dict[int, tuple[Any, dict[tuple[int, int], BucketProfile | None]]] = {}
 
     def _profile(self, cost: CostModel, tokens: int, frames: int, cross_node: bool) -> BucketSetting | None:
         entry = self._profiles.setdefault(id(cost), (cost, {}))
@@ -240,6 +272,46 @@ class FaithfulDCPPlanner(Planner):
         if self.mode == "paper":
             info["label"] = self.label()
         return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step, info=info)
+
+    # -- the reference runtime: an epoch (run.unit=epoch) ---------------------------------------
+
+    @property
+    def variant(self) -> str:
+        """The reference profiler's variant: intra, inter or pac."""
+        return "intra" if self.balance == "intra" else ("pac" if self.pac else "inter")
+
+    def reference_profile(self, cost: CostModel, tokens: int, frames: int) -> BucketProfile | None:
+        """The reference profile of one bucket shape on ``cost`` (cached per cost model)."""
+        entry = self._ref_profiles.setdefault(id(cost), (cost, {}))
+        key = (tokens, frames)
+        if key not in entry[1]:
+            gpn = min(cost.cluster.gpus_per_node, cost.cluster.world_size)
+            measure = cost_measure(cost, tokens, frames, pac=self.pac)
+            entry[1][key] = dcp_search(measure, gpn, cost.cluster.world_size, self.variant)
+        return entry[1][key]
+
+    def plan_epoch(self, dataset: GlobalBatch, cost: CostModel, epoch: int = 0) -> EpochPlan:
+        """The reference runtime's epoch over the fixed ``dataset`` (module docstring): profile
+        every bucket, deal the epoch with the method's sampler (seeded ``seed + epoch``), one
+        `StepPlan` per iteration over the sub-batch it trains."""
+        W = cost.cluster.world_size
+        buckets = dataset_buckets(dataset)
+        profile = {b.key: self.reference_profile(cost, *bucket_shape(b.key)) for b in buckets}
+        rng = np.random.default_rng(self.seed + epoch)
+        if self.variant == "intra":
+            gpn = min(cost.cluster.gpus_per_node, W)
+            deal = dcp_intra_epoch(buckets, profile, W, gpn, rng, sp_rule=self.sp_rule or "categorical",
+                                   second_pass=self.second_pass)
+        else:
+            deal = dcp_inter_epoch(buckets, profile, W, rng, max_steps=self.sampler_max_steps,
+                                   min_steps=self.sampler_min_steps, bounds=self.sampler_bounds,
+                                   sp_rule=self.sp_rule or "threshold", eject=self.eject)
+        iterations = [iteration_plan(it, W, self.name, i) for i, it in enumerate(deal.iterations)]
+        info = deal_summary(deal)
+        info["profile"] = {bucket_label(k): None if p is None else {"sp": p.sp, "bs": p.bs, "time_s": p.time_s,
+                                                                    "ckpt_layers": p.ckpt_layers}
+                           for k, p in profile.items()}
+        return EpochPlan(iterations, info)
 
     def _round(self, groups: list[_GroupPlan], buckets: list[_Bucket]) -> Round:
         out: list[Group] = []

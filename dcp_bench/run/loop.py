@@ -16,15 +16,16 @@ import dataclasses
 import math
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dcp_bench.errors import DcpBenchError
+from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.execution import Executor, ExecutorDescription, ExecutorInfo, StepOutcome
 from dcp_bench.files import atomic_write_json
-from dcp_bench.plan import StepPlan
+from dcp_bench.plan import StepPlan, validate_plan
 from dcp_bench.records import RunSummary, RunWriter, StepRecord, read_steps
 from dcp_bench.run.assemble import RunParts
 from dcp_bench.run.spec import RunSpec
@@ -143,6 +144,82 @@ def run_steps(
             raise _StopRun("nonfinite", f"non-finite loss or gradient at step {step}")
 
 
+def run_epochs(
+    spec: RunSpec,
+    parts: RunParts,
+    executor: Executor,
+    writer: RunWriter,
+    started: float,
+) -> None:
+    """``run.unit=epoch``: the reference runtime's loop. Each of ``run.epochs`` epochs takes the
+    workload's fixed dataset, the planner's reference sampler deals it into iterations
+    (``plan_epoch``), and every iteration runs as one step of the loop (its own barrier,
+    gradient sync and optimizer step) and becomes one `StepRecord`; no iteration is excluded.
+    The epoch's planning time is charged by ``run.planner_clock``, spread evenly over its
+    iterations. The first record of an epoch carries the epoch's accounting (``epoch_info``)."""
+    plan_epoch = getattr(parts.planner, "plan_epoch", None)
+    epoch_dataset = getattr(parts.workload, "epoch_dataset", None)
+    if not callable(plan_epoch) or not callable(epoch_dataset):
+        raise ConfigError(f"run.unit=epoch needs a method with a reference epoch sampler and a workload "
+                          f"with a fixed dataset ({spec.method_name} on {spec.workload_name})")
+    latent = getattr(parts.workload, "latent_tokens", None)
+    step = 0
+    for epoch in range(spec.epochs):
+        dataset = epoch_dataset(executor.world_size, spec.model.max_seq_len)
+        t0 = time.perf_counter()
+        deal = plan_epoch(dataset, parts.plan_cost, epoch)
+        share = (time.perf_counter() - t0) / max(1, len(deal.iterations))
+        for i, it in enumerate(deal.iterations):
+            late = spec.timeout_s is not None and time.time() - started > spec.timeout_s
+            if executor.agree(late):
+                raise RunTimeout(f"run exceeded run.timeout_s={spec.timeout_s:g} at epoch {epoch}, iteration {i}")
+            sub = dataset.subset(it.positions)
+            batch = dataclasses.replace(sub, step=step, info={"epoch": epoch, "iteration": i})
+            validate_plan(it.plan, batch, num_layers=parts.cost.model.num_layers)
+            plan, _ = executor.plan(batch, _planned(it.plan))  # rank 0's plan goes to every rank
+            out = executor.execute(plan, batch)
+            rec = step_record(step, spec, parts, executor, batch, plan, share, out)
+            rec = dataclasses.replace(rec, warmup=False)
+            rec.extra.update(epoch=epoch, iteration=i)
+            lat = latent(batch.sample_ids) if callable(latent) else None
+            if lat is not None:
+                rec.extra["latent_tokens"] = int(np.asarray(lat)[plan.sample_positions()].sum())
+            if i == 0:
+                rec.extra["epoch_info"] = {**deal.info, "planner_s": share * len(deal.iterations)}
+            writer.add_step(rec)
+            step += 1
+            if out.oom:
+                raise _StopRun("oom", f"epoch {epoch}, iteration {i}: peak memory over the GPU's usable memory")
+            if not out.finite:
+                raise _StopRun("nonfinite", f"non-finite loss or gradient at epoch {epoch}, iteration {i}")
+
+
+def _planned(plan: StepPlan) -> Callable[[Any], StepPlan]:
+    """A planning callable that returns a plan made before (the epoch's sampler made them all)."""
+    return lambda _batch: plan
+
+
+def _epoch_summary(spec: RunSpec, measured: list[StepRecord], ok: bool) -> dict[str, Any]:
+    """The epoch unit's summary: epochs, iterations, epoch time and tokens (throughput = epoch
+    tokens / epoch time: ``tokens_per_s``), the reference's latent-voxel token count beside the
+    patch tokens, and each epoch's accounting of dropped samples."""
+    total_time = sum(s.step_time_s or 0.0 for s in measured)
+    latent = [s.extra.get("latent_tokens") for s in measured]
+    infos = [s.extra["epoch_info"] for s in measured if "epoch_info" in s.extra]
+    out: dict[str, Any] = {
+        "unit": "epoch",
+        "epochs": spec.epochs,
+        "epochs_done": len(infos),
+        "iterations": len(measured),
+        "epoch_time_s": total_time / max(1, len(infos)) if ok else None,
+        "epoch_tokens": sum(s.tokens for s in measured) / max(1, len(infos)),
+        "epoch_info": infos,
+    }
+    if latent and all(v is not None for v in latent):
+        out["latent_tokens_per_s"] = sum(latent) / total_time if ok and total_time > 0 else None  # type: ignore[arg-type]
+    return out
+
+
 def summarise(
     spec: RunSpec,
     steps: list[StepRecord],
@@ -184,6 +261,8 @@ def summarise(
         "cost": cost_desc,
         **getattr(executor, "info", {}),
     }
+    if spec.unit == "epoch":
+        extra.update(_epoch_summary(spec, measured, ok))
     if any(v is not None for v in losses):
         extra["losses"] = losses
         extra["grad_norms"] = [s.grad_norm for s in steps]
@@ -243,7 +322,7 @@ def execute_run(
         if setup_error is not None:
             raise setup_error
         assert parts is not None and executor is not None
-        run_steps(spec, parts, executor, writer, started)
+        (run_epochs if spec.unit == "epoch" else run_steps)(spec, parts, executor, writer, started)
     except _StopRun as exc:
         status, error = exc.status, str(exc)
     except RunTimeout as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +27,12 @@ from dcp_bench.cost.analytical import SCALE_KEYS
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.layout import is_power_of_two
-from dcp_bench.planners.base import method_label
+from dcp_bench.reference import run_label
+from dcp_bench.workload import WORKLOADS
 
 EXECUTORS = ("sim", "torch")
 PLANNER_CLOCKS = ("overlap", "serial", "off")
+UNITS = ("auto", "step", "epoch")  # auto: epoch in paper mode, step in fair mode
 
 # Keys of the `run` group that say where or how often a run is recorded, not what it measures:
 # left out of the cell hash, so moving a campaign or adding repeats keeps run ids stable.
@@ -108,7 +111,7 @@ class RunSpec:
     model: ModelSpec
     mem_cap_fraction: float
     cost: CostSettings
-    steps: int  # measured steps
+    steps: int  # measured steps (run.unit=step)
     warmup_steps: int
     planner_clock: str
     noise: NoiseSettings
@@ -126,6 +129,8 @@ class RunSpec:
     sweep: str = ""
     overrides: tuple[str, ...] = ()
     names: Mapping[str, str] = field(default_factory=dict)
+    unit: str = "step"  # step: steps of fresh global batches; epoch: the reference's epoch loop
+    epochs: int = 1  # run.unit=epoch: measured epochs over the workload's fixed dataset
 
     @property
     def world_size(self) -> int:
@@ -287,6 +292,32 @@ def _resolve_group(node: Mapping[str, Any], group: str, resolve: Any) -> Any:
         raise ConfigError(f"{group} config {node.get('name', '?')!r}: {exc}") from None
 
 
+def _class_of(target: Any) -> Any:
+    module, _, attr = str(target).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _epoch_missing(method: Mapping[str, Any], workload: Mapping[str, Any]) -> str:
+    """Why the reference's epoch loop cannot run this method on this workload ("" when it can):
+    the method needs an epoch sampler (``plan_epoch``), the workload a fixed dataset."""
+    cls = _class_of(method.get("_target_"))
+    if cls is None or not callable(getattr(cls, "plan_epoch", None)):
+        return f"method {method.get('name')!r} has no reference epoch sampler (plan_epoch)"
+    target = workload.get("_target_")
+    if target in (None, "dcp_bench.workload.load_workload"):
+        entry = WORKLOADS.get(str(workload.get("name")))
+        if entry is None or entry.dataset is None:
+            return f"workload {workload.get('name')!r} has no fixed dataset"
+        return ""
+    wcls = _class_of(target)
+    if wcls is None or not callable(getattr(wcls, "epoch_dataset", None)):
+        return f"workload {target!r} has no fixed dataset (epoch_dataset)"
+    return ""
+
+
 # ------------------------------------------------------------------------------------------------
 # Identity
 
@@ -333,7 +364,7 @@ def parse_run_spec(
     cfg = resolved
     run = _node(cfg, "run")
     known_run = {"steps", "warmup_steps", "repeats", "root", "campaign", "executor", "nproc", "timeout_s",
-                 "kill_grace_s", "planner_clock", "noise", "jobs", "progress"}
+                 "kill_grace_s", "planner_clock", "noise", "jobs", "progress", "unit", "epochs"}
     unknown = sorted(set(run) - known_run)
     if unknown:
         raise ConfigError(f"run.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known_run))}")
@@ -355,6 +386,16 @@ def parse_run_spec(
     mode = method.get("mode", "fair")
     if mode not in ("fair", "paper"):
         raise ConfigError(f"method.mode={mode!r}; expected fair or paper")
+    unit = _choice(run.get("unit", "auto"), "run.unit", UNITS)
+    missing = _epoch_missing(method, workload)
+    if unit == "auto":
+        unit = "epoch" if mode == "paper" and not missing else "step"
+    if unit == "epoch" and mode != "paper":
+        raise ConfigError("run.unit=epoch runs the reference runtime's epoch loop, which is paper mode; "
+                          "expected method.mode=paper (or run.unit=step)")
+    if unit == "epoch" and missing:
+        raise ConfigError(f"run.unit=epoch: {missing}; expected run.unit=step")
+    epochs = _int(run.get("epochs", 1), "run.epochs", minimum=1)
     cluster = _resolve_group(_node(cfg, "cluster"), "cluster", resolve_cluster)
     model = _resolve_group(_node(cfg, "model"), "model", resolve_model)
     nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
@@ -369,8 +410,9 @@ def parse_run_spec(
     names = {str(k): str(v) for k, v in _node(cfg, "names").items()}
     workload_name = names.get("workload") or str(workload.get("name", "workload"))
     cell, context = cell_hashes(cfg)
+    paper_tag = ("-paper-step" if unit == "step" else "-paper") if mode == "paper" else ""
     stem = "__".join(_slug(s) for s in (
-        f"{method.get('name', 'method')}{'-paper' if mode == 'paper' else ''}",
+        f"{method.get('name', 'method')}{paper_tag}",
         workload_name, cluster.name, model.name, cell,
     ))
     return RunSpec(
@@ -395,9 +437,11 @@ def parse_run_spec(
         run_id=f"{stem}__s{seed}",
         config_hash=cell,
         context_hash=context,
-        label=method_label(str(method.get("name", "method")), str(mode)),
+        label=run_label(str(method.get("name", "method")), str(mode), unit),
         workload_name=workload_name,
         sweep=sweep,
         overrides=tuple(overrides),
         names=names,
+        unit=unit,
+        epochs=epochs,
     )
