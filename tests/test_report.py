@@ -75,19 +75,22 @@ def test_report_files(report: tuple[Path, Path, dict]) -> None:
 
 def test_claim_value_matches_run_records(report: tuple[Path, Path, dict]) -> None:
     root, _, summary = report
-    # independent reference: medians of the run summaries, default constants only
-    times: dict[str, list[float]] = {}
+    # independent reference: the median of per-seed ratios of the run summaries (fair mode,
+    # default constants only)
+    times: dict[tuple[str, int], float] = {}
     for s in iter_summaries(root, "small"):
-        if s.extra.get("scales"):
+        if s.extra.get("scales") or s.extra.get("mode") != "fair":
             continue
-        times.setdefault(s.method, []).append(s.step_time_s)  # type: ignore[arg-type]
-    expect = float(np.median(times["toy_static"]) / np.median(times["toy_greedy"]))
+        times[(s.method, s.seed)] = s.step_time_s  # type: ignore[assignment]
+    expect = float(np.median([times[("toy_static", k)] / times[("toy_greedy", k)] for k in range(5)]))
     claim = summary["claims"][0]
-    assert claim["reproduced_value"] == pytest.approx(expect)
+    assert claim["reproduced_value"] == pytest.approx(expect) == claim["speedup"]
     lo, hi = claim["ci95"]
-    assert lo <= expect <= hi
+    assert lo <= expect <= hi and (lo, hi) == (claim["ci_low"], claim["ci_high"])
     assert claim["verdict"] == verdict(1.5, 0.15, lo, hi)
     assert claim["pairs"] == 5
+    assert claim["measured_steps_per_run"] == 3 and claim["unit"] == "step"
+    assert "data sampling" in claim["ci_covers"]
 
 
 def test_failures_are_counted(report: tuple[Path, Path, dict]) -> None:

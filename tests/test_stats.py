@@ -15,6 +15,7 @@ from dcp_bench.report.stats import (
     median,
     olympic_mean,
     paired_speedup,
+    relative_half_width,
     percentile,
     relative_error,
 )
@@ -69,15 +70,17 @@ def test_pooled_percentiles_use_steps() -> None:
     assert s.p5 == pytest.approx(2.0) and s.p95 == pytest.approx(20.0)
 
 
-def test_speedup_point_is_ratio_of_medians() -> None:
-    base = {0: 2.0, 1: 2.2, 2: 1.8, 3: 2.1, 4: 1.9}  # median 2.0
-    meth = {0: 1.0, 1: 1.1, 2: 0.9, 3: 1.05, 4: 0.95}  # median 1.0
+def test_speedup_point_is_the_median_of_paired_ratios() -> None:
+    base = {0: 2.0, 1: 2.2, 2: 1.8, 3: 2.1, 4: 1.9}
+    meth = {0: 1.0, 1: 1.0, 2: 1.2, 3: 0.7, 4: 0.95}  # ratios 2.0, 2.2, 1.5, 3.0, 2.0
     sp = paired_speedup(base, meth)
-    assert sp.value == pytest.approx(2.0)
+    assert sp.value == pytest.approx(2.0)  # the median of the ratios (the ratio of medians is 1.9 / 0.95 = 2.0 too)
     assert sp.ci_low <= 2.0 <= sp.ci_high and sp.pairs == 5
+    meth[2] = 0.6  # ratios 2.0, 2.2, 3.0, 3.0, 2.0: median 2.2, ratio of medians 1.9 / 0.95 = 2.0
+    assert paired_speedup(base, meth).value == pytest.approx(2.2)
     thr = paired_speedup({s: 1 / v for s, v in base.items()}, {s: 1 / v for s, v in meth.items()},
                          metric="throughput")
-    assert thr.value == pytest.approx(2.0)
+    assert thr.value == pytest.approx(2.2)
 
 
 def test_paired_bootstrap_matches_exhaustive_enumeration() -> None:
@@ -85,18 +88,20 @@ def test_paired_bootstrap_matches_exhaustive_enumeration() -> None:
     the exact one (checked on its support and on the median ratio's exact 2.5/97.5 quantiles)."""
     base = {0: 3.0, 1: 5.0, 2: 4.0}
     meth = {0: 1.0, 1: 4.0, 2: 2.0}
-    exact = []
-    for idx in itertools.product(range(3), repeat=3):
-        b = np.median([base[i] for i in idx])
-        m = np.median([meth[i] for i in idx])
-        exact.append(b / m)
+    ratios = {s: base[s] / meth[s] for s in base}  # 3.0, 1.25, 2.0
+    exact = [float(np.median([ratios[i] for i in idx])) for idx in itertools.product(range(3), repeat=3)]
     exact_arr = np.sort(np.array(exact))
     sp = paired_speedup(base, meth, n_boot=20000, seed=1)
-    assert sp.value == pytest.approx(4.0 / 2.0)
-    # Every bootstrap ratio is one of the exact support points, so the interval ends are too.
+    assert sp.value == pytest.approx(2.0)
+    # Every bootstrap value is one of the exact support points, so the interval ends are too.
     assert np.isclose(exact_arr, sp.ci_low).any() and np.isclose(exact_arr, sp.ci_high).any()
     assert sp.ci_low == pytest.approx(np.quantile(exact_arr, 0.025, method="lower"))
     assert sp.ci_high == pytest.approx(np.quantile(exact_arr, 0.975, method="higher"))
+
+
+def test_relative_half_width() -> None:
+    assert relative_half_width(2.0, 1.9, 2.1) == pytest.approx(0.05)
+    assert math.isnan(relative_half_width(math.nan, 1.0, 2.0))
 
 
 def test_pairing_matters() -> None:

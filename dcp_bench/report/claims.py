@@ -1,5 +1,13 @@
 """Claims (``results/reference/claims.yaml``) checked against a campaign: verdicts with their
-confidence intervals, the decomposition of a speedup, and its sensitivity to cost constants."""
+confidence intervals, the decomposition of a speedup, its sensitivity to cost constants, the
+verdict under each reading of the reference's code ("what it takes"), and the paper-mode table
+(every faithful method on the reference's three mixes and two clusters).
+
+Selecting cells. A selector names a method, optionally its mode, its parameters and the run unit
+(``unit: epoch | step``; paper mode without one prefers the reference's epoch loop). Among the
+cells that match, the ones whose *other* method parameters differ least from the method's config
+defaults are taken, so a reading's extra parameter (e.g. ``deals_per_iteration: 0``) never
+stands in for the headline's default."""
 
 from __future__ import annotations
 
@@ -14,9 +22,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from dcp_bench.config import load_config, to_container
 from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION
-from dcp_bench.errors import ConfigError
+from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.planners.base import method_label
+from dcp_bench.reference import unit_of_label
+from dcp_bench.report.stats import relative_half_width
 from dcp_bench.report.tables import STEP_PARTS, Campaign, cell_seeds, speedup_between
 
 SCALE_CONSTANTS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff")
@@ -38,6 +49,33 @@ def _as_list(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+_DEFAULTS: dict[str, dict[str, Any] | None] = {}
+
+
+def method_defaults(name: str) -> dict[str, Any] | None:
+    """A method's config defaults (its parameters, without name, _target_ and mode); None for a
+    method the packaged configs do not know (a user's, or a test's)."""
+    if name not in _DEFAULTS:
+        try:
+            node = dict(to_container(load_config([f"method={name}"]))["method"])
+        except DcpBenchError:
+            _DEFAULTS[name] = None
+        else:
+            _DEFAULTS[name] = {k: v for k, v in node.items() if k not in ("name", "_target_", "mode")}
+    return _DEFAULTS[name]
+
+
+def _distance(params_json: str, selector: dict[str, Any]) -> int:
+    """How many parameters of a cell, besides the selector's own, differ from the defaults."""
+    defaults = method_defaults(str(selector["method"]))
+    if defaults is None:
+        return 0
+    params = json.loads(params_json)
+    given = selector.get("params") or {}
+    keys = (set(params) | set(defaults)) - set(given)
+    return sum(1 for k in keys if params.get(k) != defaults.get(k))
+
+
 def select_cells(
     cells: pd.DataFrame,
     context: dict[str, Any],
@@ -46,7 +84,8 @@ def select_cells(
     mem_cap_fraction: float | None = DEFAULT_MEM_CAP_FRACTION,
 ) -> pd.DataFrame:
     """Cells matching a context (workload/cluster/model, each a value or a list), a method
-    selector {method, mode?, params?}, the given cost scales (default: none) and memory cap."""
+    selector {method, mode?, unit?, params?}, the given cost scales (default: none) and memory
+    cap; per context, only the closest to the method's defaults (module docstring)."""
     if cells.empty:
         return cells
     mask = np.ones(len(cells), dtype=bool)
@@ -64,7 +103,22 @@ def select_cells(
     if params:
         ok = [all(json.loads(p).get(k) == v for k, v in params.items()) for p in cells["params"]]
         mask &= np.array(ok, dtype=bool)
-    return cells[mask]
+    units = np.array([unit_of_label(str(lb)) for lb in cells["label"]])
+    if "unit" in selector:
+        mask &= units == str(selector["unit"])
+    elif selector.get("mode") == "paper" and (mask & (units == "epoch")).any():
+        mask &= units == "epoch"  # paper mode means the reference's epoch loop where there is one
+    out = cells[mask]
+    if out.empty:
+        return out
+    # Per context: the cells closest to the method's defaults.
+    score = np.array([_distance(p, selector) for p in out["params"]], dtype=float)
+    keep = np.zeros(len(out), dtype=bool)
+    ctx = out["context_hash"].to_numpy()
+    for h in set(ctx):
+        sel = ctx == h
+        keep |= sel & (score == score[sel].min())
+    return out[keep]
 
 
 @dataclass
@@ -80,6 +134,8 @@ class PairResult:
     baseline_cell: str | None
     method_cell: str | None
     note: str = ""
+    steps_per_run: dict[str, float] = field(default_factory=dict)  # median measured steps per run, each side
+    unit: str = ""  # epoch (the reference's epoch loop) or step
 
 
 def compare(
@@ -120,9 +176,25 @@ def compare(
         note = ""
         if b["failures"] or m["failures"]:
             note = f"failures: baseline {b['failures']}/{b['repeats']}, method {m['failures']}/{m['repeats']}"
+        steps = {side: _median_steps(c, cell["config_hash"]) for side, cell in (("baseline", b), ("method", m))}
         out.append(PairResult(wl, b_name, m_name, sp["value"], sp["ci_low"], sp["ci_high"], sp["pairs"],
-                              sp["metric"], b["config_hash"], m["config_hash"], note))
+                              sp["metric"], b["config_hash"], m["config_hash"], note, steps,
+                              unit_of_label(str(m["label"]))))
     return out
+
+
+def _median_steps(c: Campaign, cell: str) -> float:
+    """Median measured steps (epoch unit: iterations of the epoch) per ok run of a cell."""
+    runs = c.runs[(c.runs["config_hash"] == cell) & (c.runs["status"] == "ok")]
+    return float(np.median(runs["n_steps"].astype(float))) if len(runs) else math.nan
+
+
+def _epochs(c: Campaign, cell: str | None) -> int | None:
+    """Measured epochs per run of an epoch-unit cell, where the run records say (column ``epochs``)."""
+    if cell is None or "epochs" not in c.runs.columns:
+        return None
+    vals = c.runs.loc[c.runs["config_hash"] == cell, "epochs"].dropna()
+    return int(vals.iloc[0]) if len(vals) else None
 
 
 def _selector_label(sel: dict[str, Any]) -> str:
@@ -145,6 +217,14 @@ def verdict(value: float, tolerance: float, lo: float, hi: float) -> str:
     return "reproduced"
 
 
+# What a claim's confidence interval covers, by run unit (the report prints it beside the verdict).
+CI_COVERS = {
+    "epoch": "the seeds' different dealing of the fixed dataset (the samplers' shuffles and draws); "
+             "the dataset, the cost model and the profile are the same for every seed",
+    "step": "the seeds' different global batches (data sampling)",
+}
+
+
 @dataclass
 class ClaimResult:
     id: str
@@ -154,22 +234,38 @@ class ClaimResult:
     result: PairResult
     verdict: str
     reasons: list[str] = field(default_factory=list)
+    epochs: int | None = None
+    ci_covers: str = ""
+    what_it_takes: list[dict[str, Any]] = field(default_factory=list)
+    paper_mode_table: list[dict[str, Any]] = field(default_factory=list)
 
     def to_summary(self) -> dict[str, Any]:
         r = self.result
+        steps = [v for v in r.steps_per_run.values() if not math.isnan(v)]
         return {
             "id": self.id,
             "statement": self.statement,
             "claimed": self.claimed,
             "tolerance": self.tolerance,
+            "speedup": _clean(r.speedup),
+            "ci_low": _clean(r.ci_low),
+            "ci_high": _clean(r.ci_high),
+            "relative_ci_width": _clean((r.ci_high - r.ci_low) / r.speedup) if r.speedup else None,
             "reproduced_value": _clean(r.speedup),
             "ci95": [_clean(r.ci_low), _clean(r.ci_high)],
             "pairs": r.pairs,
+            "unit": r.unit,
+            "measured_steps_per_run": min(steps) if steps else None,
+            "measured_steps_per_run_by_side": {k: _clean(v) for k, v in r.steps_per_run.items()},
+            "epochs": self.epochs,
+            "ci_covers": self.ci_covers,
             "metric": r.metric,
             "baseline": r.baseline,
             "method": r.method,
             "verdict": self.verdict,
             "reasons": self.reasons,
+            "what_it_takes": self.what_it_takes,
+            "paper_mode_table": self.paper_mode_table,
         }
 
 
@@ -178,7 +274,11 @@ def _clean(x: float) -> float | None:
 
 
 def evaluate_claims(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_boot: int = 2000) -> list[ClaimResult]:
+    """Every claim's verdict, with its statistics (what the CI covers, steps or epochs per run,
+    whether the CI met the convergence target), and for the claims that have them, the
+    "what it takes" readings and the paper-mode table."""
     out = []
+    target = float((claims.get("statistics") or {}).get("max_relative_half_width", 0.05))
     for cl in claims.get("claims", []):
         res = compare(c, cells, cl["context"], cl["baseline"], cl["method"], n_boot=n_boot)
         r = res[0]
@@ -186,15 +286,98 @@ def evaluate_claims(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_
         reasons = []
         if r.note:
             reasons.append(r.note)
+        epochs = _epochs(c, r.method_cell)
+        covers = CI_COVERS.get(r.unit, "")
         if v != "no data":
             band = (cl["value"] / (1 + cl["tolerance"]), cl["value"] * (1 + cl["tolerance"]))
+            per_run = ", ".join(f"{k} {x:g}" for k, x in r.steps_per_run.items() if not math.isnan(x))
+            unit = "iterations of one epoch" if r.unit == "epoch" else "measured steps"
             reasons.append(
-                f"measured {r.speedup:.2f}x, 95% CI [{r.ci_low:.2f}, {r.ci_high:.2f}] over {r.pairs} paired "
-                f"repeats ({r.metric}); tolerance band [{band[0]:.2f}, {band[1]:.2f}]"
+                f"measured {r.speedup:.2f}x, 95% CI [{r.ci_low:.2f}, {r.ci_high:.2f}] (median of {r.pairs} paired "
+                f"per-seed ratios, {r.metric}; {unit} per run: {per_run}); tolerance band [{band[0]:.2f}, {band[1]:.2f}]"
             )
+            half = relative_half_width(r.speedup, r.ci_low, r.ci_high)
+            reasons.append(f"the CI covers {covers}; its half-width is {half:.1%} of the value "
+                           f"({'within' if half <= target else 'ABOVE'} the {target:.0%} target)")
+        readings = evaluate_readings(c, cells, claims, cl, n_boot=n_boot)
+        table = evaluate_paper_table(c, cells, claims, cl, n_boot=n_boot)
         out.append(ClaimResult(cl["id"], " ".join(str(cl.get("statement", "")).split()), float(cl["value"]),
-                               float(cl["tolerance"]), r, v, reasons))
+                               float(cl["tolerance"]), r, v, reasons, epochs, covers,
+                               _records(readings), _records(table)))
     return out
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    if df.empty:
+        return []
+    rows = df.replace([np.inf, -np.inf], np.nan).astype(object).where(df.notna(), None).to_dict(orient="records")
+    return [{str(k): (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
+
+
+# --------------------------------------------------------------------------------------------
+# What it takes: the verdict under each reading of the reference
+
+
+def _merge(sel: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
+    out = dict(sel)
+    if extra:
+        params = {**(sel.get("params") or {}), **(extra.get("params") or {})}
+        out.update({k: v for k, v in extra.items() if k != "params"})
+        if params:
+            out["params"] = params
+    return out
+
+
+def evaluate_readings(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], claim: dict[str, Any],
+                      n_boot: int = 2000) -> pd.DataFrame:
+    """"What it takes to get the claimed value": the claim's speedup and verdict under each
+    reading of the reference's code listed under ``readings`` (a reading changes the baseline
+    and/or the method selector of the claim: a parameter, or the run unit). One row per reading;
+    the first row of each question is the reading the headline uses."""
+    rows = []
+    for rd in claims.get("readings", []):
+        if rd.get("claim", claim["id"]) != claim["id"]:
+            continue
+        ctx = {**claim["context"], **(rd.get("context") or {})}
+        base = _merge(claim["baseline"], rd.get("baseline"))
+        meth = _merge(claim["method"], rd.get("method"))
+        r = compare(c, cells, ctx, base, meth, n_boot=n_boot)[0]
+        rows.append({
+            "question": rd.get("question", ""), "reading": rd.get("reading", rd.get("id", "")),
+            "headline_reading": bool(rd.get("headline", False)), "workload": r.workload,
+            "speedup": r.speedup, "ci_low": r.ci_low, "ci_high": r.ci_high, "pairs": r.pairs,
+            "verdict": verdict(float(claim["value"]), float(claim["tolerance"]), r.ci_low, r.ci_high),
+            "baseline": r.baseline, "method": r.method, "note": r.note or rd.get("note", ""),
+        })
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The paper-mode table
+
+
+def evaluate_paper_table(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], claim: dict[str, Any],
+                         n_boot: int = 2000) -> pd.DataFrame:
+    """Every method of ``paper_table`` over the claim's baseline on every workload and cluster
+    listed there: median throughput of each side and the paired speedup with its CI."""
+    spec = claims.get("paper_table") or {}
+    if not spec or spec.get("claim", claim["id"]) != claim["id"]:
+        return pd.DataFrame()
+    rows = []
+    for cluster in _as_list(spec.get("clusters", [claim["context"].get("cluster")])):
+        for wl in _as_list(spec.get("workloads", [claim["context"].get("workload")])):
+            ctx = {**claim["context"], "workload": wl, "cluster": cluster}
+            base = select_cells(cells, ctx, claim["baseline"])
+            base_thr = _median_thr(c, base.iloc[0]["config_hash"]) if len(base) else math.nan
+            rows.append({"cluster": cluster, "workload": wl, "method": _selector_label(claim["baseline"]),
+                         "tokens_per_s": base_thr, "speedup": 1.0 if len(base) else math.nan,
+                         "ci_low": math.nan, "ci_high": math.nan, "pairs": 0})
+            for msel in _as_list(spec.get("methods", [])):
+                r = compare(c, cells, ctx, claim["baseline"], msel, n_boot=n_boot)[0]
+                thr = _median_thr(c, r.method_cell) if r.method_cell else math.nan
+                rows.append({"cluster": cluster, "workload": wl, "method": r.method, "tokens_per_s": thr,
+                             "speedup": r.speedup, "ci_low": r.ci_low, "ci_high": r.ci_high, "pairs": r.pairs})
+    return pd.DataFrame(rows)
 
 
 def evaluate_comparisons(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_boot: int = 2000) -> pd.DataFrame:
@@ -314,3 +497,29 @@ def sensitivity(
                              "speedup": r.speedup, "ci_low": r.ci_low, "ci_high": r.ci_high,
                              "reference_speedup": base.speedup, "pairs": r.pairs, "note": r.note})
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Report section (the report writer calls it after the verdict)
+
+
+def reference_tables_section(doc: Any, claim_results: list[ClaimResult]) -> None:
+    """The paper-mode table and the "what it takes" table of every claim that has them, as
+    report sections of ``doc`` (a `dcp_bench.report.document.Document`)."""
+    for r in claim_results:
+        if r.paper_mode_table:
+            doc.h2(f"Paper mode: every faithful method on the reference's three mixes ({r.id})")
+            doc.p("Paper mode is the reference runtime: one epoch over the mix's fixed dataset, dealt by each "
+                  "method's reference sampler, every iteration its own optimizer step; throughput = the epoch's "
+                  "(patch) tokens / the epoch's time. Speedup: median of paired per-seed ratios over the baseline, "
+                  f"95% bootstrap CI; the CI covers {r.ci_covers or 'the seeds'}.")
+            doc.table(pd.DataFrame(r.paper_mode_table), f"{r.id}: paper-mode throughput and speedup",
+                      ["cluster", "workload", "method", "tokens_per_s", "speedup", "ci_low", "ci_high", "pairs"])
+        if r.what_it_takes:
+            doc.h2(f"What it takes to get {r.claimed:g}x ({r.id})")
+            doc.p("The claim's verdict under each reading of the reference's code that matters; one choice "
+                  "changes at a time from the headline's readings (marked `headline_reading`). "
+                  "docs/reference_semantics.md gives each reading with the reference's file and line.")
+            doc.table(pd.DataFrame(r.what_it_takes), f"{r.id}: verdict by reading",
+                      ["question", "reading", "headline_reading", "speedup", "ci_low", "ci_high", "pairs",
+                       "verdict", "note"])

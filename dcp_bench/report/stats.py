@@ -8,9 +8,15 @@ coefficient of variation) and over the pooled steps (5th/95th percentiles).
 Failures are never dropped: a failed repeat counts as infinitely slow (step time ``inf``,
 throughput 0), so a method that fails in more than half its repeats has an infinite median.
 
-Speedups are ratios of medians with a *paired* bootstrap confidence interval: repeats are paired
-by seed (same seed = same global batches for every method), and each bootstrap draw resamples the
-seeds, keeping the pairs together.
+Speedups are *paired*: repeats are paired by seed (same seed = same data for every method: the
+same global batches in step mode, the same dataset and dealing seed in epoch mode), each seed
+gives one ratio (method over baseline), and the speedup is the median of those per-seed ratios.
+Its 95% confidence interval is a bootstrap over seeds (each draw resamples the seeds with
+replacement and takes the median of their ratios; the percentile interval of the draws). The
+interval covers what varies between seeds and nothing else: the data sampled (step mode) or the
+order the samplers deal a fixed dataset (epoch mode), plus, when a run sets
+``run.noise.jitter_sigma`` or stragglers, the simulator's seeded noise. `relative_half_width`
+says whether a headline has converged (half-width over the value).
 """
 
 from __future__ import annotations
@@ -132,7 +138,7 @@ def _ratio(num: float, den: float) -> float:
 
 @dataclass(frozen=True)
 class Speedup:
-    """Speedup of a method over a baseline: ratio of medians, paired bootstrap CI."""
+    """Speedup of a method over a baseline: median of per-seed ratios, paired bootstrap CI."""
 
     value: float
     ci_low: float
@@ -155,42 +161,44 @@ def paired_speedup(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> Speedup:
-    """Speedup of ``method`` over ``baseline``, each a map seed -> per-repeat value.
+    """Speedup of ``method`` over ``baseline``, each a map seed -> per-repeat value: the median of
+    the per-seed ratios over the seeds present on both sides, with a bootstrap interval.
 
-    ``metric="step_time"``: values are times, speedup = median(baseline) / median(method), a failed
-    repeat is ``inf``. ``metric="throughput"``: values are tokens (or samples) per second,
-    speedup = median(method) / median(baseline), a failed repeat is 0. Only seeds present on both
-    sides are used; the bootstrap resamples those seeds with replacement (pairs kept together) and
-    returns the percentile interval.
+    ``metric="step_time"``: values are times, the ratio is baseline / method, a failed repeat is
+    ``inf``. ``metric="throughput"``: values are tokens (or samples) per second, the ratio is
+    method / baseline, a failed repeat is 0. A seed where both sides failed has no ratio and is
+    left out. The bootstrap resamples those seeds with replacement (a pair stays together) and
+    returns the percentile interval of the resampled medians.
     """
     if metric not in ("step_time", "throughput"):
         raise ValueError(f"metric must be 'step_time' or 'throughput', got {metric!r}")
     fail = math.inf if metric == "step_time" else 0.0
     seeds = sorted(set(baseline) & set(method))
-    if not seeds:
-        return Speedup(math.nan, math.nan, math.nan, 0, metric)
     b = np.array([fail if baseline[s] is None else float(baseline[s]) for s in seeds])  # type: ignore[arg-type]
     m = np.array([fail if method[s] is None else float(method[s]) for s in seeds])  # type: ignore[arg-type]
-
-    def ratio(bv: np.ndarray, mv: np.ndarray) -> float:
-        mb, mm = float(np.median(bv)), float(np.median(mv))
-        return _ratio(mb, mm) if metric == "step_time" else _ratio(mm, mb)
-
-    point = ratio(b, m)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(seeds), size=(n_boot, len(seeds)))
-    # Vectorised medians of every resample, then the ratio per draw.
-    mb = np.median(b[idx], axis=1)
-    mm = np.median(m[idx], axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        draws = mb / mm if metric == "step_time" else mm / mb
+        ratios = b / m if metric == "step_time" else m / b
+    ratios = ratios[~np.isnan(ratios)]
+    if ratios.size == 0:
+        return Speedup(math.nan, math.nan, math.nan, 0, metric)
+    point = float(np.median(ratios))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, ratios.size, size=(n_boot, ratios.size))
+    draws = np.median(ratios[idx], axis=1)
     draws = draws[~np.isnan(draws)]
     if draws.size == 0:
-        return Speedup(point, math.nan, math.nan, len(seeds), metric)
+        return Speedup(point, math.nan, math.nan, int(ratios.size), metric)
     alpha = (1.0 - confidence) / 2.0
     lo = float(np.quantile(draws, alpha, method="lower"))
     hi = float(np.quantile(draws, 1.0 - alpha, method="higher"))
-    return Speedup(point, lo, hi, len(seeds), metric)
+    return Speedup(point, lo, hi, int(ratios.size), metric)
+
+
+def relative_half_width(value: float, ci_low: float, ci_high: float) -> float:
+    """Half the confidence interval's width over the value (0.05 = +-5%); nan when undefined."""
+    if not all(math.isfinite(x) for x in (value, ci_low, ci_high)) or value == 0:
+        return math.nan
+    return (ci_high - ci_low) / 2.0 / abs(value)
 
 
 def relative_error(predicted: float, measured: float) -> float:
