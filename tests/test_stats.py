@@ -15,9 +15,9 @@ from dcp_bench.report.stats import (
     median,
     olympic_mean,
     paired_speedup,
-    relative_half_width,
     percentile,
     relative_error,
+    relative_half_width,
 )
 
 
