@@ -136,32 +136,36 @@ def accumulation_counts(times: Sequence[float], max_steps: int, min_steps: int, 
         return _accumulation_per_group(list(times), min_steps, max_steps)
     if bounds != "literal":
         raise ValueError(f"bounds {bounds!r}; expected one of {', '.join(BOUNDS)}")
-    horizon = max(times) * max_steps
-    best: list[int] | None = None
-    best_score = math.inf
+    t = np.asarray(times, dtype=np.float64)
+    horizon = float(t.max()) * max_steps
+    # Candidate targets in the reference's order: group by group, multiples 1, 2, ... up to the
+    # horizon (its loop stops at the first multiple past it).
+    targets = []
     for t_out in times:
         for m in range(1, int(horizon / t_out) + 1):
-            target = t_out * m
-            if target > horizon:
+            if t_out * m > horizon:
                 break
-            counts, score = [], 0.0
-            for t in times:
-                g_best, d_best = 1, math.inf
-                for g in range(1, int(horizon / t) + 1):
-                    if t * g > horizon:
-                        break
-                    d = _mismatch(t * g, target)
-                    if d < d_best:
-                        g_best, d_best = g, d
-                counts.append(g_best)
-                score += d_best
-            if score < best_score:
-                best, best_score = counts, score
-    assert best is not None
+            targets.append(t_out * m)
+    target = np.asarray(targets)[:, None]
+    # Each group's count: the mismatch is V-shaped in g, so the reference's scan over 1..gmax
+    # (first strict minimum) lands on floor(target / t) or the next count, clipped to 1..gmax.
+    gmax = np.floor(horizon / t)
+    gmax = np.where(t * gmax > horizon, gmax - 1, gmax)  # the scan stops at the first count past H
+    lo = np.clip(np.floor(target / t), 1, gmax)
+    hi = np.minimum(lo + 1, gmax)
+    d_lo, d_hi = _mismatch_array(t * lo, target), _mismatch_array(t * hi, target)
+    g = np.where(d_hi < d_lo, hi, lo)
+    d = np.minimum(d_lo, d_hi)
+    total = np.cumsum(d, axis=1)[:, -1]  # summed group by group, as the reference adds them
+    best = [int(x) for x in g[int(np.argmin(total))]]  # the first target with the least total
     if max(best) < min_steps:
         factor = math.ceil(min_steps / max(best))
-        best = [g * factor for g in best]
+        best = [x * factor for x in best]
     return best
+
+
+def _mismatch_array(t: np.ndarray, target: np.ndarray) -> np.ndarray:
+    return np.where(t > target, (t - target) * 1.2, target - t)
 
 
 def _accumulation_per_group(times: list[float], min_steps: int, max_steps: int) -> list[int]:
