@@ -217,6 +217,46 @@ def test_accumulation_counts_literal_by_hand(times: list[float], mx: int, mn: in
     assert accumulation_counts(times, mx, mn, "literal") == expect
 
 
+def loop_counts(times: list[float], max_steps: int, min_steps: int) -> list[int]:
+    """The reference's search written as its plain loops (an independent check of the vectorised one)."""
+    def score(new: float, target: float) -> float:
+        return (new - target) * 1.2 if new > target else (target - new) * 1
+
+    horizon = max(times) * max_steps
+    best, best_diff = None, float("inf")
+    for t_out in times:
+        for mult in range(1, int(horizon / t_out) + 1):
+            target = t_out * mult
+            if target > horizon:
+                break
+            counts, total = [], 0.0
+            for t in times:
+                g_best, d_best = None, float("inf")
+                for g in range(1, int(horizon / t) + 1):
+                    if t * g > horizon:
+                        break
+                    d = score(t * g, target)
+                    if d < d_best:
+                        g_best, d_best = g, d
+                total += d_best
+                counts.append(g_best)
+            if total < best_diff:
+                best, best_diff = counts, total
+    assert best is not None
+    if max(best) < min_steps:
+        best = [g * -(-min_steps // max(best)) for g in best]
+    return best
+
+
+def test_accumulation_counts_match_the_reference_loops_on_random_groups() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        times = [float(x) for x in np.round(rng.uniform(0.1, 10.0, n), int(rng.integers(1, 4)))]
+        mx, mn = int(rng.integers(1, 6)), int(rng.integers(1, 16))
+        assert accumulation_counts(times, mx, mn) == loop_counts(times, mx, mn), (times, mx, mn)
+
+
 def test_accumulation_counts_per_group_reading() -> None:
     assert accumulation_counts([1.0, 10.0], 2, 1, "per_group") == [2, 1]
     assert accumulation_counts([1.0, 10.0], 5, 2, "per_group") == [5, 2]
