@@ -416,3 +416,12 @@ def test_dataset_buckets_in_order_of_first_appearance() -> None:
 
     b = GlobalBatch(0, np.arange(5), np.array([30, 10, 30, 20, 10]), np.array([1, 1, 1, 2, 1]))
     assert [(x.key, x.positions) for x in dataset_buckets(b)] == [((1, 30), [0, 2]), ((1, 10), [1, 4]), ((2, 10), [3])]
+
+
+def test_an_epoch_that_deals_nothing_says_why() -> None:
+    spec = parse_run_spec(to_container(load_config(
+        ["workload=videosys_zipf", "workload.data_size=2", "workload.length_scale=64", "model=tiny_stdit",
+         "method=dcp_inter_pac", "method.mode=paper", "nproc=4", "cluster=cpu"])))
+    summary = run_simulated(spec, write=False)
+    assert summary.status == "error"
+    assert "dealt no iteration from the dataset's 102 samples (dropped: bucket_remainder 102)" in str(summary.error)

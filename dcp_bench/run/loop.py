@@ -169,6 +169,11 @@ def run_epochs(
         t0 = time.perf_counter()
         deal = plan_epoch(dataset, parts.plan_cost, epoch)
         share = (time.perf_counter() - t0) / max(1, len(deal.iterations))
+        if not deal.iterations:
+            drops = ", ".join(f"{k} {v}" for k, v in deal.info.get("dropped_samples", {}).items() if v)
+            raise ConfigError(f"epoch {epoch}: the sampler dealt no iteration from the dataset's {dataset.n} samples "
+                              f"(dropped: {drops or 'none'}); expected buckets of at least one batch each "
+                              "(a larger workload.data_size)")
         for i, it in enumerate(deal.iterations):
             late = spec.timeout_s is not None and time.time() - started > spec.timeout_s
             if executor.agree(late):
