@@ -437,7 +437,12 @@ class MegatronHybridCP(Planner):
         first_error: InfeasibleError | None = None
         for c in cands:
             try:
-                t = sum(estimate_step_time(self.fixed_plan(b, cost, c), b, cost) for b in batches)
+                # priced as the executor runs the plan (rounds flow into each other per rank), so
+                # the winner is the fastest configuration as measured here
+                t = sum(
+                    estimate_step_time(self.fixed_plan(b, cost, c), b, cost, round_barrier=False)
+                    for b in batches
+                )
             except InfeasibleError as exc:
                 first_error = first_error or exc
                 results.append({"config": c.describe(num_layers), "time_s": None})

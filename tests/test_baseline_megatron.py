@@ -13,8 +13,10 @@ from test_baselines import ToyCost, real_cost, text_batch, toy
 from baselines.megatron_hybrid_cp import (
     LaunchConfig,
     MegatronHybridCP,
+    candidate_configs,
     gpus_needed,
     hybrid_cp_plan,
+    max_tokens_per_rank_ladder,
     recompute_flags,
 )
 from baselines.scheduling import estimate_step_time
@@ -22,6 +24,7 @@ from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost.specs import cluster_spec, model_spec
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import validate_plan
+from dcp_bench.sim import simulate_step
 
 
 def group_size_of(plan):
@@ -138,8 +141,13 @@ def fits_one_rank(cost, tokens: int, ckpt: int) -> bool:
     return bool(mem <= cost.memory_cap_bytes)
 
 
+def simulated(plan, batch, cost) -> float:
+    return simulate_step(plan, batch, cost).step_time_s
+
+
 def brute_force(batch, cost):
-    """Every (recompute, ceiling) configuration, planned and priced: {(ckpt, m): time or None}.
+    """Every (recompute, ceiling) configuration, planned and priced by the simulator:
+    {(ckpt, m): step time or None}.
 
     Ceilings 1 .. max(longest, 64): above the longest sequence every sequence needs one rank, so
     the schedule and whether it runs no longer change (only the packing budget does), and 64 is
@@ -152,7 +160,7 @@ def brute_force(batch, cost):
             except InfeasibleError:
                 out[(k, m)] = None
                 continue
-            out[(k, m)] = estimate_step_time(plan, batch, cost)
+            out[(k, m)] = simulated(plan, batch, cost)
     return out
 
 
@@ -187,7 +195,7 @@ def test_tuned_planner_is_infeasible_exactly_when_no_configuration_runs_the_batc
     assert sorted(plan.sample_positions()) == list(range(batch.n))
     chosen = (plan.info["ckpt_layers"], plan.info["max_tokens_per_rank"])
     # the chosen configuration is one the brute force runs, at the price the brute force gives it
-    assert grid[chosen] == pytest.approx(estimate_step_time(plan, batch, cost))
+    assert grid[chosen] == pytest.approx(simulated(plan, batch, cost))
 
 
 @pytest.mark.parametrize("i,batch", [ib for ib in tight_batches() if int(ib[1].tokens.max()) <= 320])
@@ -195,7 +203,8 @@ def test_tuned_configuration_is_the_fastest_of_the_configurations_a_user_tries(i
     """Independent reference: the documented ceilings (the most one rank holds at each recompute
     depth, found here by linear scan; ceil(longest / world); powers of two between), each at
     every recompute depth, priced by brute force. The tuned plan is at least as fast as all of
-    them, so neither a ceiling nor the least-recompute choice per ceiling was missed."""
+    them on the simulator, so neither a ceiling nor the least-recompute choice per ceiling was
+    missed, and the planner's own pricing agrees with the simulator's timeline."""
     cost = tight_toy()
     grid = brute_force(batch, cost)
     longest = int(batch.tokens.max())
@@ -205,7 +214,7 @@ def test_tuned_configuration_is_the_fastest_of_the_configurations_a_user_tries(i
     priced = [grid[(k, m)] for m in tried for k in range(TIGHT_LAYERS + 1)]
     best = min(t for t in priced if t is not None)
     plan = MegatronHybridCP().plan(batch, cost)
-    assert estimate_step_time(plan, batch, cost) <= best * (1 + 1e-12)
+    assert simulated(plan, batch, cost) <= best * (1 + 1e-12)
 
 
 def test_recompute_is_the_least_that_fits_the_ceiling():
@@ -271,3 +280,31 @@ def test_long_documents_run_at_8_h200_with_the_recompute_they_need():
     m, k = plan.info["max_tokens_per_rank"], plan.info["ckpt_layers"]
     assert m * 8 >= 197_532 and 0 < k < cost.model.num_layers
     assert not fits_one_rank(cost, m, k - 1) and fits_one_rank(cost, m, k)
+
+
+def test_tuning_prices_plans_as_the_simulator_runs_them():
+    """Several rounds on the analytical model: the executor lets ranks flow into the next round
+    (no barrier), and the tuner's price is the simulator's step time, not the barrier bound."""
+    cost = real_cost("llama3_8b", "h200x32")
+    batch = text_batch(400, seed=5)
+    plan = hybrid_cp_plan(batch, cost, LaunchConfig(8192, 0))
+    assert len(plan.rounds) > 1
+    sim = simulated(plan, batch, cost)
+    assert estimate_step_time(plan, batch, cost, round_barrier=False) == pytest.approx(sim, rel=1e-9)
+    assert estimate_step_time(plan, batch, cost) > sim * (1 + 1e-6)
+
+
+def test_tuned_launch_at_8_h200_is_the_simulated_fastest_of_those_tried():
+    """A real ShareGPT batch (longest 49K tokens, so ceilings of 6.2K and up): the choice is the
+    simulator's argmin over the candidates, which differs from the argmin of the barrier bound
+    on this batch."""
+    from dcp_bench.workload import load_workload
+
+    cost = real_cost("llama3_8b", "h200x8")
+    batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(0, 8, cost.model.max_seq_len)
+    plan = MegatronHybridCP().plan(batch, cost)
+    ladder = max_tokens_per_rank_ladder(cost, cost.model.max_seq_len)
+    tried = candidate_configs(int(batch.tokens.max()), 8, ladder, list(range(cost.model.num_layers + 1)))
+    assert plan.info["candidates"] == len(tried) > 1
+    times = [simulated(hybrid_cp_plan(batch, cost, c), batch, cost) for c in tried]
+    assert simulated(plan, batch, cost) == pytest.approx(min(times), rel=1e-9)
