@@ -347,7 +347,10 @@ class MegatronHybridCP(Planner):
         pack_sequences: True packs a group's sequences of a round into THD micro-batches of at
             most ``max_tokens_per_rank`` tokens per rank (Megatron's packed-sequence path);
             False runs every sequence as its own forward/backward (the schedule as read).
-        tune_batches: how many first batches the tuning scores (summed predicted step time).
+        tune_batches: how many first batches the tuning scores (summed predicted step time):
+            a short trial run; each batch is priced once per configuration.
+        shortlist: how many of the fastest configurations on the first batch are tried on the
+            later tuning batches.
     """
 
     name = "megatron_hybrid_cp"
@@ -360,7 +363,8 @@ class MegatronHybridCP(Planner):
         recompute_num_layers: int | None = None,
         delta: float = 0.05,
         pack_sequences: bool = True,
-        tune_batches: int = 1,
+        tune_batches: int = 3,
+        shortlist: int = 5,
     ) -> None:
         super().__init__(mode)
         if max_tokens_per_rank is not None and max_tokens_per_rank < 1:
@@ -378,17 +382,23 @@ class MegatronHybridCP(Planner):
             ckpt_layers_for(recompute, 1)  # ConfigError naming the choices
         if tune_batches < 1:
             raise ConfigError(f"tune_batches={tune_batches}; expected >= 1")
+        if shortlist < 1:
+            raise ConfigError(f"shortlist={shortlist}; expected >= 1")
         self.max_tokens_per_rank = max_tokens_per_rank
         self.recompute = recompute
         self.recompute_num_layers = recompute_num_layers
         self.delta = delta
         self.pack_sequences = pack_sequences
         self.tune_batches = tune_batches
+        self.shortlist = shortlist
         self._seen: list[GlobalBatch] = []
         self._best: LaunchConfig | None = None
-        self._search: list[dict[str, Any]] = []
+        self._search: list[tuple[LaunchConfig, float | None]] = []
+        self._shortlist: list[LaunchConfig] = []
         self._cost_key = ""
         self._tune_s = 0.0
+        self._prices: dict[tuple[int, LaunchConfig], float | InfeasibleError] = {}
+        self._ladder: tuple[int, list[int]] | None = None
 
     def allowed_ckpt(self, num_layers: int) -> list[int]:
         """Recomputed-layer counts the search may use (all of 0 .. num_layers under ``auto``)."""
@@ -407,13 +417,12 @@ class MegatronHybridCP(Planner):
         """The plan under one launch configuration (no tuning)."""
         return hybrid_cp_plan(batch, cost, config, self.delta, self.pack_sequences, self.name, self.mode)
 
-    def tune(self, batches: list[GlobalBatch], cost: CostModel) -> LaunchConfig:
-        """Price every candidate configuration on ``batches``; return the fastest that runs them.
+    def candidates(self, batches: list[GlobalBatch], cost: CostModel) -> list[LaunchConfig]:
+        """The configurations to try on ``batches`` (see `candidate_configs`).
 
         Raises `InfeasibleError` naming the longest sample when no configuration of the real
         system runs it: longer than the whole world holds even with the most recompute allowed.
         """
-        t0 = time.perf_counter()
         W = cost.cluster.world_size
         num_layers = cost.model.num_layers
         ks = self.allowed_ckpt(num_layers)
@@ -423,7 +432,9 @@ class MegatronHybridCP(Planner):
         # a ceiling above the longest sequence still changes the packing, so the ladder reaches
         # the model's context length
         limit = max(longest, cost.model.max_seq_len, self.max_tokens_per_rank or 0)
-        ladder = max_tokens_per_rank_ladder(cost, limit)
+        if self._ladder is None or self._ladder[0] != limit:
+            self._ladder = (limit, max_tokens_per_rank_ladder(cost, limit))
+        ladder = self._ladder[1]
         cands = candidate_configs(longest, W, ladder, ks, self.max_tokens_per_rank)
         if not cands:
             k = max(ks, key=lambda k: ladder[k])
@@ -432,36 +443,74 @@ class MegatronHybridCP(Planner):
                 f"configuration: with recompute {recompute_flags(k, num_layers)} one rank holds at "
                 f"most {ladder[k]} tokens, so one sequence can have at most {ladder[k] * W} tokens"
             )
-        results: list[dict[str, Any]] = []
+        return cands
+
+    def tune(self, batches: list[GlobalBatch], cost: CostModel, use_shortlist: bool = True) -> LaunchConfig:
+        """The fastest configuration over ``batches`` (summed predicted step time).
+
+        On the first batch every candidate is priced and the ``shortlist`` fastest are kept; the
+        later tuning batches price only those (a user's longer trial of the most promising
+        settings), unless none of them runs every batch, or ``use_shortlist`` is off (a retune
+        after a failure): then every candidate is priced on every batch.
+        """
+        t0 = time.perf_counter()
+        cands = self.candidates(batches, cost)
+        best: LaunchConfig | None = None
+        if use_shortlist and len(batches) > 1 and self._shortlist:
+            best, results, error = self.fastest([c for c in cands if c in self._shortlist], batches, cost)
+        if best is None:
+            best, results, error = self.fastest(cands, batches, cost)
+        if best is None:
+            assert error is not None
+            raise error
+        if len(batches) == 1:
+            priced = sorted((t, i) for i, (_, t) in enumerate(results) if t is not None)
+            self._shortlist = [results[i][0] for _, i in priced[: self.shortlist]]
+        self._search = results
+        self._tune_s = time.perf_counter() - t0
+        return best
+
+    def fastest(
+        self, cands: list[LaunchConfig], batches: list[GlobalBatch], cost: CostModel
+    ) -> tuple[LaunchConfig | None, list[tuple[LaunchConfig, float | None]], InfeasibleError | None]:
+        """The candidate with the least summed price over ``batches`` (None when none runs them
+        all), every candidate's sum (None where it cannot run), and the first error met."""
+        results: list[tuple[LaunchConfig, float | None]] = []
         best: tuple[float, LaunchConfig] | None = None
         first_error: InfeasibleError | None = None
         for c in cands:
-            try:
-                # priced as the executor runs the plan (rounds flow into each other per rank), so
-                # the winner is the fastest configuration as measured here
-                t = sum(
-                    estimate_step_time(self.fixed_plan(b, cost, c), b, cost, round_barrier=False)
-                    for b in batches
-                )
-            except InfeasibleError as exc:
-                first_error = first_error or exc
-                results.append({"config": c.describe(num_layers), "time_s": None})
+            prices = [self.price(i, b, cost, c) for i, b in enumerate(batches)]
+            failed = [x for x in prices if isinstance(x, InfeasibleError)]
+            if failed:
+                first_error = first_error or failed[0]
+                results.append((c, None))
                 continue
-            results.append({"config": c.describe(num_layers), "time_s": t})
+            t = sum(x for x in prices if not isinstance(x, InfeasibleError))
+            results.append((c, t))
             # strict '<': candidates come least recompute first, so a tie keeps less recompute
             if best is None or t < best[0]:
                 best = (t, c)
-        if best is None:
-            assert first_error is not None
-            raise first_error
-        self._search = results
-        self._tune_s = time.perf_counter() - t0
-        return best[1]
+        return (best[1] if best else None), results, first_error
+
+    def price(self, index: int, batch: GlobalBatch, cost: CostModel, config: LaunchConfig) -> float | InfeasibleError:
+        """Predicted step time of tuning batch ``index`` under ``config`` (kept: a trial run
+        measured once), or the error that stops it. Priced as the executor runs the plan (ranks
+        flow into the next round once their group is free), so the winner is the fastest
+        configuration as measured here."""
+        key = (index, config)
+        if key not in self._prices:
+            try:
+                plan = self.fixed_plan(batch, cost, config)
+                self._prices[key] = estimate_step_time(plan, batch, cost, round_barrier=False)
+            except InfeasibleError as exc:
+                self._prices[key] = exc
+        return self._prices[key]
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         key = json.dumps(cost.describe(), sort_keys=True, default=str)
         if key != self._cost_key:  # a different cost model or cluster: tune afresh
             self._cost_key, self._seen, self._best = key, [], None
+            self._prices, self._ladder, self._shortlist = {}, None, []
         tuned_now = False
         if self._best is None or len(self._seen) < self.tune_batches:
             self._seen.append(batch)
@@ -474,13 +523,13 @@ class MegatronHybridCP(Planner):
             # a longer sequence than any seen while tuning: the user relaunches with a new
             # configuration that runs every batch seen so far
             self._seen.append(batch)
-            self._best = self.tune(self._seen, cost)
+            self._best = self.tune(self._seen, cost, use_shortlist=False)
             plan = self.fixed_plan(batch, cost, self._best)
             retuned = True
         plan.info.update(
             tuned_config=self._best.describe(cost.model.num_layers),
             candidates=len(self._search),
-            candidates_feasible=sum(1 for r in self._search if r["time_s"] is not None),
+            candidates_feasible=sum(1 for _, t in self._search if t is not None),
             tuned_on_batches=len(self._seen),
             retuned=retuned,
             # the search is offline work a user does once per workload; reports may leave it out

@@ -240,7 +240,7 @@ def test_pinned_recompute_that_cannot_hold_the_longest_sequence_is_infeasible():
 
 def test_tuning_is_reused_and_redone_only_for_a_batch_the_configuration_cannot_run():
     cost = tight_toy()
-    planner = MegatronHybridCP()
+    planner = MegatronHybridCP(tune_batches=1)
     first = planner.plan(GlobalBatch.from_lengths([20, 9, 3]), cost)
     assert first.info["tune_s"] > 0 and not first.info["retuned"]
     again = planner.plan(GlobalBatch.from_lengths([18, 5]), cost)
@@ -253,6 +253,43 @@ def test_tuning_is_reused_and_redone_only_for_a_batch_the_configuration_cannot_r
     # priced on the tuning batch and the one that failed
     assert plan.info["retuned"] and plan.info["tuned_on_batches"] == 2
     assert plan.info["max_tokens_per_rank"] * TIGHT_WORLD >= 300
+
+
+def user_tries(longest: int, limits: list[int]) -> dict[int, int]:
+    """The ceilings a user tries for ``longest`` tokens on the tight toy, each with the least
+    recompute that holds it (independent of the planner: limits found by linear scan)."""
+    lo = -(-longest // TIGHT_WORLD)
+    ceilings = {lo, *[m for m in limits if m >= lo], *[2**j for j in range(10) if lo <= 2**j <= limits[-1]]}
+    return {m: next(k for k in range(TIGHT_LAYERS + 1) if limits[k] >= m) for m in ceilings}
+
+
+@pytest.mark.parametrize("shortlist", [1, 5])
+def test_tuning_runs_over_the_first_batches_and_picks_the_summed_simulated_argmin(shortlist):
+    """Three tuning batches (a short trial run): every configuration a user tries is priced on
+    the first; the ``shortlist`` fastest there are priced on the other two, and the one with
+    the least simulated time summed over the three is kept for later batches."""
+    cost = tight_toy()
+    # on these three the first batch alone and the last alone would pick another ceiling
+    lengths = ([71, 16, 21, 14, 40, 30], [91, 53, 43, 38, 39], [32, 54, 20, 11, 34, 34, 11])
+    batches = [GlobalBatch.from_lengths(L) for L in lengths]
+    planner = MegatronHybridCP(tune_batches=3, shortlist=shortlist)
+    plans = [planner.plan(b, cost) for b in batches]
+    assert [p.info["tuned_on_batches"] for p in plans] == [1, 2, 3]
+    grids = [brute_force(b, cost) for b in batches]
+    limits = [max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)]
+    first = sorted((grids[0][(k, m)], m) for m, k in user_tries(71, limits).items() if grids[0][(k, m)] is not None)
+    kept = {m for _, m in first[:shortlist]}
+    total = {
+        m: sum(g[(k, m)] for g in grids)
+        for m, k in user_tries(91, limits).items() if m in kept and all(g[(k, m)] is not None for g in grids)
+    }
+    assert total  # the shortlist runs all three here; else the tuning would widen to every ceiling
+    chosen = plans[-1].info["max_tokens_per_rank"]
+    assert total[chosen] == pytest.approx(min(total.values()), rel=1e-9)
+    if shortlist == 1:  # the first batch's favourite, not the three-batch optimum
+        assert chosen == first[0][1]
+    later = planner.plan(GlobalBatch.from_lengths([100, 50, 3]), cost)
+    assert later.info["tuned_config"] == plans[-1].info["tuned_config"] and later.info["tune_s"] == 0.0
 
 
 def test_bad_recompute_settings_are_config_errors():
