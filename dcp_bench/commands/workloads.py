@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2))
     else:
-        print(f"{workload.name} (v{workload.version}, {workload.kind}, default model {workload.default_model})")
+        loader = f", loader {workload.name}" if workload.name != args.name else ""
+        print(f"{args.name} (v{workload.version}, {workload.kind}{loader}, default model {workload.default_model})")
         print(f"  {workload.description}")
         for key in STAT_KEYS:
             print(f"  {key:<20} {_fmt(stats[key])}")
