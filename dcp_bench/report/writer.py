@@ -58,7 +58,6 @@ CELL_COLUMNS = [
     "failures", "median_s", "olympic_mean_s", "cv", "p5_s", "p95_s", "tokens_per_s", "imbalance",
     "peak_mem_gib", "mem_cap_gib", "mfu", "planner_ms", "cost_source", "config_hash", "flags",
 ]
-SPEEDUP_COLUMNS = ["workload", "cluster", "model", "method", "baseline", "speedup", "ci_low", "ci_high", "pairs", "metric"]
 SIM_ERROR_TARGET = 0.15
 MAX_CONTEXT_FIGURES = 4  # contexts (cluster, model, executor) that get step-time / memory / plan-shape figures
 
@@ -726,7 +725,8 @@ def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
         "report": {k: shown_path(v) for k, v in paths.items()},
     }
     atomic_write_json(out / "summary.json", summary)
-    return summary
+    # The caller (a command printing where the report is) gets the real paths; the file does not.
+    return {**summary, "report": {k: str(v) for k, v in paths.items()}}
 
 def _nanmedian_abs(values: pd.Series) -> float:
     """Median of |values| over the finite ones; nan when there are none (no warning)."""
@@ -744,18 +744,6 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     clean = df.replace([np.inf, -np.inf], None).astype(object).where(df.notna(), None)
     return [{k: v for k, v in row.items()} for row in clean.to_dict(orient="records")]
-
-
-def _claim_context_cells(cells: pd.DataFrame, claims: dict[str, Any]) -> pd.DataFrame:
-    if cells.empty:
-        return cells
-    ctx = (claims.get("claims") or [{}])[0].get("context", {})
-    mask = np.ones(len(cells), dtype=bool)
-    for key in ("workload", "cluster", "model"):
-        if key in ctx:
-            mask &= (cells[key] == ctx[key]).to_numpy()
-    sub = _default_context(cells[mask])
-    return sub[sub["executor"] == "sim"] if "sim" in set(sub["executor"]) else sub
 
 
 def _robustness(sens: pd.DataFrame, claims: dict[str, Any]) -> dict[str, list[str]]:
