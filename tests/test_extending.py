@@ -204,3 +204,21 @@ def test_follow_extending_doc(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["method_vs_baseline"] and not summary["skipped_records"]
     shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.timeout(600)
+def test_torchrun_ranks_import_user_code_from_another_folder(tmp_path: Path) -> None:
+    """`train` run from a folder that holds neither the config nor the module: the ranks torchrun
+    starts import the planner from beside the config folder (no PYTHONPATH set by the user)."""
+    write_doc_files(tmp_path / "user", {"my_methods/by_length.py", "my_methods/__init__.py",
+                                        "my_conf/method/by_length.yaml"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = run_cli(["train", f"extra_conf={tmp_path / 'user' / 'my_conf'}", "method=by_length", "workload=sharegpt",
+                   "workload.length_scale=64", "nproc=2", "steps=1", "warmup_steps=0", "root=runs"], elsewhere,
+                  user_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    (summary,) = iter_summaries(elsewhere / "runs", "train")
+    assert summary.method == "by_length" and summary.status == "ok" and summary.executor == "torch"
