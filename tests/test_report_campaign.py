@@ -210,3 +210,19 @@ def test_report_clears_what_it_owns_writes_0644_and_names_no_local_folder(campai
 def test_scrub_paths() -> None:
     assert scrub_paths(f"see {REPO_ROOT}/results/x.json and /elsewhere/data/l.txt") == "see results/x.json and .../l.txt"
     assert scrub_paths("https://github.com/a/b and 1/2 and tokens / s") == "https://github.com/a/b and 1/2 and tokens / s"
+
+
+def test_a_failed_scaling_point_is_marked_not_joined() -> None:
+    """At 32 GPUs every repeat failed (throughput 0): the line stops at 16 and the 32 point is an
+    x labelled failed."""
+    rows = [(8, 1.0, 0), (16, 2.0, 0), (32, 0.0, 3)]
+    cells = pd.DataFrame([{"workload": "w", "label": "m", "cluster": f"h200x{n}", "gpu": "h200", "world_size": float(n),
+                           "model": "A", "executor": "sim", "tokens_per_s": v, "failures": f, "repeats": 3}
+                          for n, v, f in rows])
+    f = fig.draw_versus_gpus(cells, "tokens_per_s", "tokens/s", "simulated", {"m": "C0"}, log=True)
+    ax = f.axes[0]
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() != "None"]
+    marks = [ln for ln in ax.get_lines() if ln.get_marker() == "x"]
+    assert len(lines) == 1 and list(lines[0].get_xdata()) == [8.0, 16.0]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [32.0]
+    assert [t.get_text() for t in ax.texts] == ["failed"]

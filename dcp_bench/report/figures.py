@@ -281,13 +281,21 @@ def share_histogram(steps: pd.DataFrame, cells: pd.DataFrame, column: str, xlabe
     return _png(fig)
 
 
+def _mostly_failed(cells: pd.DataFrame) -> pd.Series:
+    """Cells whose median repeat failed (their statistics are those of an infinitely slow run)."""
+    if "failures" not in cells or "repeats" not in cells:
+        return pd.Series(False, index=cells.index)
+    return 2 * cells["failures"].astype(int) > cells["repeats"].astype(int)
+
+
 def scaling_series(cells: pd.DataFrame, column: str) -> pd.DataFrame:
-    """The cells of every series measured at two or more GPU counts; a series is one workload,
-    method, model, GPU kind and executor, so no line ever joins different models or machines."""
+    """The cells of every series run at two or more GPU counts; a series is one workload,
+    method, model, GPU kind and executor, so no line ever joins different models or machines.
+    Cells that mostly failed stay in (drawn as failed points)."""
     if cells.empty:
         return cells
     df = cells.dropna(subset=["world_size"])
-    df = df[np.isfinite(df[column].astype(float))]
+    df = df[np.isfinite(df[column].astype(float)) | _mostly_failed(df)]
     if df.empty:
         return df
     keys = ["workload", "label", "model", "gpu", "executor"]
@@ -303,23 +311,30 @@ def versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, color
 
 def draw_versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, colors: Colors, log: bool = False) -> Any:
     """``column`` against the GPU count: one panel per (model, GPU kind), one line per workload
-    and method (colour = method, line style = workload)."""
+    and method (colour = method, line style = workload); a failed cell is an x labelled failed."""
     df = scaling_series(cells, column)
     if df.empty:
         return None
     plt, _ = _plt(), _sns()
+    from matplotlib.transforms import blended_transform_factory
     panels = list(dict.fromkeys(zip(df["model"], df["gpu"])))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.4), squeeze=False)
     styles = ["-", "--", ":", "-."]
     workloads = list(dict.fromkeys(df["workload"]))
     for ax, (model, gpu) in zip(axes[0], panels):
         sub = df[(df["model"] == model) & (df["gpu"] == gpu)]
+        bottom = blended_transform_factory(ax.transData, ax.transAxes)
         for (w, label, executor), s in sub.groupby(["workload", "label", "executor"], sort=False):
             s = s.sort_values("world_size")
+            failed = _mostly_failed(s)
             name = f"{label} ({w})" if len(workloads) > 1 else str(label)
-            ax.plot(s["world_size"].astype(float), s[column].astype(float), marker="o" if executor == "sim" else "s",
+            ok = s[~failed]
+            ax.plot(ok["world_size"].astype(float), ok[column].astype(float), marker="o" if executor == "sim" else "s",
                     color=_color(colors, label), ls=styles[workloads.index(w) % len(styles)],
                     label=name if executor == "sim" else f"{name}, measured")
+            for x in s.loc[failed, "world_size"].astype(float):  # a failed point: an x on the floor, labelled
+                ax.plot([x], [0.03], marker="x", color=_color(colors, label), ls="none", transform=bottom)
+                ax.text(x, 0.06, "failed", transform=bottom, fontsize=6, ha="center", color=_color(colors, label))
         ax.set_xscale("log", base=2)
         ticks = sorted(sub["world_size"].astype(int).unique())
         ax.set_xticks(ticks, [str(t) for t in ticks])
