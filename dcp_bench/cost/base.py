@@ -105,6 +105,17 @@ class CostModel(ABC):
         the share, so a bound built from it is labelled by the source)."""
         return self.sample_time(tokens, frames, sp, ckpt_layers)
 
+    def microbatch_overhead(self, sp: int, ckpt_layers: int) -> float:
+        """Seconds every sequence-split micro-batch on ``sp`` ranks with ``ckpt_layers``
+        checkpointed layers takes beyond the sum of its samples' packed shares
+        (`sample_time_packed`): the fixed costs it pays once however many samples it holds
+        (GEMMs below their saturated efficiency, collective latencies). A micro-batch never takes
+        less than its shares plus this; with the memory cap limiting the tokens of a micro-batch,
+        it tightens the lower bound (`dcp_bench.sim.sample_bounds`). Sources that cannot
+        separate these costs return 0, which is always true."""
+        del sp, ckpt_layers
+        return 0.0
+
     def microbatch_costs(
         self,
         tokens: np.ndarray,
