@@ -311,29 +311,6 @@ def min_feasible_ckpt(
     return out
 
 
-def microbatch_token_capacity(cost: CostModel, sp: int) -> np.ndarray:
-    """Per checkpointed-layer count k = 0..L, the most tokens per rank a sequence-split
-    micro-batch on ``sp`` ranks can hold under the memory cap.
-
-    Activation memory is additive over a micro-batch's samples (`CostModel.sample_memory`). When
-    a sample's memory is ``a + b * tokens / sp`` with ``a >= 0`` and no dependence on its frame
-    count (both cost sources), a micro-batch of x tokens per rank needs at least ``a + b * x``,
-    so x <= (cap - a) / b. Where the memory law is not of that form no capacity is claimed
-    (inf), which keeps the bound true.
-    """
-    budget = cost.memory_cap_bytes - cost.static_memory_bytes()
-    big = 1 << 20
-    probe = np.asarray([0, sp, big * sp, big * sp], dtype=np.int64)
-    frames = np.asarray([1, 1, 1, 16], dtype=np.int64)
-    out = np.full(cost.model.num_layers + 1, math.inf)
-    for k in range(len(out)):
-        m0, m1, mb, mb16 = (float(v) for v in cost.sample_memory(probe, frames, sp, k))
-        a, b = m0, m1 - m0
-        if a >= 0 and b > 0 and math.isclose(mb, a + b * big, rel_tol=1e-9) and mb16 == mb:
-            out[k] = max(budget - a, 0.0) / b
-    return out
-
-
 def _lower_hull(ys: np.ndarray, first: int) -> np.ndarray:
     """Indices k >= ``first`` of the points (k, ys[k]) on their lower convex hull: every
     minimum of ``u * k + w * ys[k]`` with w > 0 over k >= first lies on one of them."""
@@ -399,7 +376,7 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
     A sequence-split micro-batch M on s ranks with k checkpointed layers takes at least the sum
     of its samples' packed shares p_i(s, k) plus the fixed cost o(s, k) it pays once
     (`CostModel.microbatch_overhead`), and the memory cap limits it to N(s, k) tokens per rank
-    (`microbatch_token_capacity`). Since M's tokens per rank, sum of n_i / s, are at most N,
+    (`CostModel.microbatch_token_capacity`). Since M's tokens per rank, sum of n_i / s, are at most N,
     its o is at least the sum over its samples of (n_i / s) / N * o. So M's GPU-seconds are at
     least the sum over its samples of
 
@@ -424,7 +401,7 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
         tok, fr = batch.tokens[ok], batch.frames[ok]
         share, affine = _packed_shares_by_ckpt(cost, tok, fr, sp)  # (m, L+1)
         over = np.array([cost.microbatch_overhead(sp, k) for k in range(L + 1)], dtype=float)
-        cap = microbatch_token_capacity(cost, sp)
+        cap = np.array([cost.microbatch_token_capacity(sp, k) for k in range(L + 1)], dtype=float)
         # a capacity of 0 means nothing fits at that count (no sample is allowed there)
         per_tok = np.where(np.isfinite(cap) & (cap > 0), over / np.where(cap > 0, cap, 1.0), 0.0)
         g = _min_over_ckpt(share, tok / sp, per_tok, kmin[ok], affine)

@@ -21,7 +21,6 @@ from dcp_bench.plan import Group, MicroBatch, Round, StepPlan, validate_plan
 from dcp_bench.sim import (
     NoiseModel,
     lower_bound,
-    microbatch_token_capacity,
     sample_bounds,
     simulate_step,
 )
@@ -582,7 +581,7 @@ def test_sample_bounds_are_the_least_over_every_setting(model):
     gpu = np.full(batch.n, np.inf)
     fast = np.full(batch.n, np.inf)
     for sp in cost.cluster.sp_degrees():
-        cap = microbatch_token_capacity(cost, sp)
+        cap = [cost.microbatch_token_capacity(sp, k) for k in range(cost.model.num_layers + 1)]
         for k in range(cost.model.num_layers + 1):
             o = cost.microbatch_overhead(sp, k)
             for i in range(batch.n):

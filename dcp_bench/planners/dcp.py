@@ -160,6 +160,22 @@ def balance_items(durations: list[float], bins: int, max_moves: int = 64) -> lis
     return members
 
 
+def charge_microbatch_overhead(table: ShapeTable, cost: CostModel) -> None:
+    """Add to every packed share in ``table`` the sample's token share of the fixed cost of a
+    full micro-batch (`CostModel.microbatch_overhead` over `CostModel.microbatch_token_capacity`):
+    under the memory cap a micro-batch holds a bounded number of tokens per rank, so packing
+    cannot spread its fixed cost thinner than that. Entries priced alone (recompute, or more than
+    half the budget) already pay it whole. In place."""
+    budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+    for j, sp in enumerate(table.sps.tolist()):
+        cap = cost.microbatch_token_capacity(sp, 0)
+        over = cost.microbatch_overhead(sp, 0)
+        if not (np.isfinite(cap) and cap > 0 and over > 0):
+            continue
+        packed = (table.ckpt[:, j] == 0) & (table.mem[:, j] <= budget / 2)
+        table.time[packed, j] += table.tokens[packed] / sp / cap * over
+
+
 def predicted_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> float:
     """Compute time of ``plan`` priced by the cost model: every micro-batch in one vectorised
     call, then each group starting when all its ranks are free (rounds in order)."""
@@ -252,6 +268,7 @@ class DCPPlanner(Planner):
         # Packed shares: short samples are packed into well-filled micro-batches (step 5).
         table = build_shape_table(batch.tokens, batch.frames, cost, W, packed=True)
         raise_if_infeasible(table, batch.tokens, batch.frames, cost)
+        charge_microbatch_overhead(table, cost)
         inv = table.inverse
         counts = np.bincount(inv, minlength=len(table.tokens))
         choice = self.initial_choice(table, counts, W)
