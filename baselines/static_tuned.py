@@ -19,6 +19,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from baselines.packed_static import packed_static_plan
 from baselines.scheduling import (
     RECOMPUTE_POLICIES,
@@ -96,18 +98,34 @@ class StaticTuned(Planner):
         W = cost.cluster.world_size
         results: list[dict[str, Any]] = []
         best: tuple[float, Config] | None = None
+        room = cost.memory_cap_bytes - cost.static_memory_bytes()
+        longest_shape = max(((int(t), int(f)) for b in batches for t, f in zip(b.tokens, b.frames)), default=(1, 1))
+        # Two shortcuts that change no score: a setting the longest sequence does not fit alone
+        # is infeasible whatever the budget; and a budget at or above what the memory cap lets a
+        # micro-batch hold never binds, so it packs exactly as the memory-limited candidate does
+        # (scored once per setting, the first such candidate in grid order keeps the tie).
+        unbound: dict[tuple[int, str], float | None] = {}
         for sp, rec, multiple in self.candidates(W):
             budget = self.token_budget(multiple, longest)
             ckpt = ckpt_layers_for(rec, cost.model.num_layers)
-            try:
-                t = sum(
-                    estimate_step_time(packed_static_plan(b, cost, sp, ckpt, budget), b, cost)
-                    for b in batches
-                )
-            except InfeasibleError:
-                results.append({"sp": sp, "recompute": rec, "token_budget": budget, "time_s": None})
-                continue
+            fits = cost.sample_memory(np.array([longest_shape[0]]), np.array([longest_shape[1]]), sp, ckpt)[0] <= room
+            holds = sp * cost.microbatch_token_capacity(sp, ckpt)
+            t: float | None = None
+            if fits and (budget is None or budget >= holds) and (sp, rec) in unbound:
+                t = unbound[(sp, rec)]
+            elif fits:
+                try:
+                    t = sum(
+                        estimate_step_time(packed_static_plan(b, cost, sp, ckpt, budget), b, cost)
+                        for b in batches
+                    )
+                except InfeasibleError:
+                    t = None
+                if budget is None or budget >= holds:
+                    unbound[(sp, rec)] = t
             results.append({"sp": sp, "recompute": rec, "token_budget": budget, "time_s": t})
+            if t is None:
+                continue
             # strict '<': on a tie the earlier candidate (smaller SP, more recompute) wins
             if best is None or t < best[0]:
                 best = (t, (sp, rec, multiple))
