@@ -231,7 +231,8 @@ def simulate_step(
     round_barrier: bool = False,
 ) -> SimStepResult:
     """Simulate one step of ``plan`` over ``batch`` on ``cost.cluster`` (see the module docstring).
-    The plan is not validated here (the run loop validates it once)."""
+    Rounds are separated by a barrier when ``round_barrier`` or the plan asks for it. The plan is
+    not validated here (the run loop validates it once)."""
     W = plan.world_size
     if cost.cluster.world_size != W:
         raise ClusterError(
@@ -247,7 +248,7 @@ def simulate_step(
     g_comm = np.bincount(arr.mb_group, weights=comm, minlength=arr.n_groups)
     g_mem = np.zeros(arr.n_groups)
     np.maximum.at(g_mem, arr.mb_group, mem)
-    compute_end = _timeline(arr, g_dur, W, round_barrier)
+    compute_end = _timeline(arr, g_dur, W, round_barrier or plan.round_barrier)
 
     static = cost.static_memory_bytes()
     peak = np.full(W, static)
