@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dcp_bench.records import iter_summaries
+from dcp_bench.reference import unit_of_label
 from dcp_bench.report.claims import evaluate_claims, select_cells
 from dcp_bench.report.tables import cell_table, load_campaign
 from dcp_bench.runner import plan_sweep, run_sweep
@@ -78,10 +79,10 @@ def test_selection_prefers_default_parameters_and_the_epoch_loop(campaign: Path)
     cells = cell_table(load_campaign(campaign, "c"))
     ctx = CLAIMS["claims"][0]["context"]  # type: ignore[index]
     picked = select_cells(cells, ctx, {"method": "bucket_static", "mode": "paper", "params": {"sp": 4}})
-    assert len(picked) == 1 and picked.iloc[0]["label"] == "bucket_static (paper mode)"
+    assert len(picked) == 1 and unit_of_label(picked.iloc[0]["label"]) == "epoch"
     assert '"deals_per_iteration": 1' in picked.iloc[0]["params"]
     step = select_cells(cells, ctx, {"method": "bucket_static", "mode": "paper", "unit": "step"})
-    assert len(step) == 1 and step.iloc[0]["label"] == "bucket_static (paper mode, per step)"
+    assert len(step) == 1 and "paper mode, per step" in step.iloc[0]["label"]
 
 
 def test_reproduce_headline_sensitivity_and_readings_share_seeds_and_epochs() -> None:

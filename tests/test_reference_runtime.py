@@ -391,6 +391,8 @@ def test_run_unit_rules_and_labels() -> None:
     assert _spec("dcp_inter_pac", **{"run.unit": "step"}).label == "dcp_inter_pac (paper mode, per step)"
     assert unit_of_label(run_label("x", "paper", "epoch")) == "epoch"
     assert unit_of_label(run_label("x", "paper", "step")) == "step" == unit_of_label("x")
+    assert unit_of_label("x(sp=4) (paper mode)") == "epoch"  # reports add parameters to labels
+    assert unit_of_label("x (paper mode, per step)(sp=4)") == "step"
     with pytest.raises(ConfigError, match="paper mode"):
         parse_run_spec(to_container(load_config(["method=dcp_inter", "run.unit=epoch"])))
     with pytest.raises(ConfigError, match="no fixed dataset"):

@@ -35,10 +35,11 @@ def run_label(name: str, mode: str, unit: str) -> str:
 
 def unit_of_label(label: str) -> str:
     """The run unit a label implies: ``step`` for fair mode and per-step paper mode, ``epoch``
-    for paper mode on the reference's epoch loop."""
-    if label.endswith("(paper mode)"):
-        return "epoch"
-    return "step"
+    for paper mode on the reference's epoch loop (reports may add parameters to a label, so the
+    mode's words are looked for anywhere in it)."""
+    if PER_STEP_LABEL in label:
+        return "step"
+    return "epoch" if "(paper mode)" in label else "step"
 
 
 __all__ = ["PER_STEP_LABEL", "run_label", "unit_of_label"]

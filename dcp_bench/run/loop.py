@@ -79,9 +79,13 @@ def step_record(
     """The record of one executed step (see the module docstring)."""
     used = plan.sample_positions()
     peaks = [float(b) / 2**30 for b in out.peak_mem_bytes]
+    # A planner's configuration search (`plan.info["tune_s"]`: static_tuned's grid, Megatron's
+    # launch tuning) is work its users do once before training, not on every step's clock.
+    tune_s = min(planner_s, max(0.0, float(plan.info.get("tune_s") or 0.0)))
     extra: dict[str, Any] = {
         **out.extra,
         "executed_s": out.step_time_s,
+        "offline_tune_s": tune_s,
         "rounds": len(plan.rounds),
         "micro_batches": sum(1 for _ in plan.micro_batches()),
         "mem_cap_gib": float(parts.cost.memory_cap_bytes) / 2**30,
@@ -96,7 +100,7 @@ def step_record(
         extra["predicted_peak_mem_per_rank_gib"] = (predicted.peak_mem_bytes / 2**30).round(4).tolist()
     return StepRecord(
         step=step,
-        step_time_s=charge_planner(out.step_time_s, planner_s, spec.planner_clock),
+        step_time_s=charge_planner(out.step_time_s, planner_s - tune_s, spec.planner_clock),
         warmup=step < spec.warmup_steps,
         planner_ms=planner_s * 1e3,
         tokens=int(batch.tokens[used].sum()) if used else 0,
@@ -233,10 +237,12 @@ def summarise(
     executor: ExecutorInfo,
     cost: Any,
     started: float,
+    workload: Any = None,
 ) -> RunSummary:
     """The run summary: medians over measured steps; step time and throughput only for a run
     that finished ``ok`` with measured steps (a failed run has no step time: statistics count it
-    as infinitely slow)."""
+    as infinitely slow). ``workload``: the run's workload, whose description and provenance (data
+    file and its SHA-256, source, licence) the summary keeps."""
     measured = [s for s in steps if not s.warmup and s.step_time_s is not None]
     ok = status == "ok" and bool(measured)
     if status == "ok" and not measured:
@@ -268,6 +274,9 @@ def summarise(
     }
     if spec.unit == "epoch":
         extra.update(_epoch_summary(spec, measured, ok))
+    if isinstance(getattr(workload, "provenance", None), dict):
+        extra["workload"] = {"description": str(getattr(workload, "description", "")),
+                             "provenance": dict(workload.provenance)}
     if any(v is not None for v in losses):
         extra["losses"] = losses
         extra["grad_norms"] = [s.grad_norm for s in steps]
@@ -341,7 +350,8 @@ def execute_run(
         if not isinstance(exc, DcpBenchError):
             error += " @ " + traceback.format_exc().strip().splitlines()[-3].strip()[:200]
     desc: ExecutorInfo = executor or described(spec)
-    summary = summarise(spec, writer.steps, status, error, desc, parts.cost if parts else None, started)
+    summary = summarise(spec, writer.steps, status, error, desc, parts.cost if parts else None, started,
+                        parts.workload if parts else None)
     return writer.finish(summary)
 
 
