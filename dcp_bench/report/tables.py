@@ -130,6 +130,8 @@ def load_campaign(
             "planner_ms": summary.planner_ms,
             "lower_bound_s": summary.lower_bound_s,
             "n_steps": summary.n_steps,
+            "unit": extra.get("unit", "step"),
+            "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,
             "cost_source": summary.cost_source,
             "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
             "hardware": summary.hardware,
@@ -179,7 +181,10 @@ PAPER_SUFFIX = " (paper mode)"
 
 
 def _split_paper(label: str) -> tuple[str, str]:
-    return (label[: -len(PAPER_SUFFIX)], PAPER_SUFFIX) if label.endswith(PAPER_SUFFIX) else (label, "")
+    """(method, its paper-mode suffix): `` (paper mode)`` or a qualified one such as
+    `` (paper mode, per step)``."""
+    i = label.find(PAPER_SUFFIX[:-1])
+    return (label[:i], label[i:]) if i >= 0 else (label, "")
 
 
 def with_overrides(label: str, overrides: list[str]) -> str:

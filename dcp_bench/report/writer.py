@@ -37,6 +37,7 @@ from dcp_bench.report.claims import (
     evaluate_claims,
     evaluate_comparisons,
     load_claims,
+    reference_tables_section,
     sensitivity,
     verdict,
 )
@@ -284,11 +285,19 @@ Section = Callable[[Document, "ReportData"], None]
 def report_sections(data: ReportData) -> list[Section]:
     """The sections in reading order. What the campaign was run for comes first: the claims'
     verdict when it holds a claim's runs, else its own methods against its baselines."""
-    claim_sections: list[Section] = [_verdict_section, _headline_section, _decomposition_section, _sensitivity_section]
+    claim_sections: list[Section] = [_verdict_section, _reference_section, _headline_section, _decomposition_section,
+                                     _sensitivity_section]
     lead: list[Section] = [*claim_sections, _comparison_section] if data.leads_with_claims \
         else [_comparison_section, *claim_sections]
     return [_opening, *lead, peer_section, _context_section, _scaling_section, _validation_section,
             _cells_section, _workloads_section, _provenance_section]
+
+
+def _reference_section(doc: Document, data: ReportData) -> None:
+    """The claims' paper-mode table on the reference's mixes and "what it takes" table, for the
+    claims this campaign holds runs of."""
+    ids = {cl["id"] for cl in data.claims_in_campaign}
+    reference_tables_section(doc, [r for r in data.claim_results if r.id in ids and r.result.pairs > 0])
 
 
 def build_report(inp: ReportInputs) -> dict[str, Any]:
@@ -480,7 +489,7 @@ def _headline_section(doc: Document, data: ReportData) -> None:
         ci95=["-" if f or not (math.isfinite(float(lo)) and math.isfinite(float(hi))) else f"[{float(lo):.2f}, {float(hi):.2f}]"
               for lo, hi, f in zip(head["ci_low"], head["ci_high"], failed)],
     )
-    doc.table(shown, "Speedup of method over baseline: ratio of medians over paired repeats, 95% paired-bootstrap CI",
+    doc.table(shown, "Speedup of method over baseline: median of paired per-seed ratios, 95% paired-bootstrap CI",
               ["comparison", "workload", "method", "baseline", "speedup", "ci95", "pairs", "metric", "outcome", "note",
                "flags"])
     if not missing.empty:
