@@ -76,6 +76,7 @@ class SimStepResult:
     compute_end_s: float  # when the last rank finished its micro-batches
     sync_s: float
     info: dict[str, Any] = field(default_factory=dict)
+    account: StepAccount | None = None  # where the time goes (noise-free costs, averaged over ranks)
 
     @property
     def peak_mem_gib(self) -> float:
@@ -155,14 +156,30 @@ def _flatten(plan: StepPlan) -> _PlanArrays:
     return out
 
 
-def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, int]:
-    """Per micro-batch (duration, communication, peak memory), and the plan's model FLOPs and
-    tokens: sequence-split micro-batches in one vectorised call, batch-split ones one by one."""
-    dur = np.zeros(arr.n_mb)
-    comm = np.zeros(arr.n_mb)
-    mem = np.zeros(arr.n_mb)
-    flops = 0.0
-    tokens = 0
+@dataclass
+class _Priced:
+    """Per micro-batch costs of a flattened plan (seconds, bytes), and per micro-batch sample
+    counts and tokens."""
+
+    compute: np.ndarray  # forward + backward
+    recompute: np.ndarray
+    comm: np.ndarray
+    mem: np.ndarray
+    samples: np.ndarray
+    tokens: np.ndarray
+    flops: float
+
+    @property
+    def dur(self) -> np.ndarray:
+        return self.compute + self.recompute + self.comm
+
+
+def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> _Priced:
+    """Every micro-batch's costs: sequence-split micro-batches in one vectorised call, batch-split
+    ones one by one."""
+    n = arr.n_mb
+    out = _Priced(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64),
+                  np.zeros(n, dtype=np.int64), 0.0)
     if arr.seq_mb:
         lens = np.fromiter((len(p) for p in arr.seq_pos), dtype=np.int64, count=len(arr.seq_pos))
         pos = np.fromiter((s for p in arr.seq_pos for s in p), dtype=np.int64, count=int(lens.sum()))
@@ -171,18 +188,21 @@ def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> tuple[np.nd
             batch.tokens[pos], batch.frames[pos], local, np.asarray(arr.seq_sp), np.asarray(arr.seq_ckpt)
         )
         idx = np.asarray(arr.seq_mb)
-        dur[idx] = c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
-        comm[idx] = c["comm_s"]
-        mem[idx] = c["mem_bytes"]
-        flops += float(c["model_flops"].sum())
-        tokens += int(batch.tokens[pos].sum())
+        out.compute[idx] = c["fwd_s"] + c["bwd_s"]
+        out.recompute[idx] = c["recompute_s"]
+        out.comm[idx] = c["comm_s"]
+        out.mem[idx] = c["mem_bytes"]
+        out.samples[idx] = lens
+        out.tokens[idx] = np.bincount(local, weights=batch.tokens[pos], minlength=len(lens)).astype(np.int64)
+        out.flops += float(c["model_flops"].sum())
     for j, samples, size, ckpt in arr.batch_split:
         sel = np.asarray(samples, dtype=np.int64)
         mc = cost.microbatch_cost(batch.tokens[sel], batch.frames[sel], size, ckpt, "batch")
-        dur[j], comm[j], mem[j] = mc.total_s, mc.comm_s, mc.mem_bytes
-        flops += mc.model_flops
-        tokens += int(batch.tokens[sel].sum())
-    return dur, comm, mem, flops, tokens
+        out.compute[j], out.recompute[j], out.comm[j], out.mem[j] = mc.fwd_s + mc.bwd_s, mc.recompute_s, mc.comm_s, mc.mem_bytes
+        out.samples[j] = len(sel)
+        out.tokens[j] = int(batch.tokens[sel].sum())
+        out.flops += mc.model_flops
+    return out
 
 
 def _with_noise(dur: np.ndarray, arr: _PlanArrays, noise: NoiseModel, step: int, world: int) -> np.ndarray:
@@ -240,7 +260,9 @@ def simulate_step(
             f"{cost.cluster.world_size} ranks"
         )
     arr = _flatten(plan)
-    dur, comm, mem, flops, tokens = _price(arr, batch, cost)
+    priced = _price(arr, batch, cost)
+    dur, comm, mem = priced.dur, priced.comm, priced.mem
+    flops, tokens = priced.flops, int(priced.tokens.sum())
     if noise is not None and arr.n_mb:
         # the batch knows its step even if a planner leaves plan.step at 0
         dur = _with_noise(dur, arr, noise, batch.step, W)
@@ -276,6 +298,7 @@ def simulate_step(
         compute_end_s=compute_end,
         sync_s=sync,
         info={"rounds": len(plan.rounds), "groups": arr.n_groups, "micro_batches": arr.n_mb},
+        account=_account(arr, priced, W, cost, step_time),
     )
 
 
@@ -471,37 +494,41 @@ class StepAccount:
 
 def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_s: float) -> StepAccount:
     """Attribute a simulated step's time to its parts using the cost model's per-micro-batch
-    costs; the idle part is the remainder, so the parts add up to the step time exactly."""
-    W = plan.world_size
-    compute = np.zeros(W)
-    recompute = np.zeros(W)
-    comm = np.zeros(W)
-    sp_hist: dict[int, int] = {}
-    ckpt_hist: dict[str, int] = {}
-    sp_tok: dict[int, int] = {}
-    ckpt_tok: dict[str, int] = {}
+    costs (noise-free), averaged over ranks; the idle part is the remainder, so the parts add up
+    to the step time exactly."""
+    arr = _flatten(plan)
+    return _account(arr, _price(arr, batch, cost), plan.world_size, cost, step_time_s)
+
+
+def _account(arr: _PlanArrays, priced: _Priced, world: int, cost: CostModel, step_time_s: float) -> StepAccount:
+    # A micro-batch occupies every rank of its group: its rank-seconds are its time x group size.
+    size = arr.g_size[arr.mb_group].astype(float) if arr.n_mb else np.zeros(0)
+    compute = float((priced.compute * size).sum()) / world
+    recompute = float((priced.recompute * size).sum()) / world
+    comm = float((priced.comm * size).sum()) / world
     layers = max(1, int(cost.model.num_layers))
-    for _, group, mb in plan.micro_batches():
-        pos = list(mb.samples)
-        c = cost.microbatch_cost(batch.tokens[pos], batch.frames[pos], group.size, mb.ckpt_layers, mb.split)
-        sl = slice(group.start, group.start + group.size)
-        compute[sl] += c.fwd_s + c.bwd_s
-        recompute[sl] += c.recompute_s
-        comm[sl] += c.comm_s
-        sp_hist[group.size] = sp_hist.get(group.size, 0) + len(pos)
-        frac = f"{mb.ckpt_layers / layers:.2f}"
-        ckpt_hist[frac] = ckpt_hist.get(frac, 0) + len(pos)
-        n_tok = int(batch.tokens[pos].sum())
-        sp_tok[group.size] = sp_tok.get(group.size, 0) + n_tok
-        ckpt_tok[frac] = ckpt_tok.get(frac, 0) + n_tok
+    ckpt = np.zeros(arr.n_mb, dtype=np.int64)
+    ckpt[np.asarray(arr.seq_mb, dtype=np.int64)] = arr.seq_ckpt
+    for j, _, _, k in arr.batch_split:
+        ckpt[j] = k
+    sp_hist: dict[int, int] = {}
+    sp_tok: dict[int, int] = {}
+    ckpt_hist: dict[str, int] = {}
+    ckpt_tok: dict[str, int] = {}
+    for j in range(arr.n_mb):
+        sp = int(size[j])
+        frac = f"{ckpt[j] / layers:.2f}"
+        sp_hist[sp] = sp_hist.get(sp, 0) + int(priced.samples[j])
+        sp_tok[sp] = sp_tok.get(sp, 0) + int(priced.tokens[j])
+        ckpt_hist[frac] = ckpt_hist.get(frac, 0) + int(priced.samples[j])
+        ckpt_tok[frac] = ckpt_tok.get(frac, 0) + int(priced.tokens[j])
     sync = float(cost.step_sync_time())
-    parts = float(compute.mean() + recompute.mean() + comm.mean()) + sync
     return StepAccount(
-        compute_s=float(compute.mean()),
-        recompute_s=float(recompute.mean()),
-        comm_s=float(comm.mean()),
+        compute_s=compute,
+        recompute_s=recompute,
+        comm_s=comm,
         sync_s=sync,
-        idle_s=float(step_time_s - parts),
+        idle_s=float(step_time_s - (compute + recompute + comm + sync)),
         sp_samples=sp_hist,
         ckpt_samples=ckpt_hist,
         sp_tokens=sp_tok,
@@ -533,7 +560,8 @@ class SimExecutor:
 
     def execute(self, plan: StepPlan, batch: GlobalBatch) -> StepOutcome:
         res = simulate_step(plan, batch, self.cost, noise=self.noise)
-        acct = account_step(plan, batch, self.cost, res.step_time_s)
+        acct = res.account
+        assert acct is not None
         return StepOutcome(
             step_time_s=res.step_time_s,
             busy_s=res.busy_s.tolist(),
