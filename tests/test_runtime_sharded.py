@@ -59,6 +59,10 @@ CASES: list[tuple[str, Any, GlobalBatch, StepPlan, int]] = [
     *[(f"zero{z}-{label}", m, b, p, z) for z in STAGES for label, m, b, p in PLANS],
     *[(f"zero{z}-kv2-static_sp4", KV2, TEXT, text_plans(0)["static_sp4"], z) for z in (0, 3)],
 ]
+# Mixed precision on CPU: bf16 compute, fp32 master weights, fp32 gradient accumulation and
+# reduction (the CUDA policy), per stage; compared with the fp32 reference at bf16's tolerance.
+BF16_STAGES = (0, 1, 3)
+BF16_TOL = 3e-2
 CURVE_STAGES = (1, 3)
 CURVE_STEPS = 3
 LR = 1e-3
@@ -92,6 +96,25 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             state = build_training_state(_spec(model_name), SEED, torch.device("cpu"), LR, zero_stage=stage)
             res = execute_step(plan, batch, state, None, pool, seed=SEED, update=False)
             out["grads"].append({"loss": res.loss, "grads": state.gradients(), "empty": res.extra.get("empty_passes", 0.0)})
+        out["bf16"] = {}
+        for stage in BF16_STAGES:
+            state = build_training_state(model_spec("tiny_llama"), SEED, torch.device("cpu"), LR, zero_stage=stage,
+                                         compute=torch.bfloat16)
+            res = execute_step(text_plans(2)["inter_unequal"], TEXT, state, None, pool, seed=SEED, update=False)
+            grads = state.gradients()
+            # one update, then the bf16 parameters must be the rounding of the fp32 master weights
+            execute_step(text_plans(2)["inter_unequal"], TEXT, state, None, pool, seed=SEED)
+            rounded = None
+            if stage <= 1:
+                full = torch.empty(state.shard * state.world, dtype=torch.float32)  # type: ignore[attr-defined]
+                if stage == 1:
+                    dist.all_gather_into_tensor(full, state.master.detach())  # type: ignore[attr-defined]
+                else:
+                    full = state.master.detach()  # type: ignore[attr-defined]
+                params = torch.cat([p.detach().reshape(-1) for p in state.model.parameters()])
+                rounded = torch.equal(params, full[: params.numel()].to(torch.bfloat16))
+            out["bf16"][stage] = {"loss": res.loss, "grads": grads, "describe": state.describe(), "rounded": rounded,
+                                  "dtypes": sorted({str(p.dtype) for p in state.model.parameters()})}
         plan = _curve_plan()
         for stage in CURVE_STAGES:
             state = build_training_state(model_spec("tiny_llama"), SEED, torch.device("cpu"), LR, zero_stage=stage)
@@ -162,6 +185,23 @@ def test_round_pass_counts_follow_the_plan() -> None:
     assert round_pass_counts(text_plans(0)["multi_round"], TEXT) == [[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1]]
     # two whole samples dealt to a group of 4: two ranks get one each, two get none.
     assert round_pass_counts(plan_of([[(0, 4, [mb(0, 1, split="batch")])]]), TEXT) == [[1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("stage", BF16_STAGES)
+def test_mixed_precision_keeps_fp32_master_and_reduction(sharded: list[dict[str, Any]], stage: int) -> None:
+    got = sharded[0]["bf16"][stage]
+    assert got["describe"]["precision"] == {"compute": "bf16", "master": "fp32", "grad": "fp32", "optimizer_state": "fp32"}
+    ref_loss, ref_grads = reference("tiny_llama", TEXT, "text")
+    assert abs(got["loss"] - ref_loss) <= BF16_TOL * abs(ref_loss)
+    assert rel_l2(got["grads"], ref_grads) <= BF16_TOL
+    assert got["grads"].dtype == torch.float32
+    if stage <= 1:  # flat states: bf16 parameters = bf16(fp32 master) after the update
+        assert got["rounded"] is True and got["dtypes"] == ["torch.bfloat16"]
+    else:  # FSDP: the stored shards are the fp32 master weights (gathered in bf16 per layer)
+        assert got["dtypes"] == ["torch.float32"]
+    # all ranks agree (the reduction is in fp32 and identical everywhere)
+    for rank in range(1, WORLD):
+        assert torch.equal(sharded[rank]["bf16"][stage]["grads"], got["grads"])
 
 
 def test_sharded_adamw_steps_equal_single_process_training(sharded: list[dict[str, Any]]) -> None:

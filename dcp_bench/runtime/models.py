@@ -617,7 +617,7 @@ class STDiTModel(RuntimeModel):
         if sp.size > 1:
             check_heads(self.spec.heads, sp.size)
         h = self.spec.hidden
-        x = self.x_embed(inputs.x_t)
+        x = self.x_embed(inputs.x_t.to(self.x_embed.weight.dtype))  # latents come in fp32
         x = x + sincos_embedding(inputs.frame_idx, h).to(x.dtype) + sincos_embedding(inputs.patch_idx, h).to(x.dtype)
         t_emb = self.t_embed(sincos_embedding(inputs.timesteps, self.FREQ_DIM).to(x.dtype))  # (n, h)
         fps = torch.full_like(inputs.timesteps, FPS)

@@ -426,14 +426,16 @@ def build_training_state(
     zero_stage: int | None = None,
     attention: str = "auto",
     weight_decay: float = 0.0,
+    compute: torch.dtype | None = None,
 ) -> TrainingState:
     """The model of ``spec`` on ``device`` with its training states for ZeRO stage
     ``zero_stage`` (`dcp_bench.train_policy.DEFAULT_ZERO_STAGE` when None), in the precision
     policy of its compute dtype (`compute_dtype`: the spec's dtype on CUDA, fp32 on CPU). The
     weights are those of ``build_model(spec, seed)`` on every rank and for every stage.
-    Stages 1-3 need torch.distributed initialised (their world is every rank)."""
+    Stages 1-3 need torch.distributed initialised (their world is every rank). ``compute``
+    overrides the compute dtype (bf16 on the CPU checks the mixed-precision path there)."""
     stage = check_zero_stage(DEFAULT_ZERO_STAGE if zero_stage is None else zero_stage)
-    dtype = compute_dtype(spec, device)
+    dtype = compute or compute_dtype(spec, device)
     name = {v: k for k, v in DTYPES.items()}[dtype]
     policy = precision_policy(name)
     if stage >= 1 and not dist.is_initialized():
