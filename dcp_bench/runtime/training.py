@@ -113,7 +113,8 @@ class TrainingState(ABC):
                 "compute": policy.compute, "master": policy.master, "grad": policy.grad,
                 "optimizer_state": policy.optimizer_state,
             },
-            "attention": self.model.attention.describe(),
+            # a caller's own model (the integration API) may carry no kernel of ours
+            "attention": self.model.attention.describe() if hasattr(self.model, "attention") else None,
         }
 
 
