@@ -99,6 +99,7 @@ def rank_work(
                     continue
             yield r, mb, ctx, positions
 
+
 def round_pass_counts(plan: StepPlan, batch: GlobalBatch) -> list[list[int]]:
     """Micro-batch passes per round and rank, as `rank_work` yields them (a rank dealt no sample
     of a batch-split micro-batch runs no pass for it)."""

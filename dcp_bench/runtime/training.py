@@ -71,6 +71,16 @@ def _clip_coef(grad_norm: float, grad_clip: float | None) -> float:
     return min(1.0, grad_clip / (grad_norm + 1e-6))
 
 
+def _sq_norm(t: Tensor, chunk: int = 1 << 24) -> Tensor:
+    """Sum of squares of ``t`` in fp64, a chunk at a time: an fp32 norm over millions of elements
+    can be off by 1e-4 (measured on CPU), and a whole fp64 copy of 8B gradients would not fit."""
+    flat = t.reshape(-1)
+    out = torch.zeros((), dtype=torch.float64, device=t.device)
+    for s in range(0, flat.numel(), chunk):
+        out += flat[s : s + chunk].double().pow(2).sum()
+    return out
+
+
 def _global_loss(local_loss: Tensor) -> float:
     loss = local_loss.detach().float().reshape(())
     dist.all_reduce(loss, op=dist.ReduceOp.SUM)
@@ -299,10 +309,10 @@ class FlatState(TrainingState):
         if self.zero_stage == 0:
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.all_reduce(self.main_grad, op=dist.ReduceOp.SUM)
-            sq = float(torch.linalg.vector_norm(self.main_grad).double() ** 2)
+            sq = float(_sq_norm(self.main_grad))
         else:
             _reduce_scatter_flat(self.grad_shard, self.main_grad)
-            sq_t = (torch.linalg.vector_norm(self.grad_shard).double() ** 2).reshape(1)
+            sq_t = _sq_norm(self.grad_shard).reshape(1)
             dist.all_reduce(sq_t, op=dist.ReduceOp.SUM)
             sq = float(sq_t)
         loss = _global_loss(local_loss) if dist.is_initialized() else float(local_loss)
@@ -371,7 +381,7 @@ class FSDPState(TrainingState):
         device = local_loss.device
         sq_t = torch.zeros(1, dtype=torch.float64, device=device)
         for g in grads:
-            sq_t += torch.linalg.vector_norm(g.float()).double() ** 2
+            sq_t += _sq_norm(g)
         dist.all_reduce(sq_t, op=dist.ReduceOp.SUM)
         loss = _global_loss(local_loss)
         norm = math.sqrt(float(sq_t))
