@@ -218,7 +218,7 @@ class DataCentricParallel:
         planner_s = time.perf_counter() - t0
         out = StepWork(step=batch.step, batch=batch, plan=plan, tokens=step_token_count(plan, batch),
                        planner_s=planner_s)
-        for r, mb, ctx, positions in rank_work(plan, batch, self.rank, self.pool, barrier=False):
+        for r, mb, ctx, positions in rank_work(plan, batch, self.rank, self.pool):
             pos = np.asarray(positions, dtype=np.int64)
             inputs = self.model.make_inputs(
                 batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, self.seed

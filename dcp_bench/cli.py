@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "dcp_bench.commands.simulate",
     "dcp_bench.commands.profile",
     "dcp_bench.commands.train",
+    "dcp_bench.commands.slurm",
     "dcp_bench.commands.sweep",
     "dcp_bench.commands.report",
     "dcp_bench.commands.reproduce",

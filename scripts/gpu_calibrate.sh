@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPU calibration on one device, time-boxed to 8 minutes: matmul and copy ceilings, then per-layer
 # time and memory of a Llama-3-8B layer and an STDiT3-XL/2 block pair in bf16 at 1K..128K tokens,
-# written as profile artifacts under results/calibration/h200/ (override with --out DIR).
-#   scripts/gpu_calibrate.sh                      # on the GPU machine
-#   scripts/gpu_calibrate.sh --device cpu --tiny  # dry run of the same code on CPU
+# written as profile artifacts into the folder --out names (required). scripts/gpu_check.sh runs
+# this and a CUDA smoke test of the runtime in one command.
+#   scripts/gpu_calibrate.sh --out DIR                      # on the GPU machine
+#   scripts/gpu_calibrate.sh --device cpu --tiny --out DIR  # dry run of the same code on CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-exec timeout 480 "$PY" -m dcp_bench.profiling.gpu_calibrate "$@"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+exec timeout 480 "$PY" -m dcp_bench.profiling.gpu_calibrate --budget-s 440 "$@"

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 # other (except the pairs in SIBLING_IMPORTS).
 LAYERS: list[list[str]] = [
     ["dcp_bench.errors", "dcp_bench.paths"],
-    ["dcp_bench.files", "dcp_bench.layout", "dcp_bench.config", "dcp_bench.envinfo", "dcp_bench.batch"],
+    ["dcp_bench.files", "dcp_bench.layout", "dcp_bench.config", "dcp_bench.envinfo", "dcp_bench.batch",
+     "dcp_bench.train_policy"],
     ["dcp_bench.records", "dcp_bench.corpora", "dcp_bench.cost"],
     ["dcp_bench.plan", "dcp_bench.workload"],
     ["dcp_bench.execution"],
@@ -28,7 +29,8 @@ LAYERS: list[list[str]] = [
 ]
 SIBLING_IMPORTS = {("baselines", "dcp_bench.planners")}  # a baseline is a Planner subclass
 TORCH_FREE = ("dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.plan", "dcp_bench.cost", "dcp_bench.reference",
-              "dcp_bench.workload", "dcp_bench.execution", "dcp_bench.layout", "dcp_bench.batch")
+              "dcp_bench.workload", "dcp_bench.execution", "dcp_bench.layout", "dcp_bench.batch",
+              "dcp_bench.train_policy")
 
 
 def unit_of(module: str) -> str:

@@ -112,11 +112,14 @@ def _plans(kind: str, ckpt: int) -> dict[str, StepPlan]:
     return text_plans(ckpt) if kind == "text" else video_plans(ckpt)
 
 
-def _worker(rank: int, port: int, out_dir: str, cases: list[tuple[str, str, GlobalBatch, StepPlan]]) -> None:
+def _worker(rank: int, port: int, out_dir: str, cases: list[tuple[Any, ...]]) -> None:
+    """Each case: (label, model, batch, plan) runs the replicated path with the gradients left in
+    ``.grad``; a fifth element names a ZeRO stage (`build_training_state`)."""
     import torch.distributed as dist
 
     from dcp_bench.runtime.executor import execute_step
     from dcp_bench.runtime.groups import ProcessGroupPool
+    from dcp_bench.runtime.training import build_training_state
 
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -125,10 +128,16 @@ def _worker(rank: int, port: int, out_dir: str, cases: list[tuple[str, str, Glob
     try:
         pool = ProcessGroupPool(timeout_s=60)
         results = []
-        for _, model_name, batch, plan in cases:
-            model = build_model(model_spec(model_name), seed=SEED)
-            res = execute_step(plan, batch, model, None, pool, seed=SEED)
-            grads = flat_grads(model)
+        for case in cases:
+            _, model_name, batch, plan = case[:4]
+            if len(case) > 4:
+                state = build_training_state(model_spec(model_name), SEED, torch.device("cpu"), 1e-3, zero_stage=case[4])
+                res = execute_step(plan, batch, state, None, pool, seed=SEED, update=False)
+                grads = state.gradients()
+            else:
+                model = build_model(model_spec(model_name), seed=SEED)
+                res = execute_step(plan, batch, model, None, pool, seed=SEED)
+                grads = flat_grads(model)
             results.append({"loss": res.loss, "grad_norm": res.grad_norm, "grads": grads, "mbs": res.micro_batches})
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -166,7 +175,7 @@ def reference(model_name: str, batch: GlobalBatch, key: str) -> tuple[float, tor
     return _REFERENCES[(model_name, key)]
 
 
-def run_cases(cases: list[tuple[str, str, GlobalBatch, StepPlan]]) -> list[list[dict[str, Any]]]:
+def run_cases(cases: list[tuple[Any, ...]]) -> list[list[dict[str, Any]]]:
     """Run every case on one set of WORLD spawned processes; results per rank, per case."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(_free_port(), tmp, cases), nprocs=WORLD, join=True)

@@ -1,6 +1,7 @@
 """Every registered method (DCP variants and baselines) on the real runtime, 4 gloo ranks: the loss
 and gradients of one global batch equal the single-process reference, and a 20-step loss curve
-equals single-process training on the same batches.
+equals single-process training on the same batches. The one-step check runs again with sharded
+training states (ZeRO-1 flat shards; ZeRO-3 by FSDP2 with lockstep passes).
 
 Batches come from real workloads scaled down for CPU (wikipedia lengths / 8; the videosys_long
 grid with spatial patches / 256) and the memory cap is set low enough that plans differ in SP
@@ -56,6 +57,10 @@ def method_plan(method: str, kind: str, batch: GlobalBatch) -> StepPlan:
 
 
 LABELS = [f"{m}-{k}" for k in SETUPS for m in METHODS]
+# Sharded training states: ZeRO-1 (flat fp32 shards, no collective inside a micro-batch) and
+# ZeRO-3 (FSDP2, lockstep passes), each on every method's plan.
+ZERO_STAGES = (1, 3)
+SHARDED_LABELS = [f"zero{z}-{label}" for z in ZERO_STAGES for label in LABELS]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,8 @@ def cases() -> list[tuple[str, str, GlobalBatch, StepPlan]]:
 
 @pytest.fixture(scope="module")
 def results(cases: list[tuple[str, str, GlobalBatch, StepPlan]]) -> list[list[dict[str, Any]]]:
-    return run_cases(cases)
+    sharded = [(f"zero{z}-{label}", m, b, p, z) for z in ZERO_STAGES for label, m, b, p in cases]
+    return run_cases([*cases, *sharded])
 
 
 def test_method_plans_are_valid_and_differ(cases: list[tuple[str, str, GlobalBatch, StepPlan]]) -> None:
@@ -94,6 +100,18 @@ def test_method_matches_single_process(
     ref_loss, ref_grads = reference(model_name, batch, "method-" + label.rsplit("-", 1)[1])
     for rank in range(WORLD):
         got = results[rank][index]
+        assert abs(got["loss"] - ref_loss) <= 1e-5 * abs(ref_loss)
+        assert rel_l2(got["grads"], ref_grads) <= 1e-5
+
+
+@pytest.mark.parametrize("index", range(len(SHARDED_LABELS)), ids=SHARDED_LABELS)
+def test_sharded_method_matches_single_process(
+    cases: list[tuple[str, str, GlobalBatch, StepPlan]], results: list[list[dict[str, Any]]], index: int
+) -> None:
+    label, model_name, batch, _ = cases[index % len(cases)]
+    ref_loss, ref_grads = reference(model_name, batch, "method-" + label.rsplit("-", 1)[1])
+    for rank in range(WORLD):
+        got = results[rank][len(cases) + index]
         assert abs(got["loss"] - ref_loss) <= 1e-5 * abs(ref_loss)
         assert rel_l2(got["grads"], ref_grads) <= 1e-5
 

@@ -21,7 +21,10 @@ HELP = (
     "sensitivity) + a real CPU gloo run, then reports/reproduce/ with summary.json; "
     "`dcp-bench reproduce [budget_s=560] [jobs=2] [repeats=5] [real=false] [config=PATH]`"
 )
-TOP_KEYS = ("config", "campaign", "root", "out", "claims", "budget_s", "report_reserve_s", "jobs", "repeats", "real", "sections")
+TOP_KEYS = ("config", "campaign", "root", "out", "claims", "budget_s", "report_reserve_s", "jobs", "repeats", "real", "sections",
+            "preset", "cluster", "nnodes", "rdzv_endpoint")
+# Run keys a preset leaves open (e.g. `preset=real cluster=h200x32`): added to every grid when set.
+GRID_KEYS = ("cluster", "nnodes", "rdzv_endpoint")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +44,12 @@ def load_reproduce_config(overrides: list[str]) -> dict[str, Any]:
         if not sep or key not in TOP_KEYS:
             raise ConfigError(f"bad reproduce argument {ov!r}: expected key=value with key one of {', '.join(TOP_KEYS)}")
         kv[key] = value
-    path = Path(kv.pop("config", str(CONF_DIR / "reproduce" / "default.yaml")))
+    # preset=NAME: the packaged config dcp_bench/conf/reproduce/NAME.yaml (default: default)
+    preset = kv.pop("preset", "default")
+    presets = sorted(p.stem for p in (CONF_DIR / "reproduce").glob("*.yaml") if not p.stem.endswith("_claims"))
+    if preset not in presets:
+        raise ConfigError(f"preset={preset!r}: no such reproduce preset; expected one of {', '.join(presets)}")
+    path = Path(kv.pop("config", str(CONF_DIR / "reproduce" / f"{preset}.yaml")))
     if not path.exists():
         raise ConfigError(f"reproduce config {str(path)!r} not found")
     cfg = yaml.safe_load(path.read_text()) or {}
@@ -98,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
         real_specs: list[RunSpec] = []
         try:
             for grid in section.get("grids", []):
-                base = [*common, *[str(g) for g in grid], f"run.campaign={campaign}", f"run.root={root}"]
-                sim_specs += plan_sweep([*base, "run.executor=sim"], repeats=repeats, sweep=name)
+                base = [*common, *[str(g) for g in grid], f"run.campaign={campaign}", f"run.root={root}",
+                        *[f"{k}={cfg[k]}" for k in GRID_KEYS if cfg.get(k) is not None]]
+                if section.get("simulate", True):  # a measured-only section (preset=real) has no twins
+                    sim_specs += plan_sweep([*base, "run.executor=sim"], repeats=repeats, sweep=name)
                 if is_real:
                     real_specs += plan_sweep([*base, "run.executor=torch"], repeats=repeats, sweep=name)
         except ConfigError as exc:
@@ -143,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     summary = build_report(ReportInputs(root=root, campaign=campaign, out_dir=str(cfg.get("out", "reports/reproduce")),
                                         claims_path=str(cfg.get("claims", "results/reference/claims.yaml")),
                                         command=command.strip(), notes=notes,
-                                        title="dcp-bench: reproducing the DCP claim"))
+                                        title=str(cfg.get("title", "dcp-bench: reproducing the DCP claim"))))
     for c in summary["claims"]:
         val = c["reproduced_value"]
         ci = c["ci95"]

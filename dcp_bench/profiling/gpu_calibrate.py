@@ -1,26 +1,36 @@
 """GPU calibration on one device: matmul and copy ceilings, then per-layer time and memory of a
 Llama-3-8B decoder layer and an STDiT3-XL/2 spatial+temporal block pair in bf16 from 1K to 128K
-tokens, each written as a profile artifact (``<out>/<model>.json``).
+tokens, each written as a profile artifact (``<out>/<model>.json``, ``--out`` required: nothing is
+written into the repository).
 
-Run through ``scripts/gpu_calibrate.sh`` (time-boxed to 8 minutes). ``--device cpu --tiny`` is a
-dry run of the same code on the CPU test models (small sizes, fp32) used by the test suite.
-Attention runs the runtime's kernels: PyTorch SDPA (its flash kernel on CUDA in bf16), or
-flash-attn's varlen kernel when it is importable.
+Every grid point is measured on its own (`dcp_bench.profiling.run.run_profile` with one size and
+one shape), so a point that fails for any reason (out of memory, a kernel error, an unsupported
+shape) is recorded and the next point still runs: out-of-memory points go into ``layers`` with
+``oom: true`` (the profiled cost model leaves them out of its fits), other failures and the points
+a time budget left out into ``failures`` with their error. Sizes run smallest first.
+
+Run by ``scripts/gpu_check.sh`` (the whole GPU check) or ``scripts/gpu_calibrate.sh`` (this
+alone); ``--device cpu --tiny`` is a dry run of the same code on the CPU test models (small
+sizes, fp32) used by the test suite. Attention runs the runtime's kernel for the device
+(`dcp_bench.runtime.attention.select_attention_kernel`: flash-attn or PyTorch's varlen flash
+kernel in bf16 on CUDA, else fused SDPA). A one-device profile has no collective measurements;
+the profiled cost model prices collectives analytically then.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from dcp_bench.cost.profile_artifact import dumps_artifact
-from dcp_bench.cost.specs import model_spec
+from dcp_bench.cost.specs import ModelSpec, model_spec
 from dcp_bench.files import atomic_write_text, sha256_file
-from dcp_bench.paths import RESULTS_DIR
-from dcp_bench.profiling.run import ProfileRequest, run_profile
+from dcp_bench.profiling.run import ProfileRequest, measure_ceilings, run_profile
 
 FULL_TOKENS = [1024 << i for i in range(8)]  # 1K .. 128K
 FULL_MODELS = ("llama3_8b", "stdit3_xl2")
@@ -28,32 +38,108 @@ TINY_TOKENS = [64, 128, 256]
 TINY_MODELS = ("tiny_llama", "tiny_stdit")
 # 720p latents with patch 2x2: 90 x 160 / 4 = 3,600 patches per latent frame
 VIDEO_SPATIAL = 3600
+SHAPES = ("single", "packed")
+# fp32 logits of 128K tokens x a 128K vocabulary would not fit beside the model
+OUTER_MAX_TOKENS = 1 << 15
 
 
-def requests(device: str, tiny: bool, reps: int) -> list[ProfileRequest]:
-    out = []
-    for name in TINY_MODELS if tiny else FULL_MODELS:
-        spec = model_spec(name)
-        out.append(
-            ProfileRequest(
-                model=spec,
-                tokens=TINY_TOKENS if tiny else FULL_TOKENS,
-                sp=[1],
-                shapes=["single", "packed"],
-                nprocs=[1],
-                reps=1 if tiny else reps,
-                warmup=1,
-                device=device,
-                dtype="fp32" if tiny else "bf16",
-                threads_per_rank=1 if tiny else (os.cpu_count() or 1),
-                collectives=False,  # one device: no group to measure
-                ceilings=True,
-                # fp32 logits of 128K tokens x a 128K vocabulary would not fit beside the model
-                outer_max_tokens=1 << 15,
-                video_spatial=64 if tiny else VIDEO_SPATIAL,
-            )
+def point_request(spec: ModelSpec, tokens: int, shape: str, device: str, tiny: bool, reps: int) -> ProfileRequest:
+    """The profile request of one grid point (the model without layers is measured with the
+    single-sample shape)."""
+    return ProfileRequest(
+        model=spec,
+        tokens=[tokens],
+        sp=[1],
+        shapes=[shape],
+        nprocs=[1],
+        reps=1 if tiny else reps,
+        warmup=1,
+        device=device,
+        dtype="fp32" if tiny else "bf16",
+        threads_per_rank=1 if tiny else (os.cpu_count() or 1),
+        outer=shape == "single" and tokens <= OUTER_MAX_TOKENS,
+        outer_max_tokens=OUTER_MAX_TOKENS,
+        collectives=False,  # one device: no group to measure
+        ceilings=False,  # measured once per model
+        video_spatial=64 if tiny else VIDEO_SPATIAL,
+    )
+
+
+def _release(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def calibrate_model(name: str, device: str, tiny: bool, reps: int, deadline: float, command: str) -> dict[str, Any]:
+    """The profile artifact of one model (see the module docstring); points not started by
+    ``deadline`` (a ``time.time()``) are listed as skipped."""
+    spec = model_spec(name)
+    started = time.time()
+    layers: list[dict[str, Any]] = []
+    outer: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+    base: dict[str, Any] | None = None
+    for tokens in TINY_TOKENS if tiny else FULL_TOKENS:
+        for shape in SHAPES:
+            where = {"tokens_per_rank": tokens, "shape": shape}
+            if time.time() > deadline:
+                failures.append({**where, "error": "skipped: the calibration's time budget was spent"})
+                continue
+            try:
+                art = run_profile(point_request(spec, tokens, shape, device, tiny, reps), command=command)
+            except Exception as exc:  # any failure of one point must not end the calibration
+                failures.append({**where, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+                print(f"  {name} {shape} {tokens}: FAILED {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr, flush=True)
+                del exc
+                _release(device)
+                continue
+            base = base or art
+            layers += art["layers"]
+            outer += art["outer"]
+            _release(device)
+    if base is None:
+        raise RuntimeError(f"calibration of {name}: no grid point could be measured: {failures[:3]}")
+    ceilings = measure_ceilings(device, "fp32" if tiny else "bf16")
+    finished = time.time()
+    grid = dict(base["settings"]["grid"], tokens_per_rank=TINY_TOKENS if tiny else FULL_TOKENS, shapes=list(SHAPES))
+    return {
+        **base,
+        "settings": {**base["settings"], "grid": grid, "isolation": "one run_profile per grid point"},
+        "layers": layers,
+        "outer": outer,
+        "ceilings": ceilings,
+        "failures": failures,
+        "cost": {"wall_s": round(finished - started, 2), "started_at": started, "finished_at": finished,
+                 "command": command},
+    }
+
+
+def calibrate(out: Path, device: str, tiny: bool, reps: int = 3, budget_s: float = 420.0,
+              command: str = "") -> list[Path]:
+    """Calibrate every model (`FULL_MODELS`, or `TINY_MODELS` with ``tiny``) into ``out``, the
+    remaining budget shared equally by the models still to run. Returns the artifacts written."""
+    models = TINY_MODELS if tiny else FULL_MODELS
+    end = time.time() + budget_s
+    written = []
+    for i, name in enumerate(models):
+        deadline = time.time() + (end - time.time()) / (len(models) - i)
+        print(f"calibrating {name} ({'fp32' if tiny else 'bf16'}, {device})", file=sys.stderr, flush=True)
+        artifact = calibrate_model(name, device, tiny, reps, deadline, command)
+        path = out / f"{name}.json"
+        atomic_write_text(path, dumps_artifact(artifact))
+        ceil = artifact["ceilings"]
+        print(
+            f"wrote {path} (sha256 {sha256_file(path)}): matmul "
+            f"{max(c['flops_per_s'] for c in ceil['matmul']) / 1e12:.1f} TFLOP/s, copy "
+            f"{max(c['bytes_per_s'] for c in ceil['copy']) / 1e9:.0f} GB/s, "
+            f"{len(artifact['failures'])} point(s) failed or skipped, {artifact['cost']['wall_s']:.0f} s",
+            flush=True,
         )
-    return out
+        written.append(path)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="CPU dry run: tiny models, small sizes")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--out", default=str(RESULTS_DIR / "calibration" / "h200"))
+    parser.add_argument("--budget-s", type=float, default=420.0, help="time for all models (default 420)")
+    parser.add_argument("--out", required=True, help="folder for the artifacts (<model>.json)")
     args = parser.parse_args(argv)
     if args.device == "cuda":
         import torch
@@ -70,20 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             print("gpu_calibrate: no CUDA device; use --device cpu --tiny for a dry run", file=sys.stderr)
             return 2
     started = time.time()
-    for req in requests(args.device, args.tiny, args.reps):
-        cmd = f"scripts/gpu_calibrate.sh --device {args.device}{' --tiny' if args.tiny else ''}"
-        print(f"calibrating {req.model.name} ({req.dtype}, {args.device})", file=sys.stderr, flush=True)
-        artifact = run_profile(req, command=cmd)
-        path = Path(args.out) / f"{req.model.name}.json"
-        atomic_write_text(path, dumps_artifact(artifact))
-        ceil = artifact["ceilings"]
-        print(
-            f"wrote {path} (sha256 {sha256_file(path)}): matmul "
-            f"{max(c['flops_per_s'] for c in ceil['matmul']) / 1e12:.1f} TFLOP/s, copy "
-            f"{max(c['bytes_per_s'] for c in ceil['copy']) / 1e9:.0f} GB/s, "
-            f"{artifact['cost']['wall_s']:.0f} s",
-            flush=True,
-        )
+    cmd = f"scripts/gpu_calibrate.sh --device {args.device}{' --tiny' if args.tiny else ''}"
+    calibrate(Path(args.out), args.device, args.tiny, args.reps, args.budget_s, cmd)
     print(f"calibration done in {time.time() - started:.0f} s", flush=True)
     return 0
 

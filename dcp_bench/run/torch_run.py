@@ -79,10 +79,10 @@ def worker_main(spec: RunSpec) -> int:
     import torch
     import torch.distributed as dist
 
-    from dcp_bench.runtime.device import backend_for, compute_dtype, pick_device
+    from dcp_bench.runtime.device import backend_for, pick_device
     from dcp_bench.runtime.executor import TorchExecutor
     from dcp_bench.runtime.groups import ProcessGroupPool
-    from dcp_bench.runtime.models import build_model
+    from dcp_bench.runtime.training import build_training_state
 
     torch.set_num_threads(spec.train.threads)
     device = pick_device(spec.train.device)
@@ -96,9 +96,9 @@ def worker_main(spec: RunSpec) -> int:
         writer = RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config),
                            env=collect_env() if rank == 0 else None, enabled=rank == 0)
         pool = ProcessGroupPool(timeout_s=spec.train.pg_timeout_s)
-        model = build_model(spec.model, seed=spec.seed, device=device, dtype=compute_dtype(spec.model, device))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=spec.train.lr, weight_decay=0.0)
-        executor = TorchExecutor(model, optimizer, pool, seed=spec.seed, grad_clip=spec.train.grad_clip,
+        # The ZeRO stage the cost model prices (cost.zero_stage; None: the policy's default).
+        state = build_training_state(spec.model, spec.seed, device, spec.train.lr, zero_stage=spec.cost.zero_stage)
+        executor = TorchExecutor(state, None, pool, seed=spec.seed, grad_clip=spec.train.grad_clip,
                                  fail_rank=spec.train.fail_rank, fail_step=spec.train.fail_step, backend=backend)
         executor.info.update({"lr": spec.train.lr})
         summary = execute_run(spec, assemble(spec), executor, writer, started)

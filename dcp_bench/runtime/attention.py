@@ -1,22 +1,38 @@
 """Attention kernels and the sequence-parallel exchanges that feed them.
 
-- `varlen_attention`: packed variable-length self-attention. Each packed segment may end in
-  padding (Ulysses pads a sample to a multiple of the SP degree); only the first ``valid`` tokens
-  of a segment are attended and attend, padding rows come back as zeros. flash-attn's varlen
-  kernel is used on CUDA (fp16/bf16) when importable; otherwise PyTorch SDPA in a loop over
-  segments, which on CPU is exact and the fastest choice (a block-diagonal mask is O(T^2)).
+- `AttentionKernel` / `select_attention_kernel`: packed variable-length self-attention. Each
+  packed segment may end in padding (Ulysses pads a sample to a multiple of the SP degree); only
+  the first ``valid`` tokens of a segment are attended and attend, padding rows come back as
+  zeros. Keys and values may have fewer heads than queries (grouped-query attention: query head i
+  reads KV head ``i // (H / KV)``). Kernels, best first on CUDA in 16-bit:
+  ``flash_attn`` (flash-attn's varlen kernel, when importable), ``torch_varlen``
+  (``torch.nn.attention.varlen.varlen_attn``, PyTorch's own flash varlen kernel: no extra
+  package), ``sdpa`` (one ``scaled_dot_product_attention`` call per segment on 4-D (1, H, n, D)
+  tensors with ``enable_gqa``). ``sdpa`` is the CPU kernel: measured there, the per-segment loop
+  is the fastest exact choice (``scripts/attention_variants.py``; 3-D inputs leave SDPA only its
+  math kernel, 2.5-5x slower and O(n^2) memory; a block-diagonal mask, padded batches and nested
+  tensors are slower still). On CUDA the SDPA calls are restricted to the fused kernels (flash,
+  memory-efficient, cuDNN), so a shape no fused kernel takes fails loudly instead of silently
+  allocating an n x n fp32 score matrix.
+- `dense_attention`: one 4-D SDPA call (STDiT's spatial, temporal and cross-attention).
 - `SPContext`: the group a micro-batch runs on (no global "current group": it is passed down).
 - `all_to_all`: `dist.all_to_all_single` as an autograd Function (its backward is the same
   exchange of the gradient, in the opposite direction).
-- `ulysses_seq_to_heads` / `ulysses_heads_to_seq`: Ulysses' switch between sequence sharding and
-  head sharding for packed, padded samples.
+- `ulysses_qkv_to_heads`: Ulysses' switch of q, k and v from sequence sharding to head sharding in
+  one exchange, k and v with their KV heads only (repeated only when the group is larger than the
+  number of KV heads: `kv_heads_for_sp`); `ulysses_seq_to_heads` / `ulysses_heads_to_seq` switch
+  one tensor.
 - `permuted_all_to_all`: a token re-sharding (used by DSP to switch a video sample between
   frame sharding and patch sharding).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import inspect
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,6 +41,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dcp_bench.errors import ConfigError
+
+KERNELS = ("sdpa", "torch_varlen", "flash_attn")
 
 
 @dataclass(frozen=True)
@@ -44,12 +62,202 @@ class SPContext:
 SINGLE = SPContext()
 
 
-def _flash_varlen() -> Any:
+# ------------------------------------------------------------------------------------------------
+# Dense (one-call) attention
+
+
+@contextlib.contextmanager
+def _fused_only(on: bool) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    if hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        backends.append(SDPBackend.CUDNN_ATTENTION)
+    with sdpa_kernel(backends):
+        yield
+
+
+def repeat_kv(x: Tensor, rep: int, dim: int) -> Tensor:
+    """KV heads repeated ``rep`` times each (head i -> rows i*rep .. i*rep+rep-1) along ``dim``."""
+    return x if rep == 1 else x.repeat_interleave(rep, dim=dim)
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, fused_only: bool = False) -> Tensor:
+    """SDPA on 4-D (B, H, S, D) tensors; k and v may have fewer heads (GQA). ``fused_only``
+    restricts SDPA to its fused kernels (flash, memory-efficient, cuDNN): a call none of them
+    takes is retried with k/v repeated to all heads (not every fused kernel takes GQA), then
+    raises `ConfigError` naming the shapes."""
+    gqa = k.shape[1] != q.shape[1]
+    with _fused_only(fused_only):
+        try:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        except RuntimeError as exc:
+            if not fused_only:
+                raise
+            first = exc
+        if gqa:
+            rep = q.shape[1] // k.shape[1]
+            with contextlib.suppress(RuntimeError):
+                return F.scaled_dot_product_attention(q, repeat_kv(k, rep, 1), repeat_kv(v, rep, 1), is_causal=causal)
+    raise ConfigError(
+        f"no fused SDPA kernel takes q {tuple(q.shape)} k {tuple(k.shape)} {q.dtype} on {q.device} "
+        f"(causal={causal}): {first}; use bf16/fp16 and a head dim the flash kernel supports"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Packed variable-length attention
+
+
+def _segments_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, seg_lens: list[int], valid: list[int], causal: bool, fused_only: bool
+) -> Tensor:
+    outs: list[Tensor] = []
+    start = 0
+    for seg, n in zip(seg_lens, valid):
+        if n > 0:
+            qs, ks, vs = (t[start : start + n].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            outs.append(dense_attention(qs, ks, vs, causal, fused_only)[0].transpose(0, 1))
+        if seg > n:
+            outs.append(q.new_zeros((seg - n, q.shape[1], q.shape[2])))
+        start += seg
+    return torch.cat(outs, dim=0)
+
+
+def _real_rows(seg_lens: list[int], valid: list[int], device: torch.device) -> tuple[Tensor, Tensor, int]:
+    """(indices of the real tokens in the packed rows, cumulative int32 offsets, longest)."""
+    idx_parts = []
+    start = 0
+    for seg, n in zip(seg_lens, valid):
+        idx_parts.append(torch.arange(start, start + n, device=device))
+        start += seg
+    idx = torch.cat(idx_parts)
+    lens = torch.tensor(valid, device=device, dtype=torch.int32)
+    cu = F.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
+    return idx, cu, int(max(valid)) if valid else 0
+
+
+def _flash_attn_func() -> Any:
     try:
         from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
     except ImportError:
         return None
     return flash_attn_varlen_func
+
+
+def _torch_varlen_func() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _call_torch_varlen(fn: Any, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, causal: bool) -> Tensor:
+    # The signature changed between releases: older ones take ``is_causal``, newer ones
+    # ``window_size`` (causal = (-1, 0)) and ``enable_gqa``.
+    params = inspect.signature(fn).parameters
+    if "enable_gqa" in params:
+        kwargs: dict[str, Any] = {"enable_gqa": k.shape[1] != q.shape[1]}
+    else:
+        rep = q.shape[1] // k.shape[1]
+        k, v, kwargs = repeat_kv(k, rep, 1), repeat_kv(v, rep, 1), {}
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
+    else:
+        kwargs["is_causal"] = causal
+    return fn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+@dataclass
+class AttentionKernel:
+    """Packed variable-length attention by one kernel (`KERNELS`); ``fused_only`` restricts the
+    SDPA calls to fused kernels (the default on CUDA). ``notes`` say why this kernel was chosen
+    (and why better ones were not)."""
+
+    name: str = "sdpa"
+    fused_only: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.name not in KERNELS:
+            raise ConfigError(f"attention kernel {self.name!r}; expected one of {', '.join(KERNELS)}")
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, seg_lens: list[int], valid: list[int], causal: bool) -> Tensor:
+        """q: (T, H, D), k and v: (T, KV, D) with KV dividing H, T = sum(seg_lens). Returns
+        (T, H, D); no token attends across a segment boundary or to padding; padding rows are 0."""
+        if self.name == "sdpa":
+            return _segments_sdpa(q, k, v, seg_lens, valid, causal, self.fused_only)
+        idx, cu, max_len = _real_rows(seg_lens, valid, q.device)
+        qi, ki, vi = q.index_select(0, idx), k.index_select(0, idx), v.index_select(0, idx)
+        if self.name == "flash_attn":
+            o = _flash_attn_func()(qi, ki, vi, cu, cu, max_len, max_len, causal=causal)
+        else:
+            o = _call_torch_varlen(_torch_varlen_func(), qi, ki, vi, cu, max_len, causal)
+        return q.new_zeros(q.shape).index_copy(0, idx, o)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kernel": self.name, "fused_only": self.fused_only, "notes": list(self.notes)}
+
+
+PORTABLE = AttentionKernel("sdpa")
+
+
+def _probe(kernel: AttentionKernel, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """None when ``kernel`` runs forward and backward on this device and agrees with the SDPA
+    per-segment reference on a small GQA case; else what went wrong."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    lens, valid = [40, 24], [33, 24]
+    t = sum(lens)
+    q, k, v = (torch.randn(t, h, head_dim, generator=g).to(device, dtype).requires_grad_() for h in (4, 2, 2))
+    try:
+        out = kernel(q, k, v, lens, valid, causal=True)
+        out.float().square().sum().backward()
+        with torch.no_grad():
+            ref = _segments_sdpa(q.float(), k.float(), v.float(), lens, valid, True, False)
+        err = float((out.float() - ref).abs().max())
+    except Exception as exc:  # any failure means: not this kernel
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    return None if err <= tol else f"differs from the SDPA reference by {err:.3g}"
+
+
+def select_attention_kernel(
+    device: torch.device, dtype: torch.dtype, head_dim: int = 64, prefer: str = "auto"
+) -> AttentionKernel:
+    """The kernel a model on ``device`` in ``dtype`` uses: ``prefer`` (one of `KERNELS`) when it
+    passes a probe, else the best that does (see the module docstring). CPU: always ``sdpa``."""
+    if prefer != "auto" and prefer not in KERNELS:
+        raise ConfigError(f"attention={prefer!r}; expected auto or one of {', '.join(KERNELS)}")
+    cuda = device.type == "cuda"
+    notes: list[str] = []
+    if not cuda:
+        if prefer not in ("auto", "sdpa"):
+            notes.append(f"{prefer}: no CPU kernel")
+        return AttentionKernel("sdpa", fused_only=False, notes=notes + ["cpu: per-segment SDPA (4-D, enable_gqa)"])
+    order = ["flash_attn", "torch_varlen", "sdpa"] if prefer == "auto" else [prefer, "sdpa"]
+    for name in order:
+        if name == "sdpa":
+            break
+        if dtype not in (torch.float16, torch.bfloat16):
+            notes.append(f"{name}: needs fp16/bf16, not {dtype}")
+            continue
+        if (_flash_attn_func() if name == "flash_attn" else _torch_varlen_func()) is None:
+            notes.append(f"{name}: not importable")
+            continue
+        candidate = AttentionKernel(name, fused_only=True)
+        problem = _probe(candidate, device, dtype, head_dim)
+        if problem is None:
+            candidate.notes = [*notes, f"{name}: probe passed (forward, backward, GQA, padding)"]
+            return candidate
+        notes.append(f"{name}: probe failed: {problem}")
+    kernel = AttentionKernel("sdpa", fused_only=True)
+    problem = _probe(kernel, device, dtype, head_dim)
+    kernel.notes = [*notes, "sdpa: per-segment fused SDPA" + ("" if problem is None else f" (probe: {problem})")]
+    return kernel
 
 
 def varlen_attention(
@@ -59,47 +267,10 @@ def varlen_attention(
     seg_lens: list[int],
     valid: list[int],
     causal: bool,
+    kernel: AttentionKernel = PORTABLE,
 ) -> Tensor:
-    """Attention over packed segments.
-
-    q, k, v: (T, H, D) with T = sum(seg_lens) (k and v already expanded to H heads). Segment i
-    holds ``seg_lens[i]`` rows of which the first ``valid[i]`` are real tokens. Returns (T, H, D);
-    no token attends across a segment boundary or to padding; padding rows are zero.
-    """
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        flash = _flash_varlen()
-        if flash is not None:
-            return _flash_path(flash, q, k, v, seg_lens, valid, causal)
-    outs: list[Tensor] = []
-    start = 0
-    for seg, n in zip(seg_lens, valid):
-        if n > 0:
-            qs = q[start : start + n].transpose(0, 1)
-            ks = k[start : start + n].transpose(0, 1)
-            vs = v[start : start + n].transpose(0, 1)
-            outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal).transpose(0, 1))
-        if seg > n:
-            outs.append(q.new_zeros((seg - n, q.shape[1], q.shape[2])))
-        start += seg
-    return torch.cat(outs, dim=0)
-
-
-def _flash_path(
-    flash: Any, q: Tensor, k: Tensor, v: Tensor, seg_lens: list[int], valid: list[int], causal: bool
-) -> Tensor:
-    # Compact the real tokens, run the varlen kernel on cumulative offsets, scatter back.
-    idx_parts = []
-    start = 0
-    for seg, n in zip(seg_lens, valid):
-        idx_parts.append(torch.arange(start, start + n, device=q.device))
-        start += seg
-    idx = torch.cat(idx_parts)
-    lens = torch.tensor(valid, device=q.device, dtype=torch.int32)
-    cu = F.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
-    max_len = int(max(valid)) if valid else 0
-    o = flash(q[idx], k[idx], v[idx], cu, cu, max_len, max_len, causal=causal)
-    out = q.new_zeros(q.shape)
-    return out.index_copy(0, idx, o)
+    """Attention over packed segments by ``kernel`` (see `AttentionKernel.__call__`)."""
+    return kernel(q, k, v, seg_lens, valid, causal)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -136,6 +307,38 @@ def check_heads(heads: int, sp: int) -> None:
             f"attention heads {heads} not divisible by the sequence-parallel degree {sp}; "
             "use an SP degree that divides the head count"
         )
+
+
+def kv_heads_for_sp(heads: int, kv_heads: int, sp: int) -> int:
+    """KV heads that Ulysses exchanges on a group of ``sp`` ranks: ``kv_heads`` when ``sp``
+    divides it; else each KV head repeated up to lcm(kv_heads, sp) heads (every rank needs whole
+    KV heads for its query heads), which divides ``heads`` whenever ``sp`` does."""
+    check_heads(heads, sp)
+    return kv_heads if kv_heads % sp == 0 else math.lcm(kv_heads, sp)
+
+
+def ulysses_qkv_to_heads(
+    q: Tensor, k: Tensor, v: Tensor, sp: SPContext, full_from_gathered: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q (T_local, H, D), k and v (T_local, KV, D) sharded by sequence -> (T_full, H/sp, D) and
+    (T_full, KV/sp, D) sharded by heads, in one all-to-all (rank j receives query heads
+    [j H/sp, (j+1) H/sp) and KV heads [j KV/sp, (j+1) KV/sp): the KV heads of its query heads).
+    KV must be divisible by sp (`kv_heads_for_sp`). ``full_from_gathered`` as in
+    `ulysses_seq_to_heads`."""
+    if sp.size == 1:
+        return q, k, v
+    P = sp.size
+    t_loc, heads, dim = q.shape
+    kv = k.shape[1]
+    check_heads(heads, P)
+    if kv % P:
+        raise ConfigError(f"{kv} KV heads not divisible by the sequence-parallel degree {P}; repeat them first")
+    parts = [x.reshape(t_loc, P, x.shape[1] // P, dim) for x in (q, k, v)]
+    send = torch.cat(parts, dim=2).transpose(0, 1)
+    width = (heads + 2 * kv) // P
+    got = all_to_all(send, sp).reshape(P * t_loc, width, dim).index_select(0, full_from_gathered)
+    qh, kh, vh = got.split([heads // P, kv // P, kv // P], dim=1)
+    return qh, kh, vh
 
 
 def ulysses_seq_to_heads(x: Tensor, sp: SPContext, full_from_gathered: Tensor) -> Tensor:

@@ -1,5 +1,5 @@
-"""`execute_step`: run one `StepPlan` on this rank, then one gradient all-reduce and one optimizer
-step.
+"""`execute_step`: run one `StepPlan` on this rank, then one gradient synchronisation and one
+optimizer step.
 
 For each round, the rank finds its group (idle if none), and runs that group's micro-batches in
 order with the group's SP degree and each micro-batch's ``ckpt_layers``. ``split="sequence"``
@@ -7,17 +7,19 @@ shards every sample over the group (Ulysses for text, DSP for video); ``split="b
 whole samples to the group's ranks (largest first to the least-loaded rank), each running its
 share alone. Every micro-batch's loss is its sum over real tokens divided by the step's global
 token count (fair mode: every token of the batch; paper mode: the tokens the plan covers), so the
-summed gradient equals single-device training on the whole batch whatever the plan. Gradients
-accumulate locally; then one SUM all-reduce over the world of all gradients plus the loss (ranks
-idle in a round contribute zeros; gradients go in flat buckets, the loss beside them), and one
-optimizer step. A non-finite loss skips the optimizer step and is reported.
+summed gradient equals single-device training on the whole batch whatever the plan. How gradients
+accumulate and are summed over the world, and where the optimizer states live, is the rank's
+`dcp_bench.runtime.training.TrainingState` (ZeRO stage 0-3, fp32 accumulation and reduction;
+ranks idle in a round contribute zeros). A lockstep state (FSDP: collectives over the world
+inside every micro-batch) makes every rank run the same number of micro-batch passes per round:
+a rank with fewer runs empty passes (one token, zero loss weight). A non-finite loss skips the
+optimizer step and is reported.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +39,12 @@ from dcp_bench.runtime.measure import (
     cuda_peak_bytes,
     describe_memory_measure,
     reset_peak,
-    static_bytes,
     synchronize,
 )
 from dcp_bench.runtime.models import RuntimeModel
+from dcp_bench.runtime.training import TrainingState, UserOptimizerState
+from dcp_bench.runtime.training import sync_gradients as sync_gradients  # the API's import path
+from dcp_bench.runtime.training import zeroed_grads as zeroed_grads
 
 
 @dataclass
@@ -74,13 +78,13 @@ def deal_samples(positions: list[int], tokens: np.ndarray, size: int) -> list[li
 
 
 def rank_work(
-    plan: StepPlan, batch: GlobalBatch, rank: int, pool: ProcessGroupPool, barrier: bool = True
+    plan: StepPlan, batch: GlobalBatch, rank: int, pool: ProcessGroupPool
 ) -> Iterator[tuple[int, MicroBatch, SPContext, list[int]]]:
     """This rank's share of a plan in execution order: (round, micro-batch, SP context, sample
     positions). Batch-split micro-batches (and groups of one rank) deal whole samples to the
     group's ranks and run each rank's share without sequence parallelism; a rank dealt nothing
-    skips the micro-batch. When the plan has ``round_barrier`` (and ``barrier``), every rank,
-    idle or not, waits at the end of each round until all ranks reach it."""
+    skips the micro-batch. (A plan's ``round_barrier`` is the runner's to honour between rounds:
+    `execute_step` and the integration API's `StepWork` do.)"""
     for r in range(len(plan.rounds)):
         group = plan.group_for_rank(r, rank)
         if group is not None:
@@ -94,8 +98,33 @@ def rank_work(
                     if not positions:
                         continue
                 yield r, mb, ctx, positions
-        if barrier and plan.round_barrier and r + 1 < len(plan.rounds):
-            dist.barrier()
+
+
+
+def round_pass_counts(plan: StepPlan, batch: GlobalBatch) -> list[list[int]]:
+    """Micro-batch passes per round and rank, as `rank_work` yields them (a rank dealt no sample
+    of a batch-split micro-batch runs no pass for it)."""
+    out = []
+    for rnd in plan.rounds:
+        counts = [0] * plan.world_size
+        for group in rnd.groups:
+            for mb in group.micro_batches:
+                if mb.split == "batch" or group.size == 1:
+                    dealt = deal_samples(list(mb.samples), batch.tokens, group.size)
+                    for i, share in enumerate(dealt):
+                        counts[group.start + i] += 1 if share else 0
+                else:
+                    for i in range(group.size):
+                        counts[group.start + i] += 1
+        out.append(counts)
+    return out
+
+
+def empty_pass(model: RuntimeModel, seed: int) -> None:
+    """A forward and backward on one token with zero loss weight: the collectives of a lockstep
+    state without any gradient."""
+    inputs = model.make_inputs(np.array([0]), np.array([1]), np.array([1]), SINGLE, seed)
+    (model.loss_sum(inputs, SINGLE, 0) * 0.0).backward()
 
 
 def step_token_count(plan: StepPlan, batch: GlobalBatch) -> int:
@@ -108,51 +137,72 @@ def step_token_count(plan: StepPlan, batch: GlobalBatch) -> int:
 def execute_step(
     plan: StepPlan,
     batch: GlobalBatch,
-    model: RuntimeModel,
+    model: RuntimeModel | TrainingState,
     optimizer: torch.optim.Optimizer | None,
     pool: ProcessGroupPool,
     seed: int = 0,
     grad_clip: float | None = None,
     measure_memory: bool = True,
     bucket_elements: int = 1 << 26,
+    update: bool = True,
 ) -> StepResult:
-    """Run ``plan`` on this rank (see the module docstring). ``optimizer=None`` leaves the
-    all-reduced gradients in ``.grad`` without stepping (used by tests)."""
+    """Run ``plan`` on this rank (see the module docstring). ``model``: a `TrainingState`, or a
+    bare model with the caller's ``optimizer`` (`UserOptimizerState`; ``optimizer=None`` leaves
+    the all-reduced gradients in ``.grad`` without stepping). ``update=False`` reduces the
+    gradients without an optimizer step (tests read them with ``state.gradients()``)."""
     if plan.world_size != pool.world_size:
         raise ValueError(f"plan for {plan.world_size} ranks run on a world of {pool.world_size}")
-    device = model.device()
+    if isinstance(model, TrainingState):
+        if optimizer is not None:
+            raise ValueError("a TrainingState brings its own optimizer; pass optimizer=None")
+        state: TrainingState = model
+    else:
+        state = UserOptimizerState(model, optimizer, bucket_elements)
+    net = state.model
+    device = net.device()
     rank = pool.rank
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = zeroed_grads(params)
+    state.begin_step()
     norm = step_token_count(plan, batch)
     busy = BusyTimer(device)
-    meter = SavedTensorMeter(model)
+    try:
+        meter = SavedTensorMeter(net)
+    except RuntimeError:
+        # Sharded (DTensor) parameters have no storage the meter can read: the CPU estimate is
+        # then the static part alone (CUDA measures the allocator's peak either way).
+        measure_memory = False
     reset_peak(device)
     max_saved = 0
     local_loss = torch.zeros((), dtype=torch.float32, device=device)
-    n_mb = 0
-    for _, mb, ctx, positions in rank_work(plan, batch, rank, pool):
-        pos = np.asarray(positions, dtype=np.int64)
-        inputs = model.make_inputs(batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, seed)
-        with busy.span():
-            if measure_memory:
-                with meter.active():
-                    loss = model.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
-                max_saved = max(max_saved, meter.bytes)
-            else:
-                loss = model.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
-            loss.backward()
-        local_loss += loss.detach().float()
-        n_mb += 1
-    # The all-reduce waits for the slowest rank, so it stays outside busy time.
-    loss_value, grad_norm, finite = sync_gradients(params, grads, local_loss, bucket_elements)
-    if finite and optimizer is not None:
-        if grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        optimizer.step()
+    n_mb = n_empty = 0
+    work = list(rank_work(plan, batch, rank, pool))
+    passes = round_pass_counts(plan, batch) if state.lockstep else None
+    for r in range(len(plan.rounds)):
+        mine = [w for w in work if w[0] == r]
+        for _, mb, ctx, positions in mine:
+            pos = np.asarray(positions, dtype=np.int64)
+            inputs = net.make_inputs(batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, seed)
+            with busy.span():
+                if measure_memory:
+                    with meter.active():
+                        loss = net.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
+                    max_saved = max(max_saved, meter.bytes)
+                else:
+                    loss = net.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
+                loss.backward()
+            local_loss += loss.detach().float()
+            n_mb += 1
+        if passes is not None:
+            for _ in range(max(passes[r]) - len(mine)):
+                with busy.span():
+                    empty_pass(net, seed)
+                n_empty += 1
+        if plan.round_barrier and r + 1 < len(plan.rounds):
+            dist.barrier()  # the plan's barrier at the end of every round (every rank, idle or not)
+    # The gradient reduction waits for the slowest rank, so it stays outside busy time.
+    loss_value, grad_norm, finite = state.finish_step(local_loss, grad_clip, update)
     peak = cuda_peak_bytes(device)
     if peak is None:
-        peak = static_bytes(model, optimizer) + max_saved
+        peak = state.static_bytes() + max_saved
     covered = len(plan.sample_positions())
     return StepResult(
         loss=loss_value,
@@ -164,60 +214,8 @@ def execute_step(
         peak_mem_bytes=int(peak),
         micro_batches=n_mb,
         finite=finite,
+        extra={"empty_passes": float(n_empty)} if state.lockstep else {},
     )
-
-
-def sync_gradients(
-    params: Sequence[torch.Tensor],
-    grads: list[torch.Tensor],
-    local_loss: torch.Tensor,
-    bucket_elements: int = 1 << 26,
-) -> tuple[float, float, bool]:
-    """One SUM all-reduce over the world of every gradient (written back into ``grads``) and of
-    the loss: gradients in flat buckets in their own dtype (one bucket for a small model, bounded
-    memory for real sizes), the loss in fp32. Returns (global loss, gradient norm, finite)."""
-    device = local_loss.device
-    sq_norm = torch.zeros((), dtype=torch.float64, device=device)
-    for bucket in _buckets(grads, bucket_elements):
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for g in bucket:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].view_as(g))
-            offset += n
-        sq_norm += flat.double().pow(2).sum()
-    loss = local_loss.detach().float().reshape(())
-    dist.all_reduce(loss, op=dist.ReduceOp.SUM)
-    loss_value = float(loss)
-    grad_norm = float(sq_norm.sqrt())
-    return loss_value, grad_norm, math.isfinite(loss_value) and math.isfinite(grad_norm)
-
-
-def zeroed_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """A zero gradient buffer on every parameter, so ranks idle in every round (or parameters a
-    micro-batch does not use) still contribute zeros to the one all-reduce."""
-    grads: list[torch.Tensor] = []
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        else:
-            p.grad.zero_()
-        grads.append(p.grad)
-    return grads
-
-
-def _buckets(tensors: list[torch.Tensor], max_elements: int) -> list[list[torch.Tensor]]:
-    """Consecutive tensors grouped so each group has at most ``max_elements`` (or one tensor)."""
-    out: list[list[torch.Tensor]] = [[]]
-    size = 0
-    for t in tensors:
-        if out[-1] and size + t.numel() > max_elements:
-            out.append([])
-            size = 0
-        out[-1].append(t)
-        size += t.numel()
-    return out if out[-1] else out[:-1]
 
 
 def gather_floats(values: list[float], device: torch.device | None = None) -> list[list[float]]:
@@ -245,7 +243,7 @@ class TorchExecutor:
 
     def __init__(
         self,
-        model: RuntimeModel,
+        model: RuntimeModel | TrainingState,
         optimizer: torch.optim.Optimizer | None,
         pool: ProcessGroupPool,
         seed: int = 0,
@@ -254,23 +252,27 @@ class TorchExecutor:
         fail_step: int = 0,
         backend: str = "",
     ) -> None:
-        self.model = model
+        self.state = model if isinstance(model, TrainingState) else UserOptimizerState(model, optimizer)
+        self.model = self.state.model
         self.optimizer = optimizer
         self.pool = pool
         self.seed = seed
         self.grad_clip = grad_clip
         self.fail_rank = fail_rank
         self.fail_step = fail_step
-        self.device = next(model.parameters()).device
+        self.device = self.model.device()
         self.world_size = pool.world_size
         self.rank = pool.rank
         self.writes_records = self.rank == 0
         name = f"cuda {torch.cuda.get_device_name(self.device)}" if self.device.type == "cuda" else "cpu"
         self.hardware = f"{self.world_size} x {name} ranks ({backend or dist.get_backend()})"
         self.info: dict[str, Any] = {
-            "param_count": sum(p.numel() for p in model.parameters()),
+            "param_count": sum(p.numel() for p in self.model.parameters()),
             "memory_measure": describe_memory_measure(self.device),
             "threads": torch.get_num_threads(),
+            "step_clock": "cuda events (default stream), after a barrier" if self.device.type == "cuda"
+            else "wall clock between barriers",
+            **self.state.describe(),
         }
 
     def agree(self, flag: bool) -> bool:
@@ -295,20 +297,28 @@ class TorchExecutor:
         if batch.step == self.fail_step and self.rank == self.fail_rank:
             raise RuntimeError(f"injected failure on rank {self.rank} at step {batch.step}")
         dist.barrier()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         t0 = time.perf_counter()
-        res = execute_step(plan, batch, self.model, self.optimizer, self.pool, seed=self.seed,
-                           grad_clip=self.grad_clip)
+        res = execute_step(plan, batch, self.state, None, self.pool, seed=self.seed, grad_clip=self.grad_clip)
+        if cuda:
+            end.record()
         synchronize(self.device)
         dist.barrier()
-        step_time = time.perf_counter() - t0
-        per_rank = gather_floats([res.busy_s, float(res.peak_mem_bytes)], device=self.device)
+        wall = time.perf_counter() - t0
+        # On CUDA the step is timed by events on the default stream (the GPU's own clock); the
+        # slowest rank's time is the step's, gathered below.
+        step_time = start.elapsed_time(end) / 1e3 if cuda else wall
+        per_rank = gather_floats([res.busy_s, float(res.peak_mem_bytes), step_time], device=self.device)
         return StepOutcome(
-            step_time_s=step_time,
+            step_time_s=max(r[2] for r in per_rank),
             busy_s=[r[0] for r in per_rank],
             peak_mem_bytes=[r[1] for r in per_rank],
             tokens=res.tokens,
             loss=res.loss,
             grad_norm=res.grad_norm,
             finite=res.finite,
-            extra={"rank_micro_batches": res.micro_batches},
+            extra={"rank_micro_batches": res.micro_batches, "wall_step_s": wall, **res.extra},
         )

@@ -18,6 +18,14 @@ Inputs are synthetic but deterministic: every sample's content (token ids; laten
 timestep and caption) is drawn from a torch Generator seeded by (seed, sample id), so every method
 and every rank sees identical data for the same `GlobalBatch`; lengths come from the batch.
 
+Weights: every parameter is initialised from its own generator, seeded by (seed, the parameter's
+index in ``named_parameters()``) on the device it lives on, after the model was built on the meta
+device (`build_model`), so every rank, any sharding of the parameters and the single-process
+reference start from the same weights without building the model twice.
+
+The losses run through ``forward`` (so module hooks, e.g. FSDP's, see every call); the Llama LM
+loss is chunked (`dcp_bench.runtime.lm_loss`): no full logits are ever materialised.
+
 Sequence parallelism: a micro-batch on an SP group of P ranks pads each text sample to a multiple
 of P and gives rank r the r-th contiguous chunk of every sample (Ulysses); a video sample is
 padded to (T'_p, S_p), multiples of P, and rank r holds frames [r T'_p/P, (r+1) T'_p/P) with all
@@ -42,16 +50,22 @@ from torch.utils.checkpoint import checkpoint
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
 from dcp_bench.runtime.attention import (
+    PORTABLE,
     SINGLE,
+    AttentionKernel,
     SPContext,
     check_heads,
+    dense_attention,
+    kv_heads_for_sp,
     permuted_all_to_all,
+    repeat_kv,
+    select_attention_kernel,
     ulysses_heads_to_seq,
-    ulysses_seq_to_heads,
-    varlen_attention,
+    ulysses_qkv_to_heads,
 )
+from dcp_bench.runtime.lm_loss import IGNORE, chunked_cross_entropy_sum
+from dcp_bench.train_policy import LOGITS_CHUNK_TOKENS
 
-IGNORE = -100
 TOKEN_PERIOD = 16  # synthetic text repeats a random 16-token motif (learnable by induction)
 NUM_TIMESTEPS = 1000
 ROPE_THETA = 10000.0
@@ -76,7 +90,7 @@ def _pad_to(n: int, p: int) -> int:
 
 class RuntimeModel(nn.Module, ABC):
     """What the executor needs from a model: build this rank's inputs of a micro-batch, and the
-    summed loss over its real tokens."""
+    summed loss over its real tokens (``forward``; ``loss_sum`` calls it)."""
 
     spec: ModelSpec
 
@@ -87,11 +101,67 @@ class RuntimeModel(nn.Module, ABC):
         """This rank's share of the packed micro-batch (samples in the given order)."""
 
     @abstractmethod
-    def loss_sum(self, inputs: Any, sp: SPContext, ckpt_layers: int = 0) -> Tensor:
+    def forward(self, inputs: Any, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
         """Sum of the per-token losses over this rank's real tokens (a scalar)."""
+
+    @abstractmethod
+    def init_rule(self, name: str) -> tuple[str, float]:
+        """How parameter ``name`` starts: ("normal", std), ("ones", 0) or ("zeros", 0)."""
+
+    def loss_sum(self, inputs: Any, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
+        """Sum of the per-token losses over this rank's real tokens (a scalar), with the first
+        ``ckpt_layers`` layers activation-checkpointed."""
+        return self(inputs, sp, ckpt_layers)
 
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    @property
+    def attention(self) -> AttentionKernel:
+        """The packed-attention kernel every layer runs (`set_attention`)."""
+        return getattr(self, "_attention", PORTABLE)
+
+    def set_attention(self, kernel: AttentionKernel) -> None:
+        """Make every attention of the model run ``kernel`` (and its SDPA restrictions)."""
+        self._attention = kernel
+        for m in self.modules():
+            if isinstance(m, (LlamaLayer, STDiTBlock)):
+                m.attention = kernel
+
+    def init_weights(self, seed: int) -> None:
+        """Initialise every parameter (see the module docstring): parameter i from a generator on
+        its device seeded by (seed, i). A sharded parameter (a DTensor, e.g. under FSDP) gets the
+        rows of its local shard of the same full tensor."""
+        with torch.no_grad():
+            for index, (name, p) in enumerate(self.named_parameters()):
+                kind, scale = self.init_rule(name)
+                local = p.to_local() if hasattr(p, "to_local") else p
+                full_shape = tuple(p.shape)
+                if kind == "ones":
+                    local.fill_(1.0)
+                    continue
+                if kind == "zeros":
+                    local.zero_()
+                    continue
+                g = torch.Generator(device=local.device)
+                g.manual_seed((int(seed) * 1_000_003 + index) % (2**63 - 1))
+                full = torch.empty(full_shape, dtype=torch.float32, device=local.device).normal_(0.0, scale, generator=g)
+                if local.shape != full.shape:
+                    full = _local_rows(p, full)
+                local.copy_(full)
+
+
+def _local_rows(p: Any, full: Tensor) -> Tensor:
+    """The rows of ``full`` a dim-0-sharded DTensor ``p`` holds on this rank (FSDP2 shards dim 0
+    as ``torch.chunk`` does)."""
+    mesh = p.device_mesh
+    rank, world = mesh.get_local_rank(), mesh.size()
+    chunks = torch.chunk(full, world, dim=0)
+    local = chunks[rank] if rank < len(chunks) else full[:0]
+    if tuple(local.shape) != tuple(p.to_local().shape):
+        raise RuntimeError(f"cannot place a parameter of shape {tuple(full.shape)} on shard {rank} of {world}: "
+                           f"local shape {tuple(p.to_local().shape)}")
+    return local
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +273,7 @@ class LlamaLayer(nn.Module):
         super().__init__()
         h, hd = spec.hidden, spec.head_dim
         self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, hd
+        self.attention = PORTABLE
         self.attn_norm = RMSNorm(h)
         self.q_proj = nn.Linear(h, spec.heads * hd, bias=False)
         self.k_proj = nn.Linear(h, spec.kv_heads * hd, bias=False)
@@ -220,16 +291,13 @@ class LlamaLayer(nn.Module):
         k = self.k_proj(hn).view(t, self.kv_heads, self.head_dim)
         v = self.v_proj(hn).view(t, self.kv_heads, self.head_dim)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        # GQA: expand k/v to all heads before the Ulysses exchange, so any SP degree dividing
-        # the head count works (kv_heads need not be divisible by it).
-        rep = self.heads // self.kv_heads
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        q = ulysses_seq_to_heads(q, sp, shard.full_from_gathered)
-        k = ulysses_seq_to_heads(k, sp, shard.full_from_gathered)
-        v = ulysses_seq_to_heads(v, sp, shard.full_from_gathered)
-        o = varlen_attention(q, k, v, shard.seg_lens, shard.valid, causal=True)
+        if sp.size > 1:
+            # GQA: k and v travel with their KV heads only, repeated only when the group is
+            # larger than the number of KV heads (each rank needs whole KV heads).
+            kv = kv_heads_for_sp(self.heads, self.kv_heads, sp.size)
+            k, v = repeat_kv(k, kv // self.kv_heads, 1), repeat_kv(v, kv // self.kv_heads, 1)
+            q, k, v = ulysses_qkv_to_heads(q, k, v, sp, shard.full_from_gathered)
+        o = self.attention(q, k, v, shard.seg_lens, shard.valid, causal=True)
         o = ulysses_heads_to_seq(o, sp, shard.gathered_from_full)
         x = x + self.o_proj(o.reshape(t, self.heads * self.head_dim))
         hn = self.mlp_norm(x)
@@ -248,15 +316,16 @@ class LlamaModel(RuntimeModel):
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
+        self.loss_chunk_tokens = LOGITS_CHUNK_TOKENS
+
+    def init_rule(self, name: str) -> tuple[str, float]:
+        return ("ones", 0.0) if name.endswith("norm.weight") else ("normal", 0.02)
 
     def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> TextShard:
         del frames
         return make_text_shard(sample_ids, tokens, self.spec.vocab, sp, seed, self.device())
 
-    def loss_sum(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
+    def forward(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
         if sp.size > 1:
             check_heads(self.spec.heads, sp.size)
         x = self.embed(inputs.input_ids)
@@ -266,8 +335,7 @@ class LlamaModel(RuntimeModel):
                 x = checkpoint(layer, x, inputs, rope, sp, use_reentrant=False)
             else:
                 x = layer(x, inputs, rope, sp)
-        logits = self.lm_head(self.norm(x)).float()
-        return F.cross_entropy(logits, inputs.labels, ignore_index=IGNORE, reduction="sum")
+        return chunked_cross_entropy_sum(self.norm(x), self.lm_head.weight, inputs.labels, self.loss_chunk_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +498,7 @@ class STDiTBlock(nn.Module):
         h = spec.hidden
         self.temporal = temporal
         self.heads, self.head_dim = spec.heads, spec.head_dim
+        self.attention = PORTABLE
         self.norm1 = nn.LayerNorm(h, elementwise_affine=False, eps=1e-6)
         self.qkv = nn.Linear(h, 3 * h)
         self.q_norm = RMSNorm(spec.head_dim, eps=1e-6)  # per-head q/k norm (STDiT3 qk_norm)
@@ -461,7 +530,7 @@ class STDiTBlock(nn.Module):
             else:
                 seq_len = cols
             q, k, v = (blk[:, :length, i].transpose(1, 2) for i in range(3))  # (B, H, len, D)
-            o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)  # (B, len, H, D)
+            o = dense_attention(q, k, v, fused_only=self.attention.fused_only).transpose(1, 2)  # (B, len, H, D)
             if seq_len > length:
                 o = F.pad(o, (0, 0, 0, 0, 0, seq_len - length))
             if self.temporal:
@@ -478,9 +547,12 @@ class STDiTBlock(nn.Module):
         start = 0
         counts = torch.bincount(shard.sample_of_row, minlength=len(shard.frames)).tolist()
         for i, cnt in enumerate(counts):
-            qi = q[start : start + cnt].transpose(0, 1)  # (H, cnt, D)
-            k, v = kv[i].view(-1, 2, self.heads, self.head_dim).unbind(1)
-            o = F.scaled_dot_product_attention(qi, k.transpose(0, 1), v.transpose(0, 1))
+            if cnt == 0:
+                continue
+            # 4-D (1, H, n, D): SDPA's fused kernels take no 3-D input
+            qi = q[start : start + cnt].transpose(0, 1).unsqueeze(0)
+            k, v = (t.transpose(0, 1).unsqueeze(0) for t in kv[i].view(-1, 2, self.heads, self.head_dim).unbind(1))
+            o = dense_attention(qi, k, v, fused_only=self.attention.fused_only)[0]
             outs.append(o.transpose(0, 1).reshape(cnt, -1))
             start += cnt
         return self.cross_proj(torch.cat(outs, dim=0))
@@ -530,19 +602,22 @@ class STDiTModel(RuntimeModel):
         self.final_table = nn.Parameter(torch.randn(2, h) / h**0.5)
         # Noise and variance outputs as in STDiT3 (learned sigma); the loss uses the noise half.
         self.final_linear = nn.Linear(h, 2 * width)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+
+    def init_rule(self, name: str) -> tuple[str, float]:
+        if name.endswith(("scale_shift_table", "final_table")):
+            return "normal", self.spec.hidden**-0.5
+        if name.endswith("norm.weight"):  # the per-head q/k RMSNorms
+            return "ones", 0.0
+        return ("zeros", 0.0) if name.endswith(".bias") else ("normal", 0.02)
 
     def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> VideoShard:
         return make_video_shard(sample_ids, tokens, frames, self.spec, sp, seed, self.device())
 
-    def loss_sum(self, inputs: VideoShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
+    def forward(self, inputs: VideoShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
         if sp.size > 1:
             check_heads(self.spec.heads, sp.size)
         h = self.spec.hidden
-        x = self.x_embed(inputs.x_t)
+        x = self.x_embed(inputs.x_t.to(self.x_embed.weight.dtype))  # latents come in fp32
         x = x + sincos_embedding(inputs.frame_idx, h).to(x.dtype) + sincos_embedding(inputs.patch_idx, h).to(x.dtype)
         t_emb = self.t_embed(sincos_embedding(inputs.timesteps, self.FREQ_DIM).to(x.dtype))  # (n, h)
         fps = torch.full_like(inputs.timesteps, FPS)
@@ -564,9 +639,30 @@ class STDiTModel(RuntimeModel):
         return (per_row * inputs.weight).sum()
 
 
-def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> RuntimeModel:
-    """The model a spec describes, initialised from ``seed`` (identical on every rank)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model: RuntimeModel = LlamaModel(spec) if spec.arch == "llama" else STDiTModel(spec)
-    return model.to(device=device, dtype=dtype)
+def build_model(
+    spec: ModelSpec,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    attention: str = "auto",
+) -> RuntimeModel:
+    """The model a spec describes, built on the meta device, materialised on ``device`` and
+    initialised from ``seed`` there (`RuntimeModel.init_weights`: identical on every rank and for
+    any sharding), in ``dtype``, with the attention kernel `select_attention_kernel` picks for the
+    device and dtype (``attention``: auto or a kernel name). ``device="meta"`` returns the
+    unmaterialised model (parameter counts)."""
+    model = build_empty_model(spec)
+    dev = torch.device(device)
+    if dev.type == "meta":
+        return model.to(dtype=dtype)
+    model = model.to_empty(device=dev)
+    model.init_weights(seed)  # in fp32, so a 16-bit model is its fp32 master weights rounded
+    model = model.to(dtype=dtype)
+    model.set_attention(select_attention_kernel(dev, dtype, spec.head_dim, attention))
+    return model
+
+
+def build_empty_model(spec: ModelSpec) -> RuntimeModel:
+    """The model of ``spec`` on the meta device in fp32 (no memory, no initialisation)."""
+    with torch.device("meta"):
+        return LlamaModel(spec) if spec.arch == "llama" else STDiTModel(spec)

@@ -1,0 +1,89 @@
+"""The real-hardware reproduction preset (`dcp-bench reproduce preset=real cluster=h200x32`) and
+its CPU twin (`preset=real_cpu`): the presets compose into torch-executor runs only (no simulated
+twins), the twin mirrors the real preset's sections, methods and modes with tiny models, and the
+twin runs end to end on 4 gloo ranks into a report titled "measured" whose claim is computed from
+the measured runs (`slow`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dcp_bench.cli import main
+from dcp_bench.commands.reproduce import GRID_KEYS, load_reproduce_config
+from dcp_bench.records import read_steps, read_summary
+from dcp_bench.runner import plan_sweep
+
+
+def _specs(preset: str, *overrides: str) -> dict[str, list[Any]]:
+    cfg = load_reproduce_config([f"preset={preset}", *overrides])
+    out = {}
+    for sec in cfg["sections"]:
+        specs = []
+        for grid in sec["grids"]:
+            base = [*sec.get("common", []), *map(str, grid), *[f"{k}={cfg[k]}" for k in GRID_KEYS if cfg.get(k) is not None]]
+            specs += plan_sweep([*base, "run.executor=torch"], repeats=1, sweep=sec["name"])
+        out[sec["name"]] = specs
+        assert sec.get("real") and sec.get("simulate") is False  # measured only
+    return out
+
+
+def _shape(specs: dict[str, list[Any]]) -> dict[str, list[tuple[str, str, str]]]:
+    return {name: sorted((s.method_name, s.mode, s.workload_name) for s in ss) for name, ss in specs.items()}
+
+
+def test_real_preset_trains_the_claim_on_the_named_cluster() -> None:
+    specs = _specs("real", "cluster=h200x8")
+    claim = specs["claim"]
+    assert {s.model.name for s in claim} == {"stdit3_xl2"} and {s.workload_name for s in claim} == {"videosys_zipf"}
+    assert {(s.method_name, s.mode) for s in claim} == {("bucket_static", "paper"), ("bucket_static", "fair"),
+                                                         ("dcp_inter_pac", "paper"), ("dcp_inter_pac", "fair"), ("dcp", "fair")}
+    assert {s.model.name for s in specs["text"]} == {"llama3_8b"}
+    for s in (*claim, *specs["text"]):
+        assert s.executor == "torch" and s.cluster.name == "h200x8" and s.world_size == 8
+    # the preset's own default cluster is the claim's
+    assert {s.cluster.name for s in _specs("real")["claim"]} == {"h200x32"}
+
+
+def test_multi_node_keys_reach_every_run() -> None:
+    specs = _specs("real", "nnodes=4", "rdzv_endpoint=node001:29500")
+    for s in specs["claim"]:
+        assert s.train.nnodes == 4 and s.train.torchrun_args[:2] == ("--nnodes", "4")
+
+
+def test_cpu_twin_mirrors_the_real_preset() -> None:
+    real, twin = _specs("real"), _specs("real_cpu")
+    assert _shape(real) == _shape(twin)
+    models = {"stdit3_xl2": "tiny_stdit", "llama3_8b": "tiny_llama"}
+    for name in real:
+        assert sorted(models[s.model.name] for s in real[name]) == sorted(s.model.name for s in twin[name])
+        assert all(s.cluster.name == "cpu" and s.world_size == 4 for s in twin[name])
+
+
+def test_unknown_preset_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "preset=nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.timeout(1800)
+def test_cpu_twin_runs_end_to_end_into_a_measured_report(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    assert main(["reproduce", "preset=real_cpu", f"root={tmp_path / 'runs'}", f"out={out}", "budget_s=1500",
+                 "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    text = (out / "report.md").read_text()
+    assert "measured" in text.splitlines()[0]
+    runs = sorted((tmp_path / "runs" / "reproduce_real_cpu").glob("*/run.json"))
+    assert len(runs) == 11  # 5 claim runs + 2 workloads x 3 methods
+    for run in runs:
+        s = read_summary(run.parent)
+        assert s is not None and s.status == "ok" and s.executor == "torch", (run, s and s.error)
+        steps = read_steps(run.parent)
+        assert all(len(st.peak_mem_per_rank_gib or []) == 4 and st.step_time_s > 0 for st in steps)
+    claim = summary["claims"][0]
+    assert claim["id"] == "dcp_paper_headline" and claim["reproduced_value"] is not None  # from measured runs
