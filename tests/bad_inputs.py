@@ -120,11 +120,12 @@ def write_data(folder: Path) -> Path:
 
 
 def too_many_ranks() -> int:
-    """A power of two above what `check_local_ranks` lets this machine start."""
-    from dcp_bench.run.torch_run import RANKS_PER_CORE, usable_cores
+    """A power of two above 4 ranks per usable core (docs/runtime.md: what one CPU node may start)."""
+    import os
 
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = 1
-    while n <= RANKS_PER_CORE * usable_cores():
+    while n <= 4 * cores:
         n *= 2
     return n
 

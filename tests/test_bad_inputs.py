@@ -18,7 +18,7 @@ def test_the_table_is_large_and_varied() -> None:
     assert {"simulate", "train", "sweep", "reproduce", "report", "plan", "workloads"} <= commands
 
 
-@pytest.mark.parametrize("args,words", BAD_INPUTS, ids=[" ".join(a[-2:]) for a, _ in BAD_INPUTS])
+@pytest.mark.parametrize("args,words", BAD_INPUTS, ids=[f"{a[0]} {a[-1]}" for a, _ in BAD_INPUTS])
 def test_bad_input_is_one_line_naming_the_value(args: list[str], words: list[str], tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # reproduce reads its claims from the repository
