@@ -195,10 +195,15 @@ def static_round(world_size: int, sp: int, per_group: list[list[MicroBatch]]) ->
     return Round(groups=groups)
 
 
-def estimate_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> float:
+def estimate_step_time(
+    plan: StepPlan, batch: GlobalBatch, cost: CostModel, round_barrier: bool = True
+) -> float:
     """Predicted step time of a plan: rounds run one after another, a round lasts as long as its
     slowest group, a group runs its micro-batches back to back; plus the once-per-step gradient
     synchronisation. Used to tune and to compare candidate plans inside a planner.
+
+    ``round_barrier=False`` prices the plan as the executors run it instead (the simulator's
+    timeline): no barrier between rounds, a group starts once all its ranks are free.
 
     Cost models that offer a batched ``microbatch_costs(tokens, frames, mb_index, sp,
     ckpt_layers)`` (the analytical one does) are asked once for every sequence-split
@@ -236,6 +241,13 @@ def estimate_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> f
     per_group: dict[tuple[int, int], float] = {}
     for key, t in zip(where, times):
         per_group[key] = per_group.get(key, 0.0) + t
+    if not round_barrier:
+        free = np.zeros(plan.world_size)
+        for r, rnd in enumerate(plan.rounds):
+            for gi, g in enumerate(rnd.groups):
+                a, b = g.start, g.start + g.size
+                free[a:b] = free[a:b].max() + per_group.get((r, gi), 0.0)
+        return float(free.max(initial=0.0)) + cost.step_sync_time()
     slowest: dict[int, float] = {}
     for (r, _), t in per_group.items():
         slowest[r] = max(slowest.get(r, 0.0), t)

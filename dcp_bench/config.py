@@ -8,6 +8,10 @@ Users add configs without editing the package: the override ``extra_conf=DIR[:DI
 environment variable ``DCP_BENCH_CONF_PATH``) names folders laid out like ``dcp_bench/conf``
 (``DIR/method/my_planner.yaml``, ``DIR/workload/my_lengths.yaml``); their choices join the
 packaged ones.
+
+Code a user config names (a planner class in ``_target_``) imports from the current folder, from
+each user config folder and from the folder holding it (`enable_user_code`); child processes
+(torchrun ranks, forked sweep runs) get the same folders through ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +44,33 @@ def extra_config_dirs(extra: Sequence[str | os.PathLike[str]] = ()) -> list[Path
         if not d.is_dir():
             raise ConfigError(f"config folder {str(d)!r} does not exist; expected a folder laid "
                               "out like dcp_bench/conf (e.g. DIR/method/NAME.yaml)")
-    return [d.resolve() for d in dirs]
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def user_code_dirs(conf_dirs: Sequence[str | os.PathLike[str]] = ()) -> list[Path]:
+    """Folders a user's code imports from: the current folder, then each user config folder and
+    the folder holding it (``my_conf/`` beside ``my_methods/``), without repeats."""
+    out: list[Path] = []
+    for d in [Path.cwd(), *(x for c in conf_dirs for x in (Path(c).resolve(), Path(c).resolve().parent))]:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def enable_user_code(conf_dirs: Sequence[str | os.PathLike[str]] = ()) -> list[Path]:
+    """Make the `user_code_dirs` importable here (appended to ``sys.path``, after the installed
+    packages, so they never shadow one) and in every child process this one starts (added to
+    ``PYTHONPATH``: torchrun ranks and sweep runs build the same planner classes). Returns the
+    folders."""
+    dirs = user_code_dirs(conf_dirs)
+    for d in dirs:
+        if str(d) not in sys.path:
+            sys.path.append(str(d))
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    missing = [str(d) for d in dirs if str(d) not in inherited]
+    if missing:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*inherited, *missing])
+    return dirs
 
 
 def group_choices(group: str, extra_dirs: Sequence[str | os.PathLike[str]] = ()) -> list[str]:
@@ -168,6 +199,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
 
     overrides, extra = _split_extra_conf(overrides)
     dirs = extra_config_dirs(extra)
+    enable_user_code(dirs)
     overrides = expand_shortcuts(overrides)
     _check_overrides(overrides, dirs)
     overrides = _append_missing_groups(overrides, config_name)
@@ -211,17 +243,46 @@ def config_hash(cfg: DictConfig | dict[str, Any], exclude: Sequence[str] = ()) -
 
 def instantiate(node: DictConfig | dict[str, Any], **kwargs: Any) -> Any:
     """Build the object a config node names with `_target_`. A `DcpBenchError` raised by the
-    target's constructor propagates as itself (hydra would wrap it), so the CLI prints it on one
-    line."""
+    target's constructor propagates as itself (hydra would wrap it); a target that does not
+    import, or a constructor that refuses its arguments, is a one-line `ConfigError` naming the
+    target (and, for a missing module, the folders searched), so the CLI prints it on one line."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
     try:
         return hydra_instantiate(node, **kwargs)
     except InstantiationException as exc:
-        cause = exc.__cause__
-        while cause is not None and not isinstance(cause, DcpBenchError):
+        chain: list[BaseException] = []
+        cause: BaseException | None = exc.__cause__
+        while cause is not None:
+            if isinstance(cause, DcpBenchError):
+                raise cause from None
+            chain.append(cause)
             cause = cause.__cause__
-        if cause is None:
-            raise
-        raise cause from None
+        target = str((node.get("_target_") if hasattr(node, "get") else None) or "?")
+        missing = [c for c in chain if isinstance(c, ModuleNotFoundError)]
+        if missing:
+            raise ConfigError(_missing_module_message(target, missing[-1])) from None
+        if chain:
+            root = chain[-1]
+            what = "could not be imported" if isinstance(chain[0], ImportError) else "could not be built"
+            raise ConfigError(f"_target_ {target!r} {what}: {type(root).__name__}: {_first_line(root)}") from None
+        raise
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _missing_module_message(target: str, exc: ModuleNotFoundError) -> str:
+    """One line: which module is missing for which target, and where Python looked for it."""
+    module = exc.name or _first_line(exc)
+    if module and target.startswith(module.split(".")[0] + ".") and not target.startswith(module + "."):
+        # the target's own package imports but something inside it does not
+        return f"_target_ {target!r} could not be imported: {_first_line(exc)}"
+    installed = (sys.prefix, sys.base_prefix, sys.exec_prefix)
+    searched = [p for p in dict.fromkeys(sys.path) if p and os.path.isdir(p) and not p.startswith(installed)]
+    return (f"_target_ {target!r}: no module named {module!r}; searched {', '.join(searched) or '-'} and the "
+            "installed packages (put the module in the folder dcp-bench runs in, or beside the config folder "
+            "named by extra_conf=DIR)")

@@ -132,6 +132,20 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+PLAN_RULES = (
+    "every group's size is a power of two no larger than the world",
+    "every group is aligned: its first rank is a multiple of its size",
+    "every group lies inside the world (ranks 0 .. world_size - 1)",
+    "groups of one round are disjoint (a rank is in at most one group per round)",
+    "every micro-batch holds at least one sample, and its split is 'sequence' or 'batch'",
+    "ckpt_layers is between 0 and the model's number of layers",
+    "every sample position is in the batch (0 .. n - 1) and used at most once in the plan",
+    "fair mode: every sample position of the batch is used exactly once",
+    "with a cost model: every micro-batch's predicted memory per rank is under the cost model's cap",
+)
+"""The rules `validate_plan` enforces, in words (docs/extending.md lists them for planner authors)."""
+
+
 def validate_plan(
     plan: StepPlan,
     batch: GlobalBatch | int,
@@ -140,66 +154,93 @@ def validate_plan(
 ) -> None:
     """Raise `PlanError` naming the first offence found; return None for a valid plan.
 
-    Checks: group sizes powers of two, aligned, inside the world, disjoint within a round;
-    non-empty micro-batches; every sample position in range and used at most once, and in fair
-    mode exactly once; checkpoint settings in range; with a cost model, every micro-batch's
-    predicted per-rank memory under the cost model's cap.
+    Checks (`PLAN_RULES`): group sizes powers of two, aligned, inside the world, disjoint within
+    a round; non-empty micro-batches; every sample position in range and used at most once, and
+    in fair mode exactly once; checkpoint settings in range; with a cost model, every
+    micro-batch's predicted per-rank memory under the cost model's cap. `plan_offences` lists
+    every offence instead of the first.
     """
+    for offence in _offences(plan, batch, cost, num_layers):
+        raise PlanError(offence)
+
+
+def plan_offences(
+    plan: StepPlan,
+    batch: GlobalBatch | int,
+    cost: CostModel | None = None,
+    num_layers: int | None = None,
+) -> list[str]:
+    """Every offence of ``plan`` against the rules `validate_plan` enforces, in words, in the order
+    found (an empty list for a valid plan). For a planner author's check (`dcp-bench plan
+    --validate`); the run loop stops at the first with `validate_plan`."""
+    return list(_offences(plan, batch, cost, num_layers))
+
+
+def _offences(
+    plan: StepPlan,
+    batch: GlobalBatch | int,
+    cost: CostModel | None,
+    num_layers: int | None,
+) -> Iterator[str]:
     n = batch if isinstance(batch, int) else batch.n
     W = plan.world_size
     if W < 1:
-        raise PlanError(f"world_size must be >= 1, got {W}")
+        yield f"world_size must be >= 1, got {W}"
+        return
     if plan.mode not in ("fair", "paper"):
-        raise PlanError(f"mode must be 'fair' or 'paper', got {plan.mode!r}")
+        yield f"mode must be 'fair' or 'paper', got {plan.mode!r}"
     layers = num_layers if num_layers is not None else (cost.model.num_layers if cost else None)
     seen: dict[int, tuple[int, int]] = {}
     for r, rnd in enumerate(plan.rounds):
         owner: dict[int, int] = {}
         for g in rnd.groups:
             where = f"round {r}, group at rank {g.start} (size {g.size})"
+            placed = True
             if g.size > W:
-                raise PlanError(f"{where}: group larger than the world ({W} ranks)")
-            if not is_power_of_two(g.size):
-                raise PlanError(f"{where}: group size must be a power of two")
-            if g.start % g.size != 0:
-                raise PlanError(f"{where}: group not aligned (start must be a multiple of {g.size})")
+                yield f"{where}: group larger than the world ({W} ranks)"
+                placed = False
+            elif not is_power_of_two(g.size):
+                yield f"{where}: group size must be a power of two"
+                placed = False
+            elif g.start % g.size != 0:
+                yield f"{where}: group not aligned (start must be a multiple of {g.size})"
             if g.start < 0 or g.start + g.size > W:
-                raise PlanError(f"{where}: ranks {g.start}..{g.start + g.size - 1} outside world of {W}")
-            for rank in g.ranks:
-                if rank in owner:
-                    raise PlanError(
-                        f"{where}: overlaps the group at rank {owner[rank]} on rank {rank}"
-                    )
-                owner[rank] = g.start
+                yield f"{where}: ranks {g.start}..{g.start + g.size - 1} outside world of {W}"
+                placed = False
+            if placed:
+                for rank in g.ranks:
+                    if rank in owner:
+                        yield f"{where}: overlaps the group at rank {owner[rank]} on rank {rank}"
+                        break
+                for rank in g.ranks:
+                    owner.setdefault(rank, g.start)
             for m, mb in enumerate(g.micro_batches):
                 if not mb.samples:
-                    raise PlanError(f"{where}, micro-batch {m}: empty")
+                    yield f"{where}, micro-batch {m}: empty"
+                    continue
                 if mb.split not in ("sequence", "batch"):
-                    raise PlanError(f"{where}, micro-batch {m}: unknown split {mb.split!r}")
+                    yield f"{where}, micro-batch {m}: unknown split {mb.split!r}"
                 if mb.ckpt_layers < 0 or (layers is not None and mb.ckpt_layers > layers):
-                    raise PlanError(
-                        f"{where}, micro-batch {m}: ckpt_layers={mb.ckpt_layers} outside 0..{layers}"
-                    )
+                    yield f"{where}, micro-batch {m}: ckpt_layers={mb.ckpt_layers} outside 0..{layers}"
+                in_range = True
                 for s in mb.samples:
                     if not 0 <= s < n:
-                        raise PlanError(f"{where}, micro-batch {m}: sample {s} not in batch of {n}")
+                        yield f"{where}, micro-batch {m}: sample {s} not in batch of {n}"
+                        in_range = False
+                        continue
                     if s in seen:
-                        raise PlanError(
-                            f"sample {s} repeated (round {seen[s][0]}, rank {seen[s][1]} and "
-                            f"round {r}, rank {g.start})"
-                        )
-                    seen[s] = (r, g.start)
-                if cost is not None and not isinstance(batch, int):
+                        yield (f"sample {s} repeated (round {seen[s][0]}, rank {seen[s][1]} and "
+                               f"round {r}, rank {g.start})")
+                    else:
+                        seen[s] = (r, g.start)
+                if cost is not None and not isinstance(batch, int) and in_range and placed \
+                        and mb.split in ("sequence", "batch"):
                     sub = batch.subset(list(mb.samples))
                     mem = cost.microbatch_memory(sub.tokens, sub.frames, g.size, mb.ckpt_layers, mb.split)
                     cap = cost.memory_cap_bytes
                     if mem > cap:
-                        raise PlanError(
-                            f"{where}, micro-batch {m}: predicted {mem / 2**30:.2f} GiB per rank "
-                            f"over the memory cap {cap / 2**30:.2f} GiB"
-                        )
+                        yield (f"{where}, micro-batch {m}: predicted {mem / 2**30:.2f} GiB per rank "
+                               f"over the memory cap {cap / 2**30:.2f} GiB")
     if plan.mode == "fair" and len(seen) != n:
         missing = sorted(set(range(n)) - set(seen))
-        raise PlanError(
-            f"fair mode: {len(missing)} sample(s) missing from the plan, e.g. {missing[:5]}"
-        )
+        yield f"fair mode: {len(missing)} sample(s) missing from the plan, e.g. {missing[:5]}"

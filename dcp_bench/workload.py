@@ -556,6 +556,9 @@ def distribution_stats(lengths: np.ndarray, probs: np.ndarray, quantiles: str = 
 # The registry of named workloads
 
 _POLICY_PARAMS = ("seed", "tokens_per_gpu", "samples_per_step", "length_scale", "max_len", "max_len_policy")
+# What a workload config may say about its data, for records and reports: a one-line
+# description, where the data comes from, and under which licence it may be used.
+_PROVENANCE_PARAMS = ("description", "source", "licence")
 
 
 def _video_zipf(population_images: int = 100_000, population_videos: int = 2_000, alpha: float = 3.0, offset: int = 5) -> tuple[SizeSource, dict[str, Any]]:
@@ -625,6 +628,12 @@ def _opensora_stage1() -> tuple[SizeSource, dict[str, Any]]:
     return BucketSource(buckets, np.asarray(p)), prov
 
 
+def _data_file(path: Path, shown: str) -> dict[str, str]:
+    """The file a workload reads, as records name it: the path as given (never made absolute,
+    so records and reports hold no local folders) and the SHA-256 of its bytes."""
+    return {"data_file": shown, "data_sha256": sha256_file(path)}
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise WorkloadError(f"workload data file {str(path)!r} is missing (derive it: see workloads/README.md)")
@@ -638,6 +647,7 @@ def _histogram(name: str) -> tuple[SizeSource, dict[str, Any]]:
     src = HistogramSource(np.array(data["bin_lo"]), np.array(data["bin_hi"]), np.array(data["counts"]))
     prov = dict(data["provenance"])
     prov["histogram"] = f"workloads/data/{name}_histogram.json ({data['bins_per_octave']} bins per octave)"
+    prov.update(_data_file(DATA_DIR / f"{name}_histogram.json", f"workloads/data/{name}_histogram.json"))
     prov["reference"] = data["reference"]
     return src, prov
 
@@ -646,6 +656,7 @@ def _fixture(name: str) -> tuple[SizeSource, dict[str, Any]]:
     data = _read_json(DATA_DIR / f"{name}_lengths.json")
     prov = dict(data["provenance"])
     prov["fixture"] = f"workloads/data/{name}_lengths.json"
+    prov.update(_data_file(DATA_DIR / f"{name}_lengths.json", f"workloads/data/{name}_lengths.json"))
     return ListSource(np.array(data["lengths"])), prov
 
 
@@ -669,10 +680,10 @@ def _lengths_file(
         lengths = read_lengths_file(p, column)
         unit = "lengths as given in the file"
     prov = {
-        "source": str(p),
-        "source_sha256": sha256_file(p),
+        "source": str(file),
+        **_data_file(p, str(file)),
         "unit": unit,
-        "licence": "the user's own data",
+        "licence": "not stated (say it with licence: in the workload config)",
     }
     return ListSource(lengths, where=str(p)), prov
 
@@ -785,11 +796,12 @@ def load_workload(name: str, **params: Any) -> Workload:
     if entry is None:
         raise WorkloadError(f"unknown workload {name!r}; valid names: {', '.join(WORKLOADS)}")
     params = {k: v for k, v in params.items() if v is not None or k in _POLICY_PARAMS}
-    unknown = sorted(set(params) - set(_POLICY_PARAMS) - set(entry.params) - {"default_model"})
+    unknown = sorted(set(params) - set(_POLICY_PARAMS) - set(_PROVENANCE_PARAMS) - set(entry.params)
+                     - {"default_model"})
     if unknown:
         raise WorkloadError(
             f"workload {name!r}: unknown parameter(s) {', '.join(unknown)}; valid: "
-            f"{', '.join(_POLICY_PARAMS + entry.params)}"
+            f"{', '.join(_POLICY_PARAMS + _PROVENANCE_PARAMS + entry.params)}"
         )
     source_params = {k: params[k] for k in entry.params if k in params}
     source, prov = entry.build(**source_params)
@@ -804,6 +816,8 @@ def load_workload(name: str, **params: Any) -> Workload:
             raise WorkloadError(f"workload {name!r}: length_scale {policy['length_scale']!r} is not a number") from None
     if source_params:
         prov = {**prov, "params": {k: v for k, v in source_params.items() if k not in ("path", "lengths_file")}}
+    # The config's own words about its data replace the loader's generic ones.
+    prov.update({k: str(params[k]) for k in ("source", "licence") if params.get(k) is not None})
     return Workload(
         name=name,
         kind=entry.kind,
@@ -811,7 +825,7 @@ def load_workload(name: str, **params: Any) -> Workload:
         version=entry.version,
         default_model=str(params.get("default_model") or entry.default_model),
         provenance=prov,
-        description=entry.description,
+        description=str(params.get("description") or entry.description),
         **policy,
     )
 
@@ -841,8 +855,9 @@ def make_workload(node: Any, seed: int | None = None) -> Any:
         data["seed"] = seed
     target = data.pop("_target_", None)
     if target not in (None, "dcp_bench.workload.load_workload"):
+        said = {k: data.pop(k) for k in _PROVENANCE_PARAMS if data.get(k) is not None}
         try:
-            built = instantiate({"_target_": target, **{k: v for k, v in data.items() if k not in ("kind", "description")}})
+            built = instantiate({"_target_": target, **{k: v for k, v in data.items() if k != "kind"}})
         except WorkloadError:
             raise
         except Exception as exc:  # an import error, a refused or failing constructor: one line
@@ -850,9 +865,10 @@ def make_workload(node: Any, seed: int | None = None) -> Any:
             raise WorkloadError(f"workload _target_ {target!r} could not be built: {first}") from None
         if not callable(getattr(built, "global_batch", None)):
             raise WorkloadError(f"workload {target!r} has no global_batch(step, world_size, max_seq_len) method")
+        if isinstance(getattr(built, "provenance", None), dict):
+            built.provenance.update({k: str(v) for k, v in said.items() if k != "description"})
         return built
     data.pop("kind", None)
-    data.pop("description", None)
     name = data.pop("name", None)
     if not name:
         raise WorkloadError("workload config has no name")

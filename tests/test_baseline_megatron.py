@@ -1,15 +1,30 @@
-"""megatron_hybrid_cp: the reference's CP-size rule, L^2 balance and fill-by-doubling behaviour."""
+"""megatron_hybrid_cp: the reference's CP-size rule, L^2 balance and fill-by-doubling behaviour,
+and the per-workload tuning of its launch configuration (per-rank ceiling x recompute) checked
+against brute force over the configuration space."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import pytest
-from test_baselines import real_cost, text_batch, toy
+from test_baselines import ToyCost, real_cost, text_batch, toy
 
-from baselines.megatron_hybrid_cp import MegatronHybridCP, gpus_needed
+from baselines.megatron_hybrid_cp import (
+    LaunchConfig,
+    MegatronHybridCP,
+    candidate_configs,
+    gpus_needed,
+    hybrid_cp_plan,
+    max_tokens_per_rank_ladder,
+    recompute_flags,
+)
+from baselines.scheduling import estimate_step_time
 from dcp_bench.batch import GlobalBatch
-from dcp_bench.errors import InfeasibleError
+from dcp_bench.cost.specs import cluster_spec, model_spec
+from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import validate_plan
+from dcp_bench.sim import simulate_step
 
 
 def group_size_of(plan):
@@ -71,11 +86,12 @@ def test_sequence_needing_more_than_the_world_is_infeasible():
 
 
 @pytest.mark.parametrize("model", ["llama3_8b", "stdit3_xl2"])
-def test_default_budget_plans_validate_on_the_shipped_cost_model(model):
+def test_default_tuned_plans_validate_on_the_shipped_cost_model(model):
     cost = real_cost(model)
     batch = text_batch(150, seed=2)
     plan = MegatronHybridCP().plan(batch, cost)
     validate_plan(plan, batch, cost)
+    assert sorted(plan.sample_positions()) == list(range(batch.n))
 
 
 def test_packing_keeps_the_schedule_and_packs_within_the_per_rank_budget():
@@ -89,3 +105,243 @@ def test_packing_keeps_the_schedule_and_packs_within_the_per_rank_budget():
     for _, g, mb in packed.micro_batches():
         toks = int(batch.tokens[list(mb.samples)].sum())
         assert len(mb.samples) == 1 or toks <= 16384 * g.size
+
+
+# ------------------------------------------------------------- launch configuration tuning
+#
+# A toy cost whose memory is tight enough that the whole configuration space can be enumerated:
+# a 4-layer model where one rank holds 4 tokens without recompute and 40 with every layer
+# recomputed, on 8 ranks (so no sequence over 320 tokens can run at all).
+
+TIGHT_LAYERS = 4
+TIGHT_WORLD = 8
+
+
+@dataclass
+class LatencyToy(ToyCost):
+    """`ToyCost` plus a fixed cost per micro-batch that grows with its group (collective
+    latency), so that a larger per-rank ceiling (smaller groups, fuller packs) wins on some
+    batches and a smaller one (more ranks per sequence, less recompute) on others."""
+
+    launch_s: float = 1e-4
+
+    def microbatch_cost(self, tokens, frames, sp, ckpt_layers, split="sequence"):
+        c = super().microbatch_cost(tokens, frames, sp, ckpt_layers, split)
+        return replace(c, comm_s=c.comm_s + self.launch_s * sp)
+
+
+def tight_toy():
+    cost = LatencyToy(model=model_spec("tiny_llama"), cluster=cluster_spec("h200x8"))
+    cost.static_bytes = cost.memory_cap_bytes - 4 * cost.act_per_token
+    return cost
+
+
+def fits_one_rank(cost, tokens: int, ckpt: int) -> bool:
+    mem = cost.microbatch_memory(np.array([tokens]), np.ones(1, np.int64), 1, ckpt)
+    return bool(mem <= cost.memory_cap_bytes)
+
+
+def simulated(plan, batch, cost) -> float:
+    return simulate_step(plan, batch, cost).step_time_s
+
+
+def brute_force(batch, cost):
+    """Every (recompute, ceiling) configuration, planned and priced by the simulator:
+    {(ckpt, m): step time or None}.
+
+    Ceilings 1 .. max(longest, 64): above the longest sequence every sequence needs one rank, so
+    the schedule and whether it runs no longer change (only the packing budget does), and 64 is
+    past the most any rank holds (40), so every ceiling a user would try is in the grid."""
+    out = {}
+    for k in range(TIGHT_LAYERS + 1):
+        for m in range(1, max(int(batch.tokens.max()), 64) + 1):
+            try:
+                plan = hybrid_cp_plan(batch, cost, LaunchConfig(m, k))
+            except InfeasibleError:
+                out[(k, m)] = None
+                continue
+            out[(k, m)] = simulated(plan, batch, cost)
+    return out
+
+
+def tight_batches():
+    """Small batches around the feasibility edges: longest from a few tokens to past 320."""
+    rng = np.random.default_rng(11)
+    for i in range(24):
+        n = int(rng.integers(1, 9))
+        longest = int(np.exp(rng.uniform(np.log(2), np.log(360))))  # log-uniform: every recompute depth
+        short = rng.integers(1, max(2, longest // 4), n - 1)
+        yield i, GlobalBatch.from_lengths([longest, *short.tolist()])
+
+
+def test_tight_toy_has_the_intended_per_rank_limits():
+    cost = tight_toy()
+    limits = [max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)]
+    assert limits == [4, 5, 7, 12, 40]
+
+
+@pytest.mark.parametrize("i,batch", list(tight_batches()))
+def test_tuned_planner_is_infeasible_exactly_when_no_configuration_runs_the_batch(i, batch):
+    cost = tight_toy()
+    grid = brute_force(batch, cost)
+    feasible = {c: t for c, t in grid.items() if t is not None}
+    if not feasible:
+        longest = int(batch.tokens.max())
+        with pytest.raises(InfeasibleError, match=rf"sample 0 \({longest} tokens\).*at most 320 tokens"):
+            MegatronHybridCP().plan(batch, cost)
+        return
+    plan = MegatronHybridCP().plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    assert sorted(plan.sample_positions()) == list(range(batch.n))
+    chosen = (plan.info["ckpt_layers"], plan.info["max_tokens_per_rank"])
+    # the chosen configuration is one the brute force runs, at the price the brute force gives it
+    assert grid[chosen] == pytest.approx(simulated(plan, batch, cost))
+
+
+@pytest.mark.parametrize("i,batch", [ib for ib in tight_batches() if int(ib[1].tokens.max()) <= 320])
+def test_tuned_configuration_is_the_fastest_of_the_configurations_a_user_tries(i, batch):
+    """Independent reference: the documented ceilings (the most one rank holds at each recompute
+    depth, found here by linear scan; ceil(longest / world); powers of two between), each at
+    every recompute depth, priced by brute force. The tuned plan is at least as fast as all of
+    them on the simulator, so neither a ceiling nor the least-recompute choice per ceiling was
+    missed, and the planner's own pricing agrees with the simulator's timeline."""
+    cost = tight_toy()
+    grid = brute_force(batch, cost)
+    longest = int(batch.tokens.max())
+    limits = [max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)]
+    lo = -(-longest // TIGHT_WORLD)
+    tried = {lo, *[m for m in limits if m >= lo], *[2**j for j in range(10) if lo <= 2**j <= limits[-1]]}
+    priced = [grid[(k, m)] for m in tried for k in range(TIGHT_LAYERS + 1)]
+    best = min(t for t in priced if t is not None)
+    plan = MegatronHybridCP().plan(batch, cost)
+    assert simulated(plan, batch, cost) <= best * (1 + 1e-12)
+
+
+def test_recompute_is_the_least_that_fits_the_ceiling():
+    cost = tight_toy()
+    batch = GlobalBatch.from_lengths([300, 20, 7, 3])  # needs ceil(300 / 8) = 38 tokens per rank
+    plan = MegatronHybridCP().plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    m, k = plan.info["max_tokens_per_rank"], plan.info["ckpt_layers"]
+    assert m >= 38 and fits_one_rank(cost, m, k)
+    assert k == 0 or not fits_one_rank(cost, m, k - 1)
+    assert plan.info["recompute"] == recompute_flags(k, TIGHT_LAYERS)
+
+
+def test_pinned_recompute_that_cannot_hold_the_longest_sequence_is_infeasible():
+    cost = tight_toy()
+    batch = GlobalBatch.from_lengths([300, 20])
+    with pytest.raises(InfeasibleError, match=r"sample 0 \(300 tokens\).*recompute none.*at most 32 tokens"):
+        MegatronHybridCP(recompute="none").plan(batch, cost)
+    plan = MegatronHybridCP(recompute="block", recompute_num_layers=TIGHT_LAYERS).plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    assert plan.info["ckpt_layers"] == TIGHT_LAYERS
+
+
+def test_tuning_is_reused_and_redone_only_for_a_batch_the_configuration_cannot_run():
+    cost = tight_toy()
+    planner = MegatronHybridCP(tune_batches=1)
+    first = planner.plan(GlobalBatch.from_lengths([20, 9, 3]), cost)
+    assert first.info["tune_s"] > 0 and not first.info["retuned"]
+    again = planner.plan(GlobalBatch.from_lengths([18, 5]), cost)
+    assert again.info["tuned_config"] == first.info["tuned_config"] and again.info["tune_s"] == 0.0
+    # the first ceiling (chosen for 20 tokens) cannot place 300 tokens on 8 ranks
+    assert first.info["max_tokens_per_rank"] * TIGHT_WORLD < 300
+    longer = GlobalBatch.from_lengths([300, 4])
+    plan = planner.plan(longer, cost)
+    validate_plan(plan, longer, cost)
+    # priced on the tuning batch and the one that failed
+    assert plan.info["retuned"] and plan.info["tuned_on_batches"] == 2
+    assert plan.info["max_tokens_per_rank"] * TIGHT_WORLD >= 300
+
+
+def user_tries(longest: int, limits: list[int]) -> dict[int, int]:
+    """The ceilings a user tries for ``longest`` tokens on the tight toy, each with the least
+    recompute that holds it (independent of the planner: limits found by linear scan)."""
+    lo = -(-longest // TIGHT_WORLD)
+    ceilings = {lo, *[m for m in limits if m >= lo], *[2**j for j in range(10) if lo <= 2**j <= limits[-1]]}
+    return {m: next(k for k in range(TIGHT_LAYERS + 1) if limits[k] >= m) for m in ceilings}
+
+
+@pytest.mark.parametrize("shortlist", [1, 5])
+def test_tuning_runs_over_the_first_batches_and_picks_the_summed_simulated_argmin(shortlist):
+    """Three tuning batches (a short trial run): every configuration a user tries is priced on
+    the first; the ``shortlist`` fastest there are priced on the other two, and the one with
+    the least simulated time summed over the three is kept for later batches."""
+    cost = tight_toy()
+    # on these three the first batch alone and the last alone would pick another ceiling
+    lengths = ([71, 16, 21, 14, 40, 30], [91, 53, 43, 38, 39], [32, 54, 20, 11, 34, 34, 11])
+    batches = [GlobalBatch.from_lengths(L) for L in lengths]
+    planner = MegatronHybridCP(tune_batches=3, shortlist=shortlist)
+    plans = [planner.plan(b, cost) for b in batches]
+    assert [p.info["tuned_on_batches"] for p in plans] == [1, 2, 3]
+    grids = [brute_force(b, cost) for b in batches]
+    limits = [max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)]
+    first = sorted((grids[0][(k, m)], m) for m, k in user_tries(71, limits).items() if grids[0][(k, m)] is not None)
+    kept = {m for _, m in first[:shortlist]}
+    total = {
+        m: sum(g[(k, m)] for g in grids)
+        for m, k in user_tries(91, limits).items() if m in kept and all(g[(k, m)] is not None for g in grids)
+    }
+    assert total  # the shortlist runs all three here; else the tuning would widen to every ceiling
+    chosen = plans[-1].info["max_tokens_per_rank"]
+    assert total[chosen] == pytest.approx(min(total.values()), rel=1e-9)
+    if shortlist == 1:  # the first batch's favourite, not the three-batch optimum
+        assert chosen == first[0][1]
+    later = planner.plan(GlobalBatch.from_lengths([100, 50, 3]), cost)
+    assert later.info["tuned_config"] == plans[-1].info["tuned_config"] and later.info["tune_s"] == 0.0
+
+
+def test_bad_recompute_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="needs recompute_num_layers"):
+        MegatronHybridCP(recompute="block")
+    with pytest.raises(ConfigError, match="for recompute=block only"):
+        MegatronHybridCP(recompute="full", recompute_num_layers=4)
+    with pytest.raises(ConfigError, match="recompute policy 'some'"):
+        MegatronHybridCP(recompute="some")
+    with pytest.raises(ConfigError, match="exceeds the model's 4 layers"):
+        MegatronHybridCP(recompute="block", recompute_num_layers=5).plan(GlobalBatch.from_lengths([8]), tight_toy())
+
+
+def test_long_documents_run_at_8_h200_with_the_recompute_they_need():
+    """The issue's case: Llama-3-8B on one H200 node holds about 10K tokens per rank without
+    recompute, so a 197,532-token document cannot run on 8 ranks that way; the tuned launch
+    raises the ceiling to what the document needs and recomputes just enough layers."""
+    cost = real_cost("llama3_8b", "h200x8")
+    batch = GlobalBatch.from_lengths([197_532, 40_000, 9000, 5000, 3000] + [800] * 40)
+    with pytest.raises(InfeasibleError, match=r"sample 0 \(197532 tokens\)"):
+        MegatronHybridCP(recompute="none").plan(batch, cost)
+    plan = MegatronHybridCP().plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    assert sorted(plan.sample_positions()) == list(range(batch.n))
+    m, k = plan.info["max_tokens_per_rank"], plan.info["ckpt_layers"]
+    assert m * 8 >= 197_532 and 0 < k < cost.model.num_layers
+    assert not fits_one_rank(cost, m, k - 1) and fits_one_rank(cost, m, k)
+
+
+def test_tuning_prices_plans_as_the_simulator_runs_them():
+    """Several rounds on the analytical model: the executor lets ranks flow into the next round
+    (no barrier), and the tuner's price is the simulator's step time, not the barrier bound."""
+    cost = real_cost("llama3_8b", "h200x32")
+    batch = text_batch(400, seed=5)
+    plan = hybrid_cp_plan(batch, cost, LaunchConfig(8192, 0))
+    assert len(plan.rounds) > 1
+    sim = simulated(plan, batch, cost)
+    assert estimate_step_time(plan, batch, cost, round_barrier=False) == pytest.approx(sim, rel=1e-9)
+    assert estimate_step_time(plan, batch, cost) > sim * (1 + 1e-6)
+
+
+def test_tuned_launch_at_8_h200_is_the_simulated_fastest_of_those_tried():
+    """A real ShareGPT batch (longest 49K tokens, so ceilings of 6.2K and up): the choice is the
+    simulator's argmin over the candidates, which differs from the argmin of the barrier bound
+    on this batch."""
+    from dcp_bench.workload import load_workload
+
+    cost = real_cost("llama3_8b", "h200x8")
+    batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(0, 8, cost.model.max_seq_len)
+    plan = MegatronHybridCP().plan(batch, cost)
+    ladder = max_tokens_per_rank_ladder(cost, cost.model.max_seq_len)
+    tried = candidate_configs(int(batch.tokens.max()), 8, ladder, list(range(cost.model.num_layers + 1)))
+    assert plan.info["candidates"] == len(tried) > 1
+    times = [simulated(hybrid_cp_plan(batch, cost, c), batch, cost) for c in tried]
+    assert simulated(plan, batch, cost) == pytest.approx(min(times), rel=1e-9)

@@ -1,10 +1,15 @@
-"""docs/extending.md, followed step by step: every file it shows is written, every command it
-shows is run, and the results are what the page says they are."""
+"""docs/extending.md, followed literally through the installed `dcp-bench` command: every file the
+page shows is written into an empty folder, every command it shows runs in a subprocess there,
+and what the page promises is checked against the run records and the report. Beside it, the
+user-code import path and its one-line failure, through the console script as well."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +18,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dcp_bench.cli import main
+from dcp_bench.files import sha256_file
 from dcp_bench.paths import REPO_ROOT
+from dcp_bench.plan import PLAN_RULES
 from dcp_bench.records import iter_summaries
 
 DOC = REPO_ROOT / "docs" / "extending.md"
 FENCE = re.compile(r"^```(\w+)(?:[ \t]+(\S+))?[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+CLI = Path(sys.executable).parent / "dcp-bench"  # the console script pip installed beside this python
 
 
 def doc_steps(text: str) -> list[tuple[str, str, str]]:
@@ -26,21 +33,107 @@ def doc_steps(text: str) -> list[tuple[str, str, str]]:
     return [(lang, path or "", body) for lang, path, body in FENCE.findall(text)]
 
 
-def test_doc_has_both_walkthroughs() -> None:
+def doc_commands(body: str) -> list[str]:
+    """The command lines of a bash block (a line ending in a backslash continues)."""
+    return [ln.strip() for ln in body.replace("\\\n", " ").splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment of a user's shell: no PYTHONPATH, no user config path set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DCP_BENCH_CONF_PATH")}
+    env["OMP_NUM_THREADS"] = "1"
+    return {**env, **extra}
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def write_doc_files(folder: Path, names: set[str] | None = None) -> None:
+    for _, path, body in doc_steps(DOC.read_text()):
+        if path and (names is None or path in names):
+            target = folder / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(body)
+
+
+def test_doc_has_every_part() -> None:
     text = DOC.read_text()
-    assert "## Add a baseline" in text and "## Add a dataset" in text
-    steps = doc_steps(text)
-    files = [p for _, p, _ in steps if p]
-    assert "my_conf/method/round_robin.yaml" in files and "my_conf/workload/my_corpus.yaml" in files
-    assert sum(1 for k, p, _ in steps if k == "bash" and not p) >= 4
+    for heading in ("## Add a dataset", "## Add a baseline", "### The contract", "## Variants of a packaged method",
+                    "## Compare and report", "## Train it for real"):
+        assert heading in text, heading
+    files = [p for _, p, _ in doc_steps(text) if p]
+    assert {"my_conf/workload/my_corpus.yaml", "my_conf/method/by_length.yaml", "my_methods/by_length.py",
+            "my_conf/method/megatron_full.yaml"} <= set(files)
+    # the page states the plan rules the validator enforces, word for word
+    for rule in PLAN_RULES:
+        assert f"- {rule}\n" in text, rule
+    # the example workload config lists every batch-policy key, so plain overrides work
+    corpus = next(b for _, p, b in doc_steps(text) if p == "my_conf/workload/my_corpus.yaml")
+    for key in ("tokens_per_gpu", "samples_per_step", "length_scale", "max_len", "max_len_policy",
+                "description", "source", "licence"):
+        assert re.search(rf"^{key}:", corpus, re.M), key
+    # the line counts the page states are the files' own
+    module = next(b for _, p, b in doc_steps(text) if p == "my_methods/by_length.py")
+    method_yaml = next(b for _, p, b in doc_steps(text) if p == "my_conf/method/by_length.yaml")
+    assert f"a {len(corpus.splitlines())}-line YAML file" in text
+    assert f"a {len(module.splitlines())}-line Python module and a {len(method_yaml.splitlines())}-line YAML file" in text
+
+
+def test_user_code_imports_in_the_console_script(tmp_path: Path) -> None:
+    """The planner module beside the config folder imports through the installed command, run
+    from another folder, with no PYTHONPATH; `plan --validate` says the plan keeps every rule."""
+    write_doc_files(tmp_path, {"my_methods/by_length.py", "my_methods/__init__.py", "my_conf/method/by_length.yaml"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = run_cli(["plan", f"extra_conf={tmp_path / 'my_conf'}", "method=by_length", "workload=sharegpt",
+                   "model=llama3_8b", "cluster=h200x8", "--validate"], elsewhere, user_env())
+    assert res.returncode == 0, res.stderr
+    assert "by_length on step 0 of sharegpt" in res.stdout and f"valid plan ({len(PLAN_RULES)} rules checked" in res.stdout
+
+
+def test_missing_user_module_is_one_line_naming_the_path(tmp_path: Path) -> None:
+    write_doc_files(tmp_path, {"my_conf/method/by_length.yaml"})  # the config without its module
+    res = run_cli(["plan", "extra_conf=my_conf", "method=by_length", "workload=sharegpt", "model=llama3_8b",
+                   "cluster=h200x8"], tmp_path, user_env())
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "no module named 'my_methods'" in lines[0]
+    assert str(tmp_path.resolve()) in lines[0] and str((tmp_path / "my_conf").resolve()) in lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_plan_validate_lists_every_offence(tmp_path: Path) -> None:
+    """A planner that breaks four rules at once: each is printed in words, exit status 1."""
+    (tmp_path / "bad_methods").mkdir()
+    (tmp_path / "bad_methods" / "__init__.py").write_text("")
+    (tmp_path / "bad_methods" / "broken.py").write_text(
+        "from dcp_bench.plan import Group, MicroBatch, Round, StepPlan\n"
+        "from dcp_bench.planners.base import Planner\n\n\n"
+        "class Broken(Planner):\n"
+        "    def plan(self, batch, cost):\n"
+        "        # a group of 3 ranks; a group at rank 2 of size 4 holding all but the first and last\n"
+        "        # samples in one micro-batch (far over the memory cap); the last sample left out\n"
+        "        groups = [Group(0, 3, [MicroBatch((0,))]), Group(2, 4, [MicroBatch(tuple(range(1, batch.n - 1)))])]\n"
+        "        return StepPlan(world_size=cost.cluster.world_size, rounds=[Round(groups)])\n")
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "broken.yaml").write_text("name: broken\n_target_: bad_methods.broken.Broken\n")
+    res = run_cli(["plan", "extra_conf=conf", "method=broken", "workload=sharegpt", "model=llama3_8b",
+                   "cluster=h200x8", "--validate"], tmp_path, user_env())
+    assert res.returncode == 1, res.stderr
+    offences = [ln for ln in res.stdout.splitlines() if ln.startswith("  - ")]
+    assert len(offences) == 4, res.stdout
+    assert "group at rank 0 (size 3): group size must be a power of two" in offences[0]
+    assert "group at rank 2 (size 4): group not aligned" in offences[1]
+    assert "micro-batch 0: predicted" in offences[2] and "over the memory cap" in offences[2]
+    assert "fair mode: 1 sample(s) missing from the plan" in offences[3]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_follow_extending_doc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("DCP_BENCH_CONF_PATH", raising=False)
+@pytest.mark.timeout(1500)
+def test_follow_extending_doc(tmp_path: Path) -> None:
+    env = user_env()
     for kind, path, body in doc_steps(DOC.read_text()):
         if path:
             target = tmp_path / path
@@ -49,34 +142,83 @@ def test_follow_extending_doc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             continue
         if kind != "bash":
             continue
-        for line in body.splitlines():
+        for line in doc_commands(body):
             argv = shlex.split(line)
-            if not argv:
-                continue
-            if argv[0] == "dcp-bench":
-                assert main(argv[1:]) == 0, line
+            if argv[0] == "export":
+                key, _, value = argv[1].partition("=")
+                env[key] = value
+            elif argv[0] == "dcp-bench":
+                res = run_cli(argv[1:], tmp_path, env)
+                assert res.returncode == 0, f"{line}\n{res.stdout}\n{res.stderr}"
             elif argv[0] == "python":
-                subprocess.run([sys.executable, *argv[1:]], check=True, cwd=tmp_path)
+                subprocess.run([sys.executable, *argv[1:]], check=True, cwd=tmp_path, env=env)
             else:
                 raise AssertionError(f"the doc runs a command this test does not know: {line}")
 
+    # the dataset: its own name, description and licence, and the data file's sha256 in every record
     runs = list(iter_summaries(tmp_path / "runs", "extending"))
-    by = {(s.workload, s.method) for s in runs if s.status == "ok"}
-    # the toy planner, registered by config alone, ran on both workloads; the new dataset has its name
-    assert ("sharegpt", "round_robin") in by and ("my_corpus", "round_robin") in by
-    assert ("my_corpus", "dcp") in by
-    assert sum(1 for s in runs if s.workload == "my_corpus" and s.method == "round_robin") == 5
+    mine = [s for s in runs if s.workload == "my_corpus"]
+    assert mine and all(s.extra["workload"]["provenance"]["licence"] == "CC0-1.0" for s in mine)
+    assert {s.extra["workload"]["provenance"]["data_sha256"] for s in mine} == {sha256_file(tmp_path / "my_lengths.txt")}
+    assert mine[0].extra["workload"]["description"].startswith("made-up lognormal")
 
-    # the named workload draws its lengths from the file (truncated at most to the model's limit)
-    from dcp_bench.config import load_config, to_container
-    from dcp_bench.workload import make_workload
+    # the planner imported from beside its config ran on both workloads, 5 repeats each
+    ok = {(s.workload, s.method) for s in runs if s.status == "ok"}
+    assert {("my_corpus", "by_length"), ("sharegpt", "by_length"), ("my_corpus", "megatron_full")} <= ok
+    assert sum(1 for s in runs if (s.workload, s.method) == ("my_corpus", "by_length")) == 5
 
-    cfg = to_container(load_config(["extra_conf=my_conf", "workload=my_corpus"]))
-    batch = make_workload(cfg["workload"]).global_batch(0, 8)
-    allowed = set(np.loadtxt(tmp_path / "my_lengths.txt", dtype=np.int64).tolist())
-    assert set(batch.tokens.tolist()) <= allowed
+    # the variant inherits the packaged method and changes only what it says
+    full = next(s for s in runs if s.method == "megatron_full")
+    cfg = (tmp_path / "runs" / "extending" / full.run_id / "config.yaml").read_text()
+    assert "recompute: full" in cfg and "baselines.megatron_hybrid_cp.MegatronHybridCP" in cfg
+    per_method = [s for s in runs if s.method == "megatron_hybrid_cp"]
+    assert per_method and all("method.recompute=selective" in s.extra["overrides"] for s in per_method)
 
-    sp = pd.read_csv(tmp_path / "reports" / "extending" / "tables" / "speedups.csv")
-    assert {"round_robin", "bucket_static"} <= set(sp["baseline"])
-    assert set(sp["workload"]) >= {"sharegpt", "my_corpus"}
-    assert (tmp_path / "reports" / "extending" / "report.html").exists()
+    # the report's first section is the user's comparison: by_length over each named baseline
+    out = tmp_path / "reports" / "extending"
+    md = (out / "report.md").read_text()
+    assert re.findall(r"^## (.+)$", md, re.M)[0] == "Methods against baselines"
+    assert "NO DATA" not in md and "Verdict" not in md and "not in this campaign" not in md
+    first = md.split("## Methods against baselines", 1)[1].split("\n## ", 1)[0]
+    table = [ln for ln in first.splitlines() if ln.startswith("| my_corpus") or ln.startswith("| sharegpt")]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table]
+    assert {r[3] for r in rows} == {"by_length"}  # no baseline-vs-baseline rows
+    assert {r[4] for r in rows} == {"dcp", "bucket_static", "megatron_full", "megatron_hybrid_cp(recompute=selective)"}
+    # selective recomputation does not fit sharegpt's longest conversations: failed runs, named
+    failed = [r for r in rows if r[4] == "megatron_hybrid_cp(recompute=selective)" and r[0] == "sharegpt"]
+    assert failed and failed[0][5] == "-" and failed[0][8].startswith("baseline failed")
+    comp = pd.read_csv(out / "tables" / "method_vs_baseline.csv")
+    mine_comp = comp[(comp["workload"] == "my_corpus") & (comp["baseline"] == "dcp")].iloc[0]
+    by = {s.seed: s.step_time_s for s in runs if s.workload == "my_corpus" and s.method == "by_length"}
+    ref = {s.seed: s.step_time_s for s in runs if s.workload == "my_corpus" and s.method == "dcp"}
+    assert mine_comp["speedup"] == pytest.approx(np.median(list(ref.values())) / np.median(list(by.values())), rel=1e-5)
+    assert "my_lengths.txt" in md and sha256_file(tmp_path / "my_lengths.txt") in md and "CC0-1.0" in md
+    assert str(tmp_path) not in md and str(tmp_path) not in (out / "report.html").read_text()
+
+    # train: the new planner's per-step losses equal bucket_static's on the same batches
+    trained = {s.method: s for s in iter_summaries(tmp_path / "runs", "train")}
+    assert trained["by_length"].status == "ok" and trained["bucket_static"].status == "ok"
+    mine_losses, ref_losses = trained["by_length"].extra["losses"], trained["bucket_static"].extra["losses"]
+    assert len(mine_losses) == len(ref_losses) == 3
+    assert np.allclose(mine_losses, ref_losses, rtol=5e-6, atol=0), (mine_losses, ref_losses)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method_vs_baseline"] and not summary["skipped_records"]
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.timeout(600)
+def test_torchrun_ranks_import_user_code_from_another_folder(tmp_path: Path) -> None:
+    """`train` run from a folder that holds neither the config nor the module: the ranks torchrun
+    starts import the planner from beside the config folder (no PYTHONPATH set by the user)."""
+    write_doc_files(tmp_path / "user", {"my_methods/by_length.py", "my_methods/__init__.py",
+                                        "my_conf/method/by_length.yaml"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = run_cli(["train", f"extra_conf={tmp_path / 'user' / 'my_conf'}", "method=by_length", "workload=sharegpt",
+                   "workload.length_scale=64", "nproc=2", "steps=1", "warmup_steps=0", "root=runs"], elsewhere,
+                  user_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    (summary,) = iter_summaries(elsewhere / "runs", "train")
+    assert summary.method == "by_length" and summary.status == "ok" and summary.executor == "torch"

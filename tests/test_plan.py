@@ -97,3 +97,35 @@ def test_json_round_trip():
     assert back.rounds[0].groups[0].micro_batches[1].split == "batch"
     assert back.mode == "paper" and back.step == 7 and back.info == {"note": 3}
     assert sorted(back.sample_positions()) == [0, 1, 2, 3, 4]
+
+
+def test_offences_are_all_listed_and_the_first_is_what_validate_raises():
+    """One plan with six offences: `plan_offences` lists each (written out by hand), and
+    `validate_plan` raises the first of them."""
+    from dcp_bench.plan import plan_offences
+
+    batch = GlobalBatch.from_lengths([100, 200, 300, 400, 500])
+    plan = StepPlan(world_size=4, rounds=[Round(groups=[
+        Group(0, 3, [MicroBatch((0,))]),            # size 3: not a power of two
+        Group(2, 2, [MicroBatch((1, 1))]),          # sample 1 twice
+        Group(2, 2, [MicroBatch((7,), ckpt_layers=9)]),  # overlaps the group at rank 2; sample 7 and ckpt out of range
+    ])])
+    offences = plan_offences(plan, batch, num_layers=4)
+    assert offences == [
+        "round 0, group at rank 0 (size 3): group size must be a power of two",
+        "sample 1 repeated (round 0, rank 2 and round 0, rank 2)",
+        "round 0, group at rank 2 (size 2): overlaps the group at rank 2 on rank 2",
+        "round 0, group at rank 2 (size 2), micro-batch 0: ckpt_layers=9 outside 0..4",
+        "round 0, group at rank 2 (size 2), micro-batch 0: sample 7 not in batch of 5",
+        "fair mode: 3 sample(s) missing from the plan, e.g. [2, 3, 4]",
+    ]
+    with pytest.raises(PlanError) as exc:
+        validate_plan(plan, batch, num_layers=4)
+    assert str(exc.value) == offences[0]
+
+
+def test_valid_plan_has_no_offences():
+    from dcp_bench.plan import plan_offences
+
+    batch = GlobalBatch.from_lengths([100, 200, 300, 400])
+    assert plan_offences(plan_of(4, [(0, 2, [(0, 1)]), (2, 1, [(2,)]), (3, 1, [(3,)])]), batch) == []

@@ -1,10 +1,6 @@
 """`dcp-bench report` on a campaign holding damaged records: the report is written, skipping
-each bad record, naming it and counting it (issue 15, item 4).
-
-The report's side of this belongs to dcp_bench/report/ (issue 18): until it lands, the records
-layer already turns a damaged record into a one-line `RecordError` naming the file (checked
-here), and the full behaviour is marked xfail(strict): when the report side lands these tests
-pass, and the strict marker must then be removed."""
+each bad record, naming it and counting it (issue 15, item 4). The records layer reads a damaged
+record as one `RecordError` naming the file; the report (dcp_bench/report/) catches it per run."""
 
 from __future__ import annotations
 
@@ -21,8 +17,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-NEEDS_REPORT_SIDE = pytest.mark.xfail(strict=True, reason="needs the report side (issue 18): report skips, names "
-                                      "and counts a damaged record")
 
 
 def _campaign(tmp_path: Path) -> list:  # type: ignore[type-arg]
@@ -49,7 +43,6 @@ def test_damaged_record_reads_as_one_error_naming_the_file(tmp_path: Path, name:
     assert str(run_dir / name) in str(info.value) and "\n" not in str(info.value)
 
 
-@NEEDS_REPORT_SIDE
 @pytest.mark.parametrize("name,keep", [("run.json", 0.5), ("steps.jsonl", 0.7)])
 def test_report_skips_names_and_counts_a_damaged_record(tmp_path: Path, name: str, keep: float,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:

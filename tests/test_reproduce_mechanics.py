@@ -66,7 +66,11 @@ def test_report_replaces_out_only_when_complete(tmp_path: Path, capsys: pytest.C
     assert not (out / "figures" / "stale.png").exists()  # a fresh folder: nothing stale survives
     assert [p.name for p in out.parent.iterdir()] == ["toy"]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["report"] == {"md": str(out / "report.md"), "html": str(out / "report.html")}
+    assert set(summary["report"]) == {"md", "html"}
+    for key, name in (("md", "report.md"), ("html", "report.html")):
+        # where the file lives (not the temporary folder), never as an absolute local path
+        shown = summary["report"][key]
+        assert shown.endswith(f"/{name}") and not shown.startswith("/") and "partial" not in shown
     assert f"report: {out / 'report.md'}" in capsys.readouterr().out
 
 

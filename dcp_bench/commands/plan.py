@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
+from typing import Any
 
 NAME = "plan"
 HELP = (
     "the plan a method makes for one global batch (e.g. `dcp-bench plan workload=videosys_zipf "
     "method=dcp cluster=h200x32 model=stdit3_xl2 step=0`): a summary by default, the whole plan as "
-    "JSON with --json or --out PATH (StepPlan.from_json reads it back)"
+    "JSON with --json or --out PATH (StepPlan.from_json reads it back); --validate checks it against "
+    "every plan rule and prints each offence"
 )
 
 
@@ -21,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="PATH", help="write the whole plan as JSON to PATH")
     parser.add_argument("--no-validate", action="store_true",
                         help="show the plan even if the validator rejects it")
+    parser.add_argument("--validate", action="store_true",
+                        help="check the plan against every plan rule (memory under the cap included) and print "
+                             "each offence in words; exit status 1 when there is one")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     spec = parse_run_spec(to_container(load_config(overrides)))
     parts = assemble(spec)
     batch = parts.workload.global_batch(step, spec.world_size, spec.model.max_seq_len)
+    if args.validate:
+        return check_plan(spec, parts, batch, step)
     t0 = time.perf_counter()
     plan = parts.planner.plan(batch, parts.plan_cost)
     planner_ms = (time.perf_counter() - t0) * 1e3
@@ -75,3 +82,28 @@ def run(args: argparse.Namespace) -> int:
           f"peak memory {sim.peak_mem_gib:.3g} GiB, planner {planner_ms:.1f} ms ({parts.cost.source} cost model)")
     print("  whole plan: --json (stdout) or --out PATH" + (f"; written to {args.out}" if args.out else ""))
     return 0
+
+
+def check_plan(spec: Any, parts: Any, batch: Any, step: int) -> int:
+    """`plan --validate`: the plan's offences against every rule, in words; 0 when it has none,
+    1 when it has some or the planner raised."""
+    import traceback
+
+    from dcp_bench.plan import PLAN_RULES, plan_offences
+
+    head = f"{spec.label} on step {step} of {spec.workload_name} ({batch.n} samples), {spec.cluster.name}, {spec.model.name}"
+    try:
+        plan = parts.planner.plan(batch, parts.plan_cost)
+    except Exception as exc:  # the check reports a planner that fails instead of crashing with it
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(f"{head}: the planner raised {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})")
+        return 1
+    offences = plan_offences(plan, batch, parts.cost)
+    if not offences:
+        print(f"{head}: valid plan ({len(PLAN_RULES)} rules checked, memory against the "
+              f"{parts.cost.memory_cap_bytes / 2**30:.1f} GiB cap of the {parts.cost.source} cost model)")
+        return 0
+    print(f"{head}: {len(offences)} offence(s) against the plan rules (docs/extending.md):")
+    for line in offences:
+        print(f"  - {line}")
+    return 1

@@ -10,9 +10,11 @@ import sys
 NAME = "report"
 HELP = (
     "write reports/<campaign>/report.md + self-contained report.html, CSV tables and figures from "
-    "run records: `dcp-bench report campaign=NAME [root=runs] [out=DIR] [claims=PATH] [baselines=a,b]`"
+    "run records: `dcp-bench report campaign=NAME [root=runs] [out=DIR] [claims=PATH] [baselines=a,b] "
+    "[baseline_pairs=true]`. It opens with the campaign's methods against its baselines (or with the "
+    "claims' verdict when the campaign holds a claim's runs); unreadable records are skipped and named"
 )
-KEYS = ("campaign", "root", "out", "claims", "baselines", "n_boot")
+KEYS = ("campaign", "root", "out", "claims", "baselines", "baseline_pairs", "n_boot")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,18 +46,39 @@ def run(args: argparse.Namespace) -> int:
     if not runs["complete"]:
         raise ConfigError(f"campaign {campaign!r} under {root!r} has no complete runs; run `dcp-bench sweep "
                           f"run.campaign={campaign}` first")
+    pairs = kv.get("baseline_pairs", "false").lower()
+    if pairs not in ("true", "false"):
+        raise ConfigError(f"baseline_pairs={kv['baseline_pairs']!r}: expected true or false")
+    try:
+        n_boot = int(kv.get("n_boot", 2000))
+    except ValueError:
+        raise ConfigError(f"n_boot={kv['n_boot']!r}: expected a positive integer") from None
+    if n_boot < 1:
+        raise ConfigError(f"n_boot={n_boot}: expected a positive integer")
     summary = build_report(ReportInputs(
         root=root, campaign=campaign, out_dir=kv.get("out", str(default_out_dir(campaign))),
         claims_path=kv.get("claims", str(RESULTS_DIR / "reference" / "claims.yaml")),
         command="dcp-bench report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else f"dcp-bench report campaign={campaign}",
         baselines=kv["baselines"].split(",") if kv.get("baselines") else None,
-        n_boot=int(kv.get("n_boot", 2000)),
+        baseline_pairs=pairs == "true",
+        n_boot=n_boot,
     ))
     for c in summary["claims"]:
+        if c["verdict"] == "no data":
+            continue
         lo, hi = c["ci95"]
         val = c["reproduced_value"]
         ci = "-" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
         print(f"{c['id']}: {c['verdict']} (claimed {c['claimed']}x, measured "
               f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci})")
+    own = summary["method_vs_baseline"]
+    for r in own[:12]:
+        value = "-" if r["speedup"] is None or "failed" in r["outcome"] else f"{r['speedup']:.2f}x"
+        print(f"{r['method']} over {r['baseline']} on {r['workload']} ({r['cluster']}, {r['model']}): {value}, "
+              f"{r['outcome']}{'; ' + r['flags'] if r['flags'] else ''}")
+    if len(own) > 12:
+        print(f"... and {len(own) - 12} more comparisons in the report")
+    for bad in summary["skipped_records"]:
+        print(f"skipped unreadable record {bad['run_id']}: {bad['why']}", file=sys.stderr)
     print(f"report: {summary['report']['md']} and {summary['report']['html']}")
     return 0

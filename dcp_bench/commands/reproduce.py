@@ -121,7 +121,7 @@ def _cell_name(run_id: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.errors import ConfigError, DcpBenchError
     from dcp_bench.files import atomic_write_json
-    from dcp_bench.report.writer import ReportInputs, build_report
+    from dcp_bench.report.writer import ReportInputs, build_report, shown_path
     from dcp_bench.run.spec import RunSpec
     from dcp_bench.runner import plan_sweep, progress_mode, run_sweep
 
@@ -215,10 +215,13 @@ def run(args: argparse.Namespace) -> int:
         summary = build_report(ReportInputs(root=root, campaign=campaign, out_dir=str(tmp),
                                             claims_path=str(claims), command=command.strip(), notes=notes,
                                             title="dcp-bench: reproducing the DCP claim"))
-        # The summary names the report's files where they will live, not in the temporary folder.
-        summary["report"] = {k: str(out / Path(v).relative_to(tmp)) for k, v in summary.get("report", {}).items()}
+        # The summary names the report's files where they will live, not in the temporary folder
+        # (summary.json as the report shows paths: never an absolute local one).
+        final = {k: out / Path(v).relative_to(tmp) for k, v in summary.get("report", {}).items()}
+        summary["report"] = {k: str(v) for k, v in final.items()}
         if (tmp / "summary.json").exists():
-            atomic_write_json(tmp / "summary.json", json.loads((tmp / "summary.json").read_text()) | {"report": summary["report"]})
+            shown = {k: shown_path(v) for k, v in final.items()}
+            atomic_write_json(tmp / "summary.json", json.loads((tmp / "summary.json").read_text()) | {"report": shown})
         _publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

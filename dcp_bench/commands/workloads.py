@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "batch":
         batch = workload.global_batch(args.step, args.world_size, args.max_seq_len)
         print(json.dumps({
-            "workload": workload.name, "step": batch.step, "world_size": args.world_size,
+            "workload": args.name, "step": batch.step, "world_size": args.world_size,
             "n": batch.n, "total_tokens": batch.total_tokens, "truncated": batch.truncated,
             "dropped": batch.dropped, "info": batch.info,
             "sample_ids": batch.sample_ids.tolist(), "tokens": batch.tokens.tolist(),
@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2))
     else:
-        print(f"{workload.name} (v{workload.version}, {workload.kind}, default model {workload.default_model})")
+        loader = f", loader {workload.name}" if workload.name != args.name else ""
+        print(f"{args.name} (v{workload.version}, {workload.kind}{loader}, default model {workload.default_model})")
         print(f"  {workload.description}")
         for key in STAT_KEYS:
             print(f"  {key:<20} {_fmt(stats[key])}")

@@ -205,7 +205,8 @@ def evaluate_comparisons(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any
                 for r in compare(c, cells, comp["context"], base, meth, n_boot=n_boot):
                     rows.append({"comparison": comp["id"], "workload": r.workload, "method": r.method,
                                  "baseline": r.baseline, "speedup": r.speedup, "ci_low": r.ci_low,
-                                 "ci_high": r.ci_high, "pairs": r.pairs, "metric": r.metric, "note": r.note})
+                                 "ci_high": r.ci_high, "pairs": r.pairs, "metric": r.metric, "note": r.note,
+                                 "baseline_cell": r.baseline_cell, "method_cell": r.method_cell})
     return pd.DataFrame(rows)
 
 

@@ -7,6 +7,7 @@ import base64
 import html
 import math
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,9 +142,14 @@ class Document:
         return "\n".join(parts)
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
-        """report.md (+ figures/*.png) and the self-contained report.html."""
+        """report.md (+ figures/*.png) and the self-contained report.html. The report owns
+        ``figures/`` and ``tables/`` under ``out_dir``: their earlier files are removed first, so
+        nothing from an earlier report is left beside this one."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        for owned in ("figures", "tables"):
+            if (out / owned).is_dir():
+                shutil.rmtree(out / owned)
         for b in self.blocks:
             if b.kind == "figure":
                 atomic_write_bytes(out / "figures" / f"{b.name}.png", b.content)

@@ -7,6 +7,7 @@ their repeats by seed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -35,6 +36,12 @@ class Campaign:
     steps: pd.DataFrame  # one row per measured (non-warm-up) step of the ok runs
     envs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run_id -> env.json
     incomplete: list[str] = field(default_factory=list)
+    # Records that could not be read (a truncated run.json or steps.jsonl, a broken config.yaml):
+    # (run id, what is wrong), left out of every number and named in the report.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    # workload name -> what its runs recorded about it: description and provenance (source,
+    # licence, data file and its SHA-256)
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _is_baseline(target: Any) -> bool:
@@ -43,34 +50,67 @@ def _is_baseline(target: Any) -> bool:
     return isinstance(target, str) and target.startswith("baselines.")
 
 
+class BadRecord(Exception):
+    """A run folder whose files cannot be read as a run record."""
+
+
+def _read_run(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]] | None:
+    """(summary, config, steps) of a complete run, None for an incomplete one; `BadRecord`
+    saying which file is unreadable and why (without the folder's local path)."""
+    what = "run.json"
+    try:
+        summary = read_summary(run_dir)
+        if summary is None:
+            return None
+        what = "config.yaml"
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        if not isinstance(cfg, dict):
+            raise ValueError("not a mapping")
+        what = "steps.jsonl"
+        steps = read_steps(run_dir) if summary.status == "ok" else []
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as exc:
+        reason = str(exc).replace(str(run_dir / what), what).replace(str(run_dir), run_dir.name)
+        raise BadRecord(f"{what}: {type(exc).__name__}: {reason}".splitlines()[0][:300]) from None
+    return summary, cfg, steps
+
+
 def load_campaign(
     root: str | os.PathLike[str], campaign: str, baselines: list[str] | None = None
 ) -> Campaign:
     """Read a campaign's run records. ``baselines`` names the methods treated as baselines; by
-    default a method is a baseline when its class lives in the ``baselines`` package."""
+    default a method is a baseline when its class lives in the ``baselines`` package. A record
+    that cannot be read is skipped and listed in ``Campaign.skipped``, never fatal."""
     rows: list[dict[str, Any]] = []
     step_rows: list[dict[str, Any]] = []
     envs: dict[str, dict[str, Any]] = {}
     incomplete: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    workloads: dict[str, dict[str, Any]] = {}
     for run_dir in iter_run_dirs(root, campaign):
-        summary = read_summary(run_dir)
-        if summary is None:
+        try:
+            read = _read_run(run_dir)
+        except BadRecord as exc:
+            skipped.append((run_dir.name, str(exc)))
+            continue
+        if read is None:
             incomplete.append(run_dir.name)
             continue
+        summary, cfg, steps = read
         extra = summary.extra or {}
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
         method_cfg = dict(cfg.get("method") or {})
         params = {k: v for k, v in method_cfg.items() if k not in ("name", "_target_", "mode")}
+        cluster_cfg: dict[str, Any] = cfg["cluster"] if isinstance(cfg.get("cluster"), dict) else {}
         row = {
             "run_id": summary.run_id,
             "status": summary.status,
             "executor": summary.executor,
             "method": summary.method,
-            "label": extra.get("label", summary.method),
+            "label": with_overrides(str(extra.get("label", summary.method)), extra.get("overrides") or []),
             "mode": extra.get("mode", method_cfg.get("mode", "fair")),
             "params": json.dumps(params, sort_keys=True, default=str),
             "workload": summary.workload,
             "cluster": summary.cluster,
+            "gpu": str(cluster_cfg.get("gpu") or summary.cluster),
             "model": summary.model,
             "seed": summary.seed,
             "config_hash": summary.config_hash,
@@ -96,12 +136,14 @@ def load_campaign(
             "error": summary.error,
         }
         rows.append(row)
+        if isinstance(extra.get("workload"), dict) and summary.workload not in workloads:
+            workloads[summary.workload] = dict(extra["workload"])
         env_path = run_dir / "env.json"
         if env_path.exists() and not envs:
-            envs[summary.run_id] = json.loads(env_path.read_text())
-        if summary.status != "ok":
-            continue
-        for st in read_steps(run_dir):
+            # the system description is context, not a number: a damaged one is left out
+            with contextlib.suppress(OSError, ValueError):
+                envs[summary.run_id] = json.loads(env_path.read_text())
+        for st in steps:
             if st.warmup:
                 continue
             ex = st.extra or {}
@@ -126,7 +168,55 @@ def load_campaign(
                     **{k: ex.get(k) for k in STEP_PARTS},
                 }
             )
-    return Campaign(campaign, pd.DataFrame(rows), pd.DataFrame(step_rows), envs, incomplete)
+    runs = pd.DataFrame(rows)
+    if not runs.empty:
+        runs["label"] = distinct_labels(runs)
+    return Campaign(campaign, runs, pd.DataFrame(step_rows), envs, incomplete, skipped, workloads)
+
+
+PAPER_SUFFIX = " (paper mode)"
+
+
+def _split_paper(label: str) -> tuple[str, str]:
+    return (label[: -len(PAPER_SUFFIX)], PAPER_SUFFIX) if label.endswith(PAPER_SUFFIX) else (label, "")
+
+
+def with_overrides(label: str, overrides: list[str]) -> str:
+    """A method's label with the method settings its run overrode on the command line
+    (``megatron_hybrid_cp(recompute=selective)``), so a reader sees a baseline off its defaults."""
+    shown = []
+    for ov in overrides:
+        key, sep, value = str(ov).partition("=")
+        key = key.lstrip("+~")
+        if sep and key.startswith("method.") and key[len("method."):] not in ("mode", "name", "_target_"):
+            shown.append(f"{key[len('method.'):]}={value}")
+    if not shown:
+        return label
+    base, paper = _split_paper(label)
+    return f"{base}({', '.join(shown)}){paper}"
+
+
+def distinct_labels(runs: pd.DataFrame) -> list[str]:
+    """Each run's method label, with the parameters that tell apart configurations sharing a
+    label in this campaign (``megatron_hybrid_cp(recompute=full)`` beside
+    ``megatron_hybrid_cp(recompute=none)``), so tables, figures and colours never merge two."""
+    params_of: dict[str, set[str]] = {}
+    for label, params in zip(runs["label"], runs["params"]):
+        params_of.setdefault(str(label), set()).add(str(params))
+    out = []
+    for label, params in zip(runs["label"], runs["params"]):
+        label = str(label)
+        variants = params_of[label]
+        if len(variants) < 2:
+            out.append(label)
+            continue
+        decoded = [json.loads(v) for v in sorted(variants)]
+        keys = sorted({k for d in decoded for k in d if len({json.dumps(x.get(k), default=str) for x in decoded}) > 1})
+        mine = json.loads(str(params))
+        shown = ", ".join(f"{k}={'default' if mine.get(k) is None else mine.get(k)}" for k in keys)
+        base, paper = _split_paper(label)
+        out.append(f"{base}({shown}){paper}")
+    return out
 
 
 def _first(df: pd.DataFrame, col: str) -> Any:
@@ -159,6 +249,7 @@ def cell_table(c: Campaign) -> pd.DataFrame:
                 "sweep": _first(df, "sweep"),
                 "workload": _first(df, "workload"),
                 "cluster": _first(df, "cluster"),
+                "gpu": _first(df, "gpu"),
                 "world_size": _first(df, "world_size"),
                 "model": _first(df, "model"),
                 "method": _first(df, "method"),
@@ -185,6 +276,7 @@ def cell_table(c: Campaign) -> pd.DataFrame:
                 "mfu": float(np.nanmedian(df["mfu"].astype(float))) if df["mfu"].notna().any() else math.nan,
                 "planner_ms": float(np.nanmedian(df["planner_ms"].astype(float))) if df["planner_ms"].notna().any() else math.nan,
                 "flags": "; ".join(stats.flags),
+                "first_error": next((str(e) for e, st in zip(df["error"], df["status"]) if st != "ok" and e), ""),
             }
         )
     return pd.DataFrame(out)
@@ -258,6 +350,84 @@ def speedup_table(
                         "context_hash": m["context_hash"],
                     }
                 )
+    return pd.DataFrame(rows)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def comparison_flags(speedup: float, ci_low: float, ci_high: float, pairs: int) -> list[str]:
+    """What a reader must know before trusting a speedup: too few paired repeats for a
+    bootstrap (< 5), or a degenerate confidence interval (missing, of zero width, or with a
+    bound on the estimate itself: the resamples could not move the median)."""
+    flags = []
+    if pairs < 5:
+        flags.append(f"{pairs} paired repeats (< 5)")
+    finite = all(math.isfinite(x) for x in (speedup, ci_low, ci_high))
+    if finite and (_close(ci_low, ci_high) or _close(ci_low, speedup) or _close(ci_high, speedup)):
+        flags.append("CI degenerate (a bound equals the estimate)")
+    elif math.isfinite(speedup) and not (math.isfinite(ci_low) and math.isfinite(ci_high)):
+        flags.append("CI unbounded (failed repeats in the resamples)")
+    return flags
+
+
+def comparison_outcome(speedup: float, ci_low: float, ci_high: float, method: pd.Series, baseline: pd.Series) -> str:
+    """The comparison in words: a side that failed in every repeat is named as failed (never a
+    speedup of 0 or inf); otherwise faster, slower or no clear difference by the 95% CI."""
+    m_failed = int(method["failures"]) >= int(method["repeats"])
+    b_failed = int(baseline["failures"]) >= int(baseline["repeats"])
+    if m_failed and b_failed:
+        return "both failed"
+    if m_failed:
+        return f"method failed ({_failure_kind(method)})"
+    if b_failed:
+        return f"baseline failed ({_failure_kind(baseline)})"
+    if not math.isfinite(speedup) or speedup == 0:
+        # failures in most repeats of a side make its median infinitely slow
+        if speedup == 0 or (math.isnan(speedup) and int(method["failures"]) > int(baseline["failures"])):
+            return f"method failed in {int(method['failures'])}/{int(method['repeats'])} repeats ({_failure_kind(method)})"
+        return f"baseline failed in {int(baseline['failures'])}/{int(baseline['repeats'])} repeats ({_failure_kind(baseline)})"
+    if math.isfinite(ci_low) and ci_low > 1:
+        return "faster"
+    if math.isfinite(ci_high) and ci_high < 1:
+        return "slower"
+    return "no clear difference (CI includes 1)"
+
+
+def _failure_kind(cell: pd.Series) -> str:
+    """The statuses of a failed cell and the kind of its first error (``error: InfeasibleError``)."""
+    kind = str(cell.get("first_error") or "").split(":", 1)[0].strip()
+    statuses = ",".join(x for x in str(cell["statuses"]).split(",") if x != "ok") or "error"
+    return f"{statuses}: {kind}" if kind and " " not in kind else statuses
+
+
+def comparison_table(speedups: pd.DataFrame, cells: pd.DataFrame, baseline_pairs: bool = False) -> pd.DataFrame:
+    """The campaign's own comparisons: every method over every baseline of its context
+    (``speedups`` from `speedup_table`), with the outcome in words and flags. Baseline-over-
+    baseline rows only with ``baseline_pairs``."""
+    if speedups.empty or cells.empty:
+        return pd.DataFrame()
+    by_cell = cells.set_index("config_hash")
+    rows = []
+    for _, r in speedups.iterrows():
+        m, b = by_cell.loc[r["method_cell"]], by_cell.loc[r["baseline_cell"]]
+        if bool(m["is_baseline"]) and not baseline_pairs:
+            continue
+        sp, lo, hi, pairs = (float(r["speedup"]), float(r["ci_low"]), float(r["ci_high"]), int(r["pairs"]))
+        outcome = comparison_outcome(sp, lo, hi, m, b)
+        flags = comparison_flags(sp, lo, hi, pairs) if "failed" not in outcome else []
+        if 0 < int(m["failures"]) < int(m["repeats"]) or 0 < int(b["failures"]) < int(b["repeats"]):
+            flags.append(f"failed repeats: method {int(m['failures'])}/{int(m['repeats'])}, "
+                         f"baseline {int(b['failures'])}/{int(b['repeats'])}")
+        rows.append({
+            "workload": r["workload"], "cluster": r["cluster"], "model": r["model"],
+            "executor": m["executor"], "method": r["method"], "baseline": r["baseline"],
+            "speedup": sp, "ci_low": lo, "ci_high": hi, "pairs": pairs, "metric": r["metric"],
+            "outcome": outcome, "flags": "; ".join(flags),
+            "method_is_baseline": bool(m["is_baseline"]),
+            "method_cell": r["method_cell"], "baseline_cell": r["baseline_cell"], "context_hash": r["context_hash"],
+        })
     return pd.DataFrame(rows)
 
 

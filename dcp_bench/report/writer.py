@@ -1,10 +1,16 @@
 """`build_report`: a campaign's run records -> reports/<campaign>/ (report.md, report.html, CSV
 tables, figures, summary.json).
 
-Every number in the report traces to its run records: the cells table names each cell's config
-hash (``runs/<campaign>/<run_id>/config.yaml`` holds the config), the provenance section names the
-command, git sha and system description, and simulated numbers name their cost-model source and
-its measured error.
+The report leads with what the campaign has: a campaign that holds a claim's runs opens with the
+verdict; any other (a user's own) opens with its methods against its baselines. Sections whose
+data the campaign lacks are left out rather than shown empty. Every number traces to its run
+records: the cells table names each cell's config hash (``<root>/<campaign>/<run_id>/config.yaml``
+holds the config), the provenance section names the command, git sha and system description,
+and simulated numbers name their cost-model source and its measured error. No absolute local
+path appears in any report file.
+
+A section is a function ``(Document, ReportData) -> None``; `report_sections` orders them. A new
+section is one such function and one entry in that list.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +30,7 @@ import pandas as pd
 from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION
 from dcp_bench.envinfo import git_state
 from dcp_bench.files import atomic_write_json
-from dcp_bench.paths import REPORTS_DIR, RESULTS_DIR
+from dcp_bench.paths import REPO_ROOT, REPORTS_DIR, RESULTS_DIR
 from dcp_bench.report import figures as fig
 from dcp_bench.report.claims import (
     decompose,
@@ -34,15 +42,24 @@ from dcp_bench.report.claims import (
 )
 from dcp_bench.report.document import Document
 from dcp_bench.report.stats import max_relative_difference, relative_error
-from dcp_bench.report.tables import Campaign, cell_table, load_campaign, speedup_table, write_csv
+from dcp_bench.report.tables import (
+    Campaign,
+    cell_table,
+    comparison_flags,
+    comparison_outcome,
+    comparison_table,
+    load_campaign,
+    speedup_table,
+    write_csv,
+)
 
 CELL_COLUMNS = [
     "workload", "cluster", "model", "label", "params", "scales_label", "executor", "repeats",
     "failures", "median_s", "olympic_mean_s", "cv", "p5_s", "p95_s", "tokens_per_s", "imbalance",
     "peak_mem_gib", "mem_cap_gib", "mfu", "planner_ms", "cost_source", "config_hash", "flags",
 ]
-SPEEDUP_COLUMNS = ["workload", "cluster", "model", "method", "baseline", "speedup", "ci_low", "ci_high", "pairs", "metric"]
 SIM_ERROR_TARGET = 0.15
+MAX_CONTEXT_FIGURES = 4  # contexts (cluster, model, executor) that get step-time / memory / plan-shape figures
 
 
 @dataclass
@@ -56,6 +73,37 @@ class ReportInputs:
     n_boot: int = 2000
     title: str = ""
     baselines: list[str] | None = None  # method names treated as baselines (default: classes in `baselines.`)
+    baseline_pairs: bool = False  # also compare baselines with each other
+
+
+# --------------------------------------------------------------------------------------------
+# Paths: reports are shared, so they never name a folder of the machine that wrote them.
+
+_ABS_PATH = re.compile(r"(?<![\w.~/:-])(/[^\s'\"`,;:()\[\]{}<>|]+)")
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as a report shows it: relative to the current folder or the repository when under
+    either, else ``.../<name>``; relative paths as given."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(p)
+    for base in (Path.cwd(), REPO_ROOT):
+        try:
+            rel = p.resolve().relative_to(base.resolve())
+        except ValueError:
+            continue
+        return str(rel) if str(rel) != "." else "."
+    return f".../{p.name}"
+
+
+def scrub_paths(text: Any) -> str:
+    """``text`` with every absolute path replaced by its `shown_path`."""
+    return _ABS_PATH.sub(lambda m: shown_path(m.group(1)), str(text))
+
+
+# --------------------------------------------------------------------------------------------
+# What the report reads
 
 
 def _default_context(cells: pd.DataFrame) -> pd.DataFrame:
@@ -66,16 +114,15 @@ def _default_context(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def calibration_error() -> dict[str, Any] | None:
-    """Where the committed calibration states its measured error (a README or JSON under
-    results/calibration/), when it does."""
+    """The committed calibrations that state their measured error: a README under
+    results/calibration/ (named, not excerpted) or the error fields of a JSON artifact."""
     folder = RESULTS_DIR / "calibration"
     if not folder.is_dir():
         return None
     found: dict[str, Any] = {}
     for path in sorted(folder.rglob("README.md")):
-        lines = [ln.strip() for ln in path.read_text().splitlines() if "error" in ln.lower()]
-        if lines:
-            found[str(path.relative_to(RESULTS_DIR.parent))] = lines[:4]
+        if "error" in path.read_text().lower():
+            found[str(path.relative_to(REPO_ROOT))] = "states the calibration's measured error"
     for path in sorted(folder.rglob("*.json")):
         try:
             data = json.loads(path.read_text())
@@ -83,10 +130,9 @@ def calibration_error() -> dict[str, Any] | None:
             continue
         if isinstance(data, dict):
             for key in ("validation", "error", "errors", "fit_error", "held_out"):
-                if key in data:
-                    found[str(path.relative_to(RESULTS_DIR.parent))] = {key: data[key]}
+                if data.get(key) is not None:
+                    found[str(path.relative_to(REPO_ROOT))] = {key: data[key]}
     return found or None
-
 
 def cost_models_used(c: Campaign) -> list[str]:
     """One line per cost model behind the simulated runs: source, cluster, model, and for a
@@ -155,6 +201,8 @@ def validation_speedups(v: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+
+
 @dataclass
 class ReportData:
     """Everything the report's sections read, computed once from the campaign's records."""
@@ -164,7 +212,8 @@ class ReportData:
     claims: dict[str, Any]
     cells: pd.DataFrame
     default: pd.DataFrame  # cells at default cost constants
-    speedups: pd.DataFrame
+    speedups: pd.DataFrame  # every method over every baseline (baselines over each other too)
+    own: pd.DataFrame  # the campaign's own comparisons: methods over baselines, outcome and flags
     claim_results: list[Any]
     comparisons: pd.DataFrame
     sensitivity: pd.DataFrame
@@ -173,12 +222,37 @@ class ReportData:
     git: dict[str, Any]
     env: dict[str, Any]
     calibration: dict[str, Any] | None
+    colors: dict[str, Any] = field(default_factory=dict)  # one colour per method label, every figure
     decompositions: list[pd.DataFrame] = field(default_factory=list)
 
     @property
     def failed(self) -> pd.DataFrame:
         runs = self.campaign.runs
         return runs[runs["status"] != "ok"] if not runs.empty else runs
+
+    @property
+    def claims_in_campaign(self) -> list[dict[str, Any]]:
+        """The claims and comparisons of the claims file whose context (workload, cluster,
+        model) holds at least one cell of this campaign."""
+        items = [*self.claims.get("claims", []), *self.claims.get("comparisons", [])]
+        return [cl for cl in items if not _context_cells(self.default, cl.get("context", {})).empty]
+
+    @property
+    def leads_with_claims(self) -> bool:
+        ids = {cl["id"] for cl in self.claims_in_campaign}
+        return any(r.id in ids and r.result.pairs > 0 for r in self.claim_results) or (
+            not self.comparisons.empty and bool((self.comparisons["pairs"] > 0).any()))
+
+
+def _context_cells(cells: pd.DataFrame, context: dict[str, Any]) -> pd.DataFrame:
+    if cells.empty:
+        return cells
+    mask = np.ones(len(cells), dtype=bool)
+    for key in ("workload", "cluster", "model"):
+        if key in context:
+            want = context[key] if isinstance(context[key], (list, tuple)) else [context[key]]
+            mask &= cells[key].isin([str(v) for v in want]).to_numpy()
+    return cells[mask]
 
 
 def gather_report_data(inp: ReportInputs) -> ReportData:
@@ -190,62 +264,173 @@ def gather_report_data(inp: ReportInputs) -> ReportData:
         cells["scales_label"] = [fig.scales_label(s, m) for s, m in zip(cells["scales"], cells["mem_cap_fraction"])]
     default = _default_context(cells)
     speedups = speedup_table(c, default, n_boot=inp.n_boot) if not default.empty else pd.DataFrame()
+    own = comparison_table(speedups, default, baseline_pairs=inp.baseline_pairs)
     claim_results = evaluate_claims(c, cells, claims, n_boot=inp.n_boot) if not cells.empty else []
     comparisons = evaluate_comparisons(c, cells, claims, n_boot=inp.n_boot) if not cells.empty else pd.DataFrame()
     sens = sensitivity(c, cells, claims, n_boot=max(500, inp.n_boot // 2)) if not cells.empty else pd.DataFrame()
     validation = validation_table(c, cells)
     val_sp = validation_speedups(validation) if not validation.empty else pd.DataFrame()
-    return ReportData(inp=inp, campaign=c, claims=claims, cells=cells, default=default, speedups=speedups,
+    colors = fig.method_colors(cells["label"]) if not cells.empty else {}
+    return ReportData(inp=inp, campaign=c, claims=claims, cells=cells, default=default, speedups=speedups, own=own,
                       claim_results=claim_results, comparisons=comparisons, sensitivity=sens,
                       validation=validation, validation_speedups=val_sp, git=git_state(),
-                      env=next(iter(c.envs.values()), {}), calibration=calibration_error())
+                      env=next(iter(c.envs.values()), {}), calibration=calibration_error(), colors=colors)
+
+
+Section = Callable[[Document, "ReportData"], None]
+
+
+def report_sections(data: ReportData) -> list[Section]:
+    """The sections in reading order. What the campaign was run for comes first: the claims'
+    verdict when it holds a claim's runs, else its own methods against its baselines."""
+    claim_sections: list[Section] = [_verdict_section, _headline_section, _decomposition_section, _sensitivity_section]
+    lead: list[Section] = [*claim_sections, _comparison_section] if data.leads_with_claims \
+        else [_comparison_section, *claim_sections]
+    return [_opening, *lead, _context_section, _scaling_section, _validation_section, _cells_section,
+            _workloads_section, _provenance_section]
 
 
 def build_report(inp: ReportInputs) -> dict[str, Any]:
     """Write the report; return the summary (also written as summary.json)."""
     data = gather_report_data(inp)
     doc = Document(inp.title or f"dcp-bench report: {inp.campaign}")
-    for section in (_opening, _verdict_section, _headline_section, _decomposition_section, _sensitivity_section,
-                    _speedup_section, _context_section, _scaling_section, _validation_section, _cells_section,
-                    _provenance_section):
+    for section in report_sections(data):
         section(doc, data)
     paths = doc.write(Path(inp.out_dir))
     return _write_summary(data, paths)
 
 
+# --------------------------------------------------------------------------------------------
+# Labels every section uses
+
+
+def evidence(cells: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
+    """Whether ``cells``' numbers are simulated (and by which cost model) or measured (and on
+    what), for titles and captions."""
+    if cells.empty:
+        return "no data"
+    parts = []
+    sim = cells[cells["executor"] == "sim"]
+    if not sim.empty:
+        sources = ", ".join(sorted({str(s) for s in sim["cost_source"] if s}))
+        parts.append(f"simulated ({sources} cost model)" if sources else "simulated")
+    real = cells[cells["executor"] != "sim"]
+    if not real.empty:
+        hw = sorted({str(h) for h in runs.loc[runs["config_hash"].isin(real["config_hash"]), "hardware"] if h}) \
+            if runs is not None and not runs.empty else []
+        parts.append(f"measured ({', '.join(hw)})" if hw else "measured")
+    return " and ".join(parts)
+
+
+def _contexts(cells: pd.DataFrame) -> list[tuple[tuple[str, str, str], pd.DataFrame]]:
+    """Default-constant cells grouped by (cluster, model, executor), largest group first."""
+    if cells.empty:
+        return []
+    groups = [((str(key[0]), str(key[1]), str(key[2])), df)
+              for key, df in cells.groupby(["cluster", "model", "executor"], sort=False)]
+    return sorted(groups, key=lambda g: -len(g[1]))
+
+
+def _fig_name(*parts: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(str(p) for p in parts)).strip("_")
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x" if math.isfinite(v) else "-"
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+
+
 def _opening(doc: Document, data: ReportData) -> None:
-    inp = data.inp
-    c = data.campaign
-    cells = data.cells
-    git = data.git
-    doc.p(f"Campaign `{inp.campaign}`: {len(c.runs)} complete runs in {len(cells)} cells"
-          f"{f', {len(c.incomplete)} incomplete runs ignored' if c.incomplete else ''}. "
-          f"Generated by `{inp.command or 'dcp-bench report campaign=' + inp.campaign}` at git "
-          f"`{(git.get('git_sha') or 'unknown')[:12]}`{' (dirty tree)' if git.get('git_dirty') else ''}.")
+    inp, c, cells, git = data.inp, data.campaign, data.cells, data.git
+    runs = c.runs
+    n_ok = int((runs["status"] == "ok").sum()) if not runs.empty else 0
+    bits = [f"Campaign `{inp.campaign}`: {len(runs)} complete runs ({n_ok} ok, {len(runs) - n_ok} failed) in "
+            f"{len(cells)} cells"]
+    if c.incomplete:
+        bits.append(f"{len(c.incomplete)} incomplete runs ignored")
+    if c.skipped:
+        bits.append(f"**{len(c.skipped)} unreadable record(s) skipped**: " + "; ".join(
+            f"`{rid}` ({scrub_paths(why)})" for rid, why in c.skipped[:10]) + (" ..." if len(c.skipped) > 10 else ""))
+    text = ", ".join(bits) + "."
+    if not cells.empty:
+        methods = sorted(set(cells.loc[~cells["is_baseline"].astype(bool), "label"]))
+        bases = sorted(set(cells.loc[cells["is_baseline"].astype(bool), "label"]))
+        text += (f" Methods: {', '.join(f'`{m}`' for m in methods) or 'none'}; baselines: "
+                 f"{', '.join(f'`{b}`' for b in bases) or 'none (name them with baselines=a,b)'}; workloads "
+                 f"{', '.join(sorted(set(cells['workload'])))}; clusters {', '.join(sorted(set(cells['cluster'])))}; "
+                 f"models {', '.join(sorted(set(cells['model'])))}. Numbers are {evidence(cells, runs)}.")
+        if not data.default.empty and ((data.default["executor"] == "sim") & (data.default["cost_source"] == "analytical")
+                                       & (data.default["cluster"] != "cpu")).any():
+            text += (" The analytical GPU cost model is **unvalidated on GPU**: its speedups are model predictions"
+                     + (" (the sensitivity section shows how they move with its uncertain constants)."
+                        if _has_sensitivity(data) else "."))
+        if "torch" not in set(cells["executor"]):
+            text += " No measured runs: the simulator's error is not measured in this campaign."
+    text += (f" Generated by `{scrub_paths(inp.command or 'dcp-bench report campaign=' + inp.campaign)}` at git "
+             f"`{(git.get('git_sha') or 'unknown')[:12]}`{' (dirty tree)' if git.get('git_dirty') else ''}.")
+    doc.p(text)
+
+
+def _comparison_section(doc: Document, data: ReportData) -> None:
+    own = data.own
+    cells = data.default
+    if cells.empty:
+        return
+    doc.h2("Methods against baselines")
+    if not cells["is_baseline"].astype(bool).any():
+        doc.p("No baseline in this campaign, so nothing to compare against: name the baselines with "
+              "`dcp-bench report ... baselines=a,b` (by default, methods whose class lives in `baselines/`).")
+        return
+    if own.empty:
+        if cells["is_baseline"].astype(bool).all():
+            doc.p("Every method of this campaign is a baseline: add `baseline_pairs=true` to compare them with each "
+                  "other, or name fewer with `baselines=a,b`.")
+        else:
+            doc.p("No context (workload, cluster, model) holds both a method and a baseline, so no speedup can be paired.")
+        return
+    doc.p(f"Speedup of each method over each baseline on the same workload, cluster and model: the baseline's "
+          f"median step time over the method's (> 1: the method is faster), repeats paired by seed (the same "
+          f"global batches), 95% paired-bootstrap CI. {evidence(cells, data.campaign.runs).capitalize()}. "
+          + ("Baselines are also compared with each other (`baseline_pairs=true`). " if data.inp.baseline_pairs else "")
+          + "`flags`: fewer than 5 paired repeats, or a degenerate CI (too few repeats for the bootstrap to move the "
+          "median), or failed repeats.")
+    shown = own.assign(
+        speedup=[_x(v) if "failed" not in o else "-" for v, o in zip(own["speedup"], own["outcome"])],
+        ci95=[f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) and "failed" not in o else "-"
+              for lo, hi, o in zip(own["ci_low"], own["ci_high"], own["outcome"])],
+    )
+    cols = ["workload", "cluster", "model", "method", "baseline", "speedup", "ci95", "pairs", "outcome", "flags"]
+    if set(own["metric"]) - {"step_time"}:
+        cols.insert(8, "metric")
+    doc.table(shown, "", cols)
+    for (cluster, model, executor), sub in own.groupby(["cluster", "model", "executor"], sort=False):
+        ctx_cells = cells[(cells["cluster"] == cluster) & (cells["model"] == model) & (cells["executor"] == executor)]
+        kind = evidence(ctx_cells, data.campaign.runs)
+        doc.figure(fig.speedup_bars(sub, f"{kind}: speedup over each baseline, {cluster}, {model}", data.colors),
+                   _fig_name("speedup", cluster, model, executor),
+                   f"Speedup over each baseline ({kind}; {cluster}, {model}); error bars: 95% paired-bootstrap CI; "
+                   "hatched: failed")
 
 
 def _verdict_section(doc: Document, data: ReportData) -> None:
-    cells = data.cells
-    claims = data.claims
-    sens = data.sensitivity
-    validation = data.validation
-    calib = data.calibration
-    claim_results = data.claim_results
-    # -- verdict ------------------------------------------------------------------------------
+    ids = {cl["id"] for cl in data.claims_in_campaign}
+    results = [r for r in data.claim_results if r.id in ids]
+    if not results:
+        return
     doc.h2("Verdict")
-    robustness = _robustness(sens, claims)
-    for r in claim_results:
+    robustness = _robustness(data.sensitivity, data.claims)
+    for r in results:
         doc.p(f"**{r.id}: {r.verdict.upper()}.** Claim: {r.statement} (claimed {r.claimed:g}x, tolerance "
               f"{r.tolerance:.0%}).")
-        doc.bullets([*r.reasons, *robustness.get(r.id, [])])
-    if not claim_results:
-        doc.p("No claims evaluated: the campaign holds no runs.")
-    if not cells.empty and set(cells["executor"]) == {"sim"} or (not cells.empty and "sim" in set(cells["executor"])):
-        doc.p("Simulated numbers come from the cost model named in the cells table (`cost_source`). The "
-              "analytical H200 model is **unvalidated on GPU**: no H200 measurement has been compared "
-              "with it yet, so the H200 speedups are model predictions whose robustness the sensitivity "
-              "section shows." + (" CPU calibration on record: " + ", ".join(f"`{k}`" for k in calib) + "." if calib else ""))
-
+        flags = [] if r.result.pairs == 0 else _flag_text(r.result.speedup, r.result.ci_low, r.result.ci_high, r.result.pairs)
+        doc.bullets([*r.reasons, *robustness.get(r.id, []), *flags])
+    calib = data.calibration
+    if calib and _uses_calibration(data):
+        doc.p("CPU calibration on record: " + ", ".join(f"`{k}`" for k in calib) + ".")
+    validation = data.validation
     if not validation.empty and validation["error"].notna().any():
         med = _nanmedian_abs(validation["error"])
         doc.p(f"The simulator's own error, measured here on CPU ranks against real training (section "
@@ -253,36 +438,68 @@ def _verdict_section(doc: Document, data: ReportData) -> None:
               f"(target {SIM_ERROR_TARGET:.0%}){'' if med <= SIM_ERROR_TARGET else ': above target, so read simulated speedups as estimates of that precision'}.")
 
 
+def _flag_text(speedup: float, lo: float, hi: float, pairs: int) -> list[str]:
+    flags = comparison_flags(speedup, lo, hi, pairs)
+    return [f"**flag**: {'; '.join(flags)}"] if flags else []
+
+
 def _headline_section(doc: Document, data: ReportData) -> None:
-    claim_results = data.claim_results
-    comparisons = data.comparisons
-    doc.h2("Headline comparisons")
+    ids = {cl["id"] for cl in data.claims_in_campaign}
+    if not ids:
+        return
     head_rows = [
         {"comparison": r.id, "workload": r.result.workload, "method": r.result.method, "baseline": r.result.baseline,
          "speedup": r.result.speedup, "ci_low": r.result.ci_low, "ci_high": r.result.ci_high,
-         "pairs": r.result.pairs, "metric": r.result.metric, "note": r.verdict} for r in claim_results
+         "pairs": r.result.pairs, "metric": r.result.metric, "note": r.verdict,
+         "baseline_cell": r.result.baseline_cell, "method_cell": r.result.method_cell} for r in data.claim_results
     ]
+    comparisons = data.comparisons
     head = pd.concat([pd.DataFrame(head_rows), comparisons], ignore_index=True) if head_rows or not comparisons.empty else pd.DataFrame()
-    missing = head[head["pairs"] == 0] if not head.empty else head
-    head = head[head["pairs"] > 0] if not head.empty else head
-    doc.table(head, "Speedup of method over baseline: ratio of medians over paired repeats, 95% paired-bootstrap CI",
-              ["comparison", "workload", "method", "baseline", "speedup", "ci_low", "ci_high", "pairs", "metric", "note"])
+    if head.empty:
+        return
+    head = head[head["comparison"].isin(ids)]
+    missing = head[head["pairs"] == 0]
+    head = head[head["pairs"] > 0]
+    if head.empty:
+        return
+    doc.h2("Headline comparisons")
+    by_cell = data.cells.set_index("config_hash")
+    outcomes, flags = [], []
+    for _, r in head.iterrows():
+        v, lo, hi, n = float(r["speedup"]), float(r["ci_low"]), float(r["ci_high"]), int(r["pairs"])
+        if r["method_cell"] in by_cell.index and r["baseline_cell"] in by_cell.index:
+            outcomes.append(comparison_outcome(v, lo, hi, by_cell.loc[r["method_cell"]], by_cell.loc[r["baseline_cell"]]))
+        else:
+            outcomes.append("")
+        flags.append("; ".join(comparison_flags(v, lo, hi, n)) if "failed" not in outcomes[-1] else "")
+    failed = ["failed" in o for o in outcomes]
+    shown = head.assign(
+        outcome=outcomes, flags=flags,
+        speedup=["-" if f else _x(float(v)) for v, f in zip(head["speedup"], failed)],
+        ci95=["-" if f or not (math.isfinite(float(lo)) and math.isfinite(float(hi))) else f"[{float(lo):.2f}, {float(hi):.2f}]"
+              for lo, hi, f in zip(head["ci_low"], head["ci_high"], failed)],
+    )
+    doc.table(shown, "Speedup of method over baseline: ratio of medians over paired repeats, 95% paired-bootstrap CI",
+              ["comparison", "workload", "method", "baseline", "speedup", "ci95", "pairs", "metric", "outcome", "note",
+               "flags"])
     if not missing.empty:
-        doc.p("**Not in this campaign** (no runs, so no number): " + "; ".join(
-            f"{r['comparison']}: {r['method']} vs {r['baseline']} on {r['workload']}" for _, r in missing.iterrows()) + ".")
+        by_id = missing.groupby("comparison", sort=False).size()
+        doc.p(f"Not in this campaign (no runs, so no number): {len(missing)} pair(s) of "
+              + ", ".join(f"`{k}` ({v})" for k, v in by_id.items()) + "; `tables/comparisons.csv` lists them.")
     doc.p("`metric=throughput`: tokens per second (used whenever a side runs in paper mode, which trains a "
           "different number of samples per step); `metric=step_time`: ratio of median step times (fair mode: "
           "every method trains the same samples with one optimizer step per global batch).")
 
 
 def _decomposition_section(doc: Document, data: ReportData) -> None:
-    c = data.campaign
-    cells = data.cells
-    claims = data.claims
-    # -- decomposition ------------------------------------------------------------------------
+    c, cells = data.campaign, data.cells
+    ids = {cl["id"] for cl in data.claims_in_campaign}
+    claims = [cl for cl in data.claims.get("claims", []) if cl["id"] in ids]
+    decs = [(cl, decompose(c, cells, cl)) for cl in claims] if not cells.empty else []
+    if not any(dec is not None for _, dec in decs):
+        return
     doc.h2("Where the speedup comes from")
-    for cl in claims.get("claims", []):
-        dec = decompose(c, cells, cl) if not cells.empty else None
+    for cl, dec in decs:
         if dec is None:
             doc.p(f"{cl['id']}: decomposition needs the baseline and the method in both fair and paper mode "
                   "in the claim's context; not all four are in this campaign.")
@@ -291,194 +508,225 @@ def _decomposition_section(doc: Document, data: ReportData) -> None:
         data.decompositions.append(dec)
         doc.table(dec, f"{cl['id']}: factors of the speedup (their product is the headline speedup)",
                   ["factor", "factor_x", "share_of_log_speedup", "baseline_s", "method_s"])
-        doc.figure(fig.decomposition_bars(dec, f"{cl['id']}: decomposition"), f"decomposition_{cl['id']}",
-                   f"{cl['id']}: multiplicative factors of the speedup")
+        kind = evidence(_context_cells(data.default, cl["context"]), c.runs)
+        doc.figure(fig.decomposition_bars(dec, f"{kind}: {cl['id']} decomposition"), f"decomposition_{cl['id']}",
+                   f"{cl['id']}: multiplicative factors of the speedup ({kind})")
     doc.p("Fair-mode parts come from the simulator's time accounting (mean per rank per step: compute, "
           "recomputation, all-to-all, gradient sync + optimizer, and the rest of the step: ranks idle "
           "waiting for the slowest); the paper-mode factors are the switch from fair to paper mode on each "
           "side (sample dealing and dropping, optimizer steps over different sample counts).")
 
 
-def _sensitivity_section(doc: Document, data: ReportData) -> None:
-    claims = data.claims
+def _has_sensitivity(data: ReportData) -> bool:
     sens = data.sensitivity
-    # -- sensitivity --------------------------------------------------------------------------
+    return not sens.empty and bool(np.isfinite(sens["speedup"].astype(float)).any())
+
+
+def _sensitivity_section(doc: Document, data: ReportData) -> None:
+    claims, sens = data.claims, data.sensitivity
+    if not _has_sensitivity(data):
+        return
     doc.h2("Sensitivity to uncertain cost-model constants")
-    if sens.empty or not np.isfinite(sens["speedup"].astype(float)).any():
-        doc.p("No sensitivity runs in this campaign.")
-    else:
-        by_id = {x["id"]: x for x in [*claims.get("claims", []), *claims.get("comparisons", [])]}
-        for comp_id in dict.fromkeys(sens["comparison"]):
-            cl = by_id.get(comp_id, {})
-            doc.figure(fig.tornado(sens, comp_id, cl.get("value"), cl.get("tolerance"),
-                                   f"{comp_id}: speedup with each constant halved / doubled"),
-                       f"tornado_{comp_id}", f"Tornado: {comp_id} speedup when each uncertain constant is halved and doubled")
-        doc.table(sens, "Sensitivity runs", ["comparison", "constant", "factor", "speedup", "ci_low", "ci_high",
-                                             "reference_speedup", "note"])
-        doc.p("Constants: `act_bytes` (activation bytes per token), `attn_eff` (attention kernel efficiency), "
-              "`small_kernel_eff` (efficiency of small kernels), `a2a_eff` (all-to-all efficiency), all "
-              f"multipliers of the analytical model; `mem_cap` scales the per-GPU memory cap ({DEFAULT_MEM_CAP_FRACTION} of usable "
-              "memory: x0.5 = 0.35; x2 is clipped to 1.0, all usable memory, since a cap cannot exceed it).")
-
-
-def _speedup_section(doc: Document, data: ReportData) -> None:
-    speedups = data.speedups
-    # -- all speedups ------------------------------------------------------------------------
-    doc.h2("Speedups per workload and method")
-    if not speedups.empty:
-        for (cl_name, model, base), sub in speedups.groupby(["cluster", "model", "baseline"], sort=False):
-            if sub["workload"].nunique() < 1:
-                continue
-            name = f"speedup_{cl_name}_{model}_{base}".replace(" ", "_").replace("(", "").replace(")", "")
-            doc.figure(fig.speedup_bars(sub, f"over {base} on {cl_name}, {model}"), name,
-                       f"Speedup over {base} ({cl_name}, {model}); error bars: 95% paired-bootstrap CI")
-    doc.table(speedups, "Every method over every baseline (default constants)", SPEEDUP_COLUMNS)
+    by_id = {x["id"]: x for x in [*claims.get("claims", []), *claims.get("comparisons", [])]}
+    for comp_id in dict.fromkeys(sens["comparison"]):
+        cl = by_id.get(comp_id, {})
+        kind = evidence(_context_cells(data.cells, cl.get("context", {})), data.campaign.runs)
+        doc.figure(fig.tornado(sens, comp_id, cl.get("value"), cl.get("tolerance"),
+                               f"{kind}: {comp_id} speedup with each constant halved / doubled"),
+                   f"tornado_{comp_id}", f"Tornado: {comp_id} speedup when each uncertain constant is halved and doubled ({kind})")
+    doc.table(sens, "Sensitivity runs", ["comparison", "constant", "factor", "speedup", "ci_low", "ci_high",
+                                         "reference_speedup", "note"])
+    doc.p("Constants: `act_bytes` (activation bytes per token), `attn_eff` (attention kernel efficiency), "
+          "`small_kernel_eff` (efficiency of small kernels), `a2a_eff` (all-to-all efficiency), all "
+          f"multipliers of the analytical model; `mem_cap` scales the per-GPU memory cap ({DEFAULT_MEM_CAP_FRACTION} of usable "
+          "memory: x0.5 = 0.35; x2 is clipped to 1.0, all usable memory, since a cap cannot exceed it).")
 
 
 def _context_section(doc: Document, data: ReportData) -> None:
     c = data.campaign
-    cells = data.cells
-    claims = data.claims
-    # -- claim context figures ------------------------------------------------------------------
-    doc.h2("Step times, memory and plan shapes in the claim's context")
-    ctx_cells = _claim_context_cells(cells, claims)
-    ctx_steps = c.steps[c.steps["config_hash"].isin(ctx_cells["config_hash"])] if not c.steps.empty else c.steps
-    doc.figure(fig.step_time_distributions(ctx_steps, ctx_cells, "step-time distribution per method"),
-               "step_times", "Step time per method (all measured steps of all repeats)")
-    doc.figure(fig.peak_memory_per_rank(ctx_steps, ctx_cells, "peak memory per rank"), "peak_memory",
-               "Peak memory per rank (max over steps) against the cap")
-    doc.figure(fig.share_histogram(ctx_steps, ctx_cells, "sp_tokens", "SP degree", "SP degree (share of tokens)"),
-               "sp_degree_hist", "Share of tokens run at each SP degree, per method (token-weighted: the few long "
-               "videos carry most of the work; sample-weighted counts are in the run records)")
-    doc.figure(fig.share_histogram(ctx_steps, ctx_cells, "ckpt_tokens", "checkpointed share of layers",
-                                   "recomputation (share of tokens)"), "recompute_hist",
-               "Share of tokens per checkpointed fraction of layers (0 = no recomputation, 1 = full)")
+    contexts = _contexts(data.default)
+    if not contexts:
+        return
+    if data.leads_with_claims:
+        # The claims' contexts first: they are what the campaign was run for.
+        claimed = {(str(cl["context"].get("cluster")), str(cl["context"].get("model")))
+                   for cl in data.claims_in_campaign if isinstance(cl.get("context"), dict)}
+        contexts.sort(key=lambda g: (g[0][:2] not in claimed, g[0][2] != "sim"))
+    doc.h2("Step times, memory and plan shapes")
+    drawn, left = contexts[:MAX_CONTEXT_FIGURES], contexts[MAX_CONTEXT_FIGURES:]
+    for (cluster, model, executor), cells in drawn:
+        kind = evidence(cells, c.runs)
+        steps = c.steps[c.steps["config_hash"].isin(cells["config_hash"])] if not c.steps.empty else c.steps
+        where = f"{cluster}, {model}"
+        doc.h3(f"{where} ({kind})")
+        name = _fig_name(cluster, model, executor)
+        doc.figure(fig.step_time_distributions(steps, cells, f"{kind}: step time per method, {where}", data.colors),
+                   f"step_times_{name}", f"Step time per method, all measured steps of all repeats ({kind})")
+        doc.figure(fig.peak_memory_per_rank(steps, cells, f"{kind}: peak memory per rank, {where}", data.colors),
+                   f"peak_memory_{name}", f"Peak memory per rank (max over steps) against the cap ({kind})")
+        doc.figure(fig.share_histogram(steps, cells, "sp_tokens", "SP degree", f"{kind}: SP degree (share of tokens), {where}"),
+                   f"sp_degree_{name}", f"Share of tokens run at each SP degree, per method ({kind}; token-weighted: the "
+                   "few long sequences carry most of the work; sample-weighted counts are in the run records)")
+        doc.figure(fig.share_histogram(steps, cells, "ckpt_tokens", "checkpointed share of layers",
+                                       f"{kind}: recomputation (share of tokens), {where}"),
+                   f"recompute_{name}", f"Share of tokens per checkpointed fraction of layers ({kind}; 0 = no "
+                   "recomputation, 1 = full)")
+    if left:
+        doc.p("Not drawn (the cells table holds their numbers): " + "; ".join(
+            f"{cl}, {m} ({'simulated' if ex == 'sim' else 'measured'}, {len(df)} cells)" for (cl, m, ex), df in left) + ".")
 
 
 def _scaling_section(doc: Document, data: ReportData) -> None:
-    default = data.default
+    cells = data.default
+    if cells.empty:
+        return
+    cells = cells.assign(world_size=cells["world_size"].astype(float))
+    if fig.scaling_series(cells, "tokens_per_s").empty:
+        return
     doc.h2("Scaling with the number of GPUs")
-    scale_cells = default[default["executor"] == "sim"] if not default.empty else default
-    if not scale_cells.empty:
-        scale_cells = scale_cells.assign(world_size=scale_cells["world_size"].astype(float))
-    doc.figure(fig.versus_gpus(scale_cells, "imbalance", "imbalance (idle share)", "imbalance vs GPUs") if not scale_cells.empty else None,
-               "imbalance_vs_gpus", "Load imbalance (idle share of rank-seconds) against GPU count (8, 16, 32, 64)")
-    doc.figure(fig.versus_gpus(scale_cells, "tokens_per_s", "tokens / s", "throughput vs GPUs", log=True) if not scale_cells.empty else None,
-               "scaling", "Throughput (tokens/s) against GPU count")
+    series = fig.scaling_series(cells, "tokens_per_s")
+    kind = evidence(series, data.campaign.runs)
+    doc.figure(fig.versus_gpus(cells, "imbalance", "imbalance (idle share)", f"{kind}: load imbalance vs GPUs", data.colors),
+               "imbalance_vs_gpus", f"Load imbalance (idle share of rank-seconds) against GPU count ({kind}); one panel "
+               "per model and GPU kind")
+    doc.figure(fig.versus_gpus(cells, "tokens_per_s", "tokens / s", f"{kind}: throughput vs GPUs", data.colors, log=True),
+               "scaling", f"Throughput (tokens/s) against GPU count ({kind})")
 
 
 def _validation_section(doc: Document, data: ReportData) -> None:
     c = data.campaign
     validation = data.validation
     val_sp = data.validation_speedups
-    # -- measured vs simulated ----------------------------------------------------------------
-    doc.h2("Simulator against measurement (CPU, gloo)")
     if validation.empty:
-        doc.p("No measured (torch executor) runs in this campaign, so the simulator's error is not measured here.")
-    else:
-        med_err = _nanmedian_abs(validation["error"])
-        max_err = float(np.nanmax(np.abs(validation["error"].astype(float)))) if validation["error"].notna().any() else math.nan
-        doc.p(f"Median absolute error of the simulated median step time: **{med_err:.1%}** (max {max_err:.1%}; "
-              f"target within {SIM_ERROR_TARGET:.0%}). The simulated runs use the cost model named in "
-              "`cost_source`; the measured ones ran on this machine's CPU ranks.")
-        doc.table(validation, "Median step time, measured vs simulated",
-                  ["workload", "model", "method", "measured_s", "measured_cv", "simulated_s", "error", "cost_source"])
-        if not val_sp.empty:
-            sp_err = _nanmedian_abs(val_sp["error"])
-            doc.p(f"Median absolute error of the simulated speedup: **{sp_err:.1%}**.")
-            doc.table(val_sp, "Speedup, measured vs simulated")
-        doc.figure(fig.sim_vs_measured(validation, "simulated vs measured"), "sim_vs_measured",
-                   "Simulated against measured median step time")
-        loss = _loss_parity(c)
-        if not loss.empty:
-            doc.table(loss, "Loss parity: max relative difference of per-step losses against the first method, same seed")
+        return
+    doc.h2("Simulator against measurement")
+    med_err = _nanmedian_abs(validation["error"])
+    max_err = float(np.nanmax(np.abs(validation["error"].astype(float)))) if validation["error"].notna().any() else math.nan
+    doc.p(f"Median absolute error of the simulated median step time: **{med_err:.1%}** (max {max_err:.1%}; "
+          f"target within {SIM_ERROR_TARGET:.0%}). The simulated runs use the cost model named in "
+          "`cost_source`; the measured ones ran on this machine's ranks.")
+    doc.table(validation, "Median step time, measured vs simulated",
+              ["workload", "model", "method", "measured_s", "measured_cv", "simulated_s", "error", "cost_source"])
+    if not val_sp.empty:
+        sp_err = _nanmedian_abs(val_sp["error"])
+        doc.p(f"Median absolute error of the simulated speedup: **{sp_err:.1%}**.")
+        doc.table(val_sp, "Speedup, measured vs simulated")
+    doc.figure(fig.sim_vs_measured(validation, "simulated vs measured median step time", data.colors),
+               "sim_vs_measured", "Simulated (vertical) against measured (horizontal) median step time")
+    loss = _loss_parity(c)
+    if not loss.empty:
+        doc.table(loss, "Loss parity: max relative difference of per-step losses against the first method, same seed")
 
 
 def _cells_section(doc: Document, data: ReportData) -> None:
     c = data.campaign
     cells = data.cells
-    # -- cells ----------------------------------------------------------------------------------
     doc.h2("Every cell")
     doc.p("A cell is one config without its seed; statistics over its repeats (median, olympic mean = mean "
           "without the fastest and slowest repeat, CV), p5/p95 over all measured steps. Failed repeats count "
           "as infinitely slow. Flags: CV > 5%, failures, fewer than 5 repeats.")
     doc.table(cells, "Cells", CELL_COLUMNS)
-    failed = c.runs[c.runs["status"] != "ok"] if not c.runs.empty else c.runs
+    failed = data.failed
     if len(failed):
-        doc.table(failed, "Failed runs (kept, counted as infinitely slow)",
+        doc.table(failed.assign(error=[scrub_paths(e) if e else "" for e in failed["error"]]),
+                  "Failed runs (kept, counted as infinitely slow)",
                   ["run_id", "status", "method", "workload", "cluster", "error"])
+    if c.skipped:
+        doc.table(pd.DataFrame([{"run_id": rid, "why": scrub_paths(why)} for rid, why in c.skipped]),
+                  "Unreadable records (skipped: in no number of this report)")
+
+
+def _workloads_section(doc: Document, data: ReportData) -> None:
+    c = data.campaign
+    if c.runs.empty:
+        return
+    rows = []
+    for name in sorted(set(c.runs["workload"])):
+        info = c.workloads.get(name, {})
+        prov = info.get("provenance") or {}
+        data_file = prov.get("data_file")
+        rows.append({
+            "workload": name,
+            "description": info.get("description", ""),
+            "source": scrub_paths(prov.get("source", "not recorded")),
+            "licence": prov.get("licence", "not recorded"),
+            "data file": shown_path(data_file) if data_file else "-",
+            "sha256": prov.get("data_sha256", "-"),
+        })
+    doc.h2("Workloads and their data")
+    doc.p("What the runs recorded about their workload (`run.json` -> `extra.workload`): the config's description, "
+          "source and licence, and the SHA-256 of the data file the runs read.")
+    doc.table(pd.DataFrame(rows), "")
 
 
 def _provenance_section(doc: Document, data: ReportData) -> None:
-    inp = data.inp
-    c = data.campaign
-    git = data.git
-    env = data.env
-    calib = data.calibration
-    # -- provenance ----------------------------------------------------------------------------
+    inp, c, git, env, calib = data.inp, data.campaign, data.git, data.env, data.calibration
     doc.h2("Provenance")
     items = [
-        f"command: `{inp.command or 'dcp-bench report campaign=' + inp.campaign}`",
+        f"command: `{scrub_paths(inp.command or 'dcp-bench report campaign=' + inp.campaign)}`",
         f"git sha: `{git.get('git_sha')}`, dirty: {git.get('git_dirty')}",
-        f"run records: `{Path(inp.root) / inp.campaign}/<run_id>/` (config.yaml, env.json, steps.jsonl, run.json); "
-        "run ids end in the cell's config hash and the seed",
+        f"run records: `{shown_path(Path(inp.root) / inp.campaign)}/<run_id>/` (config.yaml, env.json, steps.jsonl, "
+        "run.json); run ids end in the cell's config hash and the seed",
         f"system: {env.get('cpu_model', '?')}, {env.get('cpu_cores', '?')} cores, torch {env.get('torch', '?')}, "
         f"python {env.get('python', '?')}, host {env.get('hostname', '?')}",
-        *[f"cost model: {line}" for line in cost_models_used(c)[:12]],
-        "calibration error: " + (json.dumps(calib, default=str)[:400] if calib else
-                                 "no calibration error on record in results/calibration/"),
+        *[f"cost model: {scrub_paths(line)}" for line in cost_models_used(c)[:12]],
+        *(["calibration on record: " + ("; ".join(f"`{k}` ({v if isinstance(v, str) else json.dumps(v, default=str)[:200]})"
+                                                  for k, v in calib.items()) if calib else
+                                        "no calibration error on record in results/calibration/")]
+          if _uses_calibration(data) else []),
         "planner time: measured on this machine, charged per `run.planner_clock` (default overlap: "
         "max(step, planner))",
     ]
     doc.bullets(items)
-    doc.bullets(inp.notes)
+    doc.bullets([scrub_paths(n) for n in inp.notes])
+
+
+def _uses_calibration(data: ReportData) -> bool:
+    """Whether any number rests on a measured profile (the calibration matters to it)."""
+    cells = data.cells
+    return not cells.empty and bool(((cells["cost_source"] == "profiled") | (cells["executor"] != "sim")).any())
 
 
 def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
-    inp = data.inp
-    c = data.campaign
-    cells = data.cells
-    sens = data.sensitivity
-    validation = data.validation
-    val_sp = data.validation_speedups
-    git = data.git
-    calib = data.calibration
-    speedups = data.speedups
-    claim_results = data.claim_results
-    comparisons = data.comparisons
+    inp, c, cells = data.inp, data.campaign, data.cells
+    validation, val_sp = data.validation, data.validation_speedups
     out = Path(inp.out_dir)
     decs = data.decompositions
-    failed = data.failed
-    tables = {"cells": cells, "speedups": speedups, "comparisons": comparisons, "sensitivity": sens,
+    runs = c.runs.assign(error=[scrub_paths(e) if e else e for e in c.runs["error"]]) if not c.runs.empty else c.runs
+    tables = {"cells": cells, "speedups": data.speedups, "method_vs_baseline": data.own,
+              "comparisons": data.comparisons, "sensitivity": data.sensitivity,
               "validation": validation, "validation_speedups": val_sp,
               "decomposition": pd.concat(decs, ignore_index=True) if decs else pd.DataFrame(),
-              "runs": c.runs}
+              "runs": runs}
     for name, df in tables.items():
         if df is not None and not df.empty:
             write_csv(df, out / "tables" / f"{name}.csv")
     summary = {
         "campaign": inp.campaign,
-        "command": inp.command,
-        "git_sha": git.get("git_sha"),
-        "git_dirty": git.get("git_dirty"),
+        "command": scrub_paths(inp.command),
+        "git_sha": data.git.get("git_sha"),
+        "git_dirty": data.git.get("git_dirty"),
         "runs": int(len(c.runs)),
-        "failed_runs": int(len(failed)),
-        "claims": [r.to_summary() for r in claim_results],
-        "comparisons": _records(comparisons),
-        "sensitivity": _records(sens),
+        "failed_runs": int(len(data.failed)),
+        "skipped_records": [{"run_id": rid, "why": scrub_paths(why)} for rid, why in c.skipped],
+        "method_vs_baseline": _records(data.own),
+        "claims": [r.to_summary() for r in data.claim_results],
+        "comparisons": _records(data.comparisons),
+        "sensitivity": _records(data.sensitivity),
         "simulator_error": {
             "median_abs_step_time_error": _none_if_nan(_nanmedian_abs(validation["error"])) if not validation.empty else None,
             "median_abs_speedup_error": _none_if_nan(_nanmedian_abs(val_sp["error"])) if not val_sp.empty else None,
             "target": SIM_ERROR_TARGET,
             "cells": _records(validation),
         },
-        "calibration": calib,
-        "notes": inp.notes,
-        "report": {k: str(v) for k, v in paths.items()},
+        "workloads": {k: json.loads(scrub_paths(json.dumps(v, default=str))) for k, v in c.workloads.items()},
+        "calibration": data.calibration,
+        "notes": [scrub_paths(n) for n in inp.notes],
+        "report": {k: shown_path(v) for k, v in paths.items()},
     }
     atomic_write_json(out / "summary.json", summary)
-    return summary
-
+    # The caller (a command printing where the report is) gets the real paths; the file does not.
+    return {**summary, "report": {k: str(v) for k, v in paths.items()}}
 
 def _nanmedian_abs(values: pd.Series) -> float:
     """Median of |values| over the finite ones; nan when there are none (no warning)."""
@@ -496,18 +744,6 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     clean = df.replace([np.inf, -np.inf], None).astype(object).where(df.notna(), None)
     return [{k: v for k, v in row.items()} for row in clean.to_dict(orient="records")]
-
-
-def _claim_context_cells(cells: pd.DataFrame, claims: dict[str, Any]) -> pd.DataFrame:
-    if cells.empty:
-        return cells
-    ctx = (claims.get("claims") or [{}])[0].get("context", {})
-    mask = np.ones(len(cells), dtype=bool)
-    for key in ("workload", "cluster", "model"):
-        if key in ctx:
-            mask &= (cells[key] == ctx[key]).to_numpy()
-    sub = _default_context(cells[mask])
-    return sub[sub["executor"] == "sim"] if "sim" in set(sub["executor"]) else sub
 
 
 def _robustness(sens: pd.DataFrame, claims: dict[str, Any]) -> dict[str, list[str]]:

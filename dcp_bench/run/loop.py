@@ -156,10 +156,12 @@ def summarise(
     executor: ExecutorInfo,
     cost: Any,
     started: float,
+    workload: Any = None,
 ) -> RunSummary:
     """The run summary: medians over measured steps; step time and throughput only for a run
     that finished ``ok`` with measured steps (a failed run has no step time: statistics count it
-    as infinitely slow)."""
+    as infinitely slow). ``workload``: the run's workload, whose description and provenance (data
+    file and its SHA-256, source, licence) the summary keeps."""
     measured = [s for s in steps if not s.warmup and s.step_time_s is not None]
     ok = status == "ok" and bool(measured)
     if status == "ok" and not measured:
@@ -191,6 +193,9 @@ def summarise(
     }
     if status == "timeout" and spec.limit_source:
         extra["limit"] = "budget"  # cut by a sweep's deadline, not by the run's own run.timeout_s
+    if isinstance(getattr(workload, "provenance", None), dict):
+        extra["workload"] = {"description": str(getattr(workload, "description", "")),
+                             "provenance": dict(workload.provenance)}
     if any(v is not None for v in losses):
         extra["losses"] = losses
         extra["grad_norms"] = [s.grad_norm for s in steps]
@@ -264,7 +269,8 @@ def execute_run(
         if not isinstance(exc, DcpBenchError):
             error += " @ " + traceback.format_exc().strip().splitlines()[-3].strip()[:200]
     desc: ExecutorInfo = executor or described(spec)
-    summary = summarise(spec, writer.steps, status, error, desc, parts.cost if parts else None, started)
+    summary = summarise(spec, writer.steps, status, error, desc, parts.cost if parts else None, started,
+                        parts.workload if parts else None)
     return writer.finish(summary)
 
 
