@@ -163,3 +163,45 @@ def test_sigterm_to_train_stops_every_rank(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
         _kill_all(tag)
+
+
+@needs_proc
+def test_sigterm_to_a_sweep_stops_its_runs_and_a_resume_redoes_them(tmp_path: Path) -> None:
+    """`dcp-bench sweep` of simulated runs (forked processes) killed with SIGTERM: it exits 143
+    with no process left, its running runs are left incomplete (no run.json), and a resumed sweep
+    redoes them."""
+    from dcp_bench.records import check_run
+
+    conf = write_toy_conf(tmp_path / "conf", sleep_s=0.5)
+    ovs = [f"extra_conf={conf}", "workload=toy", "method=toy_static,toy_greedy", "cluster=h200x8",
+           "model=tiny_llama", "run.steps=20", "run.warmup_steps=0", "run.repeats=2",
+           f"run.root={tmp_path / 'runs'}", "run.campaign=term"]
+    tag = uuid.uuid4().hex
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, TAG: tag, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "dcp_bench.cli", "sweep", *ovs, "--jobs", "2"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        camp = tmp_path / "runs" / "term"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (camp.exists() and any((d / "steps.jsonl").exists() and
+                                                                   (d / "steps.jsonl").stat().st_size
+                                                                   for d in camp.iterdir())):
+            time.sleep(0.1)
+        assert len(tagged(tag)) >= 2, "no run started"  # the sweep and at least one forked run
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+        assert tagged(tag) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_all(tag)
+    specs = plan_sweep(ovs)
+    states = [check_run(camp / s.run_id).state for s in specs]
+    assert "incomplete" in states and "damaged" not in states  # cut mid-run, nothing half-written
+    proc = subprocess.run([sys.executable, "-m", "dcp_bench.cli", "sweep", *ovs, "--jobs", "2", "--no-progress"],
+                          env={**env, TAG: uuid.uuid4().hex}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert all(check_run(camp / s.run_id).state == "complete" for s in specs)
