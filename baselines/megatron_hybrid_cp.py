@@ -351,6 +351,9 @@ class MegatronHybridCP(Planner):
             a short trial run; each batch is priced once per configuration.
         shortlist: how many of the fastest configurations on the first batch are tried on the
             later tuning batches.
+        round_barrier: every rank waits at the end of each of the schedule's groups (our
+            rounds), as the reference does (`hybrid_cp_schedule.py:616`); False lets ranks flow
+            into the next round as soon as their own group is free.
     """
 
     name = "megatron_hybrid_cp"
@@ -365,6 +368,7 @@ class MegatronHybridCP(Planner):
         pack_sequences: bool = True,
         tune_batches: int = 3,
         shortlist: int = 5,
+        round_barrier: bool = True,
     ) -> None:
         super().__init__(mode)
         if max_tokens_per_rank is not None and max_tokens_per_rank < 1:
@@ -391,6 +395,7 @@ class MegatronHybridCP(Planner):
         self.pack_sequences = pack_sequences
         self.tune_batches = tune_batches
         self.shortlist = shortlist
+        self.round_barrier = round_barrier
         self._seen: list[GlobalBatch] = []
         self._best: LaunchConfig | None = None
         self._search: list[tuple[LaunchConfig, float | None]] = []
@@ -415,7 +420,9 @@ class MegatronHybridCP(Planner):
 
     def fixed_plan(self, batch: GlobalBatch, cost: CostModel, config: LaunchConfig) -> StepPlan:
         """The plan under one launch configuration (no tuning)."""
-        return hybrid_cp_plan(batch, cost, config, self.delta, self.pack_sequences, self.name, self.mode)
+        plan = hybrid_cp_plan(batch, cost, config, self.delta, self.pack_sequences, self.name, self.mode)
+        plan.round_barrier = self.round_barrier
+        return plan
 
     def candidates(self, batches: list[GlobalBatch], cost: CostModel) -> list[LaunchConfig]:
         """The configurations to try on ``batches`` (see `candidate_configs`).
@@ -494,14 +501,14 @@ class MegatronHybridCP(Planner):
 
     def price(self, index: int, batch: GlobalBatch, cost: CostModel, config: LaunchConfig) -> float | InfeasibleError:
         """Predicted step time of tuning batch ``index`` under ``config`` (kept: a trial run
-        measured once), or the error that stops it. Priced as the executor runs the plan (ranks
-        flow into the next round once their group is free), so the winner is the fastest
+        measured once), or the error that stops it. Priced as the executors run the plan (with the
+        barrier between rounds when the plan has one), so the winner is the fastest
         configuration as measured here."""
         key = (index, config)
         if key not in self._prices:
             try:
                 plan = self.fixed_plan(batch, cost, config)
-                self._prices[key] = estimate_step_time(plan, batch, cost, round_barrier=False)
+                self._prices[key] = estimate_step_time(plan, batch, cost, round_barrier=plan.round_barrier)
             except InfeasibleError as exc:
                 self._prices[key] = exc
         return self._prices[key]

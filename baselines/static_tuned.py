@@ -6,8 +6,10 @@ sequence, or memory-limited only). Each candidate is planned the packed-static w
 balanced over replicas on their L^2-aware predicted time, packed under the budget) and scored
 by its predicted step time on the same cost model the simulator and DCP use. The search runs on
 the first ``tune_batches`` batches it is given and the winner is reused for later steps, as a
-practitioner tunes once per workload; a later batch the winner cannot run (a longer sequence
-than any seen while tuning) triggers a new search. See baselines/README.md.
+practitioner tunes once per workload. A token budget is a rule, a multiple of the longest
+sequence, so a later batch with a longer sequence gets the budget the rule gives it; only a batch
+the winning SP degree and recompute policy cannot run at all triggers a new search. See
+baselines/README.md.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import itertools
 import json
 import time
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from baselines.packed_static import packed_static_plan
 from baselines.scheduling import (
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
     from dcp_bench.cost.base import CostModel
 
-Config = tuple[int, str, int | None]  # (sp, recompute, token_budget)
+Config = tuple[int, str, int | None]  # (sp, recompute, token-budget multiple of the longest sequence)
 
 
 class StaticTuned(Planner):
@@ -71,14 +75,21 @@ class StaticTuned(Planner):
         self._search: list[dict[str, Any]] = []
         self._cost_key = ""
         self._tune_s = 0.0
+        self._longest = 1  # longest sequence seen so far (the token-budget rule's base)
+        self._tuned_budget: int | None = None
 
-    def candidates(self, longest: int, world_size: int) -> list[Config]:
+    def candidates(self, world_size: int) -> list[Config]:
         sps = self.sp_choices if self.sp_choices is not None else sp_degrees(world_size)
         for sp in sps:
             if sp > world_size:
                 raise ConfigError(f"sp={sp} in sp_choices is larger than the world ({world_size} ranks)")
-        budgets = [None if m is None else int(m) * longest for m in self.budget_multiples]
-        return list(itertools.product(sps, self.recompute_choices, budgets))
+        multiples = [None if m is None else int(m) for m in self.budget_multiples]
+        return list(itertools.product(sps, self.recompute_choices, multiples))
+
+    @staticmethod
+    def token_budget(multiple: int | None, longest: int) -> int | None:
+        """The budget a multiple of the longest sequence gives (None: memory-limited only)."""
+        return None if multiple is None else multiple * longest
 
     def tune(self, batches: list[GlobalBatch], cost: CostModel) -> Config:
         """Score every candidate on ``batches``; return the fastest feasible one."""
@@ -87,20 +98,37 @@ class StaticTuned(Planner):
         W = cost.cluster.world_size
         results: list[dict[str, Any]] = []
         best: tuple[float, Config] | None = None
-        for sp, rec, budget in self.candidates(longest, W):
+        room = cost.memory_cap_bytes - cost.static_memory_bytes()
+        longest_shape = max(((int(t), int(f)) for b in batches for t, f in zip(b.tokens, b.frames)), default=(1, 1))
+        # Two shortcuts that change no score: a setting the longest sequence does not fit alone
+        # is infeasible whatever the budget; and a budget at or above what the memory cap lets a
+        # micro-batch hold never binds, so it packs exactly as the memory-limited candidate does
+        # (scored once per setting, the first such candidate in grid order keeps the tie).
+        unbound: dict[tuple[int, str], float | None] = {}
+        for sp, rec, multiple in self.candidates(W):
+            budget = self.token_budget(multiple, longest)
             ckpt = ckpt_layers_for(rec, cost.model.num_layers)
-            try:
-                t = sum(
-                    estimate_step_time(packed_static_plan(b, cost, sp, ckpt, budget), b, cost)
-                    for b in batches
-                )
-            except InfeasibleError:
-                results.append({"sp": sp, "recompute": rec, "token_budget": budget, "time_s": None})
-                continue
+            fits = cost.sample_memory(np.array([longest_shape[0]]), np.array([longest_shape[1]]), sp, ckpt)[0] <= room
+            holds = sp * cost.microbatch_token_capacity(sp, ckpt)
+            t: float | None = None
+            if fits and (budget is None or budget >= holds) and (sp, rec) in unbound:
+                t = unbound[(sp, rec)]
+            elif fits:
+                try:
+                    t = sum(
+                        estimate_step_time(packed_static_plan(b, cost, sp, ckpt, budget), b, cost)
+                        for b in batches
+                    )
+                except InfeasibleError:
+                    t = None
+                if budget is None or budget >= holds:
+                    unbound[(sp, rec)] = t
             results.append({"sp": sp, "recompute": rec, "token_budget": budget, "time_s": t})
+            if t is None:
+                continue
             # strict '<': on a tie the earlier candidate (smaller SP, more recompute) wins
             if best is None or t < best[0]:
-                best = (t, (sp, rec, budget))
+                best = (t, (sp, rec, multiple))
         if best is None:
             raise InfeasibleError(
                 f"no static configuration runs the batch: longest sequence {longest} tokens does "
@@ -109,33 +137,42 @@ class StaticTuned(Planner):
             )
         self._search = results
         self._tune_s = time.perf_counter() - t0
+        self._longest = max(self._longest, longest)
+        self._tuned_budget = self.token_budget(best[1][2], longest)
         return best[1]
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         key = json.dumps(cost.describe(), sort_keys=True, default=str)
         if key != self._cost_key:  # a different cost model or cluster: tune afresh
-            self._cost_key, self._seen, self._best = key, [], None
+            self._cost_key, self._seen, self._best, self._longest = key, [], None, 1
         tuned_now = False
         if self._best is None or len(self._seen) < self.tune_batches:
             self._seen.append(batch)
             self._best = self.tune(self._seen, cost)
             tuned_now = True
-        sp, rec, budget = self._best
+        if batch.n:
+            self._longest = max(self._longest, int(batch.tokens.max()))
+        sp, rec, multiple = self._best
         ckpt = ckpt_layers_for(rec, cost.model.num_layers)
+        budget = self.token_budget(multiple, self._longest)
         retuned = False
         try:
             plan = packed_static_plan(batch, cost, sp, ckpt, budget, self.name, self.mode)
         except InfeasibleError:
+            # the winning SP degree and recompute cannot run this batch at all: search again
             self._seen.append(batch)
             self._best = self.tune(self._seen, cost)
-            sp, rec, budget = self._best
+            sp, rec, multiple = self._best
             ckpt = ckpt_layers_for(rec, cost.model.num_layers)
+            budget = self.token_budget(multiple, self._longest)
             plan = packed_static_plan(batch, cost, sp, ckpt, budget, self.name, self.mode)
             retuned = True
         feasible = sum(1 for r in self._search if r["time_s"] is not None)
         plan.info.update(
             recompute=rec,
-            tuned_config=f"sp={sp} recompute={rec} token_budget={budget}",
+            tuned_config=f"sp={sp} recompute={rec} token_budget={self._tuned_budget}",
+            budget_multiple=multiple,
+            token_budget=budget,
             tuned_on_batches=len(self._seen),
             grid_size=len(self._search),
             grid_feasible=feasible,

@@ -76,7 +76,16 @@ class StepWork:
     local_loss: float = 0.0  # sum of the losses passed to `backward` on this rank
 
     def __iter__(self) -> Iterator[RankMicroBatch]:
-        return iter(self.micro_batches)
+        """This rank's micro-batches in order; for a plan with ``round_barrier`` every rank waits
+        at the end of each round (while iterating) until all ranks finish it."""
+        if not self.plan.round_barrier:
+            yield from self.micro_batches
+            return
+        last = len(self.plan.rounds) - 1
+        for r in range(last + 1):
+            yield from (mb for mb in self.micro_batches if mb.round == r)
+            if r < last:
+                dist.barrier()
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, keeping its value for the step's global loss."""
@@ -209,7 +218,7 @@ class DataCentricParallel:
         planner_s = time.perf_counter() - t0
         out = StepWork(step=batch.step, batch=batch, plan=plan, tokens=step_token_count(plan, batch),
                        planner_s=planner_s)
-        for r, mb, ctx, positions in rank_work(plan, batch, self.rank, self.pool):
+        for r, mb, ctx, positions in rank_work(plan, batch, self.rank, self.pool, barrier=False):
             pos = np.asarray(positions, dtype=np.int64)
             inputs = self.model.make_inputs(
                 batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, self.seed

@@ -67,6 +67,10 @@ class StepPlan:
     mode: Mode = "fair"
     step: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    # Every rank waits at the end of each round until all ranks finish it (a system whose runtime
+    # puts a barrier between its groups, e.g. Megatron's hybrid CP schedule). Without it a rank
+    # starts its next round's group as soon as that group's own members are free.
+    round_barrier: bool = False
 
     def micro_batches(self) -> Iterator[tuple[int, Group, MicroBatch]]:
         """(round index, group, micro-batch) for every micro-batch of the plan."""
@@ -119,6 +123,7 @@ class StepPlan:
             mode=data.get("mode", "fair"),
             step=data.get("step", 0),
             info=data.get("info", {}),
+            round_barrier=bool(data.get("round_barrier", False)),
         )
 
     @classmethod

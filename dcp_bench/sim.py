@@ -231,7 +231,8 @@ def simulate_step(
     round_barrier: bool = False,
 ) -> SimStepResult:
     """Simulate one step of ``plan`` over ``batch`` on ``cost.cluster`` (see the module docstring).
-    The plan is not validated here (the run loop validates it once)."""
+    Rounds are separated by a barrier when ``round_barrier`` or the plan asks for it. The plan is
+    not validated here (the run loop validates it once)."""
     W = plan.world_size
     if cost.cluster.world_size != W:
         raise ClusterError(
@@ -247,7 +248,7 @@ def simulate_step(
     g_comm = np.bincount(arr.mb_group, weights=comm, minlength=arr.n_groups)
     g_mem = np.zeros(arr.n_groups)
     np.maximum.at(g_mem, arr.mb_group, mem)
-    compute_end = _timeline(arr, g_dur, W, round_barrier)
+    compute_end = _timeline(arr, g_dur, W, round_barrier or plan.round_barrier)
 
     static = cost.static_memory_bytes()
     peak = np.full(W, static)
@@ -296,9 +297,9 @@ def min_feasible_ckpt(
     cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int
 ) -> np.ndarray:
     """Per sample, the fewest checkpointed layers at which it alone fits the memory cap on an SP
-    group of ``sp`` ranks; -1 where even full checkpointing does not fit. Assumes memory falls and
-    time rises with the checkpointed layer count (true of both cost sources), so the fewest is
-    also the fastest feasible setting."""
+    group of ``sp`` ranks; -1 where even full checkpointing does not fit. Assumes memory falls
+    with the checkpointed layer count (true of both cost sources), so every count from the
+    fewest on fits too."""
     cap = cost.memory_cap_bytes - cost.static_memory_bytes()
     out = np.full(len(tokens), -1, dtype=np.int64)
     todo = np.arange(len(tokens))
@@ -311,24 +312,105 @@ def min_feasible_ckpt(
     return out
 
 
+def _lower_hull(ys: np.ndarray, first: int) -> np.ndarray:
+    """Indices k >= ``first`` of the points (k, ys[k]) on their lower convex hull: every
+    minimum of ``u * k + w * ys[k]`` with w > 0 over k >= first lies on one of them."""
+    hull: list[int] = []
+    for k in range(first, len(ys)):
+        while len(hull) >= 2:
+            i, j = hull[-2], hull[-1]
+            # drop j when it lies on or above the segment from i to k
+            if (ys[j] - ys[i]) * (k - i) >= (ys[k] - ys[i]) * (j - i):
+                hull.pop()
+            else:
+                break
+        hull.append(k)
+    return np.asarray(hull, dtype=np.int64)
+
+
+def _min_over_ckpt(
+    share: np.ndarray, weight: np.ndarray, curve: np.ndarray, kmin: np.ndarray, affine: bool
+) -> np.ndarray:
+    """Per sample i, the least ``share[i, k] + weight[i] * curve[k]`` over k >= kmin[i].
+    With shares affine in k only the lower hull of (k, curve[k]) can hold the least value, so
+    only those columns are evaluated (a few instead of L+1)."""
+    n, K = share.shape
+    out = np.full(n, np.inf)
+    ks = np.arange(K)
+    if not affine:
+        vals = np.where(ks[None, :] >= kmin[:, None], share + weight[:, None] * curve[None, :], np.inf)
+        return vals.min(axis=1) if K else out
+    for v in np.unique(kmin).tolist():
+        sel = np.flatnonzero(kmin == v)
+        cols = _lower_hull(curve, int(v))
+        vals = share[np.ix_(sel, cols)] + weight[sel, None] * curve[None, cols]
+        out[sel] = vals.min(axis=1)
+    return out
+
+
+def _packed_shares_by_ckpt(
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int
+) -> tuple[np.ndarray, bool]:
+    """(n, L+1): every sample's packed share at every checkpointed-layer count, and whether it is
+    affine in the count. Recompute adds one forward per checkpointed layer, so it usually is;
+    checked at the midpoint, with an exact evaluation of every count where it is not."""
+    L = cost.model.num_layers
+    t0 = np.asarray(cost.sample_time_packed(tokens, frames, sp, 0), dtype=float)
+    if L == 0:
+        return t0[:, None], True
+    tL = np.asarray(cost.sample_time_packed(tokens, frames, sp, L), dtype=float)
+    ks = np.arange(L + 1, dtype=float)
+    out = t0[:, None] + (tL - t0)[:, None] * (ks[None, :] / L)
+    mid = L // 2
+    if 0 < mid < L:
+        exact = np.asarray(cost.sample_time_packed(tokens, frames, sp, mid), dtype=float)
+        if not np.allclose(exact, out[:, mid], rtol=1e-9, atol=1e-15):
+            for k in range(1, L):
+                out[:, k] = cost.sample_time_packed(tokens, frames, sp, k)
+            return out, False
+    return out, True
+
+
 def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
-    """Cheapest feasible GPU-seconds and fastest feasible time of every sample of ``batch``, over
-    every SP degree the cluster's aligned layout offers and the fewest checkpointed layers that
-    fit. Times are packed shares (`CostModel.sample_time_packed`), which no micro-batch beats."""
+    """Cheapest feasible GPU-seconds and fastest feasible time of every sample of ``batch``.
+
+    A sequence-split micro-batch M on s ranks with k checkpointed layers takes at least the sum
+    of its samples' packed shares p_i(s, k) plus the fixed cost o(s, k) it pays once
+    (`CostModel.microbatch_overhead`), and the memory cap limits it to N(s, k) tokens per rank
+    (`CostModel.microbatch_token_capacity`). Since M's tokens per rank, sum of n_i / s, are at most N,
+    its o is at least the sum over its samples of (n_i / s) / N * o. So M's GPU-seconds are at
+    least the sum over its samples of
+
+        g_i(s, k) = s * (p_i(s, k) + n_i / (s * N(s, k)) * o(s, k)),
+
+    and a sample's cheapest GPU-seconds is the least g_i over every SP degree of the aligned
+    layout and every checkpointed-layer count at which it fits alone. A batch-split micro-batch
+    runs one single-rank micro-batch per rank, each covered by its s = 1 terms. The micro-batch
+    holding sample i takes at least p_i(s, k) + o(s, k): the sample's fastest time is the least
+    of those. Without a capacity or an overhead (sources that give none) this is the packed-share
+    bound with the fewest layers that fit."""
     n = batch.n
     gpu_s = np.full(n, np.inf)
     fastest = np.full(n, np.inf)
     best_sp = np.zeros(n, dtype=np.int64)
+    L = cost.model.num_layers
     for sp in cost.cluster.sp_degrees():
-        k = min_feasible_ckpt(cost, batch.tokens, batch.frames, sp)
-        t = np.full(n, np.inf)
-        for kv in np.unique(k[k >= 0]):
-            sel = np.flatnonzero(k == kv)
-            t[sel] = cost.sample_time_packed(batch.tokens[sel], batch.frames[sel], sp, int(kv))
-        gpu_s = np.minimum(gpu_s, sp * t)
-        better = t < fastest
-        best_sp[better] = sp
-        fastest = np.where(better, t, fastest)
+        kmin = min_feasible_ckpt(cost, batch.tokens, batch.frames, sp)
+        ok = np.flatnonzero(kmin >= 0)
+        if not len(ok):
+            continue
+        tok, fr = batch.tokens[ok], batch.frames[ok]
+        share, affine = _packed_shares_by_ckpt(cost, tok, fr, sp)  # (m, L+1)
+        over = np.array([cost.microbatch_overhead(sp, k) for k in range(L + 1)], dtype=float)
+        cap = np.array([cost.microbatch_token_capacity(sp, k) for k in range(L + 1)], dtype=float)
+        # a capacity of 0 means nothing fits at that count (no sample is allowed there)
+        per_tok = np.where(np.isfinite(cap) & (cap > 0), over / np.where(cap > 0, cap, 1.0), 0.0)
+        g = _min_over_ckpt(share, tok / sp, per_tok, kmin[ok], affine)
+        t = _min_over_ckpt(share, np.ones(len(ok)), over, kmin[ok], affine)
+        gpu_s[ok] = np.minimum(gpu_s[ok], sp * g)
+        better = t < fastest[ok]
+        best_sp[ok[better]] = sp
+        fastest[ok] = np.where(better, t, fastest[ok])
     return SampleBounds(gpu_seconds=gpu_s, fastest_s=fastest, best_sp=best_sp)
 
 

@@ -4,6 +4,7 @@ against brute force over the configuration space."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -333,8 +334,8 @@ def test_tuning_prices_plans_as_the_simulator_runs_them():
 
 def test_tuned_launch_at_8_h200_is_the_simulated_fastest_of_those_tried():
     """A real ShareGPT batch (longest 49K tokens, so ceilings of 6.2K and up): the choice is the
-    simulator's argmin over the candidates, which differs from the argmin of the barrier bound
-    on this batch."""
+    simulator's argmin over the candidates, each run as the reference runs it (a barrier between
+    the schedule's groups)."""
     from dcp_bench.workload import load_workload
 
     cost = real_cost("llama3_8b", "h200x8")
@@ -343,5 +344,21 @@ def test_tuned_launch_at_8_h200_is_the_simulated_fastest_of_those_tried():
     ladder = max_tokens_per_rank_ladder(cost, cost.model.max_seq_len)
     tried = candidate_configs(int(batch.tokens.max()), 8, ladder, list(range(cost.model.num_layers + 1)))
     assert plan.info["candidates"] == len(tried) > 1
-    times = [simulated(hybrid_cp_plan(batch, cost, c), batch, cost) for c in tried]
+    planner = MegatronHybridCP()
+    times = [simulated(planner.fixed_plan(batch, cost, c), batch, cost) for c in tried]
+    assert plan.round_barrier
     assert simulated(plan, batch, cost) == pytest.approx(min(times), rel=1e-9)
+
+
+def test_round_barrier_is_the_references_and_can_be_lifted():
+    """The reference waits for every rank between its groups (hybrid_cp_schedule.py:616): the
+    plan carries the barrier, the simulator honours it, and lifting it never slows a plan."""
+    from dcp_bench.workload import load_workload
+
+    cost = real_cost("llama3_8b", "h200x8")
+    batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(0, 8, cost.model.max_seq_len)
+    with_barrier = MegatronHybridCP().plan(batch, cost)
+    assert with_barrier.round_barrier and len(with_barrier.rounds) > 1
+    lifted = dataclasses.replace(with_barrier, round_barrier=False)
+    assert simulated(lifted, batch, cost) <= simulated(with_barrier, batch, cost)
+    assert not MegatronHybridCP(round_barrier=False).plan(batch, cost).round_barrier

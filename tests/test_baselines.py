@@ -319,14 +319,42 @@ def test_static_tuned_rejects_sp_choice_beyond_the_world():
         StaticTuned(sp_choices=[8, 64]).plan(text_batch(10), toy())
 
 
-def test_static_tuned_retunes_when_a_later_batch_cannot_run():
+def test_static_tuned_budget_follows_a_longer_sequence_without_a_new_search():
+    """The token budget is a multiple of the longest sequence: a later, longer sequence gets the
+    budget the tuned multiple gives it, with no new search (the tuned SP degree and recompute
+    still run it)."""
     cost = toy()
     planner = StaticTuned(sp_choices=[1], recompute_choices=["full"], budget_multiples=[1])
     first = planner.plan(GlobalBatch.from_lengths([4000] * 64), cost)
     assert first.info["tuned_config"] == "sp=1 recompute=full token_budget=4000"
     later = GlobalBatch.from_lengths([4000] * 63 + [30000], step=1)
-    plan = planner.plan(later, cost)  # the tuned 4000-token budget cannot hold 30000 tokens
+    plan = planner.plan(later, cost)
     validate_plan(plan, later, cost)
-    assert plan.info["retuned"] and plan.info["tuned_on_batches"] == 2
-    assert plan.info["tuned_config"] == "sp=1 recompute=full token_budget=30000"
-    assert plan.info["tune_s"] > 0 and first.info["tune_s"] > 0
+    assert not plan.info["retuned"] and plan.info["tuned_on_batches"] == 1 and plan.info["tune_s"] == 0.0
+    assert plan.info["budget_multiple"] == 1 and plan.info["token_budget"] == 30000
+    assert plan.info["tuned_config"] == "sp=1 recompute=full token_budget=4000"
+    for _, _, mb in plan.micro_batches():
+        assert later.tokens[list(mb.samples)].sum() <= 30000
+    assert first.info["tune_s"] > 0
+
+
+def test_static_tuned_retunes_when_a_later_batch_cannot_run():
+    """A later sequence the tuned SP degree cannot hold even fully recomputed: a new search over
+    every batch that needed one, which picks a larger degree."""
+    cost = toy()
+    planner = StaticTuned(recompute_choices=["full"], budget_multiples=[None])
+    first = planner.plan(GlobalBatch.from_lengths([4000] * 64), cost)
+    assert first.info["tuned_config"].startswith("sp=1 ")
+    budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+    L = cost.model.num_layers
+
+    def fits(n: int, sp: int) -> bool:
+        return bool(cost.sample_memory(np.array([n]), np.array([1]), sp, L)[0] <= budget)
+
+    too_long = next(n for n in (4000 * 2**i for i in range(1, 20)) if not fits(n, 1))
+    assert fits(too_long, cost.cluster.world_size)
+    later = GlobalBatch.from_lengths([4000] * 63 + [too_long], step=1)
+    plan = planner.plan(later, cost)
+    validate_plan(plan, later, cost)
+    assert plan.info["retuned"] and plan.info["tuned_on_batches"] == 2 and plan.info["tune_s"] > 0
+    assert not plan.info["tuned_config"].startswith("sp=1 ")

@@ -236,3 +236,69 @@ def test_dcp_never_slower_than_faithful_dcp() -> None:
         ours = dataflow_makespan(DCPPlanner().plan(batch, cost), batch, cost)
         for planner in (DCPIntraPlanner(), DCPInterPlanner(), DCPInterPACPlanner()):
             assert ours <= dataflow_makespan(planner.plan(batch, cost), batch, cost) * (1 + 1e-9)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(16, 300_000), min_size=1, max_size=120),
+    cluster=st.sampled_from(["h200x8", "h200x16", "h200x32"]),
+    model=st.sampled_from(["llama3_8b", "stdit3_xl2"]),
+)
+def test_dcp_plans_validate_under_the_analytical_model(lengths, cluster, model) -> None:
+    """Random batches on the analytical model (fixed costs per micro-batch, memory-limited
+    micro-batches): every plan validates, holds every sample once, and its simulated step time
+    is at least the lower bound."""
+    from dcp_bench.cost import make_cost_model
+    from dcp_bench.sim import lower_bound, simulate_step
+
+    cost = make_cost_model(model, cluster)
+    batch = GlobalBatch.from_lengths(lengths)
+    try:
+        plan = DCPPlanner().plan(batch, cost)
+    except InfeasibleError:
+        return
+    validate_plan(plan, batch, cost)
+    assert sorted(plan.sample_positions()) == list(range(batch.n))
+    assert simulate_step(plan, batch, cost).step_time_s >= lower_bound(batch, cost) * (1 - 1e-12)
+
+
+SHIPPED = [
+    "debian_docs", "prolong", "sharegpt", "wikipedia", "synthetic_fixed", "synthetic_uniform",
+    "synthetic_lognormal", "videosys_zipf", "videosys_balanced", "videosys_long", "opensora_v12_stage1",
+]
+
+
+@pytest.mark.parametrize("workload", SHIPPED)
+def test_dcp_within_five_percent_of_the_bound_on_shipped_workloads(workload) -> None:
+    """The first global batch of every shipped workload on 8 H200s (text on Llama-3-8B, video on
+    STDiT3-XL/2; analytical model, no noise): `dcp`'s simulated step time is at most 1.05 x the
+    capacity-aware lower bound, which is itself at most the best plan's (tests/test_sim.py)."""
+    from dcp_bench.cost import make_cost_model
+    from dcp_bench.sim import lower_bound, simulate_step
+    from dcp_bench.workload import load_workload
+
+    wl = load_workload(workload)
+    cost = make_cost_model("stdit3_xl2" if wl.kind == "video" else "llama3_8b", "h200x8")
+    batch = wl.global_batch(0, 8, cost.model.max_seq_len)
+    plan = DCPPlanner().plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    ratio = simulate_step(plan, batch, cost).step_time_s / lower_bound(batch, cost)
+    print(f"{workload}: dcp / bound {ratio:.4f}")
+    assert 1.0 <= ratio <= 1.05
+
+
+def test_a_sample_that_fits_one_rank_stays_on_one_rank() -> None:
+    """Llama-3-8B on 8 H200s: samples of 60-90% of a micro-batch's token capacity among many
+    short ones run on a single rank, where short samples fill the rest of their micro-batch,
+    rather than on two ranks paying the all-to-all (what their packed share alone would suggest)."""
+    from dcp_bench.cost import make_cost_model
+
+    cost = make_cost_model("llama3_8b", "h200x8")
+    cap = cost.microbatch_token_capacity(1, 0)
+    rng = np.random.default_rng(4)
+    big = (cap * rng.uniform(0.6, 0.9, 12)).astype(int)
+    batch = GlobalBatch.from_lengths(np.concatenate([big, rng.integers(100, 1500, 600)]))
+    plan = DCPPlanner().plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    size_of = {s: g.size for _, g, mb in plan.micro_batches() for s in mb.samples}
+    assert all(size_of[i] == 1 for i in range(len(big)))

@@ -8,6 +8,7 @@ once (module-scoped fixture) and the tests check the stored results.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import tempfile
@@ -74,6 +75,11 @@ def text_plans(ckpt: int) -> dict[str, StepPlan]:
             + [[(3, 1, [mb(6)])]]
         ),
         "split_batch": plan_of([[(0, 4, [mb(0, 1, 2, 3, 5, split="batch", ckpt=ckpt), mb(4, 6, ckpt=ckpt)])]]),
+        # the same rounds with every rank waiting at each round's end (Megatron's barrier)
+        "multi_round_barrier": dataclasses.replace(plan_of(
+            [[(0, 4, [mb(4, ckpt=ckpt)])], [(0, 1, [mb(0)]), (1, 1, [mb(1, ckpt=ckpt)]), (2, 2, [mb(2, 3, 5)]), ]]
+            + [[(3, 1, [mb(6)])]]
+        ), round_barrier=True),
     }
 
 

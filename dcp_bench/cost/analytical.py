@@ -386,6 +386,17 @@ class AnalyticalCostModel(CostModel):
             comm = self.a2a_bytes_per_layer(n_r, np.full(len(n_r), sp)) * (s - 1) / s / bw * (2 * L + k)
         return 3.0 * fwd + k / L * layer + comm
 
+    def microbatch_overhead(self, sp: int, ckpt_layers: int) -> float:
+        # GEMM time at x tokens per rank is F / (s * peak * gmax) * (1 + half / x): the first term
+        # is the packed share, the second F * half / (s * peak * gmax * x) with F / (s * x) at
+        # least the per-token GEMM FLOPs (per-sample caption projections only add to it). The
+        # all-to-all latencies are paid once per micro-batch; everything else is per token.
+        k, L = float(ckpt_layers), self._L
+        per_tok = 3.0 * (L * self._layer_gemm_tok + self._head_gemm_tok) + k * self._layer_gemm_tok
+        gemm = per_tok * self._gemm_half / (self._peak * self._gemm_max)
+        latency = float(self.a2a_time(np.zeros(1), np.array([sp]), collectives=2)[0]) * (2 * L + k)
+        return gemm + latency
+
     def sample_memory(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
         n = len(tokens)
         return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers))

@@ -105,6 +105,36 @@ class CostModel(ABC):
         the share, so a bound built from it is labelled by the source)."""
         return self.sample_time(tokens, frames, sp, ckpt_layers)
 
+    def microbatch_overhead(self, sp: int, ckpt_layers: int) -> float:
+        """Seconds every sequence-split micro-batch on ``sp`` ranks with ``ckpt_layers``
+        checkpointed layers takes beyond the sum of its samples' packed shares
+        (`sample_time_packed`): the fixed costs it pays once however many samples it holds
+        (GEMMs below their saturated efficiency, collective latencies). A micro-batch never takes
+        less than its shares plus this; with the memory cap limiting the tokens of a micro-batch,
+        it tightens the lower bound (`dcp_bench.sim.sample_bounds`). Sources that cannot
+        separate these costs return 0, which is always true."""
+        del sp, ckpt_layers
+        return 0.0
+
+    def microbatch_token_capacity(self, sp: int, ckpt_layers: int) -> float:
+        """The most tokens per rank a sequence-split micro-batch on ``sp`` ranks with
+        ``ckpt_layers`` checkpointed layers can hold under the memory cap.
+
+        Activation memory is additive over a micro-batch's samples (`sample_memory`). When a
+        sample's memory is ``a + b * tokens / sp`` with ``a >= 0`` and no dependence on its frame
+        count (both sources), a micro-batch of x tokens per rank needs at least ``a + b * x``, so
+        x <= (cap - static - a) / b. Where the memory law is not of that form no capacity is
+        claimed (inf), which keeps every bound built on it true."""
+        budget = self.memory_cap_bytes - self.static_memory_bytes()
+        big = 1 << 20
+        probe = np.asarray([0, sp, big * sp, big * sp], dtype=np.int64)
+        frames = np.asarray([1, 1, 1, 16], dtype=np.int64)
+        m0, m1, mb, mb16 = (float(v) for v in self.sample_memory(probe, frames, sp, ckpt_layers))
+        a, b = m0, m1 - m0
+        if a >= 0 and b > 0 and abs(mb - (a + b * big)) <= 1e-9 * abs(mb) and mb16 == mb:
+            return max(budget - a, 0.0) / b
+        return float("inf")
+
     def microbatch_costs(
         self,
         tokens: np.ndarray,

@@ -160,6 +160,30 @@ def balance_items(durations: list[float], bins: int, max_moves: int = 64) -> lis
     return members
 
 
+def charge_microbatch_overhead(table: ShapeTable, cost: CostModel) -> None:
+    """Price every setting without recompute in ``table`` with the fixed cost of its micro-batch
+    (`CostModel.microbatch_overhead`), in place.
+
+    On one rank a sample shares its micro-batch with the step's many short samples, which fill
+    it up to the memory cap (`CostModel.microbatch_token_capacity`): it carries its token share
+    of a full micro-batch's fixed cost, even when it fills most of the micro-batch itself. On an
+    SP group it shares only with the few samples the same group runs, so it is priced as paying
+    the whole fixed cost (its time alone). Without this, a sample of half to all of a rank's
+    capacity looks cheaper split over two ranks (packed there, alone on one) and pays the
+    all-to-all for nothing; the degree that fits on the fewest ranks wins instead."""
+    for j, sp in enumerate(table.sps.tolist()):
+        k0 = np.flatnonzero(table.ckpt[:, j] == 0)
+        over = cost.microbatch_overhead(sp, 0)
+        if not len(k0) or over <= 0:
+            continue
+        share = np.asarray(cost.sample_time_packed(table.tokens[k0], table.frames[k0], sp, 0), dtype=float)
+        cap = cost.microbatch_token_capacity(sp, 0)
+        if sp == 1 and np.isfinite(cap) and cap > 0:
+            table.time[k0, j] = share + table.tokens[k0] / cap * over
+        else:
+            table.time[k0, j] = np.maximum(table.time[k0, j], share + over)
+
+
 def predicted_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> float:
     """Compute time of ``plan`` priced by the cost model: every micro-batch in one vectorised
     call, then each group starting when all its ranks are free (rounds in order)."""
@@ -252,6 +276,7 @@ class DCPPlanner(Planner):
         # Packed shares: short samples are packed into well-filled micro-batches (step 5).
         table = build_shape_table(batch.tokens, batch.frames, cost, W, packed=True)
         raise_if_infeasible(table, batch.tokens, batch.frames, cost)
+        charge_microbatch_overhead(table, cost)
         inv = table.inverse
         counts = np.bincount(inv, minlength=len(table.tokens))
         choice = self.initial_choice(table, counts, W)

@@ -153,6 +153,7 @@ def load_campaign(
                     "config_hash": summary.config_hash,
                     "step": st.step,
                     "step_time_s": st.step_time_s,
+                    "lower_bound_s": st.lower_bound_s,
                     "tokens": st.tokens,
                     "samples": st.samples,
                     "planner_ms": st.planner_ms,

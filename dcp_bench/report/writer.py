@@ -41,6 +41,7 @@ from dcp_bench.report.claims import (
     verdict,
 )
 from dcp_bench.report.document import Document
+from dcp_bench.report.peers import peer_section
 from dcp_bench.report.stats import max_relative_difference, relative_error
 from dcp_bench.report.tables import (
     Campaign,
@@ -286,8 +287,8 @@ def report_sections(data: ReportData) -> list[Section]:
     claim_sections: list[Section] = [_verdict_section, _headline_section, _decomposition_section, _sensitivity_section]
     lead: list[Section] = [*claim_sections, _comparison_section] if data.leads_with_claims \
         else [_comparison_section, *claim_sections]
-    return [_opening, *lead, _context_section, _scaling_section, _validation_section, _cells_section,
-            _workloads_section, _provenance_section]
+    return [_opening, *lead, peer_section, _context_section, _scaling_section, _validation_section,
+            _cells_section, _workloads_section, _provenance_section]
 
 
 def build_report(inp: ReportInputs) -> dict[str, Any]:

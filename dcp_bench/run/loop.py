@@ -83,9 +83,13 @@ def step_record(
     """The record of one executed step (see the module docstring)."""
     used = plan.sample_positions()
     peaks = [float(b) / 2**30 for b in out.peak_mem_bytes]
+    # A planner's configuration search (`plan.info["tune_s"]`: static_tuned's grid, Megatron's
+    # launch tuning) is work its users do once before training, not on every step's clock.
+    tune_s = min(planner_s, max(0.0, float(plan.info.get("tune_s") or 0.0)))
     extra: dict[str, Any] = {
         **out.extra,
         "executed_s": out.step_time_s,
+        "offline_tune_s": tune_s,
         "rounds": len(plan.rounds),
         "micro_batches": sum(1 for _ in plan.micro_batches()),
         "mem_cap_gib": float(parts.cost.memory_cap_bytes) / 2**30,
@@ -100,7 +104,7 @@ def step_record(
         extra["predicted_peak_mem_per_rank_gib"] = (predicted.peak_mem_bytes / 2**30).round(4).tolist()
     return StepRecord(
         step=step,
-        step_time_s=charge_planner(out.step_time_s, planner_s, spec.planner_clock),
+        step_time_s=charge_planner(out.step_time_s, planner_s - tune_s, spec.planner_clock),
         warmup=step < spec.warmup_steps,
         planner_ms=planner_s * 1e3,
         tokens=int(batch.tokens[used].sum()) if used else 0,

@@ -74,26 +74,29 @@ def deal_samples(positions: list[int], tokens: np.ndarray, size: int) -> list[li
 
 
 def rank_work(
-    plan: StepPlan, batch: GlobalBatch, rank: int, pool: ProcessGroupPool
+    plan: StepPlan, batch: GlobalBatch, rank: int, pool: ProcessGroupPool, barrier: bool = True
 ) -> Iterator[tuple[int, MicroBatch, SPContext, list[int]]]:
     """This rank's share of a plan in execution order: (round, micro-batch, SP context, sample
     positions). Batch-split micro-batches (and groups of one rank) deal whole samples to the
     group's ranks and run each rank's share without sequence parallelism; a rank dealt nothing
-    skips the micro-batch."""
+    skips the micro-batch. When the plan has ``round_barrier`` (and ``barrier``), every rank,
+    idle or not, waits at the end of each round until all ranks reach it."""
     for r in range(len(plan.rounds)):
         group = plan.group_for_rank(r, rank)
-        if group is None:
-            continue
-        sp = pool.context(group.start, group.size)
-        for mb in group.micro_batches:
-            positions = list(mb.samples)
-            ctx = sp
-            if mb.split == "batch" or group.size == 1:
-                positions = deal_samples(positions, batch.tokens, group.size)[sp.rank]
-                ctx = SINGLE
-                if not positions:
-                    continue
-            yield r, mb, ctx, positions
+        if group is not None:
+            sp = pool.context(group.start, group.size)
+            for mb in group.micro_batches:
+                positions = list(mb.samples)
+                ctx = sp
+                if mb.split == "batch" or group.size == 1:
+                    positions = deal_samples(positions, batch.tokens, group.size)[sp.rank]
+                    ctx = SINGLE
+                    if not positions:
+                        continue
+                yield r, mb, ctx, positions
+        if barrier and plan.round_barrier and r + 1 < len(plan.rounds):
+            dist.barrier()
+
 
 def step_token_count(plan: StepPlan, batch: GlobalBatch) -> int:
     """The loss normaliser: all tokens of the batch in fair mode, the covered tokens in paper mode."""
