@@ -1,13 +1,21 @@
 """The `dcp-bench` command. Subcommands take hydra-style ``key=value`` overrides composed from the
-packaged config root (``dcp_bench/conf``)."""
+packaged config root (``dcp_bench/conf``).
+
+Exit status: 0 done; 2 bad input (one line naming the bad value and what was expected); 3 a run
+did not finish ``ok`` (``train``, ``sweep``; its record is kept); 130 interrupted (Ctrl-C); 143
+terminated (SIGTERM). An interrupt or SIGTERM stops every process the command started before it
+exits (they see it as an exception and clean up on the way out)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from dcp_bench.errors import DcpBenchError
 
@@ -54,20 +62,36 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     return parser, modules
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so it unwinds like an interrupt: launchers stop the
+    runs they started and forked runs are killed before the command exits."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 2
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return int(modules[args.command].run(args) or 0)
     except DcpBenchError as exc:
         sys.stderr.write(f"dcp-bench {args.command}: error: {exc}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("dcp-bench: interrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        sys.stderr.write(f"dcp-bench: {'terminated' if terminated else 'interrupted'}\n")
+        return 143 if terminated else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -6,18 +6,34 @@ Layout: ``<root>/<campaign>/<run_id>/`` holding
 - ``env.json``     the system description (`dcp_bench.envinfo.collect_env`),
 - ``steps.jsonl``  one JSON object per step (`StepRecord`),
 - ``run.json``     the summary (`RunSummary`) with a ``status``; written last, so a folder without
-  it is an incomplete run.
+  it is an incomplete run;
+- ``.owner``       the token of the one writer that owns the folder (see below).
 
 Every file is written atomically (temporary file in the same folder, fsync, rename), so a run killed
 at any instant leaves each file either at its previous complete version or at its new one: every
 completed step stays readable and no JSON is ever half-written. Under torchrun only rank 0 writes.
+
+Ownership: a folder has one writer at a time. `RunWriter` claims the folder (or is handed a claim
+its launcher made, `claim_run`) and checks, under a lock on ``.owner``, that it still holds the
+claim before every write. Whoever records a run's end from outside (a launcher that killed it at
+its time limit, a sweep that resumes it) takes the folder over first (`take_over`), so a process
+that outlives its launcher can never rewrite a final record.
+
+Completeness (`check_run`): a run is complete when ``run.json`` exists, every file of the record
+parses, and the record agrees with itself (run id = folder name, measured step count = the lines
+of ``steps.jsonl``) and, when asked, with the run it should hold (config hash, seed). A folder
+without ``run.json`` is incomplete; one whose record is unreadable or inconsistent is damaged, and
+a resumed sweep redoes both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +41,33 @@ from typing import Any, Literal
 
 import yaml
 
-from dcp_bench.files import atomic_write_bytes, atomic_write_json, atomic_write_text, json_default
+from dcp_bench.errors import DcpBenchError
+from dcp_bench.files import (
+    FILE_MODE,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    json_default,
+)
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "timeout", "nonfinite", "error")
 Status = Literal["ok", "oom", "timeout", "nonfinite", "error"]
+OWNER_FILE = ".owner"
+
+
+class RecordError(DcpBenchError, ValueError):
+    """A run record that cannot be read: the message names the file (and line) and what is wrong."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+class RunOwnershipLost(RuntimeError):
+    """A writer whose run folder was taken over (its launcher recorded the run's end, or another
+    sweep started the run again): it must not write."""
 
 
 def is_writer_rank() -> bool:
@@ -120,9 +158,89 @@ def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
+# ------------------------------------------------------------------------------------------------
+# Ownership of a run folder
+
+
+@contextlib.contextmanager
+def _owner_lock(run_dir: Path) -> Iterator[int]:
+    """The ``.owner`` file of ``run_dir``, open and exclusively locked (flock) while inside."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / OWNER_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_token(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 256).decode(errors="replace").strip()
+
+
+def _write_token(fd: int, token: str) -> None:
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.ftruncate(fd, 0)
+    os.write(fd, token.encode())
+
+
+def new_token() -> str:
+    """A fresh ownership token (unique to one writer)."""
+    return uuid.uuid4().hex
+
+
+def claim_run(run_dir: str | os.PathLike[str], token: str | None = None) -> str:
+    """Make ``token`` (a fresh one by default) the owner of ``run_dir``, whoever owned it before:
+    what a launcher does before it starts a run, and a new run of the same id does. Returns it."""
+    token = token or new_token()
+    with _owner_lock(Path(run_dir)) as fd:
+        _write_token(fd, token)
+    return token
+
+
+def take_over(run_dir: str | os.PathLike[str]) -> str:
+    """Revoke the current writer of ``run_dir`` (its next write raises `RunOwnershipLost`) and
+    return the new owner's token: what a launcher does before it records a run's end itself."""
+    return claim_run(run_dir)
+
+
+def run_owner(run_dir: str | os.PathLike[str]) -> str | None:
+    """The token that owns ``run_dir`` (None when no writer ever claimed it)."""
+    path = Path(run_dir) / OWNER_FILE
+    if not path.exists():
+        return None
+    with _owner_lock(Path(run_dir)) as fd:
+        return _read_token(fd) or None
+
+
+@contextlib.contextmanager
+def owning(run_dir: str | os.PathLike[str], token: str) -> Iterator[None]:
+    """Hold ``run_dir``'s lock while writing, after checking ``token`` still owns it; a takeover
+    waits for a write in progress, and a writer that lost the folder raises `RunOwnershipLost`."""
+    with _owner_lock(Path(run_dir)) as fd:
+        current = _read_token(fd)
+        if current != token:
+            raise RunOwnershipLost(f"{run_dir}: the run folder was taken over (owner {current or 'none'}, "
+                                   f"this writer {token}); not writing")
+        yield
+
+
+def write_summary(run_dir: str | os.PathLike[str], summary: RunSummary, token: str) -> RunSummary:
+    """Write ``run.json`` as the owner ``token`` (raises `RunOwnershipLost` if it is not)."""
+    with owning(run_dir, token):
+        atomic_write_json(Path(run_dir) / "run.json", dataclasses.asdict(summary))
+    return summary
+
+
 class RunWriter:
     """Writes one run folder. Steps are kept in memory and the whole ``steps.jsonl`` is rewritten
-    atomically on each flush; ``finish`` writes ``run.json`` last."""
+    atomically on each flush; ``finish`` writes ``run.json`` last.
+
+    ``owner``: the token a launcher claimed the folder with (`claim_run`) and handed to this
+    writer; without it the writer claims the folder itself. Every write checks the claim, so a
+    writer whose folder was taken over raises `RunOwnershipLost` instead of writing."""
 
     def __init__(
         self,
@@ -132,19 +250,23 @@ class RunWriter:
         config: dict[str, Any],
         env: dict[str, Any] | None = None,
         enabled: bool | None = None,
+        owner: str | None = None,
     ) -> None:
         self.path = Path(root) / campaign / run_id
         self.enabled = is_writer_rank() if enabled is None else enabled
         self.steps: list[StepRecord] = []
+        self.token = owner or ""
         if self.enabled:
-            self.path.mkdir(parents=True, exist_ok=True)
-            stale = self.path / "run.json"
-            if stale.exists():  # a rerun replaces an earlier result
-                stale.unlink()
-            atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=True))
-            if env is not None:
-                atomic_write_json(self.path / "env.json", env)
-            atomic_write_text(self.path / "steps.jsonl", "")
+            if not owner:
+                self.token = claim_run(self.path)
+            with owning(self.path, self.token):
+                stale = self.path / "run.json"
+                if stale.exists():  # a rerun replaces an earlier result
+                    stale.unlink()
+                atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=True))
+                if env is not None:
+                    atomic_write_json(self.path / "env.json", env)
+                atomic_write_text(self.path / "steps.jsonl", "")
 
     def add_step(self, record: StepRecord, flush: bool = True) -> None:
         self.steps.append(record)
@@ -157,40 +279,129 @@ class RunWriter:
         lines = "".join(
             json.dumps(dataclasses.asdict(s), default=json_default) + "\n" for s in self.steps
         )
-        atomic_write_text(self.path / "steps.jsonl", lines)
+        with owning(self.path, self.token):
+            atomic_write_text(self.path / "steps.jsonl", lines)
 
     def finish(self, summary: RunSummary) -> RunSummary:
         if self.enabled:
             self.flush()
-            atomic_write_json(self.path / "run.json", dataclasses.asdict(summary))
+            write_summary(self.path, summary, self.token)
         return summary
 
 
+# ------------------------------------------------------------------------------------------------
+# Reading records
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise RecordError(path, f"cannot be read ({exc.strerror or exc})") from None
+
+
 def read_steps(run_dir: str | os.PathLike[str]) -> list[StepRecord]:
+    """The run's step records (none when ``steps.jsonl`` is missing). A line that is not a step
+    record raises `RecordError` naming the file and the line."""
     path = Path(run_dir) / "steps.jsonl"
     if not path.exists():
         return []
     out = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
-            out.append(StepRecord.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"{path}:{lineno}: corrupt step record ({exc})") from None
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            out.append(StepRecord.from_dict(data))
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise RecordError(f"{path}:{lineno}", f"corrupt step record ({exc})") from None
     return out
 
 
 def read_summary(run_dir: str | os.PathLike[str]) -> RunSummary | None:
-    """The run's summary, or None while the run is incomplete."""
+    """The run's summary, or None while the run is incomplete (no ``run.json``). A ``run.json``
+    that is not a run summary raises `RecordError` naming the file."""
     path = Path(run_dir) / "run.json"
     if not path.exists():
         return None
-    return RunSummary.from_dict(json.loads(path.read_text()))
+    try:
+        data = json.loads(_read_text(path))
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, not an object")
+        return RunSummary.from_dict(data)
+    except json.JSONDecodeError as exc:
+        raise RecordError(path, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except (TypeError, ValueError) as exc:
+        raise RecordError(path, f"not a run summary ({exc})") from None
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a run folder holds: ``complete`` (a readable, consistent record), ``incomplete`` (no
+    ``run.json``: the run never finished) or ``damaged`` (``problem`` says what is wrong)."""
+
+    state: Literal["complete", "incomplete", "damaged"]
+    summary: RunSummary | None = None
+    problem: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """A complete record of a run that did not finish ``ok``."""
+        return self.state == "complete" and self.summary is not None and self.summary.status != "ok"
+
+
+def check_run(
+    run_dir: str | os.PathLike[str],
+    config_hash: str | None = None,
+    seed: int | None = None,
+) -> RunState:
+    """Whether ``run_dir`` holds a complete record (module docstring): every file parses, the
+    summary names this folder's run and counts the measured steps ``steps.jsonl`` holds, and,
+    when given, its config hash and seed are the ones expected."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "run.json").exists():
+        return RunState("incomplete")
+    try:
+        summary = read_summary(run_dir)
+        assert summary is not None
+        steps = read_steps(run_dir)
+        for name in ("config.yaml", "env.json"):
+            path = run_dir / name
+            if name == "config.yaml" and not path.exists():
+                raise RecordError(path, "missing")
+            if path.exists():
+                text = _read_text(path)
+                try:
+                    data = yaml.safe_load(text) if name == "config.yaml" else json.loads(text)
+                except (yaml.YAMLError, json.JSONDecodeError) as exc:
+                    raise RecordError(path, f"does not parse ({str(exc).splitlines()[0]})") from None
+                if not isinstance(data, dict):
+                    raise RecordError(path, "not a mapping")
+    except RecordError as exc:
+        return RunState("damaged", None, str(exc))
+    measured = sum(1 for s in steps if not s.warmup and s.step_time_s is not None)
+    warmup = sum(1 for s in steps if s.warmup)
+    checks = [
+        (summary.run_id == run_dir.name, f"run.json names run {summary.run_id!r}, not this folder's"),
+        (summary.n_steps == measured, f"run.json counts {summary.n_steps} measured step(s), steps.jsonl holds {measured}"),
+        (summary.n_warmup == warmup, f"run.json counts {summary.n_warmup} warm-up step(s), steps.jsonl holds {warmup}"),
+        (config_hash is None or summary.config_hash == config_hash,
+         f"run.json has config hash {summary.config_hash}, the run's config hashes to {config_hash}"),
+        (seed is None or summary.seed == seed, f"run.json has seed {summary.seed}, the run's is {seed}"),
+    ]
+    for ok, problem in checks:
+        if not ok:
+            return RunState("damaged", summary, f"{run_dir}: {problem}")
+    return RunState("complete", summary)
 
 
 def is_complete(run_dir: str | os.PathLike[str]) -> bool:
-    return (Path(run_dir) / "run.json").exists()
+    """A readable, self-consistent record (`check_run`)."""
+    return check_run(run_dir).state == "complete"
 
 
 def iter_run_dirs(root: str | os.PathLike[str], campaign: str | None = None) -> Iterator[Path]:
@@ -205,10 +416,10 @@ def iter_run_dirs(root: str | os.PathLike[str], campaign: str | None = None) -> 
 
 
 def list_runs(root: str | os.PathLike[str], campaign: str | None = None) -> dict[str, list[str]]:
-    """Run ids of a campaign split into ``complete`` and ``incomplete``."""
-    out: dict[str, list[str]] = {"complete": [], "incomplete": []}
+    """Run ids of a campaign split into ``complete``, ``incomplete`` and ``damaged`` (`check_run`)."""
+    out: dict[str, list[str]] = {"complete": [], "incomplete": [], "damaged": []}
     for run in iter_run_dirs(root, campaign):
-        out["complete" if is_complete(run) else "incomplete"].append(run.name)
+        out[check_run(run).state].append(run.name)
     return out
 
 

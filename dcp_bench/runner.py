@@ -7,13 +7,19 @@ every grid point (a *cell*) runs ``run.repeats`` times with seeds ``seed, seed+1
 seed gives the same global batches to every method, so repeats pair across methods.
 
 Resumable: a run's id is a pure function of its cell's config hash and its seed, and a run folder
-is complete once ``run.json`` exists (written last, atomically). A rerun of the same sweep skips
-complete runs and redoes incomplete ones (a killed run leaves a folder without ``run.json``).
+is complete once ``run.json`` exists (written last, atomically) and the record reads back
+consistent (`dcp_bench.records.check_run`). A rerun of the same sweep skips complete runs, redoes
+incomplete ones (a killed run leaves a folder without ``run.json``) and damaged ones (an
+unreadable or inconsistent record, named in a warning), and keeps failed runs (status other than
+``ok``) as recorded unless asked to retry them (``retry_failed``); every sweep lists its failed
+runs, kept or new.
 
 Isolation: a simulated run executes in a forked process, killed at its hard limit
 (``run.timeout_s`` plus grace) and then recorded as ``timeout``, so one stuck step cannot stall a
-sweep; a real run executes under torchrun in a process session of its own, which the launcher
-kills whole at the same limit (`dcp_bench.run.torch_run`).
+sweep; a real run executes under torchrun, whose launcher kills every process of the run at the
+same limit (`dcp_bench.run.torch_run`). A deadline bounds running runs too: each run's limit is
+cut to the time the deadline leaves, and a run killed by it is recorded as ``timeout`` naming the
+budget.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,12 +38,15 @@ from typing import Any
 from dcp_bench.config import load_config, to_container
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError
-from dcp_bench.records import RunSummary, is_complete, read_steps, read_summary
+from dcp_bench.records import RecordError, RunSummary, check_run, read_steps, read_summary
 from dcp_bench.run.assemble import Assemble, assemble
 from dcp_bench.run.loop import record_unfinished
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import RunSpec, parse_run_spec
-from dcp_bench.run.torch_run import launch_torch_run
+from dcp_bench.run.torch_run import check_local_ranks, launch_torch_run
+
+# The name a deadline's cut gives in records and messages ("run exceeded the time budget ...").
+BUDGET = "the time budget"
 
 # --------------------------------------------------------------------------------------------
 # The grid
@@ -103,12 +113,20 @@ def plan_sweep(
 @dataclass
 class SweepResult:
     ran: list[RunSummary] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # complete records kept (failed ones included)
+    kept_failed: list[RunSummary] = field(default_factory=list)  # recorded failures not retried
+    damaged: list[tuple[str, str]] = field(default_factory=list)  # (run id, problem): redone
     unrun: list[str] = field(default_factory=list)  # left out by the deadline
 
     @property
     def failed(self) -> list[RunSummary]:
+        """Runs of this sweep that ended other than ``ok``."""
         return [s for s in self.ran if s.status != "ok"]
+
+    @property
+    def all_failed(self) -> list[RunSummary]:
+        """Every failed record of the sweep's runs: new failures and those kept from before."""
+        return [*self.kept_failed, *self.failed]
 
 
 def run_one(spec: RunSpec, build: Assemble = assemble, env: dict[str, Any] | None = None) -> RunSummary:
@@ -125,57 +143,140 @@ def _child(spec: RunSpec, build: Assemble, env: dict[str, Any] | None) -> None:
         run_simulated(spec, build=build, env=env)
 
 
+# A run the deadline cuts is killed at most this long after it: its last step may be stuck.
+BUDGET_KILL_GRACE_S = 5.0
+
+
 def _bounded(spec: RunSpec, deadline: float | None) -> RunSpec:
     """The run with its time limit cut to what the deadline leaves (a budget bounds running runs,
-    not only the start of new ones)."""
+    not only the start of new ones), naming the budget as what limits it."""
     if deadline is None:
         return spec
     left = max(1.0, deadline - time.time())
-    return spec.with_timeout(min(spec.timeout_s, left) if spec.timeout_s is not None else left)
+    if spec.timeout_s is not None and spec.timeout_s <= left:
+        return spec
+    own_grace = spec.hard_limit_s()
+    grace = BUDGET_KILL_GRACE_S if own_grace is None else min(BUDGET_KILL_GRACE_S, own_grace - (spec.timeout_s or 0.0))
+    return spec.with_timeout(left, BUDGET, kill_grace_s=grace)
+
+
+def _resume_state(spec: RunSpec, retry_failed: bool) -> tuple[str, RunSummary | None, str | None]:
+    """("skip" | "retry" | "run" | "damaged", the kept summary, the damage) for one run."""
+    state = check_run(Path(spec.root) / spec.campaign / spec.run_id, config_hash=spec.config_hash, seed=spec.seed)
+    if state.state == "damaged":
+        return "damaged", None, state.problem
+    if state.state == "incomplete":
+        return "run", None, None
+    if state.summary is not None and state.summary.status == "timeout" and state.summary.extra.get("limit") == "budget":
+        return "run", None, None  # cut by an earlier sweep's deadline, not failed on its own
+    if state.failed and retry_failed:
+        return "retry", state.summary, None
+    return "skip", state.summary, None
+
+
+class Progress:
+    """Progress of a sweep: a bar on a terminal (``"bar"``), one line per finished run on stderr
+    otherwise (``"lines"``: logs and pipes see progress as it happens), or nothing (``"none"``)."""
+
+    def __init__(self, mode: str, total: int) -> None:
+        from tqdm import tqdm
+
+        self.mode, self.total, self.count = mode, total, 0
+        self.bar = tqdm(total=total, desc="runs", unit="run", disable=mode != "bar", leave=False)
+
+    def done(self, summary: RunSummary) -> None:
+        self.count += 1
+        if self.mode == "bar":
+            self.bar.set_postfix_str(f"{summary.method}: {summary.status}", refresh=False)
+            self.bar.update(1)
+        elif self.mode == "lines":
+            took = (summary.finished_at or 0.0) - (summary.started_at or 0.0)
+            width = len(str(self.total))
+            sys.stderr.write(f"[{self.count:>{width}}/{self.total}] {summary.status:<9} {took:6.1f} s  "
+                             f"{summary.run_id}\n")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_mode(progress: bool | str) -> str:
+    """``True``: a bar on a terminal, lines otherwise; ``False``: none; or a mode by name."""
+    if isinstance(progress, str):
+        if progress not in ("bar", "lines", "none"):
+            raise ValueError(f"progress={progress!r}; expected bar, lines or none")
+        return progress
+    if not progress:
+        return "none"
+    return "bar" if sys.stderr.isatty() else "lines"
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"dcp-bench: warning: {message}\n")
+    sys.stderr.flush()
 
 
 def run_sweep(
     specs: Sequence[RunSpec],
     resume: bool = True,
     jobs: int = 1,
-    progress: bool = True,
+    progress: bool | str = True,
     env: dict[str, Any] | None = None,
     build: Assemble = assemble,
     deadline: float | None = None,
     isolate: bool = True,
+    retry_failed: bool = False,
+    warn: Callable[[str], None] = _warn,
 ) -> SweepResult:
-    """Run every spec whose run folder is not complete (all of them with ``resume=False``).
+    """Run every spec whose run folder does not hold a complete record (all of them with
+    ``resume=False``): incomplete and damaged records are redone (a damaged one with a warning
+    naming it), failed records are kept unless ``retry_failed``.
 
     Simulated runs execute in forked processes (``isolate``; up to ``jobs`` at a time), killed
     when they overrun their hard limit and then recorded as ``timeout``; real runs execute one at
-    a time (their own launcher isolates them). ``deadline`` (a `time.time()` value): runs not
-    started by then are left out and listed in ``SweepResult.unrun``, and running runs get at
-    most the time left as their limit. Runs start seed by seed (every cell's first repeat, then
-    every cell's second ...), so a deadline leaves the cells with balanced, paired repeats.
-    ``build`` replaces the assembly of simulated runs (tests bind small stand-ins).
+    a time (their own launcher isolates them); before any run starts, every real run is checked
+    against what this machine can run (`check_local_ranks`). ``deadline`` (a `time.time()`
+    value): runs not started by then are left out and listed in ``SweepResult.unrun``, and
+    running runs get at most the time left as their limit (recorded as ``timeout`` naming the
+    budget when it cuts them). Runs start seed by seed (every cell's first repeat, then every
+    cell's second ...), so a deadline leaves the cells with balanced, paired repeats. ``build``
+    replaces the assembly of simulated runs (tests bind small stand-ins). ``progress``: see
+    `progress_mode`.
     """
-    from tqdm import tqdm
-
+    if jobs < 1:
+        raise ConfigError(f"jobs={jobs}: expected an integer >= 1")
     result = SweepResult()
     todo: list[RunSpec] = []
     for spec in specs:
-        if resume and is_complete(Path(spec.root) / spec.campaign / spec.run_id):
-            result.skipped.append(spec.run_id)
-        else:
+        if not resume:
             todo.append(spec)
+            continue
+        what, summary, problem = _resume_state(spec, retry_failed)
+        if what == "damaged":
+            warn(f"run {spec.run_id}: damaged record, redoing it ({problem})")
+            result.damaged.append((spec.run_id, str(problem)))
+            todo.append(spec)
+        elif what in ("run", "retry"):
+            todo.append(spec)
+        else:
+            result.skipped.append(spec.run_id)
+            if summary is not None and summary.status != "ok":
+                result.kept_failed.append(summary)
+    for spec in todo:
+        if spec.executor == "torch":
+            check_local_ranks(spec)
     env = collect_env() if env is None else env
     order = {s.run_id: i for i, s in enumerate(todo)}
     rank = {sd: i for i, sd in enumerate(sorted({s.seed for s in todo}))}
     todo.sort(key=lambda s: (rank[s.seed], order[s.run_id]))
-    bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress, leave=False)
+    bar = Progress(progress_mode(progress), len(todo))
 
     def late() -> bool:
         return deadline is not None and time.time() > deadline
 
     def done(summary: RunSummary) -> None:
         result.ran.append(summary)
-        bar.set_postfix_str(f"{summary.method}: {summary.status}", refresh=False)
-        bar.update(1)
+        bar.done(summary)
 
     try:
         sims = [s for s in todo if s.executor == "sim"]
@@ -227,15 +328,19 @@ def _run_forked(
                     proc.join()
                     active.pop(run_id)
                     n = len(read_steps(Path(spec.root) / spec.campaign / run_id))
-                    done(record_unfinished(spec, "timeout", f"killed after {limit:.0f} s (run.timeout_s plus grace) "
-                                       f"inside step {n}", started))
+                    done(record_unfinished(spec, "timeout", f"killed after {limit:.0f} s ({spec.limit_text()} "
+                                           f"plus grace) inside step {n}", started))
                 elif not proc.is_alive():
                     proc.join()
                     active.pop(run_id)
-                    summary = read_summary(Path(spec.root) / spec.campaign / run_id)
-                    if summary is None:  # the child died without a summary (e.g. killed by the OS)
+                    try:
+                        summary = read_summary(Path(spec.root) / spec.campaign / run_id)
+                    except RecordError:
+                        summary = None
+                    if summary is None or summary.started_at is None or summary.started_at < started - 1.0:
+                        # the child died without (its own) summary, e.g. killed by the OS
                         summary = record_unfinished(spec, "error", f"run process exited with code {proc.exitcode} "
-                                                "before writing its summary", started)
+                                                    "before writing its summary", started)
                     done(summary)
             if active:
                 time.sleep(0.02)

@@ -15,6 +15,8 @@ version, a default model and a batch policy:
   2-D video samples keep their latent frames and scale their spatial patches.
 - Over-long samples (``max_len`` or the model's ``max_seq_len``) are truncated or dropped as
   ``max_len_policy`` says, and counted in ``GlobalBatch.truncated`` / ``dropped``.
+- Lengths above `MAX_SAMPLE_TOKENS` (2^30) are refused where they are read (a lengths file, a
+  synthetic length, ``tokens_per_gpu``), naming the value and the limit.
 
 A sample id names the underlying sample: ``shapes(ids)`` recovers every sample's size from its id
 alone (a bucket or histogram bin in the high bits and a draw in the low bits; an index for a
@@ -53,6 +55,36 @@ TEXT_TOKENS_PER_GPU = 128 * 1024
 STATS_SAMPLE = 1_000_000  # draws used for the statistics of continuous or histogram sources
 STATS_SEED = 12345
 KIB = 1024
+
+# The longest sample (and per-GPU token budget) a workload accepts: 2^30 tokens, 1,024 x the
+# longest context of any configured model (1,048,576 tokens) and ~600 x the longest document of
+# the shipped corpora. Between a model's max_seq_len and this, max_len_policy truncates or drops
+# (counted); above it a value is an input error (no cluster holds it; often a unit mistake), and
+# synthetic sample ids (length << SYNTH_SHIFT) stay within int64.
+MAX_SAMPLE_TOKENS = 1 << 30
+
+
+def check_length(value: Any, where: str) -> int:
+    """``value`` as a length in tokens, 1 <= length <= `MAX_SAMPLE_TOKENS`; a `WorkloadError`
+    naming ``where``, the value and the limit otherwise."""
+    if isinstance(value, bool):
+        raise WorkloadError(f"{where}: {value!r} is not an integer length")
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise WorkloadError(f"{where}: {value!r} is not an integer length") from None
+    if isinstance(value, (int, np.integer)):
+        length = int(value)
+    elif math.isfinite(as_float) and as_float.is_integer():
+        length = int(as_float)
+    else:
+        raise WorkloadError(f"{where}: {value!r} is not an integer length")
+    if length < 1:
+        raise WorkloadError(f"{where}: length {length} is not positive (expected >= 1 token)")
+    if length > MAX_SAMPLE_TOKENS:
+        raise WorkloadError(f"{where}: length {length} is over the maximum of {MAX_SAMPLE_TOKENS:,} tokens "
+                            "(2^30, far above any model's max_seq_len)")
+    return length
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,10 +355,23 @@ class ListSource(SizeSource):
 
     quantile_method = "linear"
 
-    def __init__(self, lengths: Any):
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        if self.lengths.ndim != 1 or len(self.lengths) == 0 or np.any(self.lengths < 1):
-            raise WorkloadError("a length list must be a non-empty list of positive integers")
+    def __init__(self, lengths: Any, where: str = "length list"):
+        arr = lengths if isinstance(lengths, np.ndarray) else None
+        if arr is not None and arr.ndim == 1 and arr.size and np.issubdtype(arr.dtype, np.integer):
+            bad = np.flatnonzero((arr < 1) | (arr > MAX_SAMPLE_TOKENS))
+            if bad.size:
+                check_length(arr[bad[0]], f"{where}, length {bad[0] + 1}")  # raises, naming it
+            self.lengths = arr.astype(np.int64)
+            return
+        try:
+            values = list(lengths) if arr is None or arr.ndim == 1 else []
+        except TypeError:
+            values = []
+        if not values:
+            raise WorkloadError(f"{where}: expected a non-empty list of positive integer lengths")
+        # Checked as Python numbers first: a huge value must be named, not overflow int64.
+        self.lengths = np.asarray([check_length(v, f"{where}, length {i + 1}") for i, v in enumerate(values)],
+                                  dtype=np.int64)
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.integers(0, len(self.lengths), n, dtype=np.int64)
@@ -407,8 +452,9 @@ class Workload:
             )
         if self.tokens_per_gpu is None:
             self.tokens_per_gpu = VIDEO_TOKENS_PER_GPU if self.kind == "video" else TEXT_TOKENS_PER_GPU
-        if self.tokens_per_gpu < 1:
-            raise WorkloadError(f"workload {self.name!r}: tokens_per_gpu {self.tokens_per_gpu!r}; expected >= 1")
+        if not 1 <= self.tokens_per_gpu <= MAX_SAMPLE_TOKENS:
+            raise WorkloadError(f"workload {self.name!r}: tokens_per_gpu {self.tokens_per_gpu!r}; expected an "
+                                f"integer in [1, {MAX_SAMPLE_TOKENS:,}]")
 
     # -- sizes ---------------------------------------------------------------------------------
 
@@ -822,29 +868,33 @@ def _lengths_file(
         "unit": unit,
         "licence": "not stated (say it with licence: in the workload config)",
     }
-    return ListSource(np.asarray(lengths)), prov
+    return ListSource(lengths, where=str(p)), prov
 
 
 def _synthetic(kind: str, **p: Any) -> tuple[SizeSource, dict[str, Any]]:
     if kind == "fixed":
-        length = int(p.get("length", 64 * KIB))
-        if length < 1:
-            raise WorkloadError(f"synthetic_fixed: length {length}; expected >= 1")
+        length = check_length(p.get("length", 64 * KIB), "synthetic_fixed: workload.length")
         src = SyntheticSource(lambda rng, n: np.full(n, length, dtype=np.int64), fixed=length)
         rule = f"every sample {length} tokens"
     elif kind == "uniform":
-        low, high = int(p.get("low", 1 * KIB)), int(p.get("high", 64 * KIB))
+        low = check_length(p.get("low", 1 * KIB), "synthetic_uniform: workload.low")
+        high = check_length(p.get("high", 64 * KIB), "synthetic_uniform: workload.high")
         if not 1 <= low <= high:
             raise WorkloadError(f"synthetic_uniform: low={low}, high={high}; expected 1 <= low <= high")
         src = SyntheticSource(lambda rng, n: rng.integers(low, high + 1, n, dtype=np.int64))
         rule = f"uniform integer lengths in [{low}, {high}]"
     else:
-        median, sigma = float(p.get("median", 4 * KIB)), float(p.get("sigma", 1.2))
-        low, high = int(p.get("low", 16)), int(p.get("high", 256 * KIB))
-        if median <= 0 or sigma < 0 or not 1 <= low <= high:
+        try:
+            median, sigma = float(p.get("median", 4 * KIB)), float(p.get("sigma", 1.2))
+        except (TypeError, ValueError):
+            raise WorkloadError(f"synthetic_lognormal: median={p.get('median')!r}, sigma={p.get('sigma')!r}; "
+                                "expected numbers") from None
+        low = check_length(p.get("low", 16), "synthetic_lognormal: workload.low")
+        high = check_length(p.get("high", 256 * KIB), "synthetic_lognormal: workload.high")
+        if not (0 < median <= MAX_SAMPLE_TOKENS and 0 <= sigma <= 100) or not 1 <= low <= high:
             raise WorkloadError(
                 f"synthetic_lognormal: median={median}, sigma={sigma}, low={low}, high={high}; expected "
-                "median > 0, sigma >= 0, 1 <= low <= high"
+                f"0 < median <= {MAX_SAMPLE_TOKENS}, 0 <= sigma <= 100, 1 <= low <= high"
             )
 
         def sample(rng: np.random.Generator, n: int) -> np.ndarray:

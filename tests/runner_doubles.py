@@ -77,20 +77,23 @@ class ToyCost(CostModel):
 class ToyPlanner(Planner):
     """``kind="static"``: fixed SP degree, samples dealt round-robin, full checkpointing.
     ``kind="greedy"``: every rank alone, longest-first onto the least-loaded rank, no ckpt.
-    ``kind="fail"``: always infeasible. ``sleep_s`` slows planning (for kill tests)."""
+    ``kind="fail"``: always infeasible. ``sleep_s`` slows planning (for kill tests).
+    ``fail_flag``: a file whose existence makes planning fail (a failure the user can fix without
+    changing the run's config, as a transient one would be)."""
 
     name = "toy"
 
-    def __init__(self, mode: str = "fair", kind: str = "static", sp: int = 2, sleep_s: float = 0.0) -> None:
+    def __init__(self, mode: str = "fair", kind: str = "static", sp: int = 2, sleep_s: float = 0.0,
+                 fail_flag: str = "") -> None:
         super().__init__(mode)  # type: ignore[arg-type]
-        self.kind, self.sp, self.sleep_s = kind, sp, sleep_s
+        self.kind, self.sp, self.sleep_s, self.fail_flag = kind, sp, sleep_s, fail_flag
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         if self.sleep_s:
             time.sleep(self.sleep_s)
         W = cost.cluster.world_size
         L = cost.model.num_layers
-        if self.kind == "fail":
+        if self.kind == "fail" or (self.fail_flag and Path(self.fail_flag).exists()):
             raise InfeasibleError("toy planner: no plan fits")
         if self.kind == "static":
             n_groups = W // self.sp
@@ -117,8 +120,9 @@ def toy_assemble(spec: RunSpec, slowdown: float = 1.0) -> RunParts:
                     planner=make_planner(spec.method, seed=spec.seed))
 
 
-def write_toy_conf(root: Path, sleep_s: float = 0.0) -> Path:
-    """A user config folder with the toy workload and three toy methods."""
+def write_toy_conf(root: Path, sleep_s: float = 0.0, fail_flag: Path | None = None) -> Path:
+    """A user config folder with the toy workload and three toy methods (four with
+    ``fail_flag``: ``toy_flaky`` fails while that file exists)."""
     (root / "method").mkdir(parents=True, exist_ok=True)
     (root / "workload").mkdir(parents=True, exist_ok=True)
     (root / "workload" / "toy.yaml").write_text(
@@ -127,4 +131,8 @@ def write_toy_conf(root: Path, sleep_s: float = 0.0) -> Path:
         (root / "method" / f"toy_{kind}.yaml").write_text(
             f"name: toy_{kind}\n_target_: runner_doubles.ToyPlanner\nmode: fair\nkind: {kind}\n"
             f"sp: 2\nsleep_s: {sleep_s}\n")
+    if fail_flag is not None:
+        (root / "method" / "toy_flaky.yaml").write_text(
+            "name: toy_flaky\n_target_: runner_doubles.ToyPlanner\nmode: fair\nkind: static\n"
+            f"sp: 2\nsleep_s: {sleep_s}\nfail_flag: {fail_flag}\n")
     return root

@@ -61,10 +61,10 @@ def test_writer_layout_and_reads(tmp_path: Path) -> None:
     run_dir = tmp_path / "camp" / "run-a"
     assert read_summary(run_dir) is None  # incomplete until finish
     assert [s.step for s in read_steps(run_dir)] == [0, 1, 2]
-    w.finish(_summary("run-a"))
-    assert {p.name for p in run_dir.iterdir()} == {"config.yaml", "env.json", "steps.jsonl", "run.json"}
+    w.finish(_summary("run-a", n_steps=3))
+    assert {p.name for p in run_dir.iterdir()} == {"config.yaml", "env.json", "steps.jsonl", "run.json", ".owner"}
     assert read_summary(run_dir).run_id == "run-a"
-    assert list_runs(tmp_path, "camp") == {"complete": ["run-a"], "incomplete": []}
+    assert list_runs(tmp_path, "camp") == {"complete": ["run-a"], "incomplete": [], "damaged": []}
 
 
 def test_disabled_writer_writes_nothing(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ non-finite loss stops the run with status ``nonfinite``, and rank 0 writes compl
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,9 @@ from dcp_bench.run.torch_run import (
     _is_launch_failure,
     launch_torch_run,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from processes import HAS_PROC, TAG, kill_tagged, tagged  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
@@ -59,10 +64,18 @@ def test_same_seed_gives_bitwise_identical_losses_and_records(tmp_path: Path) ->
     assert all(s.extra["predicted_step_time_s"] > 0 and s.extra["predicted_peak_mem_gib"] > 0 for s in steps)
 
 
-def test_crashed_rank_makes_the_run_fail_not_hang(tmp_path: Path) -> None:
+def test_crashed_rank_makes_the_run_fail_not_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection (docs/runtime.md): rank 1 raises at step 1; the run is recorded as an error
+    with the injected message, and no process of it is left."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG, tag)
     t0 = time.monotonic()
-    out = _run(tmp_path, "crash", "train.fail_rank=1", "train.fail_step=1", "train.pg_timeout_s=30")
-    assert out["status"] == "error" and "injected failure" in out["error"]
+    try:
+        out = _run(tmp_path, "crash", "train.fail_rank=1", "train.fail_step=1", "train.pg_timeout_s=30")
+        assert not HAS_PROC or tagged(tag) == []
+    finally:
+        kill_tagged(tag)
+    assert out["status"] == "error" and "injected failure on rank 1 at step 1" in out["error"]
     # The surviving rank is stopped by torchrun or by the 30 s group timeout, well before the
     # 240 s launcher limit that would signal a hang.
     assert time.monotonic() - t0 < 200

@@ -1,16 +1,22 @@
 """`dcp-bench reproduce` (= `make reproduce`): the claim reproduction on its embedded defaults
 (``dcp_bench/conf/reproduce/default.yaml``), then the report in ``reports/reproduce/``.
 
-Sections run in order, each under its own time budget and all under the command's budget; the
-runs a budget leaves out are named in the report, never silently dropped. Resumable: a rerun skips
-complete runs (delete ``runs/reproduce`` for a fresh start).
+Sections run in order, each under its own time budget and all under the command's budget; a
+budget bounds running runs too (a run it cuts is recorded as ``timeout`` naming the budget), and
+the runs a budget leaves out are named in the report, never silently dropped. The report is
+written to a temporary folder beside ``out`` and replaces ``out`` only once it is complete, so an
+interrupted or failed reproduction leaves the previous report whole. Resumable: a rerun skips
+complete runs, keeps failed ones (``retry_failed=true`` redoes them) and redoes damaged ones
+(delete ``runs/reproduce`` for a fresh start).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shlex
-import sys
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -19,20 +25,37 @@ NAME = "reproduce"
 HELP = (
     "reproduce the DCP claim: simulated sweeps (all methods, workloads, 8-64 GPUs, repeats, "
     "sensitivity) + a real CPU gloo run, then reports/reproduce/ with summary.json; "
-    "`dcp-bench reproduce [budget_s=560] [jobs=2] [repeats=5] [real=false] [config=PATH]`"
+    "`dcp-bench reproduce [budget_s=560] [jobs=2] [repeats=5] [real=false] [sections=a,b] "
+    "[retry_failed=true] [config=PATH]`"
 )
-TOP_KEYS = ("config", "campaign", "root", "out", "claims", "budget_s", "report_reserve_s", "jobs", "repeats", "real", "sections",
-            "preset", "cluster", "nnodes", "rdzv_endpoint")
+TOP_KEYS = ("config", "campaign", "root", "out", "claims", "budget_s", "report_reserve_s", "jobs", "repeats", "real",
+            "sections", "retry_failed", "seed_base", "preset", "cluster", "nnodes", "rdzv_endpoint")
 # Run keys a preset leaves open (e.g. `preset=real cluster=h200x32`): added to every grid when set.
 GRID_KEYS = ("cluster", "nnodes", "rdzv_endpoint")
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help=f"key=value; keys: {', '.join(TOP_KEYS)} (sections=a,b runs only those)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines")
+
+
+def _number(key: str, value: str, integer: bool, minimum: float) -> float:
+    from dcp_bench.errors import ConfigError
+
+    expected = f"expected {'an integer' if integer else 'a finite number'} >= {minimum:g}"
+    try:
+        out = float(int(value)) if integer else float(value)
+    except ValueError:
+        raise ConfigError(f"{key}={value!r}: {expected}") from None
+    if not minimum <= out < float("inf"):  # also refuses nan
+        raise ConfigError(f"{key}={value!r}: {expected}")
+    return out
 
 
 def load_reproduce_config(overrides: list[str]) -> dict[str, Any]:
+    """The reproduce config (``config=PATH`` or the packaged default) with the command line's
+    ``key=value`` applied; every bad key or value is a `ConfigError` naming it."""
     import yaml
 
     from dcp_bench.errors import ConfigError
@@ -50,22 +73,54 @@ def load_reproduce_config(overrides: list[str]) -> dict[str, Any]:
     if preset not in presets:
         raise ConfigError(f"preset={preset!r}: no such reproduce preset; expected one of {', '.join(presets)}")
     path = Path(kv.pop("config", str(CONF_DIR / "reproduce" / f"{preset}.yaml")))
-    if not path.exists():
-        raise ConfigError(f"reproduce config {str(path)!r} not found")
-    cfg = yaml.safe_load(path.read_text()) or {}
+    if not path.is_file():
+        raise ConfigError(f"config={str(path)!r}: reproduce config not found (expected a YAML file)")
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config={str(path)!r}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("sections", []), list):
+        raise ConfigError(f"config={str(path)!r}: expected a mapping with a list of sections")
     cfg["_path"] = str(path)
     for key, value in kv.items():
-        if key in ("budget_s", "report_reserve_s"):
-            cfg[key] = float(value)
+        if key == "budget_s":
+            cfg[key] = _number(key, value, integer=False, minimum=1.0)
+        elif key == "report_reserve_s":
+            cfg[key] = _number(key, value, integer=False, minimum=0.0)
         elif key in ("jobs", "repeats"):
-            cfg[key] = int(value)
-        elif key == "real":
-            cfg[key] = value.lower() in ("1", "true", "yes", "on")
+            cfg[key] = int(_number(key, value, integer=True, minimum=1))
+        elif key == "seed_base":
+            cfg[key] = int(_number(key, value, integer=True, minimum=0))
+        elif key in ("real", "retry_failed"):
+            if value.lower() not in BOOLEANS:
+                raise ConfigError(f"{key}={value!r}: expected true or false")
+            cfg[key] = BOOLEANS[value.lower()]
         elif key == "sections":
-            cfg["only_sections"] = [s for s in value.split(",") if s]
+            names = [str(sec.get("name")) for sec in cfg.get("sections", []) if isinstance(sec, dict)]
+            wanted = [s for s in value.split(",") if s]
+            unknown = [s for s in wanted if s not in names]
+            if not wanted or unknown:
+                raise ConfigError(f"sections={value!r}: unknown section {(unknown or [''])[0]!r}; expected names "
+                                  f"from {', '.join(names)} (comma-separated)")
+            cfg["only_sections"] = wanted
+        elif not value:
+            raise ConfigError(f"{key}=: expected a value")
         else:
             cfg[key] = value
+    if float(cfg.get("report_reserve_s", 60)) >= float(cfg.get("budget_s", 560)):
+        raise ConfigError(f"report_reserve_s={cfg.get('report_reserve_s', 60):g}: expected less than "
+                          f"budget_s={cfg.get('budget_s', 560):g} (the time kept for the report out of the whole budget)")
     return cfg
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Replace ``out`` with the complete report in ``tmp`` (renames within one folder)."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def _cell_name(run_id: str) -> str:
@@ -73,19 +128,31 @@ def _cell_name(run_id: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.envinfo import collect_env
     from dcp_bench.errors import ConfigError, DcpBenchError
-    from dcp_bench.report.writer import ReportInputs, build_report
+    from dcp_bench.files import atomic_write_json
+    from dcp_bench.report.writer import ReportInputs, build_report, shown_path
     from dcp_bench.run.spec import RunSpec
-    from dcp_bench.runner import plan_sweep, run_sweep
+    from dcp_bench.runner import plan_sweep, progress_mode, run_sweep
 
     t_start = time.time()
     cfg = load_reproduce_config(list(args.overrides))
+    claims = Path(str(cfg.get("claims", "results/reference/claims.yaml")))
+    if not claims.is_file():  # checked now, not after minutes of sweeps
+        raise ConfigError(f"claims={str(claims)!r}: claims file not found (expected results/reference/claims.yaml "
+                          "or a file like it; run from the repository root)")
+    out_path = Path(str(cfg.get("out", "reports/reproduce")))
+    if out_path.exists() and not out_path.is_dir():
+        raise ConfigError(f"out={str(out_path)!r}: exists and is not a folder")
     budget = float(cfg.get("budget_s", 560))
     reserve = float(cfg.get("report_reserve_s", 60))
     hard_deadline = t_start + budget - reserve
     root, campaign = str(cfg.get("root", "runs")), str(cfg.get("campaign", "reproduce"))
     jobs = int(cfg.get("jobs", 2))
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = progress_mode(not args.no_progress)
+    retry_failed = bool(cfg.get("retry_failed", False))
+    seed_base = int(cfg.get("seed_base", 0))  # seeds seed_base .. seed_base + repeats - 1, every grid
+    env = collect_env()  # once: the same machine for every section's runs
     notes: list[str] = [f"reproduce config: `{cfg['_path']}`; budget {budget:g} s ({reserve:g} s kept for the report)"]
     only = cfg.get("only_sections")
     sections = [sec for sec in cfg.get("sections", []) if not only or sec["name"] in only]
@@ -107,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             for grid in section.get("grids", []):
                 base = [*common, *[str(g) for g in grid], f"run.campaign={campaign}", f"run.root={root}",
-                        *[f"{k}={cfg[k]}" for k in GRID_KEYS if cfg.get(k) is not None]]
+                        *[f"{k}={cfg[k]}" for k in GRID_KEYS if cfg.get(k) is not None], f"seed={seed_base}"]
                 if section.get("simulate", True):  # a measured-only section (preset=real) has no twins
                     sim_specs += plan_sweep([*base, "run.executor=sim"], repeats=repeats, sweep=name)
                 if is_real:
@@ -116,13 +183,14 @@ def run(args: argparse.Namespace) -> int:
             notes.append(f"section {name}: NOT RUN, its configs do not compose: {exc}")
             continue
         sec_deadline = min(hard_deadline - later, time.time() + float(section.get("budget_s", budget)))
-        ran = skipped = 0
+        ran = skipped = damaged = 0
         unrun: list[str] = []
         failed: list[str] = []
         if real_specs:
             # Real runs first and alone: simulated runs in parallel would disturb their timings.
             try:
-                res = run_sweep(real_specs, jobs=1, progress=progress, deadline=sec_deadline)
+                res = run_sweep(real_specs, jobs=1, progress=progress, deadline=sec_deadline,
+                                retry_failed=retry_failed, env=env)
             except (DcpBenchError, ImportError) as exc:
                 notes.append(f"section {name}: real runs NOT RUN: {type(exc).__name__}: {exc}")
                 res = None
@@ -130,15 +198,18 @@ def run(args: argparse.Namespace) -> int:
                 ran += len(res.ran)
                 skipped += len(res.skipped)
                 unrun += res.unrun
-                failed += [f"{s.run_id} ({s.status}: {s.error})" for s in res.failed]
-        res = run_sweep(sim_specs, jobs=jobs, progress=progress,
+                failed += [f"{s.run_id} ({s.status}: {s.error})" for s in res.all_failed]
+                damaged += len(res.damaged)
+        res = run_sweep(sim_specs, jobs=jobs, progress=progress, retry_failed=retry_failed, env=env,
                         deadline=sec_deadline if not real_specs else hard_deadline - later)
         ran += len(res.ran)
         skipped += len(res.skipped)
         unrun += res.unrun
-        failed += [f"{s.run_id} ({s.status}: {s.error})" for s in res.failed]
+        failed += [f"{s.run_id} ({s.status}: {s.error})" for s in res.all_failed]
+        damaged += len(res.damaged)
         msg = (f"section {name}: {ran} run(s) now, {skipped} already complete, {len(failed)} failed, "
-               f"{len(unrun)} left out by the time budget")
+               f"{len(unrun)} left out by the time budget"
+               + (f", {damaged} damaged record(s) redone" if damaged else ""))
         print(msg, flush=True)
         notes.append(msg)
         if unrun:
@@ -150,10 +221,24 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.time() - t_start
     notes.append(f"sweeps took {elapsed:.0f} s")
     command = "dcp-bench reproduce " + " ".join(shlex.quote(a) for a in args.overrides)
-    summary = build_report(ReportInputs(root=root, campaign=campaign, out_dir=str(cfg.get("out", "reports/reproduce")),
-                                        claims_path=str(cfg.get("claims", "results/reference/claims.yaml")),
-                                        command=command.strip(), notes=notes,
-                                        title=str(cfg.get("title", "dcp-bench: reproducing the DCP claim"))))
+    out = out_path
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        summary = build_report(ReportInputs(root=root, campaign=campaign, out_dir=str(tmp),
+                                            claims_path=str(claims), command=command.strip(), notes=notes,
+                                            title=str(cfg.get("title", "dcp-bench: reproducing the DCP claim"))))
+        # The summary names the report's files where they will live, not in the temporary folder
+        # (summary.json as the report shows paths: never an absolute local one).
+        final = {k: out / Path(v).relative_to(tmp) for k, v in summary.get("report", {}).items()}
+        summary["report"] = {k: str(v) for k, v in final.items()}
+        if (tmp / "summary.json").exists():
+            shown = {k: shown_path(v) for k, v in final.items()}
+            atomic_write_json(tmp / "summary.json", json.loads((tmp / "summary.json").read_text()) | {"report": shown})
+        _publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     for c in summary["claims"]:
         val = c["reproduced_value"]
         ci = c["ci95"]

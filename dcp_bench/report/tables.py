@@ -42,6 +42,9 @@ class Campaign:
     # workload name -> what its runs recorded about it: description and provenance (source,
     # licence, data file and its SHA-256)
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Runs a sweep's time budget cut short (status timeout, extra.limit "budget"): the harness
+    # ran out of time, the method did not fail, so they are left out like unrun runs and named.
+    cut_by_budget: list[str] = field(default_factory=list)
 
 
 def _is_baseline(target: Any) -> bool:
@@ -84,6 +87,7 @@ def load_campaign(
     step_rows: list[dict[str, Any]] = []
     envs: dict[str, dict[str, Any]] = {}
     incomplete: list[str] = []
+    cut_by_budget: list[str] = []
     skipped: list[tuple[str, str]] = []
     workloads: dict[str, dict[str, Any]] = {}
     for run_dir in iter_run_dirs(root, campaign):
@@ -97,6 +101,9 @@ def load_campaign(
             continue
         summary, cfg, steps = read
         extra = summary.extra or {}
+        if summary.status == "timeout" and extra.get("limit") == "budget":
+            cut_by_budget.append(run_dir.name)
+            continue
         method_cfg = dict(cfg.get("method") or {})
         params = {k: v for k, v in method_cfg.items() if k not in ("name", "_target_", "mode")}
         cluster_cfg: dict[str, Any] = cfg["cluster"] if isinstance(cfg.get("cluster"), dict) else {}
@@ -174,7 +181,7 @@ def load_campaign(
     runs = pd.DataFrame(rows)
     if not runs.empty:
         runs["label"] = distinct_labels(runs)
-    return Campaign(campaign, runs, pd.DataFrame(step_rows), envs, incomplete, skipped, workloads)
+    return Campaign(campaign, runs, pd.DataFrame(step_rows), envs, incomplete, skipped, workloads, cut_by_budget)
 
 
 PAPER_SUFFIX = " (paper mode)"

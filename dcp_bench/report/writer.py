@@ -361,6 +361,9 @@ def _opening(doc: Document, data: ReportData) -> None:
             f"{len(cells)} cells"]
     if c.incomplete:
         bits.append(f"{len(c.incomplete)} incomplete runs ignored")
+    if c.cut_by_budget:
+        bits.append(f"{len(c.cut_by_budget)} runs cut short by the time budget left out (not counted as failures; "
+                    "a resumed run redoes them)")
     if c.skipped:
         bits.append(f"**{len(c.skipped)} unreadable record(s) skipped**: " + "; ".join(
             f"`{rid}` ({scrub_paths(why)})" for rid, why in c.skipped[:10]) + (" ..." if len(c.skipped) > 10 else ""))
@@ -718,6 +721,7 @@ def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
         "git_dirty": data.git.get("git_dirty"),
         "runs": int(len(c.runs)),
         "failed_runs": int(len(data.failed)),
+        "runs_cut_by_budget": len(data.campaign.cut_by_budget),
         "skipped_records": [{"run_id": rid, "why": scrub_paths(why)} for rid, why in c.skipped],
         "method_vs_baseline": _records(data.own),
         "claims": [r.to_summary() for r in data.claim_results],

@@ -24,9 +24,15 @@ import numpy as np
 
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.execution import Executor, ExecutorDescription, ExecutorInfo, StepOutcome
-from dcp_bench.files import atomic_write_json
 from dcp_bench.plan import StepPlan, validate_plan
-from dcp_bench.records import RunSummary, RunWriter, StepRecord, read_steps
+from dcp_bench.records import (
+    RunSummary,
+    RunWriter,
+    StepRecord,
+    read_steps,
+    take_over,
+    write_summary,
+)
 from dcp_bench.run.assemble import RunParts
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.sim import lower_bound, simulate_step
@@ -137,7 +143,7 @@ def run_steps(
         # Rank 0's clock decides for every rank, so no rank leaves the loop alone.
         late = spec.timeout_s is not None and time.time() - started > spec.timeout_s
         if executor.agree(late):
-            raise RunTimeout(f"run exceeded run.timeout_s={spec.timeout_s:g} before step {step}")
+            raise RunTimeout(f"run exceeded {spec.limit_text()} before step {step}")
         batch = parts.workload.global_batch(step, executor.world_size, spec.model.max_seq_len)
         plan, planner_s = executor.plan(batch, parts.plan_step)
         out = executor.execute(plan, batch)
@@ -274,6 +280,8 @@ def summarise(
     }
     if spec.unit == "epoch":
         extra.update(_epoch_summary(spec, measured, ok))
+    if status == "timeout" and spec.limit_source:
+        extra["limit"] = "budget"  # cut by a sweep's deadline, not by the run's own run.timeout_s
     if isinstance(getattr(workload, "provenance", None), dict):
         extra["workload"] = {"description": str(getattr(workload, "description", "")),
                              "provenance": dict(workload.provenance)}
@@ -364,10 +372,11 @@ def described(spec: RunSpec) -> ExecutorDescription:
 
 def record_unfinished(spec: RunSpec, status: str, error: str, started: float) -> RunSummary:
     """The summary of a run whose processes ended without writing one (killed at its time
-    limit, crashed, killed by the OS), from the steps they did write."""
+    limit, crashed, killed by the OS), from the steps they did write. The folder is taken over
+    first, so a writer of the run that is somehow still alive can no longer write to it."""
     run_dir = Path(spec.root) / spec.campaign / spec.run_id
-    if not run_dir.exists():
+    if not (run_dir / "config.yaml").exists():
         RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config))
+    token = take_over(run_dir)
     summary = summarise(spec, read_steps(run_dir), status, error, described(spec), None, started)
-    atomic_write_json(run_dir / "run.json", dataclasses.asdict(summary))
-    return summary
+    return write_summary(run_dir, summary, token)

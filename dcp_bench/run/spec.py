@@ -131,6 +131,7 @@ class RunSpec:
     names: Mapping[str, str] = field(default_factory=dict)
     unit: str = "step"  # step: steps of fresh global batches; epoch: the reference's epoch loop
     epochs: int = 1  # run.unit=epoch: measured epochs over the workload's fixed dataset
+    limit_source: str = ""  # what set timeout_s when not run.timeout_s (e.g. a section's time budget)
 
     @property
     def world_size(self) -> int:
@@ -157,9 +158,19 @@ class RunSpec:
         grace = self.kill_grace_s if self.kill_grace_s is not None else max(10.0, 0.25 * self.timeout_s)
         return self.timeout_s + grace
 
-    def with_timeout(self, timeout_s: float | None) -> RunSpec:
-        """The same run under another time limit (a section budget bounding it): identity unchanged."""
-        return dataclasses.replace(self, timeout_s=timeout_s)
+    def with_timeout(self, timeout_s: float | None, source: str = "", kill_grace_s: float | None = None) -> RunSpec:
+        """The same run under another time limit, set by ``source`` (e.g. "the time budget"; empty:
+        ``run.timeout_s``), optionally with another kill grace: identity unchanged."""
+        grace = self.kill_grace_s if kill_grace_s is None else kill_grace_s
+        return dataclasses.replace(self, timeout_s=timeout_s, limit_source=source, kill_grace_s=grace)
+
+    def limit_text(self) -> str:
+        """What limits the run's time, for messages: ``run.timeout_s=180`` or the budget that cut it."""
+        if self.timeout_s is None:
+            return "no time limit"
+        if self.limit_source:
+            return f"{self.limit_source} ({self.timeout_s:.0f} s left when the run started)"
+        return f"run.timeout_s={self.timeout_s:g}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -406,6 +417,12 @@ def parse_run_spec(
     if cluster.world_size % train.nnodes:
         raise ConfigError(f"train.nnodes (nnodes)={train.nnodes}: the run's {cluster.world_size} ranks do not "
                           "split evenly over the nodes")
+    if train.fail_rank >= cluster.world_size:
+        raise ConfigError(f"train.fail_rank={train.fail_rank}: expected -1 (no injected failure) or a rank "
+                          f"< {cluster.world_size} (the run's world size)")
+    if train.fail_rank >= 0 and train.fail_step >= warmup + steps:
+        raise ConfigError(f"train.fail_step={train.fail_step}: expected a step < {warmup + steps} "
+                          f"(warmup_steps + steps), or the injected failure never happens")
 
     names = {str(k): str(v) for k, v in _node(cfg, "names").items()}
     workload_name = names.get("workload") or str(workload.get("name", "workload"))

@@ -1,13 +1,19 @@
 """A real run: torchrun underneath (gloo on CPU, NCCL on CUDA), the one step loop on every rank.
 
-`launch_torch_run` (what ``dcp-bench train`` and torch sweeps call) writes the run's config to a
-file and starts ``python -m torch.distributed.run --nproc-per-node N ... -m
-dcp_bench.run.torch_run`` in a process session of its own; it waits at most the run's hard limit
-(``run.timeout_s`` plus grace), and on a timeout, an interrupt or any error it kills the whole
-session (torchrun and every rank) and waits for it, so nothing it started outlives it. Every
-rank runs `worker_main`: it initialises the process group (with ``train.pg_timeout_s``), parses
-the same `RunSpec`, assembles the same parts, builds the runtime's `TorchExecutor` (model,
-optimizer, process-group pool) and runs `execute_run`; rank 0 writes the records.
+`launch_torch_run` (what ``dcp-bench train`` and torch sweeps call) checks that this machine can
+run the ranks it asks for (`check_local_ranks`), claims the run folder (`dcp_bench.records`
+ownership), writes the run's config to a file and starts ``python -m torch.distributed.run
+--nproc-per-node N ... -m dcp_bench.run.torch_run`` in a process session of its own. Every process
+of the run (torchrun and every rank, which torchrun starts in sessions of their own) carries a
+mark in its environment; on a timeout (``run.timeout_s`` plus grace), an interrupt, any error,
+and after a normal exit, the launcher signals every process that carries the mark and waits until
+none is alive (`kill_run_tree`), so nothing it started outlives it. It then takes the run folder
+over, so no late writer can change the record it returns.
+
+Every rank runs `worker_main`: it initialises the process group (with ``train.pg_timeout_s``),
+parses the same `RunSpec`, assembles the same parts, builds the runtime's `TorchExecutor` (model,
+optimizer, process-group pool) and runs `execute_run`; rank 0 writes the records, as the owner
+the launcher named.
 
 A rank that raises exits non-zero; torchrun then stops the other ranks (no restarts), and ranks
 blocked in a collective fail at the process-group timeout, so a crash never hangs. Multi-node:
@@ -27,13 +33,14 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from dcp_bench.envinfo import collect_env
-from dcp_bench.errors import DcpBenchError
-from dcp_bench.records import RunSummary, RunWriter, read_steps, read_summary
+from dcp_bench.errors import ConfigError, DcpBenchError
+from dcp_bench.records import RunSummary, RunWriter, claim_run, read_steps, read_summary, take_over
 from dcp_bench.run.assemble import assemble
 from dcp_bench.run.loop import described, execute_run, record_unfinished, summarise
 from dcp_bench.run.spec import RunSpec, parse_run_spec
@@ -55,27 +62,82 @@ LAUNCH_FAILURE_SIGNS = (
 )
 
 
+# Every process of a run carries ``RUN_MARK_ENV=<the run's mark>`` in its environment (children
+# inherit it, whatever session or parent they end up with), which is how the launcher finds them.
+RUN_MARK_ENV = "DCP_BENCH_RUN_MARK"
+
+# Ranks one node may start per usable CPU core when running on the CPU: gloo ranks on an
+# oversubscribed CPU still make progress at a few per core (the reproduction runs 4 on 2 cores),
+# while tens per core exhaust memory and time out. The environment variable overrides the limit
+# (it describes the machine, not the run, so it stays out of the config and the run's identity).
+RANKS_PER_CORE = 4
+MAX_LOCAL_RANKS_ENV = "DCP_BENCH_MAX_LOCAL_RANKS"
+
+
 class TrainError(DcpBenchError):
     """A training run that failed to start or to report (its ranks crashed before a summary)."""
 
 
-def _spec_payload(spec: RunSpec) -> dict[str, Any]:
+def _spec_payload(spec: RunSpec, owner: str | None) -> dict[str, Any]:
     return {"config": dict(spec.config), "seed": spec.seed, "sweep": spec.sweep, "overrides": list(spec.overrides),
-            "timeout_s": spec.timeout_s}
+            "timeout_s": spec.timeout_s, "limit_source": spec.limit_source, "kill_grace_s": spec.kill_grace_s,
+            "owner": owner}
 
 
 def _spec_from_payload(data: dict[str, Any]) -> RunSpec:
     spec = parse_run_spec(data["config"], seed=data["seed"], sweep=data.get("sweep", ""),
                           overrides=data.get("overrides", ()))
-    return spec.with_timeout(data.get("timeout_s"))
+    return spec.with_timeout(data.get("timeout_s"), data.get("limit_source", ""), data.get("kill_grace_s"))
+
+
+# ------------------------------------------------------------------------------------------------
+# What this machine can run
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def local_rank_limit(spec: RunSpec) -> tuple[int, str]:
+    """The most ranks one node may start for ``spec`` and why: ``$DCP_BENCH_MAX_LOCAL_RANKS`` when
+    set; on CUDA one rank per visible GPU; on the CPU `RANKS_PER_CORE` per usable core."""
+    override = os.environ.get(MAX_LOCAL_RANKS_ENV, "").strip()
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise ConfigError(f"{MAX_LOCAL_RANKS_ENV}={override!r}: expected an integer >= 1")
+        return int(override), MAX_LOCAL_RANKS_ENV
+    device = spec.train.device
+    if device in ("auto", "cuda"):
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus or device == "cuda":
+            return gpus, f"one rank per GPU; {gpus} visible"
+    cores = usable_cores()
+    return RANKS_PER_CORE * cores, f"{RANKS_PER_CORE} ranks per CPU core; {cores} usable"
+
+
+def check_local_ranks(spec: RunSpec) -> None:
+    """Refuse, before anything starts, a run that asks one node for more ranks than it can run."""
+    local = spec.world_size // spec.train.nnodes
+    limit, why = local_rank_limit(spec)
+    if local > limit:
+        key = "run.nproc (nproc)" if spec.train.nnodes == 1 else "ranks per node (nproc / nnodes)"
+        raise ConfigError(f"{key}={local}: this machine can run at most {limit} ranks ({why}); lower nproc, "
+                          f"or set {MAX_LOCAL_RANKS_ENV}=N to allow more")
 
 
 # ------------------------------------------------------------------------------------------------
 # One rank
 
 
-def worker_main(spec: RunSpec) -> int:
-    """One rank of a real run (started by torchrun: RANK, WORLD_SIZE, LOCAL_RANK set)."""
+def worker_main(spec: RunSpec, owner: str | None = None) -> int:
+    """One rank of a real run (started by torchrun: RANK, WORLD_SIZE, LOCAL_RANK set). ``owner``:
+    the token the launcher claimed the run folder with; rank 0 writes only while it holds."""
     import torch
     import torch.distributed as dist
 
@@ -94,7 +156,7 @@ def worker_main(spec: RunSpec) -> int:
         if world != spec.world_size:
             raise TrainError(f"{world} ranks launched for a run of {spec.world_size} (cluster {spec.cluster.name})")
         writer = RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config),
-                           env=collect_env() if rank == 0 else None, enabled=rank == 0)
+                           env=collect_env() if rank == 0 else None, enabled=rank == 0, owner=owner)
         pool = ProcessGroupPool(timeout_s=spec.train.pg_timeout_s)
         # The ZeRO stage the cost model prices (cost.zero_stage; None: the policy's default).
         state = build_training_state(spec.model, spec.seed, device, spec.train.lr, zero_stage=spec.cost.zero_stage)
@@ -112,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
     try:
-        return worker_main(_spec_from_payload(json.loads(Path(args.spec).read_text())))
+        payload = json.loads(Path(args.spec).read_text())
+        return worker_main(_spec_from_payload(payload), owner=payload.get("owner"))
     except Exception as exc:
         rank = os.environ.get("RANK", "?")
         sys.stderr.write(f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n")
@@ -133,28 +196,73 @@ def torchrun_command(spec: RunSpec, spec_path: str) -> list[str]:
     ]  # fmt: skip
 
 
-def kill_session(proc: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
-    """Stop a process started in its own session and everything it started: SIGTERM to the
-    whole process group, then SIGKILL after ``grace_s``; waits until the leader is reaped."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            if sig == signal.SIGTERM:
-                # The leader is gone; its children may linger a moment in the group.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            break
-        except subprocess.TimeoutExpired:
+def marked_processes(mark: str) -> list[int]:
+    """Pids of the live processes (zombies excluded) whose environment carries ``mark`` (Linux
+    ``/proc``; an empty list where it does not exist)."""
+    needle = f"{RUN_MARK_ENV}={mark}".encode()
+    me = os.getpid()
+    out: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
             continue
-    proc.wait()
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                env = fh.read()
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue  # gone, or not ours to read
+        if state not in (b"Z", b"X") and needle in env.split(b"\0"):
+            out.append(int(name))
+    return out
 
 
-def _run_session(cmd: list[str], env: dict[str, str], limit_s: float | None) -> tuple[int | None, str]:
-    """Run ``cmd`` in a session of its own; (exit code or None when killed at ``limit_s``, stderr)."""
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def kill_run_tree(proc: subprocess.Popen[Any], mark: str, grace_s: float = 5.0, wait_s: float = 60.0) -> list[int]:
+    """Stop ``proc`` (started in its own session) and every process carrying ``mark``: SIGTERM to
+    all of them (torchrun forwards it to its ranks), SIGKILL to whatever is left after
+    ``grace_s``, then wait until none is alive (at most ``wait_s``). Returns the pids still alive
+    after that (none, unless the kernel could not end them)."""
+    def group(sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+    if proc.poll() is None or marked_processes(mark):
+        group(signal.SIGTERM)
+        _signal_all(marked_processes(mark), signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = marked_processes(mark)
+        if proc.poll() is None:
+            group(signal.SIGKILL)
+        elif not left:
+            break
+        if time.monotonic() > deadline:
+            break
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.05)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    return marked_processes(mark)
+
+
+def _run_session(cmd: list[str], env: dict[str, str], limit_s: float | None) -> tuple[int | None, str, list[int]]:
+    """Run ``cmd`` in a session of its own, every process of it marked; returns (exit code, or
+    None when killed at ``limit_s``; stderr; pids that survived the cleanup). Whatever happens,
+    the whole tree is gone (or reported) when this returns."""
+    mark = uuid.uuid4().hex
+    env = {**env, RUN_MARK_ENV: mark}
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         try:
@@ -162,40 +270,54 @@ def _run_session(cmd: list[str], env: dict[str, str], limit_s: float | None) -> 
         except subprocess.TimeoutExpired:
             code = None
         except BaseException:
-            kill_session(proc)
+            kill_run_tree(proc, mark)
             raise
-        if code is None:
-            kill_session(proc)
-        else:
-            # torchrun is done; a rank it failed to reap must not outlive it either.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        # After a timeout: stop everything. After an exit: torchrun is done, and a rank it failed
+        # to reap must not outlive it either.
+        survivors = kill_run_tree(proc, mark)
         err.seek(0)
-        return code, err.read()
+        return code, err.read(), survivors
 
 
 def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
     """Run ``spec`` for real and return its summary (also in ``<root>/<campaign>/<run_id>/``).
     A run killed at its time limit is recorded as ``timeout``; ranks that crash before writing a
-    summary are recorded as ``error`` with the most telling line of their output."""
+    summary are recorded as ``error`` with the most telling line of their output. Raises
+    `ConfigError` before starting anything when this node cannot run the ranks asked for."""
+    check_local_ranks(spec)
     started = time.time()
     run_dir = Path(spec.root) / spec.campaign / spec.run_id
+    # One node claims the folder for the rank 0 it starts; with several nodes rank 0 may start on
+    # any of them, and its writer claims the folder itself.
+    owner = None
+    if spec.train.nnodes == 1:
+        owner = claim_run(run_dir)
+        # A fresh folder (config, no steps, no summary): what an earlier run of this id left is
+        # gone even if no rank ever starts.
+        RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config), enabled=True, owner=owner)
     with tempfile.TemporaryDirectory(prefix="dcp-bench-run-") as tmp:
         spec_path = str(Path(tmp) / "spec.json")
-        Path(spec_path).write_text(json.dumps(_spec_payload(spec), default=str))
+        Path(spec_path).write_text(json.dumps(_spec_payload(spec, owner), default=str))
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(spec.train.threads))
         limit = spec.hard_limit_s()
-        code, stderr = None, ""
+        code: int | None = None
+        stderr = ""
+        survivors: list[int] = []
         for attempt in range(attempts):
             remaining = None if limit is None else max(1.0, limit - (time.time() - started))
-            code, stderr = _run_session(torchrun_command(spec, spec_path), env, remaining)
+            code, stderr, survivors = _run_session(torchrun_command(spec, spec_path), env, remaining)
             if code not in (None, 0) and attempt + 1 < attempts and read_summary(run_dir) is None \
                     and _is_launch_failure(stderr):
                 continue  # the launch itself failed (no rank trained): start it once more
             break
+    if owner is not None and run_dir.exists():
+        take_over(run_dir)  # the ranks are gone; no late writer may change what is recorded now
     summary = read_summary(run_dir) if run_dir.exists() else None
     fresh = summary is not None and (summary.started_at or 0.0) >= started - 1.0
+    if survivors:
+        return record_unfinished(spec, "error", f"{len(survivors)} process(es) of the run could not be stopped "
+                                 f"(pids {', '.join(map(str, survivors[:8]))})", started)
     if summary is not None and fresh and (code == 0 or summary.status != "ok"):
         return summary
     if code == 0 and summary is None and spec.train.nnodes > 1:
@@ -205,8 +327,8 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
                                    extra={**note.extra, "note": "rank 0 ran on another node, which holds the records"})
     if code is None:
         steps = len(read_steps(run_dir)) if run_dir.exists() else 0
-        return record_unfinished(spec, "timeout", f"killed after {limit:.0f} s (run.timeout_s plus grace); "
-                               f"{steps} step(s) recorded", started)
+        return record_unfinished(spec, "timeout", f"killed after {limit:.0f} s ({spec.limit_text()} plus grace); "
+                                 f"{steps} step(s) recorded", started)
     return record_unfinished(spec, "error", f"training failed (torchrun exit {code}): {_error_tail(stderr)}", started)
 
 

@@ -1,0 +1,165 @@
+"""Bad inputs a new user might type, each with the words its one-line error must contain.
+
+`tests/test_bad_inputs.py` runs every row through the CLI and checks: exit status 2, exactly one
+line on stderr, naming the value (and, where it helps, what was expected). Run this file to print
+the table with the messages this checkout gives (``python tests/bad_inputs.py``).
+
+``{data}`` in an argument is replaced by a folder of small lengths files (`write_data`), and
+``{too_many}`` by a rank count above what this machine may start.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SIM = ["simulate", "workload=videosys_zipf", "method=dcp", "cluster=h200x8", "model=stdit3_xl2", "steps=1",
+       "warmup_steps=0"]
+TEXT = ["simulate", "method=dcp", "cluster=h200x8", "model=llama3_8b", "steps=1", "warmup_steps=0"]
+TRAIN = ["train", "workload=sharegpt", "method=dcp", "model=tiny_llama"]
+
+# (arguments, words the message must contain)
+BAD_INPUTS: list[tuple[list[str], list[str]]] = [
+    # config groups and keys
+    ([*SIM[:1], "workload=nosuch", *SIM[2:]], ["nosuch", "valid choices"]),
+    ([*SIM[:2], "method=nosuch", *SIM[3:]], ["nosuch", "valid choices"]),
+    ([*SIM[:3], "cluster=h300x8", *SIM[4:]], ["h300x8", "valid choices"]),
+    ([*SIM[:4], "model=gpt5", *SIM[5:]], ["gpt5", "valid choices"]),
+    ([*SIM, "run.nosuch=1"], ["run.nosuch"]),
+    ([*SIM, "colour=blue"], ["colour"]),
+    ([*SIM, "steps"], ["steps", "key=value"]),
+    ([*SIM, "run_timeout_s=20"], ["run_timeout_s", "run.timeout_s"]),
+    ([*SIM, "lengths_file=x.txt"], ["lengths_file", "workload.lengths_file"]),
+    # numbers of the run
+    ([*SIM, "steps=0"], ["steps", "=0", ">= 1"]),
+    ([*SIM, "steps=-1"], ["steps", "-1", ">= 1"]),
+    ([*SIM, "steps=abc"], ["steps", "abc", "integer"]),
+    ([*SIM, "steps=2.5"], ["steps", "2.5", "integer"]),
+    ([*SIM, "seed=abc"], ["seed", "abc", "integer"]),
+    ([*SIM, "seed=-3"], ["seed", "-3", ">= 0"]),
+    ([*SIM, "seed=1.5"], ["seed", "1.5", "integer"]),
+    ([*SIM, "warmup_steps=-1"], ["warmup_steps", "-1", ">= 0"]),
+    ([*SIM, "nproc=3"], ["nproc", "3", "power of two"]),
+    ([*SIM, "nproc=0"], ["nproc", "0", ">= 1"]),
+    ([*SIM, "timeout_s=-5"], ["timeout_s", "-5", "> 0"]),
+    ([*SIM, "timeout_s=abc"], ["timeout_s", "abc", "number"]),
+    ([*SIM, "run.kill_grace_s=-1"], ["kill_grace_s", "-1"]),
+    ([*SIM, "planner_clock=sometimes"], ["planner_clock", "sometimes", "overlap"]),
+    ([*SIM, "run.executor=gpu"], ["executor", "gpu", "sim"]),
+    ([*SIM, "mem_cap_fraction=1.5"], ["mem_cap_fraction", "1.5"]),
+    ([*SIM, "mem_cap_fraction=0"], ["mem_cap_fraction", "0"]),
+    ([*SIM, "cost.source=magic"], ["cost.source", "magic", "analytical"]),
+    ([*SIM, "++cost.scales.flux=2"], ["flux", "act_bytes"]),
+    ([*SIM, "++cost.scales.act_bytes=-1"], ["act_bytes", "-1", "> 0"]),
+    ([*SIM, "run.noise.jitter_sigma=-0.1"], ["jitter_sigma", "-0.1"]),
+    ([*SIM, "run.noise.straggler_prob=2"], ["straggler_prob", "2"]),
+    ([*SIM, "method.mode=weird"], ["mode", "weird", "fair"]),
+    # workloads and their lengths
+    ([*TEXT, "workload=lengths_file"], ["lengths_file", "workload.lengths_file=PATH"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/missing.txt"], ["missing.txt", "does not exist"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/big.txt"], ["big.txt", "1000000000000", "1,073,741,824"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/huge.txt"],
+     ["huge.txt", "100000000000000000000", "1,073,741,824"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/negative.txt"], ["negative.txt", "-5", "positive"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/words.txt"], ["words.txt", "abc", "integer"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/fraction.txt"], ["fraction.txt", "3.5", "integer"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/empty.txt"], ["empty.txt", "no lengths"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/bad.json"], ["bad.json", "JSON"]),
+    ([*TEXT, "workload=synthetic_fixed", "workload.length=0"], ["length", "0", "positive"]),
+    ([*TEXT, "workload=synthetic_fixed", "workload.length=2000000000"], ["length", "2000000000", "1,073,741,824"]),
+    ([*TEXT, "workload=synthetic_uniform", "workload.low=100", "workload.high=10"], ["low=100", "high=10"]),
+    ([*SIM, "workload.length_scale=0.5"], ["length_scale", "0.5", ">= 1"]),
+    ([*SIM, "workload.tokens_per_gpu=0"], ["tokens_per_gpu", "0"]),
+    ([*SIM, "workload.tokens_per_gpu=100000000000000000000"], ["tokens_per_gpu", "100000000000000000000"]),
+    ([*SIM, "workload.max_len_policy=chop"], ["max_len_policy", "chop", "truncate"]),
+    # real training: refused before anything is launched
+    ([*TRAIN, "nproc={too_many}"], ["(nproc)={too_many}", "at most", "ranks"]),
+    ([*TRAIN, "nproc=2", "train.fail_rank=5"], ["fail_rank=5", "< 2"]),
+    ([*TRAIN, "nproc=2", "train.fail_rank=0", "train.fail_step=100", "steps=2"], ["fail_step=100", "< 4"]),
+    ([*TRAIN, "nproc=2", "lr=-1"], ["train.lr", "-1", "> 0"]),
+    ([*TRAIN, "nproc=2", "threads=0"], ["train.threads", "0", ">= 1"]),
+    ([*TRAIN, "nproc=2", "nnodes=2"], ["nnodes", "rdzv_endpoint=HOST:PORT"]),
+    ([*TRAIN, "nproc=2", "rdzv_endpoint=nohostport"], ["rdzv_endpoint", "nohostport", "HOST:PORT"]),
+    ([*TRAIN, "nproc=2", "train.colour=red"], ["train.colour", "no key"]),
+    ([*TRAIN, "nproc=2", "train.fail_rank=abc"], ["fail_rank", "abc", "integer"]),
+    (["train", "method=dcp", "nproc=2"], ["workload=NAME"]),
+    # sweeps, reproduce, report, plan, workloads
+    (["sweep", *SIM[1:], "run.repeats=0"], ["run.repeats", "0", ">= 1"]),
+    (["sweep", *SIM[1:], "--jobs", "0"], ["jobs", "0", ">= 1"]),
+    (["reproduce", "sections=nosuch"], ["nosuch", "claim"]),
+    (["reproduce", "sections=claim,nosuch"], ["nosuch", "claim"]),
+    (["reproduce", "budget_s=abc"], ["budget_s", "abc", "number"]),
+    (["reproduce", "budget_s=-5"], ["budget_s", "-5", ">= 1"]),
+    (["reproduce", "budget_s=nan"], ["budget_s", "nan"]),
+    (["reproduce", "jobs=0"], ["jobs", "0", ">= 1"]),
+    (["reproduce", "repeats=x"], ["repeats", "x", "integer"]),
+    (["reproduce", "real=maybe"], ["real", "maybe", "true or false"]),
+    (["reproduce", "retry_failed=perhaps"], ["retry_failed", "perhaps", "true or false"]),
+    (["reproduce", "budget_s=30", "report_reserve_s=60"], ["report_reserve_s", "budget_s"]),
+    (["reproduce", "speed=fast"], ["speed=fast", "budget_s"]),
+    (["reproduce", "config={data}/missing.yaml"], ["missing.yaml", "not found"]),
+    (["reproduce", "claims={data}/missing.yaml"], ["missing.yaml", "not found"]),
+    (["report", "campaign=nothing", "root={data}"], ["nothing", "no complete runs"]),
+    (["report", "colour=blue"], ["colour=blue", "campaign"]),
+    (["plan", *SIM[1:5], "step=abc"], ["step", "abc", "integer"]),
+    (["plan", *SIM[1:5], "step=-1"], ["step", "-1", "non-negative"]),
+    (["workloads", "show", "nosuch"], ["nosuch", "valid"]),
+    (["frobnicate"], ["frobnicate", "invalid choice"]),
+]
+
+
+def write_data(folder: Path) -> Path:
+    """The small lengths files the table names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"big.txt": "100\n1000000000000\n", "huge.txt": "100\n100000000000000000000\n",
+             "negative.txt": "100\n-5\n", "words.txt": "100\nabc\n", "fraction.txt": "3.5\n", "empty.txt": "# none\n",
+             "bad.json": "[1, 2,"}
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def too_many_ranks() -> int:
+    """A power of two above 4 ranks per usable core (docs/runtime.md: what one CPU node may start)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = 1
+    while n <= 4 * cores:
+        n *= 2
+    return n
+
+
+def fill(args: list[str], data: Path) -> list[str]:
+    return [a.replace("{data}", str(data)).replace("{too_many}", str(too_many_ranks())) for a in args]
+
+
+def run_one(args: list[str]) -> tuple[int, str]:
+    """(exit status, stderr) of ``dcp-bench ARGS`` run in this process."""
+    import contextlib
+    import io
+
+    from dcp_bench.cli import main
+
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            code = main(args)
+        except SystemExit as exc:  # argparse
+            code = int(exc.code or 0)
+    return code, err.getvalue()
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_data(Path(tmp) / "data")
+        print("| # | input | exit | message |\n|---|---|---|---|")
+        for i, (args, _) in enumerate(BAD_INPUTS, 1):
+            real = fill(args, data)
+            code, err = run_one(real)
+            shown = " ".join(args).replace("|", "\\|")
+            msg = err.strip().replace(str(data), "{data}").replace("|", "\\|")
+            print(f"| {i} | `dcp-bench {shown}` | {code} | {msg} |")
+            sys.stdout.flush()

@@ -1,0 +1,79 @@
+"""`dcp-bench report` on a campaign holding damaged records: the report is written, skipping
+each bad record, naming it and counting it (issue 15, item 4). The records layer reads a damaged
+record as one `RecordError` naming the file; the report (dcp_bench/report/) catches it per run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcp_bench.cli import main
+from dcp_bench.records import RecordError, read_steps, read_summary
+from dcp_bench.runner import plan_sweep, run_sweep
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _campaign(tmp_path: Path) -> list:  # type: ignore[type-arg]
+    conf = write_toy_conf(tmp_path / "conf")
+    specs = plan_sweep([f"extra_conf={conf}", "workload=toy", "method=toy_static,toy_greedy", "cluster=h200x8",
+                        "model=tiny_llama", "run.steps=2", "run.warmup_steps=1", f"run.root={tmp_path / 'runs'}",
+                        "run.campaign=dmg"], repeats=2)
+    run_sweep(specs, build=toy_assemble, progress=False, env={})
+    return specs
+
+
+def _cut(path: Path, keep: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("name,keep", [("run.json", 0.5), ("steps.jsonl", 0.7)])
+def test_damaged_record_reads_as_one_error_naming_the_file(tmp_path: Path, name: str, keep: float) -> None:
+    specs = _campaign(tmp_path)
+    run_dir = Path(specs[0].root) / "dmg" / specs[0].run_id
+    _cut(run_dir / name, keep)
+    with pytest.raises(RecordError) as info:
+        read_summary(run_dir) if name == "run.json" else read_steps(run_dir)
+    assert str(run_dir / name) in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name,keep", [("run.json", 0.5), ("steps.jsonl", 0.7)])
+def test_report_skips_names_and_counts_a_damaged_record(tmp_path: Path, name: str, keep: float,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    specs = _campaign(tmp_path)
+    bad = specs[0].run_id
+    _cut(Path(specs[0].root) / "dmg" / bad / name, keep)
+    out = tmp_path / "report"
+    assert main(["report", "campaign=dmg", f"root={tmp_path / 'runs'}", f"out={out}"]) == 0
+    text = (out / "report.md").read_text()
+    assert bad in text and name in text
+    summary = (out / "summary.json").read_text()
+    assert bad in summary
+
+
+def test_a_run_the_budget_cut_is_left_out_not_counted_as_a_failure(tmp_path: Path) -> None:
+    """A run recorded as a timeout because a sweep's time budget ran out (extra.limit "budget")
+    is the harness's shortfall, not the method's: it is named and left out of every statistic;
+    a timeout of the run's own limit stays a failure."""
+    import json
+
+    from dcp_bench.report.tables import load_campaign
+
+    specs = _campaign(tmp_path)
+    for spec, limit in ((specs[0], "budget"), (specs[1], None)):
+        path = Path(spec.root) / "dmg" / spec.run_id / "run.json"
+        data = json.loads(path.read_text())
+        data["status"], data["step_time_s"] = "timeout", None
+        data["extra"]["limit"] = limit
+        path.write_text(json.dumps(data))
+    c = load_campaign(tmp_path / "runs", "dmg")
+    assert c.cut_by_budget == [specs[0].run_id]
+    assert specs[0].run_id not in set(c.runs["run_id"])
+    assert c.runs.set_index("run_id").loc[specs[1].run_id, "status"] == "timeout"
