@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -89,6 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         terminated = isinstance(exc, Terminated)
         sys.stderr.write(f"dcp-bench: {'terminated' if terminated else 'interrupted'}\n")
         return 143 if terminated else 130
+    except BrokenPipeError:
+        # The reader went away (`dcp-bench ... | head`): stop quietly, as Unix tools do, and keep
+        # Python from complaining about the closed stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

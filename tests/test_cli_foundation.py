@@ -86,3 +86,18 @@ def test_unknown_subcommand_is_one_line_exit_2() -> None:
 def test_help_lists_subcommands() -> None:
     res = _cli("--help")
     assert res.returncode == 0 and "env" in res.stdout
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    """`dcp-bench ... | head`: the reader goes away; the command stops with status 141 (as Unix
+    tools do on SIGPIPE) and no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "dcp_bench.cli", "plan", "workload=videosys_zipf", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err
