@@ -102,18 +102,14 @@ def layer_case(
     return LayerCase(module=layer, fn=fn, make_input=make_input, tokens_per_rank=rows)
 
 
-def outer_case(model: RuntimeModel, tokens: int, dtype: torch.dtype, spatial: int = 256) -> LayerCase:
-    """The model without its layers (`no_layer_model`) on one sample of ``tokens`` tokens
-    (video: frames of ``spatial`` patches)."""
-    spec, device = model.spec, model.device()
-    if spec.arch == "llama":
-        tok, fr = tokens, 1
-    else:
-        s = min(spatial, tokens)
-        fr = max(1, tokens // s)
-        tok = fr * s
+def outer_case(model: RuntimeModel, samples: list[tuple[int, int]], dtype: torch.dtype) -> LayerCase:
+    """The model without its layers (`no_layer_model`) on one micro-batch of ``samples``
+    ((tokens, frames) each)."""
+    device = model.device()
+    tokens = np.array([t for t, _ in samples])
+    frames = np.array([f for _, f in samples])
     with torch.no_grad():
-        shard = model.make_inputs(np.array([0]), np.array([tok]), np.array([fr]), SINGLE, SEED)
+        shard = model.make_inputs(np.arange(len(samples)), tokens, frames, SINGLE, SEED)
 
     def fn(x: Tensor) -> Tensor:
         del x  # the outer part reads its inputs from the shard
@@ -122,7 +118,74 @@ def outer_case(model: RuntimeModel, tokens: int, dtype: torch.dtype, spatial: in
     def make_input() -> Tensor:
         return torch.zeros(1, device=device, dtype=dtype)
 
-    return LayerCase(module=model, fn=fn, make_input=make_input, tokens_per_rank=tok)
+    return LayerCase(module=model, fn=fn, make_input=make_input, tokens_per_rank=int(tokens.sum()))
+
+
+def time_inputs(model: RuntimeModel, samples: list[tuple[int, int]], reps: int, warmup: int) -> dict[str, float]:
+    """Time of building one micro-batch's inputs (`RuntimeModel.make_inputs`: the executor does
+    it for every micro-batch, on the step clock), median over ``reps``."""
+    tokens = np.array([t for t, _ in samples])
+    frames = np.array([f for _, f in samples])
+    ids = np.arange(len(samples))
+    device = model.device()
+    times = []
+    for rep in range(warmup + reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.make_inputs(ids, tokens, frames, SINGLE, SEED + rep)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep >= warmup:
+            times.append(time.perf_counter() - t0)
+    return summarize(times)
+
+
+def step_costs(
+    spec: ModelSpec, device: torch.device, dtype: torch.dtype, reps: int, warmup: int
+) -> dict[str, Any]:
+    """What one training step costs besides its micro-batches, on the whole model as the
+    executor runs it: the gradient sync (`dcp_bench.runtime.executor.sync_gradients` over the
+    world), gradient clipping and the AdamW step (``step_overhead_s``, slowest rank); and the
+    process's memory baseline: its resident set once ready to train (process group, model,
+    optimizer state, one step done) minus parameters, gradients and optimizer state
+    (``process_baseline_bytes``, the largest over ranks). Measured before anything else."""
+    import torch.distributed as dist
+
+    from dcp_bench.profiling.collectives import slowest_rank_times
+    from dcp_bench.runtime.executor import sync_gradients, zeroed_grads
+    from dcp_bench.runtime.measure import resident_bytes, static_bytes
+
+    model = build_model(spec, seed=SEED, device=device, dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    times = []
+    for rep in range(warmup + reps):
+        grads = zeroed_grads(params)
+        for g in grads:
+            g.normal_()
+        if distributed:
+            dist.barrier()
+        t0 = time.perf_counter()
+        if distributed:
+            sync_gradients(params, grads, torch.zeros((), device=device))
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep >= warmup:
+            times.append(time.perf_counter() - t0)
+    out: dict[str, Any] = {"step_overhead_s": summarize(slowest_rank_times(times))}
+    rss = resident_bytes()
+    if rss is not None:
+        base = torch.tensor([float(rss - static_bytes(model, opt))], dtype=torch.float64)
+        if distributed:
+            dist.all_reduce(base, op=dist.ReduceOp.MAX)
+        out["process_baseline_bytes"] = int(base.item())
+    del model, opt
+    return out
 
 
 def count_params(spec: ModelSpec) -> tuple[int, int]:
