@@ -6,6 +6,9 @@ tokens per rank, P: attention query-key pairs per rank, N: samples in the micro-
 micro-batches of many short samples and long single samples share one law), activation bytes per
 layer as ``b*T + c*P + d*N``, the rest of the model (embedding, head, loss) and the building of a
 micro-batch's inputs as ``a + b*T + d*N``, and every collective as ``latency + bytes/bandwidth``.
+On CPU, memory is what the process holds: the measured process baseline as workspace, and the
+activations times the measured ``resident_factor`` (the resident set's growth per byte autograd
+saves: glibc's allocator keeps freed blocks, and ops allocate temporaries).
 Measurements taken with the same number of processes as the cluster's world size are preferred
 (ranks share the machine's cores, so timings depend on how many run at once).
 
@@ -157,6 +160,8 @@ class ProfiledCostModel(CostModel):
         self.optimizer_step_s = float(static.get("optimizer_step_s", 0.0))
         steps = {int(s["nproc"]): s for s in self.artifact.get("steps", [])}
         self.step_entry: dict[str, Any] | None = steps.get(self.nproc)
+        # resident bytes per saved activation byte, measured on CPU (1: the saved bytes)
+        self.resident_factor = max(1.0, float((self.step_entry or {}).get("resident_factor") or 1.0))
         self.provenance = {
             **self.provenance,
             "profile_path": self.profile,
@@ -170,6 +175,7 @@ class ProfiledCostModel(CostModel):
             "fit_max_rel_err": self.fit_max_rel_err(),
             "workspace_bytes": self.workspace_bytes(),
             "workspace_source": self._workspace_source(),
+            "resident_factor": self.resident_factor,
         }
         # the same, grouped as run records store it (RunSummary.profile)
         self.provenance["profile"] = {
@@ -319,7 +325,9 @@ class ProfiledCostModel(CostModel):
         outer = self.outer_act.predict(memory_features(tpr, np.zeros_like(tpr), n)) if self.outer_act else 0.0
         mem = (L - k) * per_layer + k * tab.ckpt_bytes_per_token * tpr + outer
         # recomputing a checkpointed layer materialises its activations once more
-        return mem + (per_layer if k > 0 else 0.0)
+        mem = mem + (per_layer if k > 0 else 0.0)
+        # what the process really holds for them (allocator retention, ops' temporaries)
+        return mem * self.resident_factor
 
     def _sizes(self, tokens: np.ndarray, frames: np.ndarray, sp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-rank (tokens, pairs, samples) of one micro-batch holding all of ``tokens``."""

@@ -143,14 +143,27 @@ def time_inputs(model: RuntimeModel, samples: list[tuple[int, int]], reps: int, 
 
 
 def step_costs(
-    spec: ModelSpec, device: torch.device, dtype: torch.dtype, reps: int, warmup: int
+    spec: ModelSpec,
+    device: torch.device,
+    dtype: torch.dtype,
+    reps: int,
+    warmup: int,
+    memory_batches: list[list[tuple[int, int]]] | None = None,
 ) -> dict[str, Any]:
     """What one training step costs besides its micro-batches, on the whole model as the
     executor runs it: the gradient sync (`dcp_bench.runtime.executor.sync_gradients` over the
     world), gradient clipping and the AdamW step (``step_overhead_s``, slowest rank); and the
     process's memory baseline: its resident set once ready to train (process group, model,
     optimizer state, one step done) minus parameters, gradients and optimizer state
-    (``process_baseline_bytes``, the largest over ranks). Measured before anything else."""
+    (``process_baseline_bytes``, the largest over ranks). Measured before anything else.
+
+    ``memory_batches`` (CPU): micro-batches ((tokens, frames) per sample), smallest first, each
+    run in training-like steps of the whole model (`_resident_point`); the resident set's growth
+    over the baseline (``VmHWM``, as a training step measures it, glibc's allocator keeping what
+    it keeps) divided by the bytes autograd saved in a micro-batch (the activations the cost
+    model predicts); the largest ratio over sizes and ranks is the ``resident_factor``: what the
+    allocator's retention, the ops' temporaries and the step's gradient copies add on top of the
+    saved activations."""
     import torch.distributed as dist
 
     from dcp_bench.profiling.collectives import slowest_rank_times
@@ -184,8 +197,51 @@ def step_costs(
         if distributed:
             dist.all_reduce(base, op=dist.ReduceOp.MAX)
         out["process_baseline_bytes"] = int(base.item())
+        if memory_batches:
+            points = [_resident_point(model, opt, samples, rss) for samples in memory_batches]
+            ratios = torch.tensor([p["resident_bytes"] / max(p["saved_bytes"], 1) for p in points],
+                                  dtype=torch.float64)
+            if distributed:
+                dist.all_reduce(ratios, op=dist.ReduceOp.MAX)
+            for p, r in zip(points, ratios.tolist()):
+                p["ratio"] = r
+            out["resident_points"] = points
+            out["resident_factor"] = float(ratios.max())
     del model, opt
     return out
+
+
+def _resident_point(
+    model: RuntimeModel, opt: torch.optim.Optimizer, samples: list[tuple[int, int]], rss_before: int
+) -> dict[str, Any]:
+    """Resident growth over ``rss_before`` during a training-like step of the whole model (two
+    micro-batches of ``samples`` forward and backward, the flat gradient copy the sync makes,
+    clipping and the optimizer step; the third of three such steps, as allocations settle), and
+    the most bytes autograd saved in one micro-batch."""
+    from dcp_bench.runtime.measure import SavedTensorMeter, reset_resident_peak, resident_peak_bytes
+
+    tokens = np.array([t for t, _ in samples])
+    frames = np.array([f for _, f in samples])
+    params = [p for p in model.parameters() if p.requires_grad]
+    meter = SavedTensorMeter(model)
+    peak = saved = 0
+    for rep in range(3):
+        reset_resident_peak()
+        for mb in range(2):
+            shard = model.make_inputs(np.arange(len(samples)) + 1000 * mb, tokens, frames, SINGLE, SEED + rep)
+            with meter.active():
+                loss = model.loss_sum(shard, SINGLE, 0)
+            saved = max(saved, meter.bytes)
+            loss.backward()
+            del loss, shard
+        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+        del flat
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        peak = int(resident_peak_bytes() or 0)
+    model.zero_grad(set_to_none=False)
+    return {"tokens": int(tokens.sum()), "samples": len(samples), "saved_bytes": int(saved),
+            "resident_bytes": max(0, peak - rss_before)}
 
 
 def count_params(spec: ModelSpec) -> tuple[int, int]:

@@ -163,7 +163,12 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
         if device.type == "cpu":
             # first, while the process holds nothing else: its memory baseline and what one
             # step's gradient sync and optimizer step cost on the whole model
-            step_costs = layer_cases.step_costs(model, device, dtype, req.reps, req.warmup)
+            # the memory points: the grid's two largest sizes, its largest sample count packed
+            sizes = sorted(req.tokens)[-2:]
+            packed = max(req.packed_samples) if "packed" in req.shapes else 1
+            batches = [sample_shapes(model, t, "packed" if packed > 1 else "single", packed, req.video_spatial, 1)
+                       for t in sizes]
+            step_costs = layer_cases.step_costs(model, device, dtype, req.reps, req.warmup, batches)
         if req.collectives and pool is not None:
             result["collectives"] = measure_collectives(
                 req.collective_bytes, [g for g in (2, 4, 8, 16, 32, 64) if g <= world],
