@@ -31,28 +31,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
+from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
 from dcp_bench.errors import ConfigError
 
 SCALE_KEYS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff", "elementwise")
-
-# The uncertain constants and the assumptions they default to when no config calibrates them
-# (each explained at its field below and in docs/cost_model.md).
-ASSUMED_CONSTANTS: dict[str, float] = {
-    "gemm_half_tokens": 1024.0,
-    "attn_eff_max": 0.45,
-    "attn_half_len": 512.0,
-    "attn_bwd_factor": 2.0,
-    "a2a_eff": 0.7,
-    "allreduce_eff": 0.8,
-    "elementwise_bytes_factor": 2.0,
-}
-# Constants a config may set that have no built-in value: None means "derived" (a2a_latency_s and
-# allreduce_hop_latency_s: the cluster's intra_node_latency_s; allreduce_inter_eff: allreduce_eff;
-# gemm_half_flops: unset, gemm_half_tokens applies; attn_causal_half_len: attn_half_len) or no
-# extra term (allreduce_overlap: phases serialised).
-OPTIONAL_CONSTANTS = ("gemm_half_flops", "attn_causal_half_len", "a2a_latency_s", "allreduce_hop_latency_s",
-                      "allreduce_inter_eff", "allreduce_overlap")
 
 # Adam step traffic per parameter, bytes: read+write fp32 master (8), two fp32 moments (16), read
 # the gradient (2-4) and write the bf16 copy (2): ~30; rounded up to 32 for the non-fused tail.

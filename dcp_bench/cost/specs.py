@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.errors import ClusterError, ConfigError
 from dcp_bench.layout import aligned_sp_degrees
 from dcp_bench.paths import CONF_DIR
@@ -142,8 +143,6 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
 
 
 def _check_constants(consts: dict[str, Any], owner: str) -> None:
-    from dcp_bench.cost.analytical import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
-
     unknown = set(consts) - set(ASSUMED_CONSTANTS) - set(OPTIONAL_CONSTANTS)
     if unknown:
         raise ConfigError(
