@@ -160,8 +160,13 @@ class ProfiledCostModel(CostModel):
         self.optimizer_step_s = float(static.get("optimizer_step_s", 0.0))
         steps = {int(s["nproc"]): s for s in self.artifact.get("steps", [])}
         self.step_entry: dict[str, Any] | None = steps.get(self.nproc)
-        # resident bytes per saved activation byte, measured on CPU (1: the saved bytes)
-        self.resident_factor = max(1.0, float((self.step_entry or {}).get("resident_factor") or 1.0))
+        # resident bytes per saved activation byte and the step's own resident buffers, measured
+        # on CPU (1 and 0: the saved bytes)
+        entry = self.step_entry or {}
+        # the largest factor any world size measured: it describes the machine's allocator, and
+        # repeated measurements of it vary by ~15%; planning under a cap needs the safe side
+        self.resident_factor = max([1.0, *(float(s.get("resident_factor") or 1.0) for s in steps.values())])
+        self.resident_fixed_bytes = max(0.0, float(entry.get("resident_fixed_bytes") or 0.0))
         self.provenance = {
             **self.provenance,
             "profile_path": self.profile,
@@ -176,6 +181,7 @@ class ProfiledCostModel(CostModel):
             "workspace_bytes": self.workspace_bytes(),
             "workspace_source": self._workspace_source(),
             "resident_factor": self.resident_factor,
+            "resident_fixed_bytes": self.resident_fixed_bytes,
         }
         # the same, grouped as run records store it (RunSummary.profile)
         self.provenance["profile"] = {
@@ -401,11 +407,11 @@ class ProfiledCostModel(CostModel):
 
     def static_memory_bytes(self) -> float:
         """Parameters, gradients and AdamW state of the profiled parameter count, plus the
-        workspace (`workspace_bytes`)."""
+        workspace (`workspace_bytes`) and, on CPU, the step's own resident buffers (measured)."""
         # parameters + gradients (same dtype) + Adam's two fp32 moments, plus an fp32 master
         # copy when the model trains in 16-bit
         master = 4.0 * self.params if self.model.dtype != "fp32" else 0.0
-        return 2.0 * self.param_bytes + 8.0 * self.params + master + self.workspace_bytes()
+        return 2.0 * self.param_bytes + 8.0 * self.params + master + self.workspace_bytes() + self.resident_fixed_bytes
 
     def step_sync_time(self) -> float:
         """Once per step: the measured step overhead (gradient sync, clipping, optimizer step on

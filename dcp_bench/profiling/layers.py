@@ -8,6 +8,8 @@ one unit at a time. The *outer case* is the model with zero layers (embedding, h
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dcp_bench.cost.profile_artifact import summarize
+from dcp_bench.cost.profile_fit import fit_nonnegative
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.runtime.attention import SINGLE, SPContext
 from dcp_bench.runtime.models import (
@@ -158,12 +161,13 @@ def step_costs(
     (``process_baseline_bytes``, the largest over ranks). Measured before anything else.
 
     ``memory_batches`` (CPU): micro-batches ((tokens, frames) per sample), smallest first, each
-    run in training-like steps of the whole model (`_resident_point`); the resident set's growth
+    run in training-like steps of the whole model (`_resident_point`): the resident set's growth
     over the baseline (``VmHWM``, as a training step measures it, glibc's allocator keeping what
-    it keeps) divided by the bytes autograd saved in a micro-batch (the activations the cost
-    model predicts); the largest ratio over sizes and ranks is the ``resident_factor``: what the
-    allocator's retention, the ops' temporaries and the step's gradient copies add on top of the
-    saved activations."""
+    it keeps; the largest over ranks) against the bytes autograd saved in a micro-batch (the
+    activations the cost model predicts), fitted as ``resident_fixed_bytes + resident_factor x
+    saved`` (the fixed part by least squares, the factor the largest any point needs, so every
+    point is at or under the law): the step's own buffers, and what the allocator's retention and
+    the ops' temporaries add per saved byte."""
     import torch.distributed as dist
 
     from dcp_bench.profiling.collectives import slowest_rank_times
@@ -197,18 +201,43 @@ def step_costs(
         if distributed:
             dist.all_reduce(base, op=dist.ReduceOp.MAX)
         out["process_baseline_bytes"] = int(base.item())
+        out["process_baseline_bytes_profiler"] = int(base.item())
         if memory_batches:
             points = [_resident_point(model, opt, samples, rss) for samples in memory_batches]
-            ratios = torch.tensor([p["resident_bytes"] / max(p["saved_bytes"], 1) for p in points],
+            growth = torch.tensor([[float(p["resident_bytes"]), float(p["saved_bytes"])] for p in points],
                                   dtype=torch.float64)
-            if distributed:
-                dist.all_reduce(ratios, op=dist.ReduceOp.MAX)
-            for p, r in zip(points, ratios.tolist()):
-                p["ratio"] = r
+            if distributed:  # the rank that grew most at each point
+                dist.all_reduce(growth, op=dist.ReduceOp.MAX)
+            for p, (g, _) in zip(points, growth.tolist()):
+                p["resident_bytes"] = int(g)
+            # resident growth = fixed + factor x saved: the step's own buffers (the flat gradient
+            # copy, the optimizer's temporaries; the least-squares intercept) and what the
+            # allocator holds per activation byte, the largest any point needed, so that no
+            # measured point exceeds the law (planning under a memory cap needs that side)
+            r, saved = growth[:, 0].numpy(), growth[:, 1].numpy()
+            fit = fit_nonnegative(np.stack([np.ones(len(points)), saved], axis=1), np.maximum(r, 1.0))
+            fixed = float(fit.coef[0])
+            factor = float(np.max((r - fixed) / np.maximum(saved, 1.0)))
             out["resident_points"] = points
-            out["resident_factor"] = float(ratios.max())
+            out["resident_fixed_bytes"] = fixed
+            out["resident_factor"] = max(factor, 0.0)
+            pred = fixed + out["resident_factor"] * saved
+            out["resident_fit_max_rel_err"] = float(np.max(np.abs(pred - r) / np.maximum(r, 1.0)))
     del model, opt
     return out
+
+
+def _release_free_memory() -> None:
+    """Return the pages glibc's allocator holds free to the OS (``malloc_trim``; nothing where
+    this is not glibc)."""
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            libc = ctypes.CDLL(name)
+            if hasattr(libc, "malloc_trim"):
+                libc.malloc_trim(0)
+        except OSError:
+            pass
 
 
 def _resident_point(
@@ -225,6 +254,7 @@ def _resident_point(
     params = [p for p in model.parameters() if p.requires_grad]
     meter = SavedTensorMeter(model)
     peak = saved = 0
+    _release_free_memory()  # what earlier points left in the allocator is not this point's
     for rep in range(3):
         reset_resident_peak()
         for mb in range(2):

@@ -163,11 +163,12 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
         if device.type == "cpu":
             # first, while the process holds nothing else: its memory baseline and what one
             # step's gradient sync and optimizer step cost on the whole model
-            # the memory points: the grid's two largest sizes, its largest sample count packed
-            sizes = sorted(req.tokens)[-2:]
-            packed = max(req.packed_samples) if "packed" in req.shapes else 1
-            batches = [sample_shapes(model, t, "packed" if packed > 1 else "single", packed, req.video_spatial, 1)
-                       for t in sizes]
+            # the memory points: the grid's sizes from 256 tokens up, as one sample and packed as
+            # densely as the grid packs (allocation patterns, and so the allocator's retention,
+            # differ with tensor sizes: glibc serves blocks under 32 MiB from its heap)
+            sizes = [t for t in sorted(req.tokens) if t >= 256] or sorted(req.tokens)[-1:]
+            shapes = [("single", 1)] + ([("packed", max(req.packed_samples))] if "packed" in req.shapes else [])
+            batches = [sample_shapes(model, t, shape, n, req.video_spatial, 1) for t in sizes for shape, n in shapes]
             step_costs = layer_cases.step_costs(model, device, dtype, req.reps, req.warmup, batches)
         if req.collectives and pool is not None:
             result["collectives"] = measure_collectives(

@@ -7,9 +7,9 @@ Memory, the peak per rank over one step:
   ``/proc/self/clear_refs``, which resets the kernel's high-water mark ``VmHWM`` to the current
   resident set; `peak_bytes` reads ``VmHWM`` from ``/proc/self/status`` after the step. The number
   is what the process really holds: interpreter, libraries, gloo buffers and the memory glibc's
-  allocator keeps after frees included (the ``cpu`` GPU spec's ``workspace_bytes`` is the
-  measured baseline of a rank, and its ``resident_factor`` the measured ratio of resident growth
-  to saved activations). Started with ``MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0`` a
+  allocator keeps after frees included (the CPU profile measures a training rank's baseline and
+  how much resident memory a step holds per saved activation byte; the profiled cost model
+  predicts this number from them). Started with ``MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0`` a
   process returns freed blocks at once and the same number follows live tensor bytes (within
   0.2 MB of an allocator-level tracker on the development machine), but steps then ran 2.1-2.9x
   slower (fresh pages faulted in for every block, the heap trimmed on every free; a 256 KiB
