@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "dcp_bench.commands.plan",
     "dcp_bench.commands.simulate",
     "dcp_bench.commands.profile",
+    "dcp_bench.commands.validate",
     "dcp_bench.commands.train",
     "dcp_bench.commands.slurm",
     "dcp_bench.commands.sweep",

@@ -33,21 +33,27 @@ def llama_forward_flops(n: int, spec=LLAMA) -> float:
 
 def test_one_sample_one_gpu_is_flops_over_rate():
     """One text sample on one GPU: forward = GEMM FLOPs / (peak x GEMM efficiency) + attention
-    FLOPs / (peak x attention efficiency) + memory-bound bytes / bandwidth; backward = 2 x forward;
-    no communication."""
+    FLOPs / (peak x causal attention efficiency) + memory-bound bytes / bandwidth; backward = 2 x
+    the forward's GEMMs and memory-bound kernels + attn_bwd_factor x its attention; no
+    communication. GEMM efficiency: every layer GEMM (7 per layer, the mean width w multiply-adds
+    per token) reaches half its ceiling at gemm_half_flops / (2 w) tokens."""
     cm = make_cost_model("llama3_8b", "h200x8")
     n = 8192
-    h, L = LLAMA.hidden, LLAMA.num_layers
+    h, f, L = LLAMA.hidden, LLAMA.ffn_hidden, LLAMA.num_layers
+    kvd = LLAMA.kv_heads * LLAMA.head_dim
     attn = L * 2 * n * n * h / 2 * 2
     gemm = llama_forward_flops(n) - attn
     peak = 989e12
-    gemm_eff = (790e12 / 989e12) * n / (n + cm.gemm_half_tokens)
-    attn_eff = cm.attn_eff_max * n / (n + cm.attn_half_len)
-    elementwise = n * L * 2.0 * (2 * (6 * h + 2 * 1024 + 4 * 14336) + 4 * 32) / 4.3e12
-    expected_fwd = gemm / (peak * gemm_eff) + attn / (peak * attn_eff) + elementwise
+    w = (h * (h + 2 * kvd) + h * h + 3 * h * f) / 7
+    half = cm.gemm_half_flops / (2 * w)
+    gemm_eff = (790e12 / 989e12) * n / (n + half)
+    attn_eff = cm.attn_eff_max * n / (n + cm.attn_causal_half_len)
+    elementwise = n * L * cm.elementwise_bytes_factor * (2 * (6 * h + 2 * 1024 + 4 * 14336) + 4 * 32) / 4.3e12
+    t_attn = attn / (peak * attn_eff)
+    expected_fwd = gemm / (peak * gemm_eff) + t_attn + elementwise
     c = cm.microbatch_cost(np.array([n]), np.array([1]), sp=1, ckpt_layers=0)
     assert c.fwd_s == pytest.approx(expected_fwd, rel=1e-12)
-    assert c.bwd_s == pytest.approx(2 * expected_fwd, rel=1e-12)
+    assert c.bwd_s == pytest.approx(2 * (expected_fwd - t_attn) + cm.attn_bwd_factor * t_attn, rel=1e-12)
     assert c.recompute_s == 0 and c.comm_s == 0
     # Model FLOPs: forward + 2 x forward, no recomputation.
     assert c.model_flops == pytest.approx(3 * llama_forward_flops(n), rel=1e-12)
@@ -56,6 +62,27 @@ def test_one_sample_one_gpu_is_flops_over_rate():
     # Recomputing every layer repeats the layers' forward (not the LM head).
     head_t = 2 * n * h * LLAMA.vocab / (peak * gemm_eff)
     assert ck.recompute_s == pytest.approx(expected_fwd - head_t, rel=1e-9)
+    # The built-in assumptions (before calibration): 1,024-token GEMM half point, backward = 2 x forward.
+    old = make_cost_model("llama3_8b", "h200x8", use_config_constants=False)
+    assert old.gemm_efficiency(1024) == pytest.approx(0.5 * 790 / 989)
+    o = old.microbatch_cost(np.array([n]), np.array([1]), sp=1, ckpt_layers=0)
+    assert o.bwd_s == pytest.approx(2 * o.fwd_s, rel=1e-12)
+
+
+def test_gemm_half_point_scales_with_the_model_s_gemm_width():
+    """The calibrated per-GEMM law: a narrow model (STDiT3, hidden 1152) needs as many more tokens
+    per rank to reach the same GEMM efficiency as its GEMMs are narrower."""
+    llama = make_cost_model("llama3_8b", "h200x32")
+    stdit = make_cost_model("stdit3_xl2", "h200x32")
+    h, f = STDIT.hidden, STDIT.ffn_hidden
+    w_stdit = (6 * h * h + 2 * h * f) / 6
+    assert stdit.gemm_macs_per_token == pytest.approx(w_stdit)
+    n = 2048.0
+    ratio = w_stdit / llama.gemm_macs_per_token
+    assert stdit.gemm_efficiency(n) == pytest.approx(llama.gemm_efficiency(n * ratio), rel=1e-12)
+    f1 = 2 * 512 * 4096 * 4096.0
+    assert llama.gemm_efficiency_flops(f1) == pytest.approx(
+        (790 / 989) * f1 / (f1 + llama.gemm_half_flops), rel=1e-12)
 
 
 def test_stdit_attention_terms_closed_form():
@@ -69,10 +96,13 @@ def test_stdit_attention_terms_closed_form():
         assert fl["attn"][0] == pytest.approx(expected, rel=1e-12)
 
 
-def a2a_time(cluster, s: int, nbytes: float, collectives: int, eff: float) -> float:
+def a2a_time(cm, s: int, nbytes: float, collectives: int) -> float:
+    """latency + bytes leaving the rank / (link bandwidth x all-to-all efficiency); the intra-node
+    latency is the calibrated a2a_latency_s, the network's the cluster's."""
+    cluster = cm.cluster
     intra = s <= cluster.gpus_per_node
-    bw = (cluster.intra_node_bw if intra else cluster.inter_node_bw) * eff
-    lat = cluster.intra_node_latency_s if intra else cluster.inter_node_latency_s
+    bw = (cluster.intra_node_bw if intra else cluster.inter_node_bw) * cm.a2a_eff
+    lat = cm.a2a_latency_s if intra else cluster.inter_node_latency_s
     return collectives * lat + nbytes * (s - 1) / s / bw
 
 
@@ -94,7 +124,7 @@ def test_doubling_sp_halves_compute_and_adds_the_modelled_comm(s):
     assert a.fwd_s == pytest.approx((gemm / (989e12 * gemm_a) + attn_work / 989e12 + elem) / (s // 2))
     assert b.fwd_s == pytest.approx((gemm / (989e12 * gemm_b) + attn_work / 989e12 + elem) / s)
     # With a flat efficiency curve (no small-kernel penalty) compute halves exactly.
-    flat = make_cost_model("llama3_8b", "h200x32", gemm_half_tokens=0.0)
+    flat = make_cost_model("llama3_8b", "h200x32", gemm_half_flops=0.0)
     fa, fb = flat.microbatch_cost(tok, fr, s // 2, 0), flat.microbatch_cost(tok, fr, s, 0)
     for part in ("fwd_s", "bwd_s"):
         assert getattr(fb, part) == pytest.approx(getattr(fa, part) / 2, rel=1e-12)
@@ -103,7 +133,7 @@ def test_doubling_sp_halves_compute_and_adds_the_modelled_comm(s):
     n_r, b16 = n / s, 2
     kv = max(LLAMA.kv_heads, s) * LLAMA.head_dim
     layer_bytes = n_r * b16 * (2 * LLAMA.hidden + 2 * kv)
-    per_layer = a2a_time(cm.cluster, s, layer_bytes, 2, 0.7)
+    per_layer = a2a_time(cm, s, layer_bytes, 2)
     assert b.comm_s == pytest.approx(per_layer * 2 * LLAMA.num_layers, rel=1e-12)
 
 
@@ -114,7 +144,7 @@ def test_recompute_repeats_forward_comm():
     c8 = cm.microbatch_cost(tok, fr, 8, 8)
     L = STDIT.num_layers
     # DSP: two all-to-alls of the n/s x h activation per block pair and direction.
-    per_layer = a2a_time(cm.cluster, 8, 30 * 3600 / 8 * 2 * 2 * STDIT.hidden, 2, 0.7)
+    per_layer = a2a_time(cm, 8, 30 * 3600 / 8 * 2 * 2 * STDIT.hidden, 2)
     assert c0.comm_s == pytest.approx(per_layer * 2 * L)
     assert c8.comm_s == pytest.approx(per_layer * (2 * L + 8))
 
@@ -164,7 +194,8 @@ def test_memory_formula_stored_and_checkpointed():
 
 
 def test_step_sync_hierarchical_ring():
-    cm = make_cost_model("llama3_8b", "h200x32")
+    """The built-in assumptions: ring phases serialised at 80% of the links, 10/25 us per hop."""
+    cm = make_cost_model("llama3_8b", "h200x32", use_config_constants=False)
     B = 2 * param_count(LLAMA)
     g, nodes = 8, 4
     expected = (
@@ -180,6 +211,19 @@ def test_step_sync_hierarchical_ring():
     assert one.step_sync_breakdown()["grad_sync_s"] == 0
 
 
+def test_calibrated_all_reduce_overlaps_its_phases():
+    """Calibrated: intra-node phase at allreduce_eff with the calibrated hop latency, the network
+    phase at allreduce_inter_eff, allreduce_overlap of the shorter phase hidden."""
+    cm = make_cost_model("llama3_8b", "h200x32")
+    B = 2 * param_count(LLAMA)
+    g, nodes = 8, 4
+    intra = 2 * (g - 1) / g * B / (450e9 * cm.allreduce_eff) + 2 * (g - 1) * cm.allreduce_hop_latency_s
+    inter = 2 * (nodes - 1) / nodes * (B / g) / (50e9 * cm.allreduce_inter_eff) + 2 * (nodes - 1) * 25e-6
+    expected = intra + inter - cm.allreduce_overlap * min(intra, inter)
+    assert cm.step_sync_breakdown()["grad_sync_s"] == pytest.approx(expected)
+    assert cm.allreduce_time(B, 8) == pytest.approx(intra)
+
+
 def test_scales_move_the_uncertain_constants():
     base = make_cost_model("llama3_8b", "h200x32")
     tok, fr = np.array([1 << 16]), np.array([1])
@@ -187,8 +231,10 @@ def test_scales_move_the_uncertain_constants():
     act = make_cost_model("llama3_8b", "h200x32", scales={"act_bytes": 2.0})
     assert act.sample_memory(tok, fr, 8, 0)[0] == pytest.approx(2 * base.sample_memory(tok, fr, 8, 0)[0])
     a2a = make_cost_model("llama3_8b", "h200x32", scales={"a2a_eff": 0.5})
-    lat = 2 * 2 * LLAMA.num_layers * 10e-6
+    lat = 2 * 2 * LLAMA.num_layers * base.a2a_latency_s
     assert a2a.microbatch_cost(tok, fr, 8, 0).comm_s - lat == pytest.approx(2 * (ref.comm_s - lat))
+    elem = make_cost_model("llama3_8b", "h200x32", scales={"elementwise": 2.0})
+    assert elem._elem_tok_s == pytest.approx(2 * base._elem_tok_s)
     slow_attn = make_cost_model("llama3_8b", "h200x32", scales={"attn_eff": 0.5})
     assert slow_attn.microbatch_cost(tok, fr, 8, 0).fwd_s > ref.fwd_s
     small = make_cost_model("llama3_8b", "h200x32", scales={"small_kernel_eff": 2.0})
@@ -277,4 +323,12 @@ def test_bad_inputs_name_the_choices():
 def test_provenance_names_source_and_constants():
     d = make_cost_model("stdit3_xl2", "h200x32").describe()
     assert d["source"] == "analytical" and d["cluster"] == "h200x32" and d["model"] == "stdit3_xl2"
-    assert d["constants"]["attn_eff_max"] == 0.45 and d["gpu_sources"]["peak_flops"]
+    assert d["gpu_sources"]["peak_flops"]
+    # calibrated constants name where they came from; the rest are the built-in assumptions
+    assert d["constants"]["attn_eff_max"] == cluster_spec("h200x32").gpu.cost_constants["attn_eff_max"]
+    assert d["constant_sources"]["attn_eff_max"].startswith("gpu h200: calibrated")
+    old = make_cost_model("stdit3_xl2", "h200x32", use_config_constants=False).describe()
+    assert old["constants"]["attn_eff_max"] == 0.45
+    assert old["constant_sources"]["attn_eff_max"] == "assumption (built-in default)"
+    assert make_cost_model("stdit3_xl2", "h200x32", attn_eff_max=0.5).describe()["constant_sources"][
+        "attn_eff_max"] == "passed to the cost model"

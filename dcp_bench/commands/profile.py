@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,8 @@ def build_request(own: dict[str, Any], model: Any) -> Any:
 
     kwargs: dict[str, Any] = {}
     for key, value in own.items():
+        if key == "profile.rank_baseline":  # read by run(), not a grid setting
+            continue
         if key == "nproc":
             kwargs["nprocs"] = [int(v) for v in (value if isinstance(value, list) else [value])]
         elif key.startswith("profile."):
@@ -101,6 +104,41 @@ def build_request(own: dict[str, Any], model: Any) -> Any:
     req = ProfileRequest(model=model, **kwargs)
     req.check()
     return req
+
+
+def measure_rank_baseline(model: Any, nproc: int, static: dict[str, Any]) -> dict[str, Any]:
+    """The resident baseline of a real training rank (CPU): a short `dcp-bench train`-style run
+    of ``nproc`` ranks under torchrun on near-empty batches (16-token samples), its largest
+    measured peak resident set (`dcp_bench.runtime.measure`) minus parameters, gradients and
+    AdamW state. A torchrun rank holds more than a profiling process (its own process-group
+    store, the run loop, the records), which the profiled model's workspace must include; the
+    profiling process's own figure is kept as ``process_baseline_bytes_profiler``."""
+    import tempfile
+
+    from dcp_bench.config import load_config, to_container
+    from dcp_bench.records import read_steps
+    from dcp_bench.run.spec import parse_run_spec
+    from dcp_bench.run.torch_run import launch_torch_run
+
+    workload = (["workload=videosys_zipf", "workload.length_scale=4096", "workload.tokens_per_gpu=4096"]
+                if model.arch == "stdit" else
+                ["workload=synthetic_fixed", "workload.length=16", "workload.tokens_per_gpu=64"])
+    with tempfile.TemporaryDirectory(prefix="dcp-baseline-") as tmp:
+        cfg = to_container(load_config([
+            f"model={model.name}", "cluster=cpu", f"nproc={nproc}", *workload, "method=bucket_static",
+            "run.executor=torch", "run.steps=3", "run.warmup_steps=1", f"run.root={tmp}", "run.campaign=baseline",
+            "run.timeout_s=300", "cost.source=analytical",
+        ]))
+        summary = launch_torch_run(parse_run_spec(cfg))
+        if summary.status != "ok":
+            raise ConfigError(f"the rank baseline run of {model.name} on {nproc} ranks failed: {summary.error}")
+        steps = [s for s in read_steps(Path(tmp) / "baseline" / summary.run_id) if not s.warmup]
+    peak = max(max(s.peak_mem_per_rank_gib or [0.0]) for s in steps) * 2**30
+    params, param_bytes = float(static["params"]), float(static["param_bytes"])
+    held = 2 * param_bytes + 8 * params + (4 * params if model.dtype != "fp32" else 0.0)
+    return {"process_baseline_bytes": int(peak - held), "process_baseline_method":
+            f"peak resident set of a {nproc}-rank torchrun training run on 16-token samples, minus "
+            "parameters, gradients and AdamW state"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
     )
     command = "dcp-bench profile " + " ".join(shlex.quote(o) for o in args.overrides)
     artifact = run_profile(req, command=command)
+    if req.device == "cpu" and own.get("profile.rank_baseline", True):
+        for entry in artifact.get("steps", []):
+            entry.update(measure_rank_baseline(model, int(entry["nproc"]), artifact["static"]))
+        artifact["cost"]["wall_s"] = round(time.time() - artifact["cost"]["started_at"], 2)
     atomic_write_text(out, dumps_artifact(artifact))
     print(
         f"wrote {out} (sha256 {sha256_file(out)}) in {artifact['cost']['wall_s']:.1f} s: "

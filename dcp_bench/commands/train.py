@@ -52,11 +52,22 @@ def resolve_train_config(overrides: list[str]) -> dict[str, Any]:
     return cfg
 
 
+def _device(spec: Any) -> str:
+    import torch
+
+    if spec.train.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(spec.train.device)
+
+
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.run.memory_precheck import check_memory_fits
     from dcp_bench.run.spec import parse_run_spec
     from dcp_bench.run.torch_run import launch_torch_run
 
     spec = parse_run_spec(resolve_train_config(list(args.overrides)))
+    # refuse, before any process starts, a run whose plans need more memory than this machine has
+    check_memory_fits(spec, _device(spec))
     summary = launch_torch_run(spec)
     if args.json:
         print(json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True, default=str))

@@ -7,7 +7,8 @@ Time of a sequence-split micro-batch on an SP group of ``s`` ranks, per rank:
 - forward = GEMM FLOPs / (s * peak * eff_gemm(tokens per rank))
   + sum over samples and attention kinds of attention FLOPs / (s * peak * eff_attn(length))
   + memory-bound kernels: tokens per rank x layers x bytes moved per token / memory bandwidth;
-- backward = 2 x forward (the weight- and input-gradient GEMMs; flash-attention's backward);
+- backward = 2 x the forward's GEMMs and memory-bound kernels (weight- and input-gradient GEMMs)
+  + ``attn_bwd_factor`` x the forward's attention time (flash attention's backward);
 - recompute = the forward of the ``ckpt_layers`` checkpointed layers (embedding / head excluded);
 - communication = per layer and direction 2 all-to-alls (Ulysses: fused q/k/v, then the output;
   DSP: the spatial->temporal and temporal->spatial switches), each priced
@@ -15,6 +16,12 @@ Time of a sequence-split micro-batch on an SP group of ``s`` ranks, per rank:
   aligned group spans nodes; paid forward, backward and again for each recomputed layer.
 
 Model FLOPs are 3 x the forward FLOPs and exclude recomputation (the MLPerf rule for MFU).
+
+The uncertain constants (`ASSUMED_CONSTANTS`) are resolved once per model, in this order: a value
+passed to the constructor; the cluster config's ``cost_constants``; the GPU config's
+``cost_constants``; the built-in assumption. The H100/H200 configs carry values calibrated
+against published measurements (``dcp-bench validate``, ``results/validation/``), each with its
+source; ``describe()["constant_sources"]`` says where every value came from.
 """
 
 from __future__ import annotations
@@ -23,11 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dcp_bench.cost.base import CostModel, MicroBatchCost
+from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
+from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
 from dcp_bench.errors import ConfigError
 
-SCALE_KEYS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff")
+SCALE_KEYS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff", "elementwise")
 
 # Adam step traffic per parameter, bytes: read+write fp32 master (8), two fp32 moments (16), read
 # the gradient (2-4) and write the bf16 copy (2): ~30; rounded up to 32 for the non-fused tail.
@@ -46,25 +54,51 @@ class AnalyticalCostModel(CostModel):
     zero_stage: int = 1
     # GEMM efficiency ceiling; None = gpu.matmul_flops / gpu.peak_flops (a measured large GEMM).
     gemm_eff_max: float | None = None
-    # Tokens per rank at which GEMM efficiency is half its ceiling. Assumption: hidden-4096 bf16
-    # GEMMs on Hopper need a few thousand rows to fill 132 SMs with 128x256 tiles; 1,024 puts 50%
-    # at 1K rows and 89% at 8K.
-    gemm_half_tokens: float = 1024.0
-    # Flash-attention efficiency ceiling (share of dense peak). Assumption between FlashAttention-2
-    # on H100 (~35-40% forward+backward) and FlashAttention-3 (~60-75% forward).
-    attn_eff_max: float = 0.45
+    # The constants below are None until resolved (see the module docstring); the assumptions
+    # they fall back to are in ASSUMED_CONSTANTS.
+    # Tokens per rank at which GEMM efficiency is half its ceiling. Assumption 1,024 (hidden-4096
+    # bf16 GEMMs on Hopper need a few thousand rows to fill 132 SMs with 128x256 tiles).
+    gemm_half_tokens: float | None = None
+    # FLOPs of one GEMM at which its efficiency is half the ceiling; when set it replaces
+    # gemm_half_tokens: a model whose layer GEMMs do w multiply-adds per token each (the mean over
+    # the layer's GEMMs) reaches half the ceiling at gemm_half_flops / (2 w) tokens per rank, so a
+    # narrow model (STDiT3, hidden 1152) needs ~12x more tokens than a wide one (Llama 3 8B).
+    # Equivalently every GEMM call costs gemm_half_flops / (ceiling x peak) seconds on top of its
+    # FLOPs. Calibrated on published GEMM timings over many shapes (results/validation/).
+    gemm_half_flops: float | None = None
+    # Flash-attention efficiency ceiling (share of dense peak). Assumption 0.45, between
+    # FlashAttention-2 on H100 (~35-40%) and FlashAttention-3 (~60-75% forward).
+    attn_eff_max: float | None = None
     # Attention length at which attention efficiency is half its ceiling (short temporal attention
-    # over a few frames is latency-bound). Assumption.
-    attn_half_len: float = 512.0
-    # Share of link bandwidth an all-to-all reaches (NCCL all-to-all on NVLink and IB). Assumption.
-    a2a_eff: float = 0.7
-    # Share of bus bandwidth a large ring all-reduce / reduce-scatter reaches. Assumption (NCCL
-    # tests reach ~80% of NVLink and IB line rate at 1 GB messages).
-    allreduce_eff: float = 0.8
+    # over a few frames is latency-bound). Assumption 512.
+    attn_half_len: float | None = None
+    # The same for causal attention (half-empty diagonal tiles cost more at short lengths);
+    # None = attn_half_len.
+    attn_causal_half_len: float | None = None
+    # Attention backward time / attention forward time. Assumption 2 (backward FLOPs are 2.5x
+    # forward FLOPs in flash attention's own count, at a somewhat higher rate).
+    attn_bwd_factor: float | None = None
+    # Share of link bandwidth an all-to-all reaches (NCCL all-to-all on NVLink and IB).
+    # Assumption 0.7.
+    a2a_eff: float | None = None
+    # Fixed cost of one all-to-all inside a node (s); None = the cluster's intra_node_latency_s.
+    a2a_latency_s: float | None = None
+    # Share of bus bandwidth a large ring all-reduce / reduce-scatter reaches. Assumption 0.8
+    # (NCCL tests reach ~80% of NVLink and IB line rate at 1 GB messages).
+    allreduce_eff: float | None = None
+    # The same across nodes (network instead of NVLink); None = allreduce_eff.
+    allreduce_inter_eff: float | None = None
+    # Latency of one ring step of an all-reduce inside a node (s); None = intra_node_latency_s.
+    allreduce_hop_latency_s: float | None = None
+    # Share of the shorter of the intra-node and inter-node all-reduce phases hidden under the
+    # longer one (NCCL pipelines them); None = 0, the phases serialised.
+    allreduce_overlap: float | None = None
     # Memory-bound kernels (norms, RoPE, activations, residual adds, modulation) move this many
     # bytes per byte of activation a layer saves, at the GPU's measured memory bandwidth.
-    # Assumption: each saved tensor is written once and read about once more in the forward.
-    elementwise_bytes_factor: float = 2.0
+    # Assumption 2: each saved tensor is written once and read about once more in the forward.
+    elementwise_bytes_factor: float | None = None
+    # False: ignore the configs' calibrated constants (the built-in assumptions, for comparison).
+    use_config_constants: bool = True
     # The LM loss is computed in chunks of this many tokens per rank, so at most one chunk of fp32
     # logits lives at a time (chunked / vocab-parallel cross-entropy, as long-context trainers do).
     logits_chunk_tokens: int = 4096
@@ -80,21 +114,18 @@ class AnalyticalCostModel(CostModel):
             raise ConfigError(f"zero_stage={self.zero_stage}; expected 0, 1, 2 or 3")
         if not 0 < self.mem_cap_fraction <= 1:
             raise ConfigError(f"mem_cap_fraction={self.mem_cap_fraction}; expected 0 < f <= 1")
+        constant_sources = self._resolve_constants()
         self._derive()
         self.provenance = {
             **self.provenance,
             "constants": {
                 "gemm_eff_max": self._gemm_max,
-                "gemm_half_tokens": self.gemm_half_tokens,
-                "attn_eff_max": self.attn_eff_max,
-                "attn_half_len": self.attn_half_len,
-                "a2a_eff": self.a2a_eff,
-                "allreduce_eff": self.allreduce_eff,
-                "elementwise_bytes_factor": self.elementwise_bytes_factor,
+                **{k: getattr(self, k) for k in (*ASSUMED_CONSTANTS, *OPTIONAL_CONSTANTS)},
                 "zero_stage": self.zero_stage,
                 "logits_chunk_tokens": self.logits_chunk_tokens,
                 "workspace_bytes": self.cluster.gpu.workspace_bytes,
             },
+            "constant_sources": constant_sources,
             "scales": {k: self._scale(k) for k in SCALE_KEYS},
             "gpu": self.cluster.gpu.name,
             "gpu_sources": dict(self.cluster.gpu.sources),
@@ -102,6 +133,31 @@ class AnalyticalCostModel(CostModel):
         }
 
     # ----------------------------------------------------------------------------------- setup
+    def _resolve_constants(self) -> dict[str, str]:
+        """Fill every constant left None (module docstring order) and say where each came from."""
+        c, g = self.cluster, self.cluster.gpu
+        sources: dict[str, str] = {}
+        for key in (*ASSUMED_CONSTANTS, *OPTIONAL_CONSTANTS):
+            if getattr(self, key) is not None:
+                sources[key] = "passed to the cost model"
+                continue
+            value, where = ASSUMED_CONSTANTS.get(key), "assumption (built-in default)"
+            if key in ("a2a_latency_s", "allreduce_hop_latency_s"):
+                value, where = c.intra_node_latency_s, f"cluster {c.name}: intra_node_latency_s"
+            if self.use_config_constants:
+                for owner, consts, srcs in ((f"cluster {c.name}", c.cost_constants, c.sources),
+                                            (f"gpu {g.name}", g.cost_constants, g.sources)):
+                    if key in consts:
+                        value = float(consts[key])
+                        where = f"{owner}: {srcs.get(key) or srcs.get('cost_constants') or 'config'}"
+                        break
+            setattr(self, key, None if value is None else float(value))
+            sources[key] = where
+        for key in ASSUMED_CONSTANTS:
+            if not float(getattr(self, key)) >= 0:
+                raise ConfigError(f"cost constant {key}={getattr(self, key)}: must be >= 0")
+        return sources
+
     def _scale(self, key: str) -> float:
         return float(self.scales.get(key, 1.0))
 
@@ -117,10 +173,20 @@ class AnalyticalCostModel(CostModel):
             self.gemm_eff_max if self.gemm_eff_max is not None else gpu.matmul_flops / gpu.peak_flops
         )
         ske = self._scale("small_kernel_eff")
-        self._gemm_half = self.gemm_half_tokens / ske
+        assert self.gemm_half_tokens is not None and self.attn_half_len is not None
+        assert self.attn_eff_max is not None and self.a2a_eff is not None
+        self._gemm_half_flops = None if self.gemm_half_flops is None else self.gemm_half_flops / ske
         self._attn_half = self.attn_half_len / ske
+        self._attn_causal_half = (self.attn_half_len if self.attn_causal_half_len is None
+                                  else self.attn_causal_half_len) / ske
         self._attn_max = min(1.0, self.attn_eff_max * self._scale("attn_eff"))
         self._a2a = self.a2a_eff * self._scale("a2a_eff")
+        self._attn_bwd = float(self.attn_bwd_factor or 0.0)
+        self._allreduce = float(self.allreduce_eff or 0.0)
+        self._ar_overlap = float(self.allreduce_overlap or 0.0)
+        self._ar_inter = self._allreduce if self.allreduce_inter_eff is None else float(self.allreduce_inter_eff)
+        self._ar_hop = float(self.allreduce_hop_latency_s if self.allreduce_hop_latency_s is not None
+                             else self.cluster.intra_node_latency_s)
         if m.arch == "llama":
             kvd = m.kv_heads * hd
             # q, k, v, o projections and the SwiGLU MLP (gate, up, down): 2 FLOPs per MAC.
@@ -135,6 +201,7 @@ class AnalyticalCostModel(CostModel):
             self._act_sample = 0.0
             # Final-norm input and LM-head input kept for every token.
             self._act_head_tok = 2.0 * b * h
+            self._gemms_per_layer = 7
         else:
             M = m.text_tokens
             # One STDiT block: qkv + out projections, cross-attention q + out projections, MLP
@@ -154,9 +221,19 @@ class AnalyticalCostModel(CostModel):
             # Caption k/v per sample and block, replicated on every rank of the group.
             self._act_sample = 2 * L * b * M * 2 * h
             self._act_head_tok = 1.0 * b * h
+            self._gemms_per_layer = 12  # per block: qkv, proj, cross q and out, fc1, fc2; x2 blocks
+        # Mean multiply-adds per token of one layer GEMM (cross-attention k/v act on captions)
+        # (the STDiT pair's 12h adaLN modulation FLOPs per token are elementwise, not GEMMs)
+        macs = (self._layer_gemm_tok - (12.0 * h if m.arch == "stdit" else 0.0)) / 2.0 / self._gemms_per_layer
+        self.gemm_macs_per_token = macs
+        if self._gemm_half_flops is not None:
+            self._gemm_half = self._gemm_half_flops / (2.0 * macs)
+        else:
+            self._gemm_half = float(self.gemm_half_tokens) / ske
         self._act_in_tok = float(b * h)  # a checkpointed layer keeps only its input
         # Seconds per token per layer of memory-bound kernels on one rank.
-        self._elem_tok_s = self.elementwise_bytes_factor * self._act_full_tok / gpu.measured_mem_bw
+        self._elem_tok_s = (float(self.elementwise_bytes_factor or 0.0) * self._scale("elementwise")
+                            * self._act_full_tok / gpu.measured_mem_bw)
         pb = param_breakdown(m)
         self._params = pb.total
         self._layer_params = pb.per_layer
@@ -167,10 +244,19 @@ class AnalyticalCostModel(CostModel):
         x = np.asarray(tokens_per_rank, dtype=float)
         return self._gemm_max * x / (x + self._gemm_half)
 
-    def attention_efficiency(self, length: np.ndarray | float) -> np.ndarray:
-        """Share of peak flash attention reaches on sequences of ``length`` keys."""
+    def gemm_efficiency_flops(self, flops: np.ndarray | float) -> np.ndarray:
+        """Share of peak one GEMM of ``flops`` reaches (the calibrated per-GEMM law; with only
+        gemm_half_tokens set, that half point in a hidden-size-wide GEMM of this model)."""
+        f = np.asarray(flops, dtype=float)
+        half = self._gemm_half_flops if self._gemm_half_flops is not None else \
+            self._gemm_half * 2.0 * self.gemm_macs_per_token
+        return self._gemm_max * f / (f + half)
+
+    def attention_efficiency(self, length: np.ndarray | float, causal: bool = False) -> np.ndarray:
+        """Share of peak flash attention reaches on sequences of ``length`` keys (``causal``:
+        with a causal mask, FLOPs counted over the causal half)."""
         x = np.asarray(length, dtype=float)
-        return self._attn_max * x / (x + self._attn_half)
+        return self._attn_max * x / (x + (self._attn_causal_half if causal else self._attn_half))
 
     def sample_flops(self, tokens: np.ndarray, frames: np.ndarray) -> dict[str, np.ndarray]:
         """Forward FLOPs of each sample, by part: ``layer_gemm``, ``head_gemm``, ``attn`` (all
@@ -184,7 +270,7 @@ class AnalyticalCostModel(CostModel):
             # QK^T and AV over the causal half of the n x n scores: 2 * (2 n^2 h) / 2.
             a = 2.0 * n * n * m.hidden
             attn = L * a
-            work = attn / self.attention_efficiency(n)
+            work = attn / self.attention_efficiency(n, causal=True)
         else:
             T = np.asarray(frames, dtype=float)
             S = n / T
@@ -219,7 +305,7 @@ class AnalyticalCostModel(CostModel):
         c = self.cluster
         spans = s > c.gpus_per_node
         bw = np.where(spans, c.inter_node_bw, c.intra_node_bw) * self._a2a
-        lat = np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s)
+        lat = np.where(spans, c.inter_node_latency_s, float(self.a2a_latency_s or 0.0))
         t = collectives * lat + np.asarray(nbytes) * (s - 1) / s / bw
         return np.where(s > 1, t, 0.0)
 
@@ -257,23 +343,34 @@ class AnalyticalCostModel(CostModel):
             out["logits_chunk"] = float(self.logits_chunk_tokens * self.model.vocab * (b + 4))
         return {k: float(v) for k, v in out.items()}
 
+    def allreduce_time(self, nbytes: float, ranks: int) -> float:
+        """Time of one all-reduce of ``nbytes`` per rank over ``ranks`` aligned ranks: a
+        hierarchical ring, reduce-scatter + all-gather inside the node, then an all-reduce of each
+        GPU's 1/g shard across nodes (ZeRO's reduce-scatter + parameter all-gather move the same
+        bytes as one all-reduce); ``allreduce_overlap`` of the shorter phase hidden under the
+        longer."""
+        c = self.cluster
+        if ranks <= 1:
+            return 0.0
+        g = min(c.gpus_per_node, ranks)
+        nodes = max(1, ranks // c.gpus_per_node) if ranks > c.gpus_per_node else 1
+        t = 0.0
+        if g > 1:
+            t += 2 * (g - 1) / g * nbytes / (c.intra_node_bw * self._allreduce)
+            t += 2 * (g - 1) * self._ar_hop
+        inter = 0.0
+        if nodes > 1:
+            inter += 2 * (nodes - 1) / nodes * (nbytes / g) / (c.inter_node_bw * self._ar_inter)
+            inter += 2 * (nodes - 1) * c.inter_node_latency_s
+        # NCCL pipelines the two phases; allreduce_overlap is the share of the shorter one hidden
+        return t + inter - self._ar_overlap * min(t, inter)
+
     def step_sync_breakdown(self) -> dict[str, float]:
         """Gradient synchronisation and optimizer time once per step (s)."""
         c = self.cluster
-        W, g, nodes = c.world_size, min(c.gpus_per_node, c.world_size), c.num_nodes
-        B = self._params * self._b  # gradients are reduced in the model dtype
-        comm = 0.0
-        if W > 1:
-            # Hierarchical ring: reduce-scatter + all-gather inside the node, then all-reduce of
-            # each GPU's 1/g shard across nodes (ZeRO's reduce-scatter + parameter all-gather move
-            # the same bytes as one all-reduce).
-            if g > 1:
-                comm += 2 * (g - 1) / g * B / (c.intra_node_bw * self.allreduce_eff)
-                comm += 2 * (g - 1) * c.intra_node_latency_s
-            if nodes > 1:
-                comm += 2 * (nodes - 1) / nodes * (B / g) / (c.inter_node_bw * self.allreduce_eff)
-                comm += 2 * (nodes - 1) * c.inter_node_latency_s
-        shard = self._params / (W if self.zero_stage >= 1 else 1)
+        # gradients are reduced in the model dtype
+        comm = self.allreduce_time(self._params * self._b, c.world_size)
+        shard = self._params / (c.world_size if self.zero_stage >= 1 else 1)
         opt = shard * ADAM_BYTES_PER_PARAM / c.gpu.measured_mem_bw
         return {"grad_sync_s": comm, "optimizer_s": opt}
 
@@ -304,6 +401,7 @@ class AnalyticalCostModel(CostModel):
         t_head = per_mb(fl["head_gemm"]) / rate
         t_attn = per_mb(fl["attn_work"]) / (s * self._peak)
         fwd = t_layer_gemm + t_head + t_attn
+        bwd = 2.0 * (t_layer_gemm + t_head) + self._attn_bwd * t_attn
         L = self._L
         recompute = k / L * (t_layer_gemm + t_attn)
         comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, s), s, collectives=2)
@@ -312,7 +410,7 @@ class AnalyticalCostModel(CostModel):
         flops = 3.0 * per_mb(fl["layer_gemm"] + fl["head_gemm"] + fl["attn"])
         return {
             "fwd_s": fwd,
-            "bwd_s": 2.0 * fwd,
+            "bwd_s": bwd,
             "recompute_s": recompute,
             "comm_s": comm,
             "mem_bytes": act + self.static_memory_bytes(),
@@ -340,15 +438,10 @@ class AnalyticalCostModel(CostModel):
         return MicroBatchCost(**{key: float(v[0]) for key, v in c.items()})
 
     def _batch_split_cost(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt: int) -> MicroBatchCost:
-        """Whole samples dealt to the group's ranks (longest first, to the least-loaded rank); the
-        group finishes with its slowest rank; no sequence-parallel communication."""
-        alone = self.sample_time(tokens, frames, 1, ckpt)
-        load = np.zeros(sp)
-        owner = np.empty(len(tokens), dtype=np.int64)
-        for i in np.argsort(-alone, kind="stable"):
-            r = int(np.argmin(load))
-            owner[i] = r
-            load[r] += alone[i]
+        """Whole samples dealt to the group's ranks as the runtime deals them (by tokens, largest
+        first, to the least-loaded rank); the group finishes with its slowest rank; no
+        sequence-parallel communication."""
+        owner = deal_by_tokens(tokens, sp)
         used = np.unique(owner)
         c = self.microbatch_costs(tokens, frames, np.searchsorted(used, owner),
                                   np.ones(len(used)), np.full(len(used), ckpt))
@@ -377,14 +470,16 @@ class AnalyticalCostModel(CostModel):
         fl = self.sample_flops(tokens, frames)
         rate = s * self._peak * self._gemm_max  # saturated GEMMs
         n_r = np.asarray(tokens, dtype=float) / s
-        layer = fl["layer_gemm"] / rate + fl["attn_work"] / (s * self._peak) + n_r * L * self._elem_tok_s
-        fwd = layer + fl["head_gemm"] / rate
+        attn = fl["attn_work"] / (s * self._peak)
+        dense = fl["layer_gemm"] / rate + n_r * L * self._elem_tok_s
+        layer = dense + attn
+        fwd_bwd = 3.0 * (dense + fl["head_gemm"] / rate) + (1.0 + self._attn_bwd) * attn
         comm = np.zeros_like(n_r)
         if sp > 1:  # bytes only: collective latencies are shared by the samples of a micro-batch
             c = self.cluster
             bw = (c.inter_node_bw if sp > c.gpus_per_node else c.intra_node_bw) * self._a2a
             comm = self.a2a_bytes_per_layer(n_r, np.full(len(n_r), sp)) * (s - 1) / s / bw * (2 * L + k)
-        return 3.0 * fwd + k / L * layer + comm
+        return fwd_bwd + k / L * layer + comm
 
     def microbatch_overhead(self, sp: int, ckpt_layers: int) -> float:
         # GEMM time at x tokens per rank is F / (s * peak * gmax) * (1 + half / x): the first term

@@ -24,6 +24,20 @@ if TYPE_CHECKING:
     from dcp_bench.cost.specs import ClusterSpec, ModelSpec
 
 
+def deal_by_tokens(tokens: np.ndarray, size: int) -> np.ndarray:
+    """The rank (0..size-1) each sample of a batch-split micro-batch runs on, dealt as the runtime
+    deals them (`dcp_bench.runtime.executor.deal_samples`): largest first (ties by position),
+    each to the rank with the fewest tokens so far (ties to the lowest rank)."""
+    t = np.asarray(tokens)
+    owner = np.empty(len(t), dtype=np.int64)
+    load = np.zeros(size)
+    for i in sorted(range(len(t)), key=lambda j: (-int(t[j]), j)):
+        r = int(np.argmin(load))  # argmin returns the lowest index among ties
+        owner[i] = r
+        load[r] += int(t[i])
+    return owner
+
+
 @dataclass(frozen=True)
 class MicroBatchCost:
     """Predicted cost of one micro-batch on one SP group (per rank; all ranks of a group are

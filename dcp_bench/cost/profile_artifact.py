@@ -12,9 +12,14 @@ Schema (``schema_version`` 1)::
       "outer": [OuterPoint...],           # the model minus its layers (embedding, head, loss)
       "collectives": [CollectivePoint...],
       "static": {params, param_bytes, layer_params, optimizer_step_s},
+      "steps": [{nproc, step_overhead_s, process_baseline_bytes}...],  # CPU: per world size
       "ceilings": {...},                  # GPU calibration only: matmul and copy ceilings
       "cost": {wall_s, started_at, finished_at, command},
     }
+
+Layer and outer points carry ``n_samples`` (samples in the micro-batch); outer points also
+``inputs_s`` (building the micro-batch's inputs). Older artifacts without these fields are read
+as one sample per point and no input cost.
 
 Every timing is a summary of several repetitions after warm-up: ``{"median", "p25", "p75",
 "n"}`` in seconds. A file is identified by the SHA-256 of its bytes (``sha256sum`` reproduces

@@ -1,9 +1,13 @@
 """Fits that turn measured grid points into functions of size.
 
-Per-layer time is ``a + b * tokens_per_rank + c * pairs_per_rank`` (pairs: the attention's
-query-key pairs, `attention_pairs`), the a + bT + cT^2 law written so that packed micro-batches
-(many short samples: few pairs) and single long samples share one fit. Collectives are
-``latency + bytes / bandwidth``. Coefficients are non-negative (a negative cost per token would
+Per-layer time is ``a + b * tokens_per_rank + c * pairs_per_rank + d * samples`` (pairs: the
+attention's query-key pairs, `attention_pairs`; samples: how many samples the rank's micro-batch
+holds), the a + bT + cT^2 law written so that packed micro-batches (many short samples: few
+pairs) and single long samples share one fit, plus what every sample costs on its own (the
+runtime's attention loops over the samples of a packed micro-batch: one kernel launch and its
+bookkeeping per sample, which dominates micro-batches of many tiny samples). Activation bytes
+are ``b * T + c * P + d * samples`` (no intercept: an empty micro-batch saves nothing).
+Collectives are ``latency + bytes / bandwidth``. Coefficients are non-negative (a negative cost per token would
 extrapolate to negative times) and the fit minimises *relative* error, so small and large grid
 points count alike.
 """
@@ -76,11 +80,21 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray) -> LinearFit:
     )
 
 
-def layer_features(tokens_per_rank: np.ndarray, pairs_per_rank: np.ndarray) -> np.ndarray:
-    """Design matrix [1, T, pairs] of the per-layer time law."""
+def layer_features(
+    tokens_per_rank: np.ndarray, pairs_per_rank: np.ndarray, samples: np.ndarray | float = 0.0
+) -> np.ndarray:
+    """Design matrix [1, T, pairs, samples] of the per-layer time law."""
     t = np.asarray(tokens_per_rank, dtype=float)
     p = np.asarray(pairs_per_rank, dtype=float)
-    return np.stack([np.ones_like(t), t, p], axis=-1)
+    n = np.broadcast_to(np.asarray(samples, dtype=float), t.shape)
+    return np.stack([np.ones_like(t), t, p, n], axis=-1)
+
+
+def memory_features(
+    tokens_per_rank: np.ndarray, pairs_per_rank: np.ndarray, samples: np.ndarray | float = 0.0
+) -> np.ndarray:
+    """Design matrix [T, pairs, samples] of the activation-bytes law."""
+    return layer_features(tokens_per_rank, pairs_per_rank, samples)[..., 1:]
 
 
 def collective_features(nbytes: np.ndarray) -> np.ndarray:

@@ -1,15 +1,25 @@
 """`ProfiledCostModel`: the cost model whose numbers come from a measured profile artifact.
 
 It reads the artifact `dcp-bench profile` writes (`dcp_bench.cost.profile_artifact`) and fits, per
-SP degree, the per-layer forward, backward and recompute time as ``a + b*T + c*P`` (T: tokens per
-rank, P: attention query-key pairs per rank, so packed micro-batches and long single samples share
-one law), activation bytes per layer as ``b*T``, the rest of the model (embedding, head, loss) as
-``a + b*T``, and every collective as ``latency + bytes/bandwidth``. Measurements taken with the
-same number of processes as the cluster's world size are preferred (ranks share the machine's
-cores, so timings depend on how many run at once).
+SP degree, the per-layer forward, backward and recompute time as ``a + b*T + c*P + d*N`` (T:
+tokens per rank, P: attention query-key pairs per rank, N: samples in the micro-batch, so packed
+micro-batches of many short samples and long single samples share one law), activation bytes per
+layer as ``b*T + c*P + d*N``, the rest of the model (embedding, head, loss) and the building of a
+micro-batch's inputs as ``a + b*T + d*N``, and every collective as ``latency + bytes/bandwidth``.
+On CPU, memory is what the process holds: the measured process baseline as workspace, and the
+activations times the measured ``resident_factor`` (the resident set's growth per byte autograd
+saves: glibc's allocator keeps freed blocks, and ops allocate temporaries).
+Measurements taken with the same number of processes as the cluster's world size are preferred
+(ranks share the machine's cores, so timings depend on how many run at once).
+
+What the profile did not measure comes from the analytical model of the same model and cluster
+(with the cluster's calibrated constants), never from a guess: collectives of a group size or an
+operation the profile lacks (a one-GPU profile measures none; a one-node profile none across
+nodes), and the gradient sync of a world the profile did not run. `describe()["fallbacks"]` lists
+them.
 
 Provenance (`describe`) names the profile by path and SHA-256, what profiling cost (wall time),
-and the fits' errors; run records copy it.
+the fits' errors and the fallbacks; run records copy it.
 """
 
 from __future__ import annotations
@@ -19,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from dcp_bench.cost.base import CostModel, MicroBatchCost
+from dcp_bench.cost.analytical import AnalyticalCostModel
+from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
 from dcp_bench.cost.profile_artifact import (
     attention_pairs,
     load_artifact,
@@ -30,6 +41,7 @@ from dcp_bench.cost.profile_fit import (
     collective_features,
     fit_nonnegative,
     layer_features,
+    memory_features,
 )
 from dcp_bench.errors import ConfigError
 from dcp_bench.files import sha256_file
@@ -42,23 +54,31 @@ class LayerTables:
     """The fits for one SP degree."""
 
     time: dict[str, LinearFit]  # phase -> per-layer time law
-    act_bytes_per_token: float  # autograd-saved bytes per token per rank, one layer
-    ckpt_bytes_per_token: float  # the same with the layer checkpointed
+    act: LinearFit  # autograd-saved bytes of one layer (features: memory_features)
+    ckpt_bytes_per_token: float  # the same with the layer checkpointed (its input only)
+
+    @property
+    def act_bytes_per_token(self) -> float:
+        """The per-token coefficient of the activation law (kept for callers of older versions)."""
+        return float(self.act.coef[0])
+
+
+def _samples(p: dict[str, Any]) -> int:
+    return int(p.get("n_samples", len(p.get("sample_tokens", [0]))))
 
 
 def fit_layer_tables(points: list[dict[str, Any]]) -> LayerTables:
     """Fit one SP degree's grid points (all with the same ``sp`` and ``nproc``)."""
-    x = layer_features(
-        np.array([p["tokens_per_rank"] for p in points]),
-        np.array([p["pairs_per_rank"] for p in points]),
-    )
+    tpr = np.array([p["tokens_per_rank"] for p in points], dtype=float)
+    ppr = np.array([p["pairs_per_rank"] for p in points], dtype=float)
+    n = np.array([_samples(p) for p in points], dtype=float)
+    x = layer_features(tpr, ppr, n)
     fwd = np.array([p["fwd_s"]["median"] for p in points])
     bwd = np.array([p["bwd_s"]["median"] for p in points])
     bwd_ckpt = np.array([p["bwd_ckpt_s"]["median"] for p in points])
     # recompute = the extra backward time checkpointing costs; noise can make it dip below zero
     # at tiny sizes, where it is then treated as free
     recompute = np.maximum(bwd_ckpt - bwd, 1e-9)
-    tpr = np.array([p["tokens_per_rank"] for p in points], dtype=float)
     act = np.array([p["act_bytes"] for p in points], dtype=float)
     ckpt = np.array([p["ckpt_bytes"] for p in points], dtype=float)
     return LayerTables(
@@ -67,7 +87,7 @@ def fit_layer_tables(points: list[dict[str, Any]]) -> LayerTables:
             "bwd": fit_nonnegative(x, bwd),
             "recompute": fit_nonnegative(x, recompute),
         },
-        act_bytes_per_token=float(act.sum() / tpr.sum()),
+        act=fit_nonnegative(memory_features(tpr, ppr, n), np.maximum(act, 1.0)),
         ckpt_bytes_per_token=float(ckpt.sum() / tpr.sum()),
     )
 
@@ -77,6 +97,13 @@ def _pick_nproc(available: set[int], world: int) -> int:
         return world
     below = [n for n in available if n <= world]
     return max(below) if below else min(available)
+
+
+def _drop_intercept(x: np.ndarray) -> np.ndarray:
+    """Features with the constant column zeroed: a sample's share of a packed micro-batch."""
+    out = np.array(x, dtype=float)
+    out[..., 0] = 0.0
+    return out
 
 
 @dataclass
@@ -116,40 +143,30 @@ class ProfiledCostModel(CostModel):
         layers = [p for p in self.artifact["layers"] if not p.get("oom")]
         if not layers:
             raise ConfigError(f"profile {str(path)!r} holds no layer measurements")
+        # what the profile did not measure (see the module docstring)
+        self.analytical = AnalyticalCostModel(model=self.model, cluster=self.cluster,
+                                              mem_cap_fraction=self.mem_cap_fraction)
+        self.fallbacks: set[str] = set()
         self.nproc = _pick_nproc({int(p["nproc"]) for p in layers}, self.cluster.world_size)
         mine = [p for p in layers if int(p["nproc"]) == self.nproc]
         self.tables: dict[int, LayerTables] = {}
         for sp in sorted({int(p["sp"]) for p in mine}):
             self.tables[sp] = fit_layer_tables([p for p in mine if int(p["sp"]) == sp])
-        outer = [
-            p for p in self.artifact.get("outer", []) if int(p["nproc"]) == self.nproc and not p.get("oom")
-        ]
-        self.outer: dict[str, LinearFit] = {}
-        if outer:
-            xo = layer_features(np.array([p["tokens_per_rank"] for p in outer]), np.zeros(len(outer)))
-            for phase in ("fwd", "bwd"):
-                self.outer[phase] = fit_nonnegative(xo, np.array([p[f"{phase}_s"]["median"] for p in outer]))
-            tpr = np.array([p["tokens_per_rank"] for p in outer], dtype=float)
-            self.outer_bytes_per_token = float(
-                np.array([p["act_bytes"] for p in outer], dtype=float).sum() / tpr.sum()
-            )
-        else:
-            self.outer_bytes_per_token = 0.0
-        self.collectives: dict[tuple[str, int], LinearFit] = {}
-        coll = self.artifact["collectives"]
-        procs = {int(p["nproc"]) for p in coll}
-        if procs:
-            cn = _pick_nproc(procs, self.cluster.world_size)
-            for op, g in sorted({(p["op"], int(p["group_size"])) for p in coll if int(p["nproc"]) == cn}):
-                pts = [p for p in coll if p["op"] == op and int(p["group_size"]) == g and int(p["nproc"]) == cn]
-                self.collectives[(op, g)] = fit_nonnegative(
-                    collective_features(np.array([p["bytes"] for p in pts])),
-                    np.array([p["time_s"]["median"] for p in pts]),
-                )
+        self._fit_outer()
+        self._fit_collectives()
         static = self.artifact["static"]
         self.params = int(static["params"])
         self.param_bytes = float(static["param_bytes"])
         self.optimizer_step_s = float(static.get("optimizer_step_s", 0.0))
+        steps = {int(s["nproc"]): s for s in self.artifact.get("steps", [])}
+        self.step_entry: dict[str, Any] | None = steps.get(self.nproc)
+        # resident bytes per saved activation byte and the step's own resident buffers, measured
+        # on CPU (1 and 0: the saved bytes)
+        entry = self.step_entry or {}
+        # the largest factor any world size measured: it describes the machine's allocator, and
+        # repeated measurements of it vary by ~15%; planning under a cap needs the safe side
+        self.resident_factor = max([1.0, *(float(s.get("resident_factor") or 1.0) for s in steps.values())])
+        self.resident_fixed_bytes = max(0.0, float(entry.get("resident_fixed_bytes") or 0.0))
         self.provenance = {
             **self.provenance,
             "profile_path": self.profile,
@@ -161,6 +178,10 @@ class ProfiledCostModel(CostModel):
             "profile_wall_s": self.artifact.get("cost", {}).get("wall_s"),
             "profile_nproc_used": self.nproc,
             "fit_max_rel_err": self.fit_max_rel_err(),
+            "workspace_bytes": self.workspace_bytes(),
+            "workspace_source": self._workspace_source(),
+            "resident_factor": self.resident_factor,
+            "resident_fixed_bytes": self.resident_fixed_bytes,
         }
         # the same, grouped as run records store it (RunSummary.profile)
         self.provenance["profile"] = {
@@ -170,7 +191,46 @@ class ProfiledCostModel(CostModel):
             "hardware": self.provenance["profile_hardware"],
         }
 
+    def describe(self) -> dict[str, Any]:
+        """Provenance, with the quantities the analytical model supplied so far (``fallbacks``)."""
+        out = super().describe()
+        out["fallbacks"] = sorted(self.fallbacks)
+        if self.fallbacks:
+            out["fallback_constants"] = self.analytical.provenance.get("constants")
+        return out
+
     # --- fits -------------------------------------------------------------------------------
+
+    def _fit_outer(self) -> None:
+        outer = [
+            p for p in self.artifact.get("outer", []) if int(p["nproc"]) == self.nproc and not p.get("oom")
+        ]
+        self.outer: dict[str, LinearFit] = {}
+        self.outer_act: LinearFit | None = None
+        if not outer:
+            return
+        tpr = np.array([p["tokens_per_rank"] for p in outer], dtype=float)
+        n = np.array([int(p.get("n_samples", 1)) for p in outer], dtype=float)
+        xo = layer_features(tpr, np.zeros(len(outer)), n)
+        for phase in ("fwd", "bwd", "inputs"):
+            if all(f"{phase}_s" in p for p in outer):
+                self.outer[phase] = fit_nonnegative(xo, np.array([p[f"{phase}_s"]["median"] for p in outer]))
+        act = np.maximum(np.array([p["act_bytes"] for p in outer], dtype=float), 1.0)
+        self.outer_act = fit_nonnegative(memory_features(tpr, np.zeros(len(outer)), n), act)
+
+    def _fit_collectives(self) -> None:
+        self.collectives: dict[tuple[str, int], LinearFit] = {}
+        coll = self.artifact["collectives"]
+        procs = {int(p["nproc"]) for p in coll}
+        if not procs:
+            return
+        cn = _pick_nproc(procs, self.cluster.world_size)
+        for op, g in sorted({(p["op"], int(p["group_size"])) for p in coll if int(p["nproc"]) == cn}):
+            pts = [p for p in coll if p["op"] == op and int(p["group_size"]) == g and int(p["nproc"]) == cn]
+            self.collectives[(op, g)] = fit_nonnegative(
+                collective_features(np.array([p["bytes"] for p in pts])),
+                np.array([p["time_s"]["median"] for p in pts]),
+            )
 
     def fit_max_rel_err(self) -> dict[str, float]:
         """Largest in-sample relative error of each fit, by name (e.g. ``sp2.fwd``)."""
@@ -178,31 +238,38 @@ class ProfiledCostModel(CostModel):
         for sp, tab in self.tables.items():
             for phase, fit in tab.time.items():
                 out[f"sp{sp}.{phase}"] = round(fit.max_rel_err, 4)
+            out[f"sp{sp}.act_bytes"] = round(tab.act.max_rel_err, 4)
+        for phase, fit in self.outer.items():
+            out[f"outer.{phase}"] = round(fit.max_rel_err, 4)
         for (op, g), fit in self.collectives.items():
             out[f"{op}.g{g}"] = round(fit.max_rel_err, 4)
         return out
 
-    def _table(self, sp: int) -> LayerTables:
+    def _table(self, sp: int) -> tuple[int, LayerTables]:
+        """The measured SP degree whose per-rank law serves ``sp`` (itself when measured; else
+        the nearest: its features are per rank, only the all-to-all share differs, and that is
+        swapped in `_sequence_costs`)."""
         if sp in self.tables:
-            return self.tables[sp]
-        # beyond the measured degrees the per-rank law of the nearest measured degree is used:
-        # its features are already per rank, only the all-to-all share grows
+            return sp, self.tables[sp]
         nearest = min(self.tables, key=lambda s: (abs(np.log2(s) - np.log2(sp)), -s))
-        return self.tables[nearest]
+        return nearest, self.tables[nearest]
 
-    def collective_time(self, op: str, group_size: int, nbytes: float) -> float:
+    def collective_time(self, op: str, group_size: int, nbytes: np.ndarray | float) -> np.ndarray:
         """Predicted time of one collective (``all_to_all`` or ``all_reduce``) of ``nbytes`` per
-        rank over ``group_size`` ranks."""
+        rank over an aligned group of ``group_size`` ranks: the profile's fit when it measured
+        that operation and group size, else the analytical model's price (recorded as a
+        fallback)."""
+        b = np.atleast_1d(np.asarray(nbytes, dtype=float))
         if group_size <= 1:
-            return 0.0
-        if (op, group_size) in self.collectives:
-            fit = self.collectives[(op, group_size)]
-        else:
-            sizes = [g for (o, g) in self.collectives if o == op]
-            if not sizes:
-                return 0.0
-            fit = self.collectives[(op, min(sizes, key=lambda g: abs(g - group_size)))]
-        return float(fit.predict(collective_features(np.array([nbytes])))[0])
+            return np.zeros_like(b)
+        fit = self.collectives.get((op, group_size))
+        if fit is not None:
+            return fit.predict(collective_features(b))
+        self.fallbacks.add(f"{op} over {group_size} ranks: analytical")
+        g = np.full(len(b), group_size)
+        if op == "all_to_all":
+            return self.analytical.a2a_time(b, g, collectives=1)
+        return np.array([self.analytical.allreduce_time(float(x), group_size) for x in b])
 
     def _a2a_bytes_per_token(self) -> list[float]:
         """Bytes per local token of each all-to-all one layer issues in its forward pass (the
@@ -216,52 +283,63 @@ class ProfiledCostModel(CostModel):
 
     # --- CostModel --------------------------------------------------------------------------
 
-    def _layer_time(self, tab: LayerTables, phase: str, tpr: np.ndarray, ppr: np.ndarray) -> np.ndarray:
-        return tab.time[phase].predict(layer_features(tpr, ppr))
-
-    def _outer_time(self, phase: str, tpr: np.ndarray) -> np.ndarray:
+    def _outer_time(self, phase: str, x: np.ndarray) -> np.ndarray:
         if phase not in self.outer:
-            return np.zeros_like(tpr, dtype=float)
-        return self.outer[phase].predict(layer_features(tpr, np.zeros_like(tpr, dtype=float)))
+            return np.zeros(len(x), dtype=float)
+        return self.outer[phase].predict(x)
 
     def _comm_per_layer(self, sp: int, tpr: np.ndarray) -> np.ndarray:
-        """All-to-all time of one layer, forward + backward, from the collective fit."""
+        """All-to-all time of one layer, forward + backward."""
         if sp <= 1:
             return np.zeros_like(tpr, dtype=float)
         total = np.zeros_like(tpr, dtype=float)
         for per_token in self._a2a_bytes_per_token():
-            fit = self.collectives.get(("all_to_all", sp))
-            if fit is None:
-                total += np.array([self.collective_time("all_to_all", sp, t * per_token) for t in tpr])
-            else:
-                total += fit.predict(collective_features(tpr * per_token))
+            total += self.collective_time("all_to_all", sp, tpr * per_token)
         return 2.0 * total
 
     def _sequence_costs(
-        self, tpr: np.ndarray, ppr: np.ndarray, sp: int, ckpt_layers: int
+        self, tpr: np.ndarray, ppr: np.ndarray, n: np.ndarray, sp: int, ckpt_layers: int, packed_share: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(fwd, bwd, recompute, comm) seconds for micro-batches with the given per-rank sizes."""
+        """(fwd, bwd, recompute, comm) seconds for micro-batches with the given per-rank sizes.
+        ``packed_share``: without the per-micro-batch constants (see `sample_time_packed`)."""
         L = self.model.num_layers
-        tab = self._table(sp)
-        fwd_l = self._layer_time(tab, "fwd", tpr, ppr)
-        bwd_l = self._layer_time(tab, "bwd", tpr, ppr)
-        rec_l = self._layer_time(tab, "recompute", tpr, ppr)
-        # measured layer times at sp > 1 include the layer's all-to-alls; report that share as
-        # communication so totals stay equal to what was measured
-        comm_l = np.minimum(self._comm_per_layer(sp, tpr), 0.9 * (fwd_l + bwd_l))
-        share = np.where(fwd_l + bwd_l > 0, comm_l / np.maximum(fwd_l + bwd_l, 1e-30), 0.0)
-        fwd = L * fwd_l * (1 - share) + self._outer_time("fwd", tpr)
-        bwd = L * bwd_l * (1 - share) + self._outer_time("bwd", tpr)
+        sp_t, tab = self._table(sp)
+        x = layer_features(tpr, ppr, n)
+        xo = layer_features(tpr, np.zeros_like(tpr), n)
+        if packed_share:
+            x, xo = _drop_intercept(x), _drop_intercept(xo)
+        fwd_l = tab.time["fwd"].predict(x)
+        bwd_l = tab.time["bwd"].predict(x)
+        rec_l = tab.time["recompute"].predict(x)
+        # layer times measured at sp_t > 1 include that degree's all-to-alls: take them out
+        # (never below a tenth of the measurement) and price the all-to-alls of this degree
+        inside = np.minimum(self._comm_per_layer(sp_t, tpr), 0.9 * (fwd_l + bwd_l))
+        keep = np.where(fwd_l + bwd_l > 0, 1.0 - inside / np.maximum(fwd_l + bwd_l, 1e-30), 1.0)
+        comm_l = self._comm_per_layer(sp, tpr)
+        if packed_share and sp > 1:  # bytes only: latencies are shared by a micro-batch's samples
+            comm_l = comm_l - self._comm_per_layer(sp, np.zeros_like(tpr))
+        fwd = L * fwd_l * keep + self._outer_time("fwd", xo) + self._outer_time("inputs", xo)
+        bwd = L * bwd_l * keep + self._outer_time("bwd", xo)
+        # recompute is measured (checkpointed minus plain backward) with its all-to-alls inside
         return fwd, bwd, ckpt_layers * rec_l, L * comm_l
 
-    def _activation_bytes(self, tpr: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+    def _activation_bytes(self, tpr: np.ndarray, ppr: np.ndarray, n: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
         L = self.model.num_layers
-        tab = self._table(sp)
+        _, tab = self._table(sp)
         k = min(max(ckpt_layers, 0), L)
-        per_layer = tab.act_bytes_per_token * tpr
-        mem = (L - k) * per_layer + k * tab.ckpt_bytes_per_token * tpr + self.outer_bytes_per_token * tpr
+        per_layer = tab.act.predict(memory_features(tpr, ppr, n))
+        outer = self.outer_act.predict(memory_features(tpr, np.zeros_like(tpr), n)) if self.outer_act else 0.0
+        mem = (L - k) * per_layer + k * tab.ckpt_bytes_per_token * tpr + outer
         # recomputing a checkpointed layer materialises its activations once more
-        return mem + (per_layer if k > 0 else 0.0)
+        mem = mem + (per_layer if k > 0 else 0.0)
+        # what the process really holds for them (allocator retention, ops' temporaries)
+        return mem * self.resident_factor
+
+    def _sizes(self, tokens: np.ndarray, frames: np.ndarray, sp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-rank (tokens, pairs, samples) of one micro-batch holding all of ``tokens``."""
+        tpr = np.array([tokens.sum() / sp])
+        ppr = np.array([attention_pairs(tokens, frames, self.model.arch).sum() / sp])
+        return tpr, ppr, np.array([float(len(tokens))])
 
     def microbatch_cost(
         self,
@@ -271,62 +349,79 @@ class ProfiledCostModel(CostModel):
         ckpt_layers: int,
         split: str = "sequence",
     ) -> MicroBatchCost:
-        tokens = np.asarray(tokens, dtype=float)
-        frames = np.asarray(frames, dtype=float)
+        tokens = np.atleast_1d(np.asarray(tokens, dtype=float))
+        frames = np.atleast_1d(np.asarray(frames, dtype=float))
         flops = self.model_flops(tokens, frames)
-        if split == "batch" and sp > 1:
-            # whole samples dealt to the group's ranks (longest first to the least loaded); the
-            # group finishes with its slowest rank
-            alone = self.sample_time(tokens, frames, 1, ckpt_layers)
-            loads = np.zeros(sp)
-            owner = np.zeros(len(tokens), dtype=int)
-            for i in np.argsort(-alone, kind="stable"):
-                r = int(np.argmin(loads))
-                loads[r] += alone[i]
-                owner[i] = r
-            slow = int(np.argmax(loads))
-            sel = owner == slow
-            sub = self.microbatch_cost(tokens[sel], frames[sel], 1, ckpt_layers)
-            mem = max(
-                float(self._activation_bytes(np.array([tokens[owner == r].sum()]), 1, ckpt_layers)[0])
-                for r in range(sp)
-            )
-            return MicroBatchCost(
-                sub.fwd_s, sub.bwd_s, sub.recompute_s, sub.comm_s,
-                mem + self.static_memory_bytes(), flops,
-            )
         if split not in ("sequence", "batch"):
-            raise ValueError(f"split must be 'sequence' or 'batch', got {split!r}")
-        tpr = np.array([tokens.sum() / sp])
-        ppr = np.array([attention_pairs(tokens, frames, self.model.arch).sum() / sp])
-        fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, sp, ckpt_layers)
-        mem = float(self._activation_bytes(tpr, sp, ckpt_layers)[0]) + self.static_memory_bytes()
+            raise ConfigError(f"split={split!r}; expected 'sequence' or 'batch'")
+        if split == "batch" and sp > 1:
+            # whole samples dealt to the group's ranks as the runtime deals them (by tokens,
+            # largest first to the least loaded); the group finishes with its slowest rank
+            owner = deal_by_tokens(tokens, sp)
+            parts = [self.microbatch_cost(tokens[owner == r], frames[owner == r], 1, ckpt_layers)
+                     for r in range(sp) if np.any(owner == r)]
+            slow = max(parts, key=lambda c: c.total_s)
+            mem = max(c.mem_bytes for c in parts)
+            return MicroBatchCost(slow.fwd_s, slow.bwd_s, slow.recompute_s, 0.0, mem, flops)
+        tpr, ppr, n = self._sizes(tokens, frames, sp)
+        fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, n, sp, ckpt_layers)
+        mem = float(self._activation_bytes(tpr, ppr, n, sp, ckpt_layers)[0]) + self.static_memory_bytes()
         return MicroBatchCost(float(fwd[0]), float(bwd[0]), float(rec[0]), float(comm[0]), mem, flops)
 
     def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=float)
         tpr = tokens / sp
         ppr = attention_pairs(tokens, np.asarray(frames, dtype=float), self.model.arch) / sp
-        fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, sp, ckpt_layers)
+        fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, np.ones_like(tpr), sp, ckpt_layers)
+        return fwd + bwd + rec + comm
+
+    def sample_time_packed(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
+    ) -> np.ndarray:
+        """Each sample's share of a packed micro-batch: its per-token, per-pair and per-sample
+        terms, without the constants a micro-batch pays once (the laws' intercepts and the
+        collectives' latencies)."""
+        tokens = np.asarray(tokens, dtype=float)
+        tpr = tokens / sp
+        ppr = attention_pairs(tokens, np.asarray(frames, dtype=float), self.model.arch) / sp
+        fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, np.ones_like(tpr), sp, ckpt_layers, packed_share=True)
         return fwd + bwd + rec + comm
 
     def sample_memory(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
-        del frames
-        return self._activation_bytes(np.asarray(tokens, dtype=float) / sp, sp, ckpt_layers)
+        tokens = np.asarray(tokens, dtype=float)
+        ppr = attention_pairs(tokens, np.asarray(frames, dtype=float), self.model.arch) / sp
+        return self._activation_bytes(tokens / sp, ppr, np.ones_like(tokens), sp, ckpt_layers)
+
+    def workspace_bytes(self) -> float:
+        """Memory a rank holds besides parameters, gradients, optimizer state and activations:
+        the profile's measured process baseline when it has one for this world (CPU), else the
+        GPU spec's allowance."""
+        if self.step_entry is not None and self.step_entry.get("process_baseline_bytes") is not None:
+            return float(self.step_entry["process_baseline_bytes"])
+        return float(getattr(self.cluster.gpu, "workspace_bytes", 0.0))
+
+    def _workspace_source(self) -> str:
+        if self.step_entry is not None and self.step_entry.get("process_baseline_bytes") is not None:
+            return f"profile: measured process baseline ({self.nproc} ranks)"
+        return f"gpu spec {self.cluster.gpu.name}: workspace_bytes"
 
     def static_memory_bytes(self) -> float:
         """Parameters, gradients and AdamW state of the profiled parameter count, plus the
-        cluster's per-device workspace allowance (not measured by the profiler)."""
+        workspace (`workspace_bytes`) and, on CPU, the step's own resident buffers (measured)."""
         # parameters + gradients (same dtype) + Adam's two fp32 moments, plus an fp32 master
         # copy when the model trains in 16-bit
         master = 4.0 * self.params if self.model.dtype != "fp32" else 0.0
-        workspace = float(getattr(self.cluster.gpu, "workspace_bytes", 0.0))
-        return 2.0 * self.param_bytes + 8.0 * self.params + master + workspace
+        return 2.0 * self.param_bytes + 8.0 * self.params + master + self.workspace_bytes() + self.resident_fixed_bytes
 
     def step_sync_time(self) -> float:
+        """Once per step: the measured step overhead (gradient sync, clipping, optimizer step on
+        the whole model) when the profile ran this world size; else the all-reduce of the
+        gradient bytes over the world (measured or analytical) plus the optimizer step."""
+        if self.step_entry is not None and "step_overhead_s" in self.step_entry \
+                and self.nproc == self.cluster.world_size:
+            return float(self.step_entry["step_overhead_s"]["median"])
         world = self.cluster.world_size
-        grad_bytes = self.param_bytes
-        return self.collective_time("all_reduce", world, grad_bytes) + self.optimizer_step_s
+        return float(self.collective_time("all_reduce", world, self.param_bytes)[0]) + self.optimizer_step_s
 
     def model_flops(self, tokens: np.ndarray, frames: np.ndarray) -> float:
         """Model FLOPs (forward + backward = 3x forward) of the samples: 2 per parameter per token

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.errors import ClusterError, ConfigError
 from dcp_bench.layout import aligned_sp_degrees
 from dcp_bench.paths import CONF_DIR
@@ -27,6 +28,9 @@ class GPUSpec:
     # Memory the framework holds besides tensors the model owns: CUDA context, NCCL buffers,
     # allocator fragmentation, kernel workspaces (an assumption per GPU; see docs/cost_model.md).
     workspace_bytes: float = 3.0 * 2**30
+    # Analytical cost constants calibrated for this GPU (keys of
+    # dcp_bench.cost.analytical.ASSUMED_CONSTANTS), each with its source in ``sources``.
+    cost_constants: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class ClusterSpec:
     inter_node_latency_s: float
     profile: str | None = None  # a measured profile artifact (results/...) when one exists
     sources: dict[str, str] = field(default_factory=dict)
+    # Analytical cost constants calibrated for this cluster's links (a2a_eff, a2a_latency_s,
+    # allreduce_eff), each with its source in ``sources``; they take precedence over the GPU's.
+    cost_constants: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:
@@ -135,8 +142,21 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     return cls(**data)
 
 
+def _check_constants(consts: dict[str, Any], owner: str) -> None:
+    unknown = set(consts) - set(ASSUMED_CONSTANTS) - set(OPTIONAL_CONSTANTS)
+    if unknown:
+        raise ConfigError(
+            f"{owner}: unknown cost_constants {sorted(unknown)}; expected keys of "
+            f"{sorted([*ASSUMED_CONSTANTS, *OPTIONAL_CONSTANTS])}"
+        )
+
+
 def gpu_spec(name: str) -> GPUSpec:
-    return _build(GPUSpec, _read_yaml("gpu", name))
+    data = _read_yaml("gpu", name)
+    if "cost_constants" in data:
+        data["cost_constants"] = dict(data["cost_constants"])
+        _check_constants(data["cost_constants"], f"GPU {name!r}")
+    return _build(GPUSpec, data)
 
 
 def cluster_spec(name: str, **fields: Any) -> ClusterSpec:
@@ -145,9 +165,18 @@ def cluster_spec(name: str, **fields: Any) -> ClusterSpec:
     data = {"name": name, **fields} if fields else _read_yaml("cluster", name)
     data = {k: v for k, v in data.items() if not k.startswith("_")}
     gpu = data.pop("gpu")
-    data["gpu"] = gpu_spec(gpu) if isinstance(gpu, str) else _build(GPUSpec, dict(gpu))
-    if "sources" in data:
-        data["sources"] = dict(data["sources"])
+    if isinstance(gpu, str):
+        data["gpu"] = gpu_spec(gpu)
+    else:
+        gdata = dict(gpu)
+        for key in ("sources", "cost_constants"):
+            if key in gdata:
+                gdata[key] = dict(gdata[key])
+        data["gpu"] = _build(GPUSpec, gdata)
+    for key in ("sources", "cost_constants"):
+        if key in data:
+            data[key] = dict(data[key])
+    _check_constants(data.get("cost_constants", {}), f"cluster {data.get('name')!r}")
     return _build(ClusterSpec, data)
 
 

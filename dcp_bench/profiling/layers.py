@@ -8,6 +8,8 @@ one unit at a time. The *outer case* is the model with zero layers (embedding, h
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dcp_bench.cost.profile_artifact import summarize
+from dcp_bench.cost.profile_fit import fit_nonnegative
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.runtime.attention import SINGLE, SPContext
 from dcp_bench.runtime.models import (
@@ -102,18 +105,14 @@ def layer_case(
     return LayerCase(module=layer, fn=fn, make_input=make_input, tokens_per_rank=rows)
 
 
-def outer_case(model: RuntimeModel, tokens: int, dtype: torch.dtype, spatial: int = 256) -> LayerCase:
-    """The model without its layers (`no_layer_model`) on one sample of ``tokens`` tokens
-    (video: frames of ``spatial`` patches)."""
-    spec, device = model.spec, model.device()
-    if spec.arch == "llama":
-        tok, fr = tokens, 1
-    else:
-        s = min(spatial, tokens)
-        fr = max(1, tokens // s)
-        tok = fr * s
+def outer_case(model: RuntimeModel, samples: list[tuple[int, int]], dtype: torch.dtype) -> LayerCase:
+    """The model without its layers (`no_layer_model`) on one micro-batch of ``samples``
+    ((tokens, frames) each)."""
+    device = model.device()
+    tokens = np.array([t for t, _ in samples])
+    frames = np.array([f for _, f in samples])
     with torch.no_grad():
-        shard = model.make_inputs(np.array([0]), np.array([tok]), np.array([fr]), SINGLE, SEED)
+        shard = model.make_inputs(np.arange(len(samples)), tokens, frames, SINGLE, SEED)
 
     def fn(x: Tensor) -> Tensor:
         del x  # the outer part reads its inputs from the shard
@@ -122,7 +121,157 @@ def outer_case(model: RuntimeModel, tokens: int, dtype: torch.dtype, spatial: in
     def make_input() -> Tensor:
         return torch.zeros(1, device=device, dtype=dtype)
 
-    return LayerCase(module=model, fn=fn, make_input=make_input, tokens_per_rank=tok)
+    return LayerCase(module=model, fn=fn, make_input=make_input, tokens_per_rank=int(tokens.sum()))
+
+
+def time_inputs(model: RuntimeModel, samples: list[tuple[int, int]], reps: int, warmup: int) -> dict[str, float]:
+    """Time of building one micro-batch's inputs (`RuntimeModel.make_inputs`: the executor does
+    it for every micro-batch, on the step clock), median over ``reps``."""
+    tokens = np.array([t for t, _ in samples])
+    frames = np.array([f for _, f in samples])
+    ids = np.arange(len(samples))
+    device = model.device()
+    times = []
+    for rep in range(warmup + reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.make_inputs(ids, tokens, frames, SINGLE, SEED + rep)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep >= warmup:
+            times.append(time.perf_counter() - t0)
+    return summarize(times)
+
+
+def step_costs(
+    spec: ModelSpec,
+    device: torch.device,
+    dtype: torch.dtype,
+    reps: int,
+    warmup: int,
+    memory_batches: list[list[tuple[int, int]]] | None = None,
+) -> dict[str, Any]:
+    """What one training step costs besides its micro-batches, on the whole model as the
+    executor runs it: the gradient sync (`dcp_bench.runtime.executor.sync_gradients` over the
+    world), gradient clipping and the AdamW step (``step_overhead_s``, slowest rank); and the
+    process's memory baseline: its resident set once ready to train (process group, model,
+    optimizer state, one step done) minus parameters, gradients and optimizer state
+    (``process_baseline_bytes``, the largest over ranks). Measured before anything else.
+
+    ``memory_batches`` (CPU): micro-batches ((tokens, frames) per sample), smallest first, each
+    run in training-like steps of the whole model (`_resident_point`): the resident set's growth
+    over the baseline (``VmHWM``, as a training step measures it, glibc's allocator keeping what
+    it keeps; the largest over ranks) against the bytes autograd saved in a micro-batch (the
+    activations the cost model predicts), fitted as ``resident_fixed_bytes + resident_factor x
+    saved`` (the fixed part by least squares, the factor the largest any point needs, so every
+    point is at or under the law): the step's own buffers, and what the allocator's retention and
+    the ops' temporaries add per saved byte."""
+    import torch.distributed as dist
+
+    from dcp_bench.profiling.collectives import slowest_rank_times
+    from dcp_bench.runtime.executor import sync_gradients, zeroed_grads
+    from dcp_bench.runtime.measure import resident_bytes, static_bytes
+
+    model = build_model(spec, seed=SEED, device=device, dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    times = []
+    for rep in range(warmup + reps):
+        grads = zeroed_grads(params)
+        for g in grads:
+            g.normal_()
+        if distributed:
+            dist.barrier()
+        t0 = time.perf_counter()
+        if distributed:
+            sync_gradients(params, grads, torch.zeros((), device=device))
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep >= warmup:
+            times.append(time.perf_counter() - t0)
+    out: dict[str, Any] = {"step_overhead_s": summarize(slowest_rank_times(times))}
+    rss = resident_bytes()
+    if rss is not None:
+        base = torch.tensor([float(rss - static_bytes(model, opt))], dtype=torch.float64)
+        if distributed:
+            dist.all_reduce(base, op=dist.ReduceOp.MAX)
+        out["process_baseline_bytes"] = int(base.item())
+        out["process_baseline_bytes_profiler"] = int(base.item())
+        if memory_batches:
+            points = [_resident_point(model, opt, samples, rss) for samples in memory_batches]
+            growth = torch.tensor([[float(p["resident_bytes"]), float(p["saved_bytes"])] for p in points],
+                                  dtype=torch.float64)
+            if distributed:  # the rank that grew most at each point
+                dist.all_reduce(growth, op=dist.ReduceOp.MAX)
+            for p, (g, _) in zip(points, growth.tolist()):
+                p["resident_bytes"] = int(g)
+            # resident growth = fixed + factor x saved: the step's own buffers (the flat gradient
+            # copy, the optimizer's temporaries; the least-squares intercept) and what the
+            # allocator holds per activation byte, the largest any point needed, so that no
+            # measured point exceeds the law (planning under a memory cap needs that side)
+            r, saved = growth[:, 0].numpy(), growth[:, 1].numpy()
+            fit = fit_nonnegative(np.stack([np.ones(len(points)), saved], axis=1), np.maximum(r, 1.0))
+            fixed = float(fit.coef[0])
+            factor = float(np.max((r - fixed) / np.maximum(saved, 1.0)))
+            out["resident_points"] = points
+            out["resident_fixed_bytes"] = fixed
+            out["resident_factor"] = max(factor, 0.0)
+            pred = fixed + out["resident_factor"] * saved
+            out["resident_fit_max_rel_err"] = float(np.max(np.abs(pred - r) / np.maximum(r, 1.0)))
+    del model, opt
+    return out
+
+
+def _release_free_memory() -> None:
+    """Return the pages glibc's allocator holds free to the OS (``malloc_trim``; nothing where
+    this is not glibc)."""
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            libc = ctypes.CDLL(name)
+            if hasattr(libc, "malloc_trim"):
+                libc.malloc_trim(0)
+        except OSError:
+            pass
+
+
+def _resident_point(
+    model: RuntimeModel, opt: torch.optim.Optimizer, samples: list[tuple[int, int]], rss_before: int
+) -> dict[str, Any]:
+    """Resident growth over ``rss_before`` during a training-like step of the whole model (two
+    micro-batches of ``samples`` forward and backward, the flat gradient copy the sync makes,
+    clipping and the optimizer step; the third of three such steps, as allocations settle), and
+    the most bytes autograd saved in one micro-batch."""
+    from dcp_bench.runtime.measure import SavedTensorMeter, reset_resident_peak, resident_peak_bytes
+
+    tokens = np.array([t for t, _ in samples])
+    frames = np.array([f for _, f in samples])
+    params = [p for p in model.parameters() if p.requires_grad]
+    meter = SavedTensorMeter(model)
+    peak = saved = 0
+    _release_free_memory()  # what earlier points left in the allocator is not this point's
+    for rep in range(3):
+        reset_resident_peak()
+        for mb in range(2):
+            shard = model.make_inputs(np.arange(len(samples)) + 1000 * mb, tokens, frames, SINGLE, SEED + rep)
+            with meter.active():
+                loss = model.loss_sum(shard, SINGLE, 0)
+            saved = max(saved, meter.bytes)
+            loss.backward()
+            del loss, shard
+        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+        del flat
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        peak = int(resident_peak_bytes() or 0)
+    model.zero_grad(set_to_none=False)
+    return {"tokens": int(tokens.sum()), "samples": len(samples), "saved_bytes": int(saved),
+            "resident_bytes": max(0, peak - rss_before)}
 
 
 def count_params(spec: ModelSpec) -> tuple[int, int]:

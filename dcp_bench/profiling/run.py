@@ -32,7 +32,9 @@ class ProfileRequest:
     tokens: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
     sp: list[int] = field(default_factory=lambda: [1, 2])
     shapes: list[str] = field(default_factory=lambda: ["single", "packed"])
-    packed_samples: int = 4
+    # samples per packed grid point: one packed point per count (many short samples per
+    # micro-batch pin the per-sample cost of the runtime's loops over samples)
+    packed_samples: list[int] = field(default_factory=lambda: [4])
     nprocs: list[int] = field(default_factory=lambda: [2])
     reps: int = 5
     warmup: int = 1
@@ -57,6 +59,10 @@ class ProfileRequest:
         for n in self.nprocs:
             if n < 1:
                 raise ConfigError(f"nproc must be >= 1, got {n}")
+        if isinstance(self.packed_samples, int):  # one count, as older requests wrote it
+            self.packed_samples = [self.packed_samples]
+        if not self.packed_samples or min(self.packed_samples) < 2:
+            raise ConfigError(f"profile.packed_samples must be counts >= 2, got {self.packed_samples}")
         if self.reps < 1 or self.warmup < 0:
             raise ConfigError(f"profile.reps must be >= 1 and warmup >= 0 (got {self.reps}, {self.warmup})")
         bad = set(self.shapes) - {"single", "packed"}
@@ -93,6 +99,18 @@ def sample_shapes(
     return [(s * frames, frames)] * n
 
 
+def shape_counts(req: ProfileRequest) -> list[tuple[str, int]]:
+    """(shape, samples) of every grid shape: ``single`` is one sample, ``packed`` one entry per
+    count in ``packed_samples``."""
+    out: list[tuple[str, int]] = []
+    for shape in req.shapes:
+        if shape == "single":
+            out.append(("single", 1))
+        else:
+            out += [("packed", int(n)) for n in req.packed_samples]
+    return out
+
+
 def grid_points(req: ProfileRequest, world: int) -> list[dict[str, Any]]:
     """The layer grid a world of ``world`` ranks measures (SP degrees above it are skipped)."""
     out = []
@@ -100,8 +118,8 @@ def grid_points(req: ProfileRequest, world: int) -> list[dict[str, Any]]:
         if sp > world:
             continue
         for tpr in req.tokens:
-            for shape in req.shapes:
-                samples = sample_shapes(req.model, tpr * sp, shape, req.packed_samples, req.video_spatial, sp)
+            for shape, n in shape_counts(req):
+                samples = sample_shapes(req.model, tpr * sp, shape, n, req.video_spatial, sp)
                 out.append({"sp": sp, "tokens_per_rank_target": tpr, "shape": shape, "samples": samples})
     return out
 
@@ -141,6 +159,17 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
         device = torch.device(req.device)
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[req.dtype]
         result: dict[str, Any] = {"layers": [], "outer": [], "collectives": []}
+        step_costs: dict[str, Any] = {}
+        if device.type == "cpu":
+            # first, while the process holds nothing else: its memory baseline and what one
+            # step's gradient sync and optimizer step cost on the whole model
+            # the memory points: the grid's sizes from 256 tokens up, as one sample and packed as
+            # densely as the grid packs (allocation patterns, and so the allocator's retention,
+            # differ with tensor sizes: glibc serves blocks under 32 MiB from its heap)
+            sizes = [t for t in sorted(req.tokens) if t >= 256] or sorted(req.tokens)[-1:]
+            shapes = [("single", 1)] + ([("packed", max(req.packed_samples))] if "packed" in req.shapes else [])
+            batches = [sample_shapes(model, t, shape, n, req.video_spatial, 1) for t in sizes for shape, n in shapes]
+            step_costs = layer_cases.step_costs(model, device, dtype, req.reps, req.warmup, batches)
         if req.collectives and pool is not None:
             result["collectives"] = measure_collectives(
                 req.collective_bytes, [g for g in (2, 4, 8, 16, 32, 64) if g <= world],
@@ -199,22 +228,28 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
             for tpr in req.tokens:
                 if tpr > req.outer_max_tokens:
                     continue
-                try:
-                    case = layer_cases.outer_case(no_layers, tpr, dtype, req.video_spatial)
-                    m = measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup, ckpt=False)
-                    result["outer"].append({
-                        "nproc": world, "sp": 1, "tokens_per_rank": case.tokens_per_rank,
-                        "fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"], "act_bytes": m["act_bytes"],
-                    })
-                except torch.cuda.OutOfMemoryError:
-                    result["outer"].append({"nproc": world, "sp": 1, "tokens_per_rank": tpr, "oom": True})
-                finally:
-                    case = None  # type: ignore[assignment]
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
+                for shape, n in shape_counts(req):
+                    samples = sample_shapes(model, tpr, shape, n, req.video_spatial, 1)
+                    try:
+                        case = layer_cases.outer_case(no_layers, samples, dtype)
+                        m = measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup, ckpt=False)
+                        inputs = layer_cases.time_inputs(no_layers, samples, req.reps, req.warmup)
+                        result["outer"].append({
+                            "nproc": world, "sp": 1, "shape": shape, "n_samples": len(samples),
+                            "tokens_per_rank": case.tokens_per_rank, "fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"],
+                            "inputs_s": inputs, "act_bytes": m["act_bytes"],
+                        })
+                    except torch.cuda.OutOfMemoryError:
+                        result["outer"].append({"nproc": world, "sp": 1, "shape": shape, "n_samples": n,
+                                                "tokens_per_rank": tpr, "oom": True})
+                    finally:
+                        case = None  # type: ignore[assignment]
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
             del no_layers
         if rank == 0:
             result["static"] = layer_cases.static_costs(model, device, dtype, req.reps, req.warmup)
+            result["step"] = {"nproc": world, **step_costs} if step_costs else None
             Path(out_path).write_text(json.dumps(result))
         if world > 1:
             # Leave together: a rank tearing down its gloo context while its peer still works
@@ -279,12 +314,15 @@ def run_profile(req: ProfileRequest, command: str = "") -> dict[str, Any]:
     outer: list[dict[str, Any]] = []
     colls: list[dict[str, Any]] = []
     static: dict[str, Any] = {}
+    steps: list[dict[str, Any]] = []
     for nproc in req.nprocs:
         part = _spawn(req, nproc)
         layers += part["layers"]
         outer += part["outer"]
         colls += part["collectives"]
         static = part["static"]
+        if part.get("step"):
+            steps.append(part["step"])
     ceilings: dict[str, Any] = {}
     if req.ceilings:
         ceilings = measure_ceilings(req.device, req.dtype)
@@ -301,13 +339,17 @@ def run_profile(req: ProfileRequest, command: str = "") -> dict[str, Any]:
             "device": req.device, "dtype": req.dtype, "threads_per_rank": req.threads_per_rank,
             "nprocs": req.nprocs, "reps": req.reps, "warmup": req.warmup,
             "grid": {"tokens_per_rank": req.tokens, "sp": req.sp, "shapes": req.shapes,
-                     "packed_samples": req.packed_samples, "collective_bytes": req.collective_bytes},
-            "memory_method": "bytes saved by autograd (saved_tensors_hooks), parameters excluded",
+                     "packed_samples": req.packed_samples, "collective_bytes": req.collective_bytes,
+                     "video_spatial": req.video_spatial},
+            "memory_method": "bytes saved by autograd (saved_tensors_hooks), parameters excluded; "
+                             "static.process_baseline_bytes: resident set of a rank ready to train, "
+                             "minus its parameters, gradients and optimizer state (CPU)",
         },
         "layers": layers,
         "outer": outer,
         "collectives": colls,
         "static": static,
+        "steps": steps,
         "ceilings": ceilings,
         "cost": {"wall_s": round(finished - started, 2), "started_at": started,
                  "finished_at": finished, "command": command},

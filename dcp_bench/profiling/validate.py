@@ -43,10 +43,12 @@ def holdout_errors(artifact: dict[str, Any], held_out: list[int]) -> list[dict[s
             continue
         tab = fit_layer_tables(train)
         for p in test:
-            x = layer_features(np.array([p["tokens_per_rank"]]), np.array([p["pairs_per_rank"]]))
+            x = layer_features(np.array([p["tokens_per_rank"]]), np.array([p["pairs_per_rank"]]),
+                               np.array([float(p.get("n_samples", 1))]))
             pred = float(tab.time["fwd"].predict(x)[0] + tab.time["bwd"].predict(x)[0])
             meas = float(p["fwd_s"]["median"] + p["bwd_s"]["median"])
             rows.append({"nproc": nproc, "sp": sp, "shape": p["shape"],
+                         "n_samples": int(p.get("n_samples", 1)),
                          "tokens_per_rank": int(p["tokens_per_rank"]), "measured_s": meas,
                          "predicted_s": pred, "rel_err": abs(pred - meas) / meas})
     return rows
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     # default: leave one interior size out at a time; with sizes given, hold them all out at once
     rows = holdout_errors(art, held) if held else leave_one_size_out(art)
     for r in rows:
-        print(f"nproc {r['nproc']} sp {r['sp']} {r['shape']:6s} {r['tokens_per_rank']:6d} tok/rank: "
+        print(f"nproc {r['nproc']} sp {r['sp']} {r['shape']:6s} x{r['n_samples']:<3d} {r['tokens_per_rank']:6d} tok/rank: "
               f"measured {r['measured_s'] * 1e3:8.1f} ms  predicted {r['predicted_s'] * 1e3:8.1f} ms  "
               f"error {100 * r['rel_err']:5.1f}%")
     errs = [r["rel_err"] for r in rows]

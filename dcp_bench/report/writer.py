@@ -42,6 +42,7 @@ from dcp_bench.report.claims import (
     verdict,
 )
 from dcp_bench.report.document import Document
+from dcp_bench.report.memory_error import memory_prediction_error
 from dcp_bench.report.peers import peer_section
 from dcp_bench.report.stats import max_relative_difference, relative_error
 from dcp_bench.report.tables import (
@@ -159,7 +160,8 @@ def cost_models_used(c: Campaign) -> list[str]:
         if err is not None:
             bits.append(f"in-sample fit max relative error {json.dumps(err, default=str)[:200]}")
         if d.get("source") == "analytical":
-            bits.append("unvalidated on GPU" if "cpu" not in str(d.get("cluster")) else "analytical CPU constants")
+            bits.append("calibrated against published H100/H200 measurements (results/validation), not yet against "
+                        "a measured run of this suite" if "cpu" not in str(d.get("cluster")) else "analytical CPU constants")
         out.append(", ".join(bits))
     if variants:
         out.append(f"and {variants} sensitivity variants of these (constants halved / doubled)")
@@ -377,7 +379,9 @@ def _opening(doc: Document, data: ReportData) -> None:
                  f"models {', '.join(sorted(set(cells['model'])))}. Numbers are {evidence(cells, runs)}.")
         if not data.default.empty and ((data.default["executor"] == "sim") & (data.default["cost_source"] == "analytical")
                                        & (data.default["cluster"] != "cpu")).any():
-            text += (" The analytical GPU cost model is **unvalidated on GPU**: its speedups are model predictions"
+            text += (" The analytical GPU cost model is calibrated against published H100/H200 measurements "
+                     "(`dcp-bench validate`, results/validation: held-out median error in the report's provenance), "
+                     "not yet against a GPU run of this suite: its speedups are model predictions"
                      + (" (the sensitivity section shows how they move with its uncertain constants)."
                         if _has_sensitivity(data) else "."))
         if "torch" not in set(cells["executor"]):
@@ -722,6 +726,7 @@ def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
         "runs": int(len(c.runs)),
         "failed_runs": int(len(data.failed)),
         "runs_cut_by_budget": len(data.campaign.cut_by_budget),
+        "memory_prediction_error": memory_prediction_error(data.inp.root, data.inp.campaign),
         "skipped_records": [{"run_id": rid, "why": scrub_paths(why)} for rid, why in c.skipped],
         "method_vs_baseline": _records(data.own),
         "claims": [r.to_summary() for r in data.claim_results],

@@ -36,8 +36,8 @@ from dcp_bench.runtime.groups import ProcessGroupPool
 from dcp_bench.runtime.measure import (
     BusyTimer,
     SavedTensorMeter,
-    cuda_peak_bytes,
     describe_memory_measure,
+    peak_bytes,
     reset_peak,
     synchronize,
 )
@@ -200,7 +200,7 @@ def execute_step(
             dist.barrier()  # the plan's barrier at the end of every round (every rank, idle or not)
     # The gradient reduction waits for the slowest rank, so it stays outside busy time.
     loss_value, grad_norm, finite = state.finish_step(local_loss, grad_clip, update)
-    peak = cuda_peak_bytes(device)
+    peak = peak_bytes(device)
     if peak is None:
         peak = state.static_bytes() + max_saved
     covered = len(plan.sample_positions())

@@ -1,0 +1,25 @@
+"""The analytical cost model's uncertain constants by name, and the assumptions they default to
+when no GPU or cluster config calibrates them (`dcp_bench.cost.analytical` explains each one;
+the configs' ``cost_constants`` may set any of these keys)."""
+
+from __future__ import annotations
+
+# The uncertain constants and the assumptions they default to when no config calibrates them
+# (each explained at its field of AnalyticalCostModel and in docs/cost_model.md).
+ASSUMED_CONSTANTS: dict[str, float] = {
+    "gemm_half_tokens": 1024.0,
+    "attn_eff_max": 0.45,
+    "attn_half_len": 512.0,
+    "attn_bwd_factor": 2.0,
+    "a2a_eff": 0.7,
+    "allreduce_eff": 0.8,
+    "elementwise_bytes_factor": 2.0,
+}
+# Constants a config may set that have no built-in value: None means "derived" (a2a_latency_s and
+# allreduce_hop_latency_s: the cluster's intra_node_latency_s; allreduce_inter_eff: allreduce_eff;
+# gemm_half_flops: unset, gemm_half_tokens applies; attn_causal_half_len: attn_half_len) or no
+# extra term (allreduce_overlap: phases serialised).
+OPTIONAL_CONSTANTS = ("gemm_half_flops", "attn_causal_half_len", "a2a_latency_s", "allreduce_hop_latency_s",
+                      "allreduce_inter_eff", "allreduce_overlap")
+
+__all__ = ["ASSUMED_CONSTANTS", "OPTIONAL_CONSTANTS"]

@@ -1,0 +1,107 @@
+"""Before a real run starts: does the memory its plans need fit on this machine?
+
+`check_memory_fits` plans every step of the run as rank 0 will (same workload, seed, planner and
+cost model), prices each plan with the simulator (the per-rank peak the run records beside its
+measurement as ``predicted_peak_mem_gib``) and compares the largest node's total with what the
+machine has: on CPU the memory the OS reports available now (``MemAvailable``; the ranks of a
+node share it), on GPUs each rank's peak with the GPU's usable memory. A run that cannot fit is
+refused with both numbers, before any process starts, instead of dying in an allocation. A step
+the planner cannot plan (e.g. a sample that fits under the memory cap with no SP degree and
+recompute setting) is refused too, with the planner's reason: the run would stop there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp_bench.errors import DcpBenchError
+from dcp_bench.run.assemble import Assemble, assemble
+from dcp_bench.run.spec import RunSpec
+from dcp_bench.sim import simulate_step
+
+GIB = float(2**30)
+
+
+class MemoryPrecheckError(DcpBenchError):
+    """The run's predicted memory exceeds what this machine has."""
+
+
+@dataclass(frozen=True)
+class MemoryForecast:
+    """The largest predicted need of a run: per rank, per node (ranks of a node summed), and the
+    step it occurs at."""
+
+    rank_peak_bytes: float
+    node_peak_bytes: float
+    step: int
+    ranks_per_node: int
+    steps_planned: int
+
+
+def forecast_memory(spec: RunSpec, build: Assemble = assemble) -> MemoryForecast:
+    """Plan and price every step of ``spec`` (`MemoryPrecheckError` when a step cannot be
+    planned)."""
+    parts = build(spec)
+    world = spec.world_size
+    per_node = max(1, world // max(1, spec.train.nnodes))
+    best = MemoryForecast(0.0, 0.0, 0, per_node, spec.total_steps)
+    for step in range(spec.total_steps):
+        batch = parts.workload.global_batch(step, world, spec.model.max_seq_len)
+        try:
+            plan = parts.plan_step(batch)
+        except DcpBenchError as exc:
+            raise MemoryPrecheckError(f"refusing to launch: step {step} cannot be planned: {exc}") from None
+        peak = np.asarray(simulate_step(plan, batch, parts.cost).peak_mem_bytes, dtype=float)
+        node = float(peak.reshape(-1, per_node).sum(axis=1).max()) if peak.size % per_node == 0 else float(peak.sum())
+        if node > best.node_peak_bytes:
+            best = MemoryForecast(float(peak.max()), node, step, per_node, spec.total_steps)
+    return best
+
+
+def available_memory_bytes() -> tuple[float, float] | None:
+    """(available now, total) bytes of this machine's memory, from ``/proc/meminfo``; None
+    without it."""
+    try:
+        info = {}
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                info[key] = float(rest.split()[0]) * 1024
+        return info["MemAvailable"], info["MemTotal"]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def check_memory_fits(
+    spec: RunSpec,
+    device: str,
+    build: Assemble = assemble,
+    available: tuple[float, float] | None = None,
+) -> MemoryForecast:
+    """Raise `MemoryPrecheckError` when the run cannot fit (see the module docstring);
+    ``device`` is ``cpu`` or ``cuda``; ``available`` (bytes available, total) replaces this
+    machine's ``/proc/meminfo``. Returns the forecast."""
+    fc = forecast_memory(spec, build)
+    if device == "cuda":
+        usable = float(spec.cluster.gpu.usable_mem_bytes)
+        if fc.rank_peak_bytes > usable:
+            raise MemoryPrecheckError(
+                f"refusing to launch: the plan of step {fc.step} needs {fc.rank_peak_bytes / GIB:.2f} GiB on its "
+                f"busiest rank (predicted by the cost model), more than the {usable / GIB:.2f} GiB a "
+                f"{spec.cluster.gpu.name} GPU can allocate; lower mem_cap_fraction, the batch or use more ranks"
+            )
+        return fc
+    mem = available if available is not None else available_memory_bytes()
+    if mem is None:
+        return fc
+    avail, total = mem
+    if fc.node_peak_bytes > avail:
+        raise MemoryPrecheckError(
+            f"refusing to launch: the plan of step {fc.step} needs {fc.node_peak_bytes / GIB:.2f} GiB on this "
+            f"machine ({fc.ranks_per_node} ranks, up to {fc.rank_peak_bytes / GIB:.2f} GiB each, predicted by "
+            f"the cost model), more than the {avail / GIB:.2f} GiB available now (of {total / GIB:.2f} GiB); "
+            "lower workload.tokens_per_gpu, mem_cap_fraction or the ranks, or free memory"
+        )
+    return fc
