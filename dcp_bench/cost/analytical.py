@@ -34,6 +34,16 @@ from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
 from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
 from dcp_bench.errors import ConfigError
+from dcp_bench.train_policy import (
+    DEFAULT_ZERO_STAGE,
+    LOGITS_CHUNK_TOKENS,
+    check_zero_stage,
+    fsdp_pass_bytes,
+    grad_sync_bytes,
+    logits_chunk_bytes,
+    precision_policy,
+    static_state_bytes,
+)
 
 SCALE_KEYS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff", "elementwise")
 
@@ -51,7 +61,7 @@ class AnalyticalCostModel(CostModel):
     scales: dict[str, float] = field(default_factory=dict)
     # ZeRO stage over the data-parallel world (all W ranks hold a model replica: SP shards
     # activations, not weights). 1 = optimizer states sharded, the DeepSpeed / Open-Sora default.
-    zero_stage: int = 1
+    zero_stage: int = DEFAULT_ZERO_STAGE
     # GEMM efficiency ceiling; None = gpu.matmul_flops / gpu.peak_flops (a measured large GEMM).
     gemm_eff_max: float | None = None
     # The constants below are None until resolved (see the module docstring); the assumptions
@@ -101,7 +111,7 @@ class AnalyticalCostModel(CostModel):
     use_config_constants: bool = True
     # The LM loss is computed in chunks of this many tokens per rank, so at most one chunk of fp32
     # logits lives at a time (chunked / vocab-parallel cross-entropy, as long-context trainers do).
-    logits_chunk_tokens: int = 4096
+    logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         unknown = set(self.scales) - set(SCALE_KEYS)
@@ -110,8 +120,7 @@ class AnalyticalCostModel(CostModel):
         for key, val in self.scales.items():
             if not val > 0:
                 raise ConfigError(f"cost scale {key}={val}: must be > 0")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"zero_stage={self.zero_stage}; expected 0, 1, 2 or 3")
+        check_zero_stage(self.zero_stage)
         if not 0 < self.mem_cap_fraction <= 1:
             raise ConfigError(f"mem_cap_fraction={self.mem_cap_fraction}; expected 0 < f <= 1")
         constant_sources = self._resolve_constants()
@@ -327,20 +336,15 @@ class AnalyticalCostModel(CostModel):
         return float(sum(self.static_memory_breakdown().values()))
 
     def static_memory_breakdown(self) -> dict[str, float]:
-        """Per-rank static memory by part (bytes)."""
-        P, b, W, z = self._params, self._b, self.cluster.world_size, self.zero_stage
-        master = 4 if b < 4 else 0  # fp32 master weights when training in 16-bit
-        out = {
-            "params": P * b / (W if z >= 3 else 1),
-            "grads": P * b / (W if z >= 2 else 1),
-            "optimizer": P * (master + 8) / (W if z >= 1 else 1),  # + Adam's two fp32 moments
-            "workspace": float(self.cluster.gpu.workspace_bytes),
-        }
-        if z >= 3:  # one gathered layer in use plus one prefetched
-            out["params_gathered"] = 2.0 * self._layer_params * b
+        """Per-rank static memory by part (bytes): the training states as the runtime holds them
+        at the run's ZeRO stage and precision (`dcp_bench.train_policy.static_state_bytes`: fp32
+        master weights, AdamW moments and gradient accumulator), the workspace, and for language
+        models one chunk of logits (`logits_chunk_bytes`)."""
+        policy = precision_policy(self.model.dtype)
+        out = static_state_bytes(self._params, self._layer_params, self.cluster.world_size, self.zero_stage, policy)
+        out["workspace"] = float(self.cluster.gpu.workspace_bytes)
         if self.model.arch == "llama":
-            # One chunk of logits: model-dtype output plus its fp32 softmax for the loss.
-            out["logits_chunk"] = float(self.logits_chunk_tokens * self.model.vocab * (b + 4))
+            out["logits_chunk"] = logits_chunk_bytes(self.logits_chunk_tokens, self.model.vocab, policy)
         return {k: float(v) for k, v in out.items()}
 
     def allreduce_time(self, nbytes: float, ranks: int) -> float:
@@ -368,11 +372,21 @@ class AnalyticalCostModel(CostModel):
     def step_sync_breakdown(self) -> dict[str, float]:
         """Gradient synchronisation and optimizer time once per step (s)."""
         c = self.cluster
-        # gradients are reduced in the model dtype
-        comm = self.allreduce_time(self._params * self._b, c.world_size)
+        # The step's gradient synchronisation as the runtime runs it (`grad_sync_bytes`: stage 0
+        # an fp32 all-reduce, stage 1 an fp32 reduce-scatter plus a compute-dtype all-gather,
+        # each moving half an all-reduce's bytes); allreduce_time prices 2x its argument.
+        nbytes = grad_sync_bytes(self._params, self.zero_stage, precision_policy(self.model.dtype))
+        comm = self.allreduce_time(nbytes / 2, c.world_size) if nbytes else 0.0
         shard = self._params / (c.world_size if self.zero_stage >= 1 else 1)
         opt = shard * ADAM_BYTES_PER_PARAM / c.gpu.measured_mem_bw
         return {"grad_sync_s": comm, "optimizer_s": opt}
+
+    def fsdp_pass_time(self) -> float:
+        """ZeRO stages 2-3 (FSDP): the parameter all-gathers and gradient reduce-scatter over the
+        world inside every micro-batch (`fsdp_pass_bytes`, each moving half an all-reduce's
+        bytes); 0 for stages 0-1."""
+        nbytes = fsdp_pass_bytes(self._params, self.zero_stage, precision_policy(self.model.dtype))
+        return self.allreduce_time(nbytes / 2, self.cluster.world_size) if nbytes else 0.0
 
     def step_sync_time(self) -> float:
         return float(sum(self.step_sync_breakdown().values()))
@@ -405,7 +419,7 @@ class AnalyticalCostModel(CostModel):
         L = self._L
         recompute = k / L * (t_layer_gemm + t_attn)
         comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, s), s, collectives=2)
-        comm = comm_layer * (2 * L + k)
+        comm = comm_layer * (2 * L + k) + self.fsdp_pass_time()
         act = np.bincount(idx, weights=self.activation_bytes(tokens, s[idx], k[idx]), minlength=m)
         flops = 3.0 * per_mb(fl["layer_gemm"] + fl["head_gemm"] + fl["attn"])
         return {

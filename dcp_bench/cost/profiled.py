@@ -45,6 +45,12 @@ from dcp_bench.cost.profile_fit import (
 )
 from dcp_bench.errors import ConfigError
 from dcp_bench.files import sha256_file
+from dcp_bench.train_policy import (
+    DEFAULT_ZERO_STAGE,
+    check_zero_stage,
+    precision_policy,
+    static_state_bytes,
+)
 
 PHASES = ("fwd", "bwd", "recompute")
 
@@ -114,8 +120,11 @@ class ProfiledCostModel(CostModel):
 
     profile: str | None = None
     source: str = "profiled"
+    # ZeRO stage of the training states (`dcp_bench.train_policy`): what static memory holds.
+    zero_stage: int = DEFAULT_ZERO_STAGE
 
     def __post_init__(self) -> None:
+        check_zero_stage(self.zero_stage)
         path = self.profile or self.cluster.profile
         if not path:
             raise ConfigError(
@@ -145,7 +154,7 @@ class ProfiledCostModel(CostModel):
             raise ConfigError(f"profile {str(path)!r} holds no layer measurements")
         # what the profile did not measure (see the module docstring)
         self.analytical = AnalyticalCostModel(model=self.model, cluster=self.cluster,
-                                              mem_cap_fraction=self.mem_cap_fraction)
+                                              mem_cap_fraction=self.mem_cap_fraction, zero_stage=self.zero_stage)
         self.fallbacks: set[str] = set()
         self.nproc = _pick_nproc({int(p["nproc"]) for p in layers}, self.cluster.world_size)
         mine = [p for p in layers if int(p["nproc"]) == self.nproc]
@@ -157,6 +166,7 @@ class ProfiledCostModel(CostModel):
         static = self.artifact["static"]
         self.params = int(static["params"])
         self.param_bytes = float(static["param_bytes"])
+        self.layer_params = int(static.get("layer_params") or self.analytical._layer_params)
         self.optimizer_step_s = float(static.get("optimizer_step_s", 0.0))
         steps = {int(s["nproc"]): s for s in self.artifact.get("steps", [])}
         self.step_entry: dict[str, Any] | None = steps.get(self.nproc)
@@ -182,6 +192,7 @@ class ProfiledCostModel(CostModel):
             "workspace_source": self._workspace_source(),
             "resident_factor": self.resident_factor,
             "resident_fixed_bytes": self.resident_fixed_bytes,
+            "zero_stage": self.zero_stage,
         }
         # the same, grouped as run records store it (RunSummary.profile)
         self.provenance["profile"] = {
@@ -406,12 +417,12 @@ class ProfiledCostModel(CostModel):
         return f"gpu spec {self.cluster.gpu.name}: workspace_bytes"
 
     def static_memory_bytes(self) -> float:
-        """Parameters, gradients and AdamW state of the profiled parameter count, plus the
+        """Parameters, gradients and AdamW state of the profiled parameter count as the runtime
+        holds them at ``zero_stage`` (`dcp_bench.train_policy.static_state_bytes`), plus the
         workspace (`workspace_bytes`) and, on CPU, the step's own resident buffers (measured)."""
-        # parameters + gradients (same dtype) + Adam's two fp32 moments, plus an fp32 master
-        # copy when the model trains in 16-bit
-        master = 4.0 * self.params if self.model.dtype != "fp32" else 0.0
-        return 2.0 * self.param_bytes + 8.0 * self.params + master + self.workspace_bytes() + self.resident_fixed_bytes
+        states = static_state_bytes(self.params, self.layer_params, self.cluster.world_size, self.zero_stage,
+                                    precision_policy(self.model.dtype))
+        return float(sum(states.values())) + self.workspace_bytes() + self.resident_fixed_bytes
 
     def step_sync_time(self) -> float:
         """Once per step: the measured step overhead (gradient sync, clipping, optimizer step on
