@@ -77,7 +77,7 @@ def test_the_reference_epoch_loop_trains_for_real(tmp_path: Path) -> None:
     measured step of the torch executor, and the record carries the epoch's accounting."""
     rc = main(["train", "workload=videosys_zipf", "model=tiny_stdit", "method=bucket_static", "method.sp=4",
                "method.recompute=full", "method.mode=paper", "nproc=4", "timeout_s=400", "workload.length_scale=64",
-               "workload.tokens_per_gpu=32768", "workload.data_size=20", "mem_cap_fraction=0.1",
+               "workload.tokens_per_gpu=32768", "workload.data_size=40", "mem_cap_fraction=0.1",
                f"root={tmp_path}"])
     assert rc == 0
     (run,) = (tmp_path / "train").glob("*/run.json")

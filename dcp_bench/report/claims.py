@@ -30,8 +30,6 @@ from dcp_bench.reference import unit_of_label
 from dcp_bench.report.stats import relative_half_width
 from dcp_bench.report.tables import STEP_PARTS, Campaign, cell_seeds, speedup_between
 
-SCALE_CONSTANTS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff")
-
 
 def load_claims(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)

@@ -288,7 +288,7 @@ def report_sections(data: ReportData) -> list[Section]:
     """The sections in reading order. What the campaign was run for comes first: the claims'
     verdict when it holds a claim's runs, else its own methods against its baselines."""
     claim_sections: list[Section] = [_verdict_section, _reference_section, _headline_section, _decomposition_section,
-                                     _sensitivity_section]
+                                     _sensitivity_section, _calibration_section]
     lead: list[Section] = [*claim_sections, _comparison_section] if data.leads_with_claims \
         else [_comparison_section, *claim_sections]
     return [_opening, *lead, peer_section, _context_section, _scaling_section, _validation_section,
@@ -554,9 +554,48 @@ def _sensitivity_section(doc: Document, data: ReportData) -> None:
     doc.table(sens, "Sensitivity runs", ["comparison", "constant", "factor", "speedup", "ci_low", "ci_high",
                                          "reference_speedup", "note"])
     doc.p("Constants: `act_bytes` (activation bytes per token), `attn_eff` (attention kernel efficiency), "
-          "`small_kernel_eff` (efficiency of small kernels), `a2a_eff` (all-to-all efficiency), all "
+          "`small_kernel_eff` (efficiency of small kernels), `a2a_eff` (all-to-all efficiency), `elementwise` "
+          "(memory-bound per-token traffic, `elementwise_bytes_factor`, pinned by one whole-model row only), all "
           f"multipliers of the analytical model; `mem_cap` scales the per-GPU memory cap ({DEFAULT_MEM_CAP_FRACTION} of usable "
           "memory: x0.5 = 0.35; x2 is clipped to 1.0, all usable memory, since a cap cannot exceed it).")
+
+
+def published_validation() -> dict[str, Any] | None:
+    """The committed validation of the analytical GPU model against published measurements
+    (`dcp-bench validate`, results/validation/summary.json), or None when absent or unreadable."""
+    try:
+        doc = json.loads((RESULTS_DIR / "validation" / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) and "after" in doc and "before" in doc else None
+
+
+def _calibration_section(doc: Document, data: ReportData) -> None:
+    """Beside the sensitivity section: how far the analytical GPU model is from published
+    measurements, before and after its constants were fitted (held-out rows)."""
+    cells = data.default
+    if cells.empty or not ((cells["executor"] == "sim") & (cells["cost_source"] == "analytical")
+                           & (cells["cluster"] != "cpu")).any():
+        return
+    val = published_validation()
+    if val is None:
+        return
+    doc.h2("The GPU cost model against published measurements")
+    rows = []
+    for part, label in (("holdout", "held-out half"), ("fit", "fit half"), ("reference", "references (not priced)")):
+        b, a = val["before"].get(part) or {}, val["after"].get(part) or {}
+        rows.append({"rows": label, "n": a.get("n"), "median_abs_error_before": b.get("median_abs_error"),
+                     "median_abs_error_after": a.get("median_abs_error"), "max_abs_error_before": b.get("max_abs_error"),
+                     "max_abs_error_after": a.get("max_abs_error")})
+    kinds = [{"rows": f"held-out: {kind}", "n": v.get("n"), "median_abs_error_after": v.get("median_abs_error"),
+              "max_abs_error_after": v.get("max_abs_error")}
+             for kind, v in sorted((val.get("by_kind_holdout_after") or {}).items()) if v.get("n")]
+    doc.table(pd.DataFrame([*rows, *kinds]), "Error of the analytical model's rates against published H100/H200 "
+              "measurements (model / published - 1), before and after fitting its uncertain constants on half the rows")
+    doc.p("From results/validation (rebuilt by `dcp-bench validate`; every row, its source and what the model does "
+          "not price are in results/validation/table.md). The constants no public number pins stay in the "
+          "sensitivity sweep above. These are kernel, collective and whole-model rates, not a GPU run of this "
+          "suite: the simulated speedups remain model predictions.")
 
 
 def _context_section(doc: Document, data: ReportData) -> None:
