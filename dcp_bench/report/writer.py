@@ -380,7 +380,7 @@ def _opening(doc: Document, data: ReportData) -> None:
         if not data.default.empty and ((data.default["executor"] == "sim") & (data.default["cost_source"] == "analytical")
                                        & (data.default["cluster"] != "cpu")).any():
             text += (" The analytical GPU cost model is calibrated against published H100/H200 measurements "
-                     "(`dcp-bench validate`, results/validation: held-out median error in the report's provenance), "
+                     "(`dcp-bench validate`, results/validation: its held-out error is in the section on published measurements), "
                      "not yet against a GPU run of this suite: its speedups are model predictions"
                      + (" (the sensitivity section shows how they move with its uncertain constants)."
                         if _has_sensitivity(data) else "."))
