@@ -32,7 +32,7 @@ assigns them (iterations in order, groups in order, micro-batches in order).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -244,6 +244,25 @@ def _shuffled(positions: list[int], rng: np.random.Generator) -> list[int]:
     return [positions[i] for i in rng.permutation(len(positions))]
 
 
+def _whole_batches(
+    buckets: Sequence[Bucket],
+    profile: Mapping[Hashable, BucketProfile | None],
+    dropped: dict[str, int],
+    rng: np.random.Generator,
+) -> Iterator[tuple[Bucket, BucketProfile, list[int]]]:
+    """Each profiled bucket cut to whole batches of its profiled size and shuffled, in bucket
+    order (the reference drops a bucket's remainder); the samples of unprofiled buckets and the
+    remainders are counted in ``dropped``."""
+    for b in buckets:
+        p = profile.get(b.key)
+        if p is None:
+            dropped["unprofiled"] += len(b.positions)
+            continue
+        keep = len(b.positions) - len(b.positions) % p.bs
+        dropped["bucket_remainder"] += len(b.positions) - keep
+        yield b, p, _shuffled(b.positions[:keep], rng)
+
+
 # -------------------------------------------------------------------------------------------------
 # The baseline's bucket sampler
 
@@ -260,15 +279,9 @@ def bucket_epoch(
     dropped = {"unprofiled": 0, "bucket_remainder": 0, "access_remainder": 0}
     lists: dict[Hashable, list[int]] = {}
     n_mb: dict[Hashable, int] = {}
-    for b in buckets:
-        p = profile.get(b.key)
-        if p is None:
-            dropped["unprofiled"] += len(b.positions)
-            continue
-        keep = len(b.positions) - len(b.positions) % p.bs
-        dropped["bucket_remainder"] += len(b.positions) - keep
-        lists[b.key] = _shuffled(b.positions[:keep], rng)
-        n_mb[b.key] = keep // p.bs
+    for b, p, kept in _whole_batches(buckets, profile, dropped, rng):
+        lists[b.key] = kept
+        n_mb[b.key] = len(kept) // p.bs
     access = [k for k, n in n_mb.items() for _ in range(n)]
     access = [access[i] for i in rng.permutation(len(access))]
     cut = len(access) - len(access) % replicas
@@ -279,9 +292,9 @@ def bucket_epoch(
     for i in range(0, len(access), replicas):
         it = []
         for k in access[i : i + replicas]:
-            p = profile[k]
-            assert p is not None
-            it.append(GroupWork(k, sp, [p.bs], p.ckpt_layers, time_s=p.time_s))
+            q = profile[k]
+            assert q is not None
+            it.append(GroupWork(k, sp, [q.bs], q.ckpt_layers, time_s=q.time_s))
         iterations.append(it)
     _assign(iterations, lists)
     return EpochDeal(iterations, sum(len(b.positions) for b in buckets), dropped)
@@ -307,15 +320,9 @@ def dcp_inter_epoch(
     dropped = {"unprofiled": 0, "bucket_remainder": 0, "ejected": 0, "discarded_iteration": 0}
     lists: dict[Hashable, list[int]] = {}
     spmap = _SpMap()
-    for b in buckets:
-        p = profile.get(b.key)
-        if p is None:
-            dropped["unprofiled"] += len(b.positions)
-            continue
-        keep = len(b.positions) - len(b.positions) % p.bs
-        dropped["bucket_remainder"] += len(b.positions) - keep
-        lists[b.key] = _shuffled(b.positions[:keep], rng)
-        if keep:
+    for b, p, kept in _whole_batches(buckets, profile, dropped, rng):
+        lists[b.key] = kept
+        if kept:
             # A bucket with less than one full batch would give the reference a group with no
             # samples, which its execution mapping rejects (ambiguity A14): it is skipped here.
             spmap.start(p.sp, b.key)
