@@ -19,8 +19,11 @@ from dcp_bench.records import read_steps, read_summary
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.run.torch_run import (
     RANK_ERROR_MARK,
+    STDERR_KEEP_LINES,
+    STDERR_LOG,
     _error_tail,
     _is_launch_failure,
+    _keep_stderr,
     launch_torch_run,
 )
 
@@ -119,3 +122,19 @@ def test_only_launch_failures_are_retried_and_errors_say_more_than_torchrun() ->
     assert not _is_launch_failure(rank_failed)  # a rank that trained and failed is not retried
     assert _error_tail(rank_failed) == "RuntimeError: boom"
     assert not _is_launch_failure("ValueError: bad config\n")
+    # torchrun's own closing lines are not the cause
+    killed = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
+              "Traceback (most recent call last):\n"
+              "    raise ChildFailedError(\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    assert _error_tail(killed).startswith("RuntimeError: [../third_party/gloo")
+
+
+def test_a_failed_run_keeps_the_ranks_output(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _keep_stderr(run_dir, "\n".join(f"line {i}" for i in range(1000)))
+    kept = (run_dir / STDERR_LOG).read_text().splitlines()
+    assert len(kept) == STDERR_KEEP_LINES and kept[-1] == "line 999"
+    _keep_stderr(tmp_path / "gone", "x")  # a folder that no longer exists: nothing written, no error
+    assert not (tmp_path / "gone").exists()

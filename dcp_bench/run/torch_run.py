@@ -40,6 +40,7 @@ from typing import Any
 
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError, DcpBenchError
+from dcp_bench.files import atomic_write_text
 from dcp_bench.records import RunSummary, RunWriter, claim_run, read_steps, read_summary, take_over
 from dcp_bench.run.assemble import assemble
 from dcp_bench.run.loop import described, execute_run, record_unfinished, summarise
@@ -329,7 +330,21 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
         steps = len(read_steps(run_dir)) if run_dir.exists() else 0
         return record_unfinished(spec, "timeout", f"killed after {limit:.0f} s ({spec.limit_text()} plus grace); "
                                  f"{steps} step(s) recorded", started)
-    return record_unfinished(spec, "error", f"training failed (torchrun exit {code}): {_error_tail(stderr)}", started)
+    _keep_stderr(run_dir, stderr)
+    return record_unfinished(spec, "error", f"training failed (torchrun exit {code}): {_error_tail(stderr)} "
+                             f"(ranks' output: {STDERR_LOG})", started)
+
+
+STDERR_LOG = "stderr.log"  # beside the records of a failed run: the tail of torchrun's and the ranks' stderr
+STDERR_KEEP_LINES = 400
+
+
+def _keep_stderr(run_dir: Path, stderr: str) -> None:
+    """Keep the last lines of the ranks' stderr beside the failed run's records, so the cause
+    is there to read after the temporary files are gone."""
+    if run_dir.exists():
+        lines = stderr.splitlines()[-STDERR_KEEP_LINES:]
+        atomic_write_text(run_dir / STDERR_LOG, "\n".join(lines) + "\n")
 
 
 def _is_launch_failure(stderr: str) -> bool:
@@ -344,7 +359,7 @@ def _error_tail(stderr: str) -> str:
     if marked:
         return marked[0][:500]
     for ln in reversed(lines):
-        if "Error" in ln and not ln.startswith(("File ", "[")) and not ln.endswith("ChildFailedError:"):
+        if "Error" in ln and not ln.startswith(("File ", "[", "raise ")) and not ln.endswith("ChildFailedError:"):
             return ln[:500]
     return lines[-1][:500] if lines else "no output"
 
