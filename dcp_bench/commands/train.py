@@ -63,10 +63,12 @@ def _device(spec: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.run.memory_precheck import check_memory_fits
     from dcp_bench.run.spec import parse_run_spec
-    from dcp_bench.run.torch_run import launch_torch_run
+    from dcp_bench.run.torch_run import check_local_ranks, launch_torch_run
 
     spec = parse_run_spec(resolve_train_config(list(args.overrides)))
-    # refuse, before any process starts, a run whose plans need more memory than this machine has
+    # refuse, before any process starts, more ranks than this node may run, then a run whose
+    # plans need more memory than this machine has
+    check_local_ranks(spec)
     check_memory_fits(spec, _device(spec))
     summary = launch_torch_run(spec)
     if args.json:

@@ -17,7 +17,7 @@ from dcp_bench.sim import lower_bound, simulate_step
 
 def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator, layers: int = 32) -> StepPlan:
     """A valid plan of groups of sizes 1..8 tiling the world; samples dealt longest-first to the
-    group with the least tokens per rank, packed into micro-batches of at most 16K tokens per rank,
+    group with the least tokens per rank, packed into micro-batches of at most 12K tokens per rank,
     half or all layers checkpointed."""
     sizes, start = [], 0
     while start < world:
@@ -37,7 +37,7 @@ def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator, layers:
         mbs: list[MicroBatch] = []
         cur: list[int] = []
         for i in mem:
-            if cur and batch.tokens[cur].sum() + batch.tokens[i] > 16384 * s:
+            if cur and batch.tokens[cur].sum() + batch.tokens[i] > 12288 * s:
                 mbs.append(MicroBatch(tuple(cur), int(rng.choice([layers // 2, layers]))))
                 cur = []
             cur.append(i)
