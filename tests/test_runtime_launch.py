@@ -22,8 +22,8 @@ from dcp_bench.run.torch_run import (
     STDERR_KEEP_LINES,
     STDERR_LOG,
     _error_tail,
-    _is_launch_failure,
     _keep_stderr,
+    _retryable,
     launch_torch_run,
 )
 
@@ -110,18 +110,18 @@ def test_train_command_reports_the_measured_steps(tmp_path: Path, capsys: pytest
     assert "status ok, 2 measured steps, median step" in out and "median step None" not in out
 
 
-def test_only_launch_failures_are_retried_and_errors_say_more_than_torchrun() -> None:
+def test_only_failures_no_rank_raised_are_retried_and_errors_say_more_than_torchrun() -> None:
     port_taken = (
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
         "network address. port: 29500, useIPv6: false, code: -98, name: EADDRINUSE\n"
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
     )
-    assert _is_launch_failure(port_taken)
+    assert _retryable(port_taken)
     assert "EADDRINUSE" in _error_tail(port_taken)
     rank_failed = f"{RANK_ERROR_MARK} RuntimeError: boom\nConnection reset by peer\n"
-    assert not _is_launch_failure(rank_failed)  # a rank that trained and failed is not retried
+    assert not _retryable(rank_failed)  # a rank that raised is not retried
     assert _error_tail(rank_failed) == "RuntimeError: boom"
-    assert not _is_launch_failure("ValueError: bad config\n")
+    assert _retryable("traceback : Signal 9 (SIGKILL) received by PID 123\n")  # died below Python
     # torchrun's own closing lines are not the cause
     killed = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
               "Traceback (most recent call last):\n"
@@ -138,3 +138,26 @@ def test_a_failed_run_keeps_the_ranks_output(tmp_path: Path) -> None:
     assert len(kept) == STDERR_KEEP_LINES and kept[-1] == "line 999"
     _keep_stderr(tmp_path / "gone", "x")  # a folder that no longer exists: nothing written, no error
     assert not (tmp_path / "gone").exists()
+
+
+def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first attempt dies the way a signal-killed rank does (torchrun exit 1, no rank's marked
+    exception): the run is started once more, fresh, and its record says so."""
+    from dcp_bench.run import torch_run
+
+    real = torch_run._run_session
+    calls: list[int] = []
+
+    def first_dies(cmd: list[str], env: dict[str, str], limit_s: float | None) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            return 1, "traceback : Signal 9 (SIGKILL) received by PID 1\n    raise ChildFailedError(\n", []
+        return real(cmd, env, limit_s)
+
+    monkeypatch.setattr(torch_run, "_run_session", first_dies)
+    out = _run(tmp_path, "retry")
+    assert len(calls) == 2 and out["status"] == "ok" and out["n_steps"] == 2
+    assert out["extra"]["previous_attempt"].startswith("attempt 1 failed (torchrun exit 1): traceback : Signal 9")
+    run_dir = tmp_path / "retry" / out["run_id"]
+    assert "Signal 9" in (run_dir / "stderr.attempt1.log").read_text() and not (run_dir / STDERR_LOG).exists()

@@ -49,19 +49,11 @@ from dcp_bench.run.spec import RunSpec, parse_run_spec
 # A rank's failure is summarised on one stderr line after this mark, for the launcher's message.
 RANK_ERROR_MARK = "dcp-bench rank failure:"
 
-# Signs that torchrun's launch failed before any rank trained (a rendezvous that did not form, or
-# a port taken between torchrun choosing it and a rank binding it). Such a launch is retried
-# once; a failure inside a rank's training (marked with RANK_ERROR_MARK) never is.
-LAUNCH_FAILURE_SIGNS = (
-    "DistNetworkError",
-    "EADDRINUSE",
-    "Address already in use",
-    "RendezvousError",
-    "RendezvousConnectionError",
-    "Connection refused",
-    "Connection reset by peer",
-)
-
+# A run whose torchrun fails without any rank's marked exception (a rendezvous that did not form,
+# a port taken between torchrun choosing it and a rank binding it, a rank killed by a signal or
+# crashed below Python) is started once more, fresh, and its record names the first attempt
+# (``extra.previous_attempt``, ``stderr.attempt1.log``); a failure a rank raised (marked with
+# RANK_ERROR_MARK) never is.
 
 # Every process of a run carries ``RUN_MARK_ENV=<the run's mark>`` in its environment (children
 # inherit it, whatever session or parent they end up with), which is how the launcher finds them.
@@ -136,7 +128,7 @@ def check_local_ranks(spec: RunSpec) -> None:
 # One rank
 
 
-def worker_main(spec: RunSpec, owner: str | None = None) -> int:
+def worker_main(spec: RunSpec, owner: str | None = None, previous_attempt: str | None = None) -> int:
     """One rank of a real run (started by torchrun: RANK, WORLD_SIZE, LOCAL_RANK set). ``owner``:
     the token the launcher claimed the run folder with; rank 0 writes only while it holds."""
     import torch
@@ -164,6 +156,8 @@ def worker_main(spec: RunSpec, owner: str | None = None) -> int:
         executor = TorchExecutor(state, None, pool, seed=spec.seed, grad_clip=spec.train.grad_clip,
                                  fail_rank=spec.train.fail_rank, fail_step=spec.train.fail_step, backend=backend)
         executor.info.update({"lr": spec.train.lr})
+        if previous_attempt:  # the launcher's first attempt died without a rank's exception
+            executor.info["previous_attempt"] = previous_attempt
         summary = execute_run(spec, assemble(spec), executor, writer, started)
         return 0 if summary.status == "ok" else 3
     finally:
@@ -176,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         payload = json.loads(Path(args.spec).read_text())
-        return worker_main(_spec_from_payload(payload), owner=payload.get("owner"))
+        return worker_main(_spec_from_payload(payload), owner=payload.get("owner"),
+                           previous_attempt=payload.get("previous_attempt"))
     except Exception as exc:
         rank = os.environ.get("RANK", "?")
         sys.stderr.write(f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n")
@@ -296,6 +291,8 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
         # A fresh folder (config, no steps, no summary): what an earlier run of this id left is
         # gone even if no rank ever starts.
         RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config), enabled=True, owner=owner)
+        for name in (STDERR_LOG, STDERR_FIRST_ATTEMPT_LOG):  # an earlier failure's output is not this run's
+            (run_dir / name).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="dcp-bench-run-") as tmp:
         spec_path = str(Path(tmp) / "spec.json")
         Path(spec_path).write_text(json.dumps(_spec_payload(spec, owner), default=str))
@@ -305,12 +302,19 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
         code: int | None = None
         stderr = ""
         survivors: list[int] = []
+        payload = _spec_payload(spec, owner)
         for attempt in range(attempts):
             remaining = None if limit is None else max(1.0, limit - (time.time() - started))
             code, stderr, survivors = _run_session(torchrun_command(spec, spec_path), env, remaining)
-            if code not in (None, 0) and attempt + 1 < attempts and read_summary(run_dir) is None \
-                    and _is_launch_failure(stderr):
-                continue  # the launch itself failed (no rank trained): start it once more
+            if code not in (None, 0) and attempt + 1 < attempts and not survivors \
+                    and _not_summarised(run_dir, started) and _retryable(stderr):
+                # The launch failed, or a rank died without an exception of its own (a signal,
+                # a crash below Python): start the run once more, fresh, and say so in its record.
+                _keep_stderr(run_dir, stderr, STDERR_FIRST_ATTEMPT_LOG)
+                payload["previous_attempt"] = (f"attempt {attempt + 1} failed (torchrun exit {code}): "
+                                               f"{_error_tail(stderr)}; its output: {STDERR_FIRST_ATTEMPT_LOG}")
+                Path(spec_path).write_text(json.dumps(payload, default=str))
+                continue
             break
     if owner is not None and run_dir.exists():
         take_over(run_dir)  # the ranks are gone; no late writer may change what is recorded now
@@ -336,32 +340,44 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
 
 
 STDERR_LOG = "stderr.log"  # beside the records of a failed run: the tail of torchrun's and the ranks' stderr
+STDERR_FIRST_ATTEMPT_LOG = "stderr.attempt1.log"  # the same for a first attempt that was retried
 STDERR_KEEP_LINES = 400
 
 
-def _keep_stderr(run_dir: Path, stderr: str) -> None:
+def _keep_stderr(run_dir: Path, stderr: str, name: str = STDERR_LOG) -> None:
     """Keep the last lines of the ranks' stderr beside the failed run's records, so the cause
     is there to read after the temporary files are gone."""
     if run_dir.exists():
         lines = stderr.splitlines()[-STDERR_KEEP_LINES:]
-        atomic_write_text(run_dir / STDERR_LOG, "\n".join(lines) + "\n")
+        atomic_write_text(run_dir / name, "\n".join(lines) + "\n")
 
 
-def _is_launch_failure(stderr: str) -> bool:
-    return RANK_ERROR_MARK not in stderr and any(sign in stderr for sign in LAUNCH_FAILURE_SIGNS)
+def _retryable(stderr: str) -> bool:
+    """A failure worth one more attempt: no rank raised an exception of its own (a rank's own
+    failure, an injected one included, is marked and never retried)."""
+    return RANK_ERROR_MARK not in stderr
+
+
+def _not_summarised(run_dir: Path, started: float) -> bool:
+    summary = read_summary(run_dir) if run_dir.exists() else None
+    return summary is None or (summary.started_at or 0.0) < started - 1.0
 
 
 def _error_tail(stderr: str) -> str:
     """The most telling line of the ranks' stderr: a rank's marked failure, else the last
-    exception line that says more than torchrun's own "ChildFailedError"."""
+    exception line that says more than torchrun's own "ChildFailedError", else the signal or exit
+    code torchrun reports for a rank, else the last line that is not torchrun's frame."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     marked = [ln[len(RANK_ERROR_MARK) :].strip() for ln in lines if ln.startswith(RANK_ERROR_MARK)]
     if marked:
         return marked[0][:500]
-    for ln in reversed(lines):
-        if "Error" in ln and not ln.startswith(("File ", "[", "raise ")) and not ln.endswith("ChildFailedError:"):
-            return ln[:500]
-    return lines[-1][:500] if lines else "no output"
+    own = [ln for ln in lines if not ln.startswith(("File ", "[", "raise ", "Traceback", "=", "-"))
+           and not ln.endswith("ChildFailedError:")]
+    for signs in (("Error",), ("Signal", "exitcode")):
+        for ln in reversed(own):
+            if any(sign in ln for sign in signs):
+                return ln[:500]
+    return (own or lines or ["no output"])[-1][:500]
 
 
 if __name__ == "__main__":
