@@ -161,3 +161,24 @@ def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(tmp_
     assert out["extra"]["previous_attempt"].startswith("attempt 1 failed (torchrun exit 1): traceback : Signal 9")
     run_dir = tmp_path / "retry" / out["run_id"]
     assert "Signal 9" in (run_dir / "stderr.attempt1.log").read_text() and not (run_dir / STDERR_LOG).exists()
+
+
+def test_a_rank_that_aborts_in_the_teardown_leaves_the_finished_record(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 finished and recorded the run; then a rank aborts in the teardown (torchrun exit 1,
+    SIGABRT, no rank's exception): the record stands as written, with the ranks' output beside it."""
+    from dcp_bench.run import torch_run
+
+    real = torch_run._run_session
+
+    def aborts_after(cmd: list[str], env: dict[str, str], limit_s: float | None) -> Any:
+        code, _, survivors = real(cmd, env, limit_s)
+        assert code == 0
+        return 1, "terminate called without an active exception\ntraceback : Signal 6 (SIGABRT)\n", survivors
+
+    monkeypatch.setattr(torch_run, "_run_session", aborts_after)
+    out = _run(tmp_path, "teardown")
+    run_dir = tmp_path / "teardown" / out["run_id"]
+    summary = read_summary(run_dir)
+    assert out["status"] == "ok" and summary is not None and summary.status == "ok" and summary.n_steps == 2
+    assert "SIGABRT" in (run_dir / STDERR_LOG).read_text()

@@ -159,6 +159,10 @@ def worker_main(spec: RunSpec, owner: str | None = None, previous_attempt: str |
         if previous_attempt:  # the launcher's first attempt died without a rank's exception
             executor.info["previous_attempt"] = previous_attempt
         summary = execute_run(spec, assemble(spec), executor, writer, started)
+        # Every rank reaches the teardown together: a rank tearing its process group down while a
+        # peer still uses it can abort in gloo's destructor ("terminate called without an active
+        # exception"), after the run is complete and recorded.
+        dist.barrier()
         return 0 if summary.status == "ok" else 3
     finally:
         dist.destroy_process_group()
@@ -324,6 +328,12 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
         return record_unfinished(spec, "error", f"{len(survivors)} process(es) of the run could not be stopped "
                                  f"(pids {', '.join(map(str, survivors[:8]))})", started)
     if summary is not None and fresh and (code == 0 or summary.status != "ok"):
+        return summary
+    if summary is not None and fresh and code is not None and _retryable(stderr):
+        # Rank 0 finished the run and wrote its final record; a rank died afterwards, in the
+        # teardown, without an exception of its own (a signal, an abort below Python). The
+        # record stands as written; the ranks' output is kept beside it.
+        _keep_stderr(run_dir, stderr)
         return summary
     if code == 0 and summary is None and spec.train.nnodes > 1:
         # This node's ranks finished cleanly; rank 0 ran on another node and wrote the records there.
