@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from dcp_bench.errors import ConfigError
+from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, precision_policy, static_state_bytes
 
 NAME = "profile"
 HELP = (
@@ -134,8 +135,10 @@ def measure_rank_baseline(model: Any, nproc: int, static: dict[str, Any]) -> dic
             raise ConfigError(f"the rank baseline run of {model.name} on {nproc} ranks failed: {summary.error}")
         steps = [s for s in read_steps(Path(tmp) / "baseline" / summary.run_id) if not s.warmup]
     peak = max(max(s.peak_mem_per_rank_gib or [0.0]) for s in steps) * 2**30
-    params, param_bytes = float(static["params"]), float(static["param_bytes"])
-    held = 2 * param_bytes + 8 * params + (4 * params if model.dtype != "fp32" else 0.0)
+    # the training states the run's ranks held (its ZeRO stage and precision: `train_policy`)
+    states = static_state_bytes(int(static["params"]), int(static.get("layer_params") or 0), nproc, DEFAULT_ZERO_STAGE,
+                                precision_policy(model.dtype))
+    held = float(sum(states.values()))
     return {"process_baseline_bytes": int(peak - held), "process_baseline_method":
             f"peak resident set of a {nproc}-rank torchrun training run on 16-token samples, minus "
             "parameters, gradients and AdamW state"}

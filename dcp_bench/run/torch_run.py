@@ -299,14 +299,14 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
             (run_dir / name).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="dcp-bench-run-") as tmp:
         spec_path = str(Path(tmp) / "spec.json")
-        Path(spec_path).write_text(json.dumps(_spec_payload(spec, owner), default=str))
+        payload = _spec_payload(spec, owner)
+        Path(spec_path).write_text(json.dumps(payload, default=str))
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(spec.train.threads))
         limit = spec.hard_limit_s()
         code: int | None = None
         stderr = ""
         survivors: list[int] = []
-        payload = _spec_payload(spec, owner)
         for attempt in range(attempts):
             remaining = None if limit is None else max(1.0, limit - (time.time() - started))
             code, stderr, survivors = _run_session(torchrun_command(spec, spec_path), env, remaining)
