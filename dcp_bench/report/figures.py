@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,18 +41,52 @@ Colors = Mapping[str, Any]
 FAILED_HATCH = "///"
 
 
+def method_family(label: str) -> str:
+    """The method a label is a variant of: the name before its parameters and mode
+    (``dcp_inter_pac(eject=false) (paper mode)`` -> ``dcp_inter_pac``)."""
+    return re.split(r"[ (]", str(label), maxsplit=1)[0]
+
+
 def method_colors(labels: Iterable[str]) -> dict[str, Any]:
-    """One colour per method label, fixed for a whole report (labels sorted, so the same set of
-    methods always gets the same colours)."""
+    """One colour per method label, fixed for a whole report: one hue per method family
+    (`method_family`; families sorted, so the same set of methods always gets the same hues),
+    and the variants of a family shades of its hue, darker and lighter around it, the family's
+    plain label (the shortest) at the hue itself."""
     names = sorted({str(x) for x in labels})
+    families: dict[str, list[str]] = {}
+    for name in names:
+        families.setdefault(method_family(name), []).append(name)
     sns = _sns()
-    if len(names) <= 10:
-        palette = sns.color_palette("tab10", 10)
-    elif len(names) <= 20:
-        palette = sns.color_palette("tab20", 20)
-    else:
-        palette = sns.color_palette("husl", len(names))
-    return {name: palette[i] for i, name in enumerate(names)}
+    hues = [*sns.color_palette("tab10", 10), *sns.color_palette("Dark2", 8)]
+    if len(families) > len(hues):
+        hues = list(sns.color_palette("husl", len(families)))
+    out: dict[str, Any] = {}
+    for hue, (_family, members) in zip(hues, sorted(families.items())):
+        members = sorted(members, key=lambda m: (len(m), m))
+        for name, amount in zip(members, _shade_steps(len(members))):
+            out[name] = _shade(hue, amount)
+    return out
+
+
+def _shade_steps(n: int) -> list[float]:
+    """0 for the first, then alternately darker (< 0) and lighter (> 0), evenly up to +-0.6."""
+    if n <= 1:
+        return [0.0] * n
+    k = n // 2  # steps on the larger side
+    step = 0.6 / k
+    out = [0.0]
+    for i in range(1, n):
+        j = (i + 1) // 2
+        out.append(-j * step if i % 2 else j * step)
+    return out
+
+
+def _shade(rgb: Any, amount: float) -> tuple[float, float, float]:
+    """``rgb`` mixed with black (amount < 0) or white (amount > 0) by |amount|."""
+    r, g, b = (float(x) for x in rgb[:3])
+    if amount < 0:
+        return (r * (1 + amount), g * (1 + amount), b * (1 + amount))
+    return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
 
 
 def _color(colors: Colors, label: str) -> Any:
@@ -67,8 +102,14 @@ def _failed_text(cell: Mapping[str, Any]) -> str:
 
 
 def _png(fig: Any) -> bytes:
+    """The figure as PNG at `DPI`. A figure whose tight bounding box would still come out wider
+    than `MAX_WIDTH_PX` (the drawers size figures under `MAX_WIDTH_IN`, so this is a backstop)
+    is saved at a lower resolution so that it fits."""
+    fig.canvas.draw()
+    width_in = fig.get_tightbbox().width
+    dpi = DPI if width_in * DPI <= MAX_WIDTH_PX else MAX_WIDTH_PX / width_in
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     _plt().close(fig)
     return buf.getvalue()
 
@@ -425,3 +466,102 @@ def scales_label(scales_json: str, mem_cap: Any) -> str:
     if mem_cap is not None and not math.isclose(float(mem_cap), DEFAULT_MEM_CAP_FRACTION):
         parts.append(f"mem cap {float(mem_cap):g}")
     return ", ".join(parts) or "default"
+
+
+# --------------------------------------------------------------------------------------------
+# Size policy: every figure fits the page (the HTML page is 1100 px wide; figures are drawn at
+# `DPI`, so `MAX_WIDTH_IN` inches is the widest a figure may be), facets wrap at `MAX_FACET_COLUMNS`,
+# and an axis shows at most `MAX_SERIES` coloured series (more go to small multiples or a table).
+DPI = 110
+MAX_WIDTH_IN = 10.0
+MAX_WIDTH_PX = 1200  # the backstop in `_png`: tight bounding boxes add a little to MAX_WIDTH_IN
+MAX_FACET_COLUMNS = 3
+MAX_SERIES = 12
+
+
+def forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> bytes | None:
+    """`draw_forest_plot` as PNG bytes (None without a finite row)."""
+    fig = draw_forest_plot(rows, title, colors)
+    return None if fig is None else _png(fig)
+
+
+def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
+    """Every headline comparison on one axis: one row per comparison (``label``), grouped
+    under ``group`` headings in the order given; the point is the speedup (colour of
+    ``method``), the whiskers its 95% CI, a wide pale bar the model band where the row has one
+    (``model_band_low`` / ``model_band_high``), a shaded band the claimed value's tolerance band
+    over the rows that carry one (``band_low`` / ``band_high``), and a vertical line at 1x. The
+    value and CI are printed at the right of each row; a row without a number says why."""
+    if rows.empty:
+        return None
+    plt, _ = _plt(), _sns()
+    groups = list(dict.fromkeys(rows["group"]))
+    y_of: list[tuple[float, pd.Series]] = []
+    headers: list[tuple[float, str]] = []
+    y = 0.0
+    for g in groups:
+        headers.append((y, str(g)))
+        y += 1.0
+        for _, r in rows[rows["group"] == g].iterrows():
+            y_of.append((y, r))
+            y += 1.0
+        y += 0.3
+    finite = [float(v) for _, r in y_of for v in (r["speedup"], r.get("ci_low"), r.get("ci_high"),
+                                                    r.get("model_band_low"), r.get("model_band_high"),
+                                                    r.get("band_low"), r.get("band_high"))
+              if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))]
+    if not finite:
+        return None
+    lo, hi = min([1.0, *finite]), max([1.0, *finite])
+    pad = 0.06 * (hi - lo)
+    height = min(8.0, 0.21 * y + 1.0)
+    fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN * 0.95, height))
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.set_ylim(y - 0.3, -0.7)
+    ax.axvline(1.0, color="k", lw=0.9, zorder=1)
+    band_drawn = model_drawn = False
+    for g in groups:  # the tolerance band, over the rows of a group that carry one
+        ys = [yy for yy, r in y_of if r["group"] == g and _finite(r.get("band_low"))]
+        if ys:
+            r0 = next(r for yy, r in y_of if yy == ys[0])
+            ax.fill_betweenx([min(ys) - 0.5, max(ys) + 0.5], float(r0["band_low"]), float(r0["band_high"]),
+                             color="tab:green", alpha=0.15, lw=0, zorder=0,
+                             label=None if band_drawn else "claimed value's tolerance band")
+            band_drawn = True
+    value_x = ax.get_yaxis_transform()
+    for yy, r in y_of:
+        color = _color(colors, str(r["method"]))
+        v = float(r["speedup"]) if _finite(r["speedup"]) else math.nan
+        if _finite(r.get("model_band_low")) and _finite(r.get("model_band_high")):
+            ax.barh(yy, float(r["model_band_high"]) - float(r["model_band_low"]), left=float(r["model_band_low"]),
+                    height=0.55, color=color, alpha=0.25, lw=0, zorder=2,
+                    label=None if model_drawn else "model band (cost-model uncertainty)")
+            model_drawn = True
+        if math.isnan(v):
+            ax.text(1.0, yy, "  " + str(r.get("why") or "no data"), va="center", fontsize=7, color="0.35")
+            continue
+        lo_ci, hi_ci = r.get("ci_low"), r.get("ci_high")
+        if _finite(lo_ci) and _finite(hi_ci):
+            ax.plot([float(lo_ci), float(hi_ci)], [yy, yy], color=color, lw=1.6, zorder=3)
+        ax.plot([v], [yy], marker="o", ms=5, color=color, zorder=4)
+        ci = f" [{float(lo_ci):.2f}, {float(hi_ci):.2f}]" if _finite(lo_ci) and _finite(hi_ci) else ""
+        ax.text(1.01, yy, f"{v:.2f}x{ci}", transform=value_x, va="center", fontsize=7)
+    ax.set_yticks([yy for yy, _ in y_of], [str(r["label"]) for _, r in y_of], fontsize=7)
+    for yy, text in headers:
+        ax.text(0.0, yy, text, transform=value_x, ha="left", va="center", fontsize=8, fontweight="bold")
+    ax.tick_params(axis="y", length=0)
+    ax.grid(axis="y", visible=False)
+    ax.set_xlabel("speedup (x): point = median of paired per-seed ratios, whiskers = 95% CI over seeds; 1x = no gain",
+                  fontsize=7)
+    ax.tick_params(axis="x", labelsize=7)
+    if band_drawn or model_drawn:
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
