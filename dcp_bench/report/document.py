@@ -22,7 +22,6 @@ import pandas as pd
 
 from dcp_bench.files import atomic_write_bytes, atomic_write_text
 
-
 LONG_TABLE_ROWS = 15  # longer tables go to the appendix
 
 
@@ -140,7 +139,7 @@ class Document:
             f"<style>{_CSS}</style></head><body>",
             f"<h1>{html.escape(self.title)}</h1>",
         ]
-        seen: set[str] = set()
+        seen: set[str] = {b.name for b in self.blocks if b.kind == "callout"}  # headings never reuse an anchor
         for b in self.blocks:
             parts.append(self._html_block(b, seen))
         if self.appendix:

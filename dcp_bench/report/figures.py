@@ -626,7 +626,7 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
         return None
     lo, hi = min([1.0, *finite]), max([1.0, *finite])
     pad = 0.06 * (hi - lo)
-    height = min(8.0, 0.21 * y + 1.0)
+    height = min(8.0, 0.24 * y + 1.0)
     fig, ax = plt.subplots(figsize=(MAX_WIDTH_IN * 0.95, height))
     ax.set_xlim(lo - pad, hi + pad)
     ax.set_ylim(y - 0.3, -0.7)
@@ -650,25 +650,25 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
                     label=None if model_drawn else "model band (cost-model uncertainty)")
             model_drawn = True
         if math.isnan(v):
-            ax.text(1.0, yy, "  " + str(r.get("why") or "no data"), va="center", fontsize=7, color="0.35")
+            ax.text(1.0, yy, "  " + str(r.get("why") or "no data"), va="center", fontsize=8, color="0.35")
             continue
         lo_ci, hi_ci = r.get("ci_low"), r.get("ci_high")
         if _finite(lo_ci) and _finite(hi_ci):
             ax.plot([float(lo_ci), float(hi_ci)], [yy, yy], color=color, lw=1.6, zorder=3)
         ax.plot([v], [yy], marker="o", ms=5, color=color, zorder=4)
         ci = f" [{float(lo_ci):.2f}, {float(hi_ci):.2f}]" if _finite(lo_ci) and _finite(hi_ci) else ""
-        ax.text(1.01, yy, f"{v:.2f}x{ci}", transform=value_x, va="center", fontsize=7)
-    ax.set_yticks([yy for yy, _ in y_of], [str(r["label"]) for _, r in y_of], fontsize=7)
+        ax.text(1.01, yy, f"{v:.2f}x{ci}", transform=value_x, va="center", fontsize=8)
+    ax.set_yticks([yy for yy, _ in y_of], [str(r["label"]) for _, r in y_of], fontsize=8)
     for yy, text in headers:
-        ax.text(0.0, yy, text, transform=value_x, ha="left", va="center", fontsize=8, fontweight="bold")
+        ax.text(0.005, yy, text, transform=value_x, ha="left", va="center", fontsize=8.5, fontweight="bold")
     ax.tick_params(axis="y", length=0)
     ax.grid(axis="y", visible=False)
     ax.set_xlabel("speedup (x): point = median of paired per-seed ratios, whiskers = 95% CI over seeds; 1x = no gain",
                   fontsize=7)
     ax.tick_params(axis="x", labelsize=7)
     if band_drawn or model_drawn:
-        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
-    ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7.5, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, ncol=2)
+    ax.set_title(title, fontsize=9, loc="left")
     return fig
 
 

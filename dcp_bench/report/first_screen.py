@@ -29,6 +29,7 @@ from dcp_bench.report.document import Document
 if TYPE_CHECKING:
     from dcp_bench.report.writer import ReportData
 
+VERDICT_WORDS = ("reproduced", "not reproduced", "exceeded", "undecided", "no data")
 FOREST_MAX_ROWS = 30  # a user's campaign with more comparisons shows the first ones; the table has all
 FOREST_FIGURE = "forest_headline"
 
@@ -119,8 +120,11 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
     claimed, tol = float(claim["claimed"]), float(claim["tolerance"])
     band = (claimed / (1 + tol), claimed * (1 + tol))
     basis = claim_basis(data, claim)
-    v = claim.get("speedup")
-    lines = [f"**{claim['id']}: {str(claim['verdict']).upper()}**, {basis}."]
+    v: Any = claim.get("speedup")
+    word = str(claim["verdict"])
+    # The verdict words in capitals; a longer verdict string (e.g. an incomplete run's, with the
+    # command to resume it) exactly as the claim carries it.
+    lines = [f"**{claim['id']}: {word.upper() if word in VERDICT_WORDS else word}**, {basis}."]
     if _finite(v):
         lines.append(
             f"{float(v):.2f}x, 95% CI over {claim.get('pairs', '?')} paired seeds {_ci(claim.get('ci_low'), claim.get('ci_high'))}; "
@@ -144,6 +148,7 @@ def headline_rows(data: ReportData) -> pd.DataFrame:
                      "speedup": cl.get("speedup"), "ci_low": cl.get("ci_low"), "ci_high": cl.get("ci_high"),
                      "model_band_low": cl.get("model_band_low"), "model_band_high": cl.get("model_band_high"),
                      "band_low": claimed / (1 + tol), "band_high": claimed * (1 + tol),
+                     "method_cell": cl.get("method_cell"), "baseline_cell": cl.get("baseline_cell"),
                      "why": "; ".join(cl.get("reasons") or [])})
     comps = data.comparisons
     if not comps.empty:
@@ -155,7 +160,8 @@ def headline_rows(data: ReportData) -> pd.DataFrame:
                 continue
             wl = f", {r['workload']}" if several.get(r["comparison"], 1) > 1 else ""
             rows.append({"group": f"{r['comparison']}: {titles.get(r['comparison'], '')}",
-                         "label": f"{r['method']} over {r['baseline']}{wl}" + (f" ({int(r['pairs'])} seeds)" if int(r["pairs"]) < 5 else ""),
+                         "method_cell": r.get("method_cell"), "baseline_cell": r.get("baseline_cell"),
+                         "label": f"{r['method']} over {r['baseline']}{wl}" + (f" ({int(r['pairs'])} seed{'s' if int(r['pairs']) != 1 else ''})" if int(r["pairs"]) < 5 else ""),
                          "method": r["method"], "speedup": r["speedup"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
                          "model_band_low": r.get("model_band_low"), "model_band_high": r.get("model_band_high")})
     return pd.DataFrame(rows)
@@ -178,6 +184,20 @@ def own_rows(data: ReportData) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _rows_evidence(data: ReportData, rows: pd.DataFrame) -> str:
+    """"simulated", "measured" or both, from the executors of the cells behind ``rows``."""
+    hashes = {h for col in ("method_cell", "baseline_cell") if col in rows for h in rows[col] if isinstance(h, str)}
+    sel = data.cells[data.cells["config_hash"].isin(hashes)] if not data.cells.empty else data.cells
+    kinds = {"simulated" if e == "sim" else "measured" for e in sel["executor"]} if not sel.empty else set()
+    return " and ".join(sorted(kinds, reverse=True)) or "no data"
+
+
+def _reading_name(r: dict[str, Any]) -> str:
+    """A reading as the bullet names it: a short answer ("no") with its question."""
+    reading = str(r.get("reading", ""))
+    return f"{str(r.get('question', '')).rstrip('?')}? {reading}" if len(reading) < 12 else reading
+
+
 def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
     """What changes the verdict or the number: readings of the reference whose verdict differs
     from the headline's, the paper-mode table's other mixes, the cost constants that flip it, and
@@ -188,11 +208,11 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
     flips = [r for r in readings if str(r.get("verdict")) != verdict and _finite(r.get("speedup"))]
     if flips:
         out.append("Reading of the reference's code (one choice changed at a time): " + "; ".join(
-            f"{r['reading']}: {float(r['speedup']):.2f}x ({r['verdict']})" for r in flips) + ".")
+            f"{_reading_name(r)}: {float(r['speedup']):.2f}x ({r['verdict']})" for r in flips) + ".")
     same = [r for r in readings if str(r.get("verdict")) == verdict and _finite(r.get("speedup"))]
     if same:
         out.append(f"Readings that keep it {verdict}: " + "; ".join(
-            f"{r['reading']}: {float(r['speedup']):.2f}x" for r in same) + ".")
+            f"{_reading_name(r)}: {float(r['speedup']):.2f}x" for r in same) + ".")
     table = pd.DataFrame(claim.get("paper_mode_table") or [])
     if not table.empty:
         wl = claim.get("workload")
@@ -251,12 +271,13 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
     claims = _claim_rows(data)
     doc.h2("Verdict")
     comp = completeness_line(data)
-    for cl in claims:
-        doc.callout("\n".join([*verdict_lines(data, cl), *([comp] if comp else [])]), anchor="verdict")
+    for i, cl in enumerate(claims):
+        doc.callout("\n".join([*verdict_lines(data, cl), *([comp] if comp else [])]),
+                    anchor="answer" if i == 0 else f"answer-{i + 1}")
         comp = None
     rows = headline_rows(data)
     if not rows.empty:
-        kind = "simulated" if (data.cells.empty or (data.cells["executor"] == "sim").all()) else "simulated and measured"
+        kind = _rows_evidence(data, rows)
         bands = rows[["model_band_low", "model_band_high"]].map(_finite).all(axis=1).any() \
             if {"model_band_low", "model_band_high"} <= set(rows.columns) else False
         doc.figure(fig.forest_plot(rows, f"Every headline comparison ({kind}; each row names its mode)", data.colors),
@@ -267,8 +288,7 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
                      "[headline comparisons](#headline-comparisons).")
     facts = []
     for cl in claims:
-        facts.append(_per_side(cl.get("trained_fraction"), "Share of the epoch each side trains")
-                     + ("" if cl.get("trained_fraction") else " (paper mode drops samples on both sides)"))
+        facts.append(_per_side(cl.get("trained_fraction"), "Share of the epoch each side trains"))
         if cl.get("imbalance") is not None:
             facts.append(_per_side(cl.get("imbalance"), "Idle share of rank-time (imbalance)"))
         facts += _depends_on(data, cl)
@@ -294,7 +314,7 @@ def _own_first_screen(doc: Document, data: ReportData) -> None:
     doc.callout(f"{len(own)} comparisons of a method over a baseline ({kind}): "
                 + ", ".join(f"{n} {k}" for k, n in counts.items()) + ". Speedup = the baseline's median step time over "
                 "the method's, seeds paired; the table and figures follow the plot.",
-                anchor="verdict")
+                anchor="answer")
     rows = own_rows(data)
     more = f"; the first {FOREST_MAX_ROWS} of {len(own)}" if len(own) > FOREST_MAX_ROWS else ""
     doc.figure(fig.forest_plot(rows, f"Methods over baselines ({kind})", data.colors), FOREST_FIGURE,
