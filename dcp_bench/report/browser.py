@@ -44,6 +44,7 @@ window.addEventListener('load', function () {
     return r.right > doc.clientWidth + 1 && !el.closest('.scroll');
   }).slice(0, 20).map(function (el) { return el.tagName + (el.id ? '#' + el.id : ''); });
   var out = {client_width: doc.clientWidth, scroll_width: doc.scrollWidth, inner_width: window.innerWidth,
+             page_height: doc.scrollHeight,
              verdict: box(document.getElementById('answer')),
              forest: box(document.querySelector('#fig-forest_headline img')),
              verdict_text: (document.getElementById('answer') || {}).innerText || '',
