@@ -19,7 +19,14 @@ from pathlib import Path
 
 from dcp_bench.errors import DcpBenchError
 from dcp_bench.paths import REPORTS_DIR
-from dcp_bench.report.browser import FIRST_SCREEN, PAGE_WIDTH, find_chromium, layout_problems, measure_page, screenshot
+from dcp_bench.report.browser import (
+    FIRST_SCREEN,
+    PAGE_WIDTH,
+    find_chromium,
+    layout_problems,
+    measure_page,
+    screenshot,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

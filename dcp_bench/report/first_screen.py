@@ -199,31 +199,17 @@ def _reading_name(r: dict[str, Any]) -> str:
 
 
 def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
-    """What changes the verdict or the number: readings of the reference whose verdict differs
-    from the headline's, the paper-mode table's other mixes, the cost constants that flip it, and
-    the fair-mode comparison."""
+    """What changes the verdict or the number, most telling first: the fair-mode comparison, the
+    cost constants that flip it, the readings of the reference whose verdict differs from the
+    headline's, the paper-mode table's other mixes, the readings that keep it."""
     out = []
     verdict = str(claim.get("verdict"))
-    readings = [r for r in claim.get("what_it_takes") or [] if not r.get("headline_reading")]
-    flips = [r for r in readings if str(r.get("verdict")) != verdict and _finite(r.get("speedup"))]
-    if flips:
-        out.append("Reading of the reference's code (one choice changed at a time): " + "; ".join(
-            f"{_reading_name(r)}: {float(r['speedup']):.2f}x ({r['verdict']})" for r in flips) + ".")
-    same = [r for r in readings if str(r.get("verdict")) == verdict and _finite(r.get("speedup"))]
-    if same:
-        out.append(f"Readings that keep it {verdict}: " + "; ".join(
-            f"{_reading_name(r)}: {float(r['speedup']):.2f}x" for r in same) + ".")
-    table = pd.DataFrame(claim.get("paper_mode_table") or [])
-    if not table.empty:
-        wl = claim.get("workload")
-        others = table[(table["method"] == claim["method"]) & (table["workload"] != wl)]
-        if "cluster" in table and len(table[table["workload"] == wl]):
-            ctx = table[(table["method"] == claim["method"]) & (table["workload"] == wl)]
-            if len(ctx):
-                others = others[others["cluster"].isin(set(ctx["cluster"].head(1)))]
-        if len(others):
-            out.append("Other mixes, same clusters and loop: " + "; ".join(
-                f"{r['workload']} {float(r['speedup']):.2f}x" for _, r in others.iterrows() if _finite(r["speedup"])) + ".")
+    comps = data.comparisons
+    if not comps.empty:
+        fair = comps[(comps["comparison"] == "fair_mode") & (comps["pairs"] > 0)]
+        for _, r in fair.iterrows():
+            out.append(f"Fair mode (same samples, one optimizer step per global batch): {float(r['speedup']):.2f}x "
+                       f"{_ci(r['ci_low'], r['ci_high'])}.")
     sens = data.sensitivity
     if not sens.empty:
         sub = sens[(sens["comparison"] == claim["id"]) & np.isfinite(sens["speedup"].astype(float))]
@@ -237,12 +223,26 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
                        f"{min(c[2] for c in changed):.2f}x to {max(c[2] for c in changed):.2f}x; "
                        + ("the verdict changes with " + "; ".join(f"{k} x{f:g} ({s:.2f}x: {v})" for k, f, s, v in flipped)
                           if flipped else "no variant changes the verdict") + ".")
-    comps = data.comparisons
-    if not comps.empty:
-        fair = comps[(comps["comparison"] == "fair_mode") & (comps["pairs"] > 0)]
-        for _, r in fair.iterrows():
-            out.append(f"Fair mode (same samples, one optimizer step per global batch): {float(r['speedup']):.2f}x "
-                       f"{_ci(r['ci_low'], r['ci_high'])}.")
+    readings = [r for r in claim.get("what_it_takes") or [] if not r.get("headline_reading")]
+    flips = [r for r in readings if str(r.get("verdict")) != verdict and _finite(r.get("speedup"))]
+    if flips:
+        out.append("Readings of the reference's code that change the verdict (one choice at a time): " + "; ".join(
+            f"{_reading_name(r)}: {float(r['speedup']):.2f}x ({r['verdict']})" for r in flips) + ".")
+    table = pd.DataFrame(claim.get("paper_mode_table") or [])
+    if not table.empty:
+        wl = claim.get("workload")
+        others = table[(table["method"] == claim["method"]) & (table["workload"] != wl)]
+        if "cluster" in table and len(table[table["workload"] == wl]):
+            ctx = table[(table["method"] == claim["method"]) & (table["workload"] == wl)]
+            if len(ctx):
+                others = others[others["cluster"].isin(set(ctx["cluster"].head(1)))]
+        if len(others):
+            out.append("Other mixes, same clusters and loop: " + "; ".join(
+                f"{r['workload']} {float(r['speedup']):.2f}x" for _, r in others.iterrows() if _finite(r["speedup"])) + ".")
+    same = [r for r in readings if str(r.get("verdict")) == verdict and _finite(r.get("speedup"))]
+    if same:
+        out.append(f"Readings that keep it {verdict}: " + "; ".join(
+            f"{_reading_name(r)}: {float(r['speedup']):.2f}x" for r in same) + ".")
     return out
 
 
@@ -271,6 +271,9 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
     claims = _claim_rows(data)
     doc.h2("Verdict")
     comp = completeness_line(data)
+    if not claims:
+        doc.callout("No claim of the claims file has runs in this campaign; the comparisons it holds follow."
+                    + (f"\n{comp}" if comp else ""), anchor="answer")
     for i, cl in enumerate(claims):
         doc.callout("\n".join([*verdict_lines(data, cl), *([comp] if comp else [])]),
                     anchor="answer" if i == 0 else f"answer-{i + 1}")
@@ -280,7 +283,7 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
         kind = _rows_evidence(data, rows)
         bands = rows[["model_band_low", "model_band_high"]].map(_finite).all(axis=1).any() \
             if {"model_band_low", "model_band_high"} <= set(rows.columns) else False
-        doc.figure(fig.forest_plot(rows, f"Every headline comparison ({kind}; each row names its mode)", data.colors),
+        doc.figure(fig.forest_plot(rows, f"Every headline comparison ({kind}; the headings name the mode)", data.colors),
                    FOREST_FIGURE,
                    f"Every headline comparison ({kind}): speedup of method over baseline, 95% CI over paired seeds"
                    + ("; pale bar: model band" if bands else "; model band: not computed")
