@@ -18,7 +18,7 @@ as they are present; absent, the screen says "not computed".
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,8 +26,9 @@ import pandas as pd
 from dcp_bench.report import figures as fig
 from dcp_bench.report.document import Document
 
-if TYPE_CHECKING:
-    from dcp_bench.report.writer import ReportData
+# The sections read a `dcp_bench.report.writer.ReportData`; typed ``Any`` here because the writer
+# imports this module (imports point one way).
+ReportData = Any
 
 VERDICT_WORDS = ("reproduced", "not reproduced", "exceeded", "undecided", "no data")
 FOREST_MAX_ROWS = 30  # a user's campaign with more comparisons shows the first ones; the table has all
