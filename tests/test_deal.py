@@ -4,19 +4,31 @@ users: the step loop and the memory precheck walk the same steps."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
 from dcp_bench.config import load_config, to_container
+from dcp_bench.cost.analytical import SCALE_KEYS
 from dcp_bench.errors import ConfigError
 from dcp_bench.run.assemble import RunParts, assemble
 from dcp_bench.run.deal import EpochSampler, FixedDataset, LatentTokens, StepWorkload, deal_steps
 from dcp_bench.run.memory_precheck import forecast_memory
 from dcp_bench.run.simulated import run_simulated
-from dcp_bench.run.spec import RunSpec, parse_run_spec
+from dcp_bench.run.spec import (
+    MEM_CAP_DEFAULT,
+    RUN_DEFAULTS,
+    MethodSpec,
+    NoiseSettings,
+    RunSpec,
+    TrainSettings,
+    WorkloadSpec,
+    parse_run_spec,
+)
 from dcp_bench.sim import simulate_step
+from dcp_bench.train_policy import DEFAULT_ZERO_STAGE
 
 EPOCH = ["workload=videosys_zipf", "model=tiny_stdit", "method=bucket_static", "method.sp=4",
          "method.recompute=full", "method.mode=paper", "nproc=4", "cluster=cpu", "workload.length_scale=64",
@@ -121,3 +133,48 @@ def test_a_budget_cut_names_the_budget_in_both_units() -> None:
         s: Any = run_simulated(spec, write=False)
         assert s.status == "timeout"
         assert "the time budget" in s.error and where in s.error and "run.timeout_s" not in s.error
+
+
+def test_method_and_workload_are_typed_specs_that_read_as_their_nodes() -> None:
+    spec = _spec([*STEP, "method.mode=fair"])
+    assert isinstance(spec.method, MethodSpec) and isinstance(spec.workload, WorkloadSpec)
+    assert (spec.method.name, spec.method.target, spec.method.mode) == ("dcp", "dcp_bench.planners.dcp.DCPPlanner", "fair")
+    cfg = spec.config["method"]
+    assert dict(spec.method) == cfg and spec.method["_target_"] == cfg["_target_"]
+    assert spec.method.options == {k: v for k, v in cfg.items() if k not in ("name", "_target_")}
+    assert spec.workload.name == "videosys_zipf" and spec.workload.registered
+    assert dict(spec.workload) == spec.config["workload"]
+    user = _spec([*STEP, "workload._target_=tests.test_deal.NoSuchWorkload"])
+    assert not user.workload.registered and user.workload.target == "tests.test_deal.NoSuchWorkload"
+
+
+def test_a_bad_method_node_names_the_offence() -> None:
+    with pytest.raises(ConfigError, match="method.mode='odd'; expected fair or paper"):
+        _spec([*STEP, "method.mode=odd"])
+
+
+def test_the_runs_zero_stage_is_a_field_of_the_spec() -> None:
+    assert _spec(STEP).zero_stage == DEFAULT_ZERO_STAGE
+    assert _spec([*STEP, "cost.zero_stage=0"]).zero_stage == 0
+    with pytest.raises(ConfigError, match="cost.zero_stage=5: expected one of 0, 1, 2, 3 or null"):
+        _spec([*STEP, "cost.zero_stage=5"])
+
+
+def test_config_defaults_are_the_parsers_defaults() -> None:
+    """What the packaged config writes and what the parser assumes for a missing key agree, key
+    by key. (The cost scales list 4 of the analytical model's 5 constants: ``elementwise`` is left
+    out on purpose, as adding it would change every run's config hash and so every run id;
+    a missing scale is 1.)"""
+    cfg = to_container(load_config([]))
+    assert {k: cfg["run"][k] for k in RUN_DEFAULTS} == RUN_DEFAULTS
+    assert cfg["mem_cap_fraction"] == MEM_CAP_DEFAULT
+    assert set(cfg["cost"]["scales"]) | {"elementwise"} == set(SCALE_KEYS)
+    assert all(v == 1.0 for v in cfg["cost"]["scales"].values())
+    assert cfg["train"] == dataclasses.asdict(TrainSettings())
+    assert cfg["run"]["noise"] == dataclasses.asdict(NoiseSettings())
+    bare = parse_run_spec({"method": cfg["method"], "workload": cfg["workload"], "cluster": cfg["cluster"],
+                           "model": cfg["model"]})
+    full = parse_run_spec(cfg)
+    for f in ("steps", "warmup_steps", "planner_clock", "executor", "unit", "epochs", "train", "noise",
+              "mem_cap_fraction", "root", "campaign", "timeout_s", "zero_stage"):
+        assert getattr(bare, f) == getattr(full, f), f

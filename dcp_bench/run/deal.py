@@ -18,7 +18,8 @@ from here.
 Capabilities are explicit protocols: a workload deals global batches (`StepWorkload`); the epoch
 unit needs a planner with a reference epoch sampler (`EpochSampler`) and a workload with a fixed
 dataset (`FixedDataset`); a workload that knows the reference's latent-voxel token count of its
-samples (`LatentTokens`) has it recorded beside each iteration.
+samples (`LatentTokens`) has it recorded beside each iteration; one that documents itself
+(`DocumentedWorkload`) has its description and provenance kept in the run summary.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ class LatentTokens(Protocol):
     it does not for these)."""
 
     def latent_tokens(self, sample_ids: Any) -> Any: ...
+
+
+@runtime_checkable
+class DocumentedWorkload(Protocol):
+    """A workload that says what it is and where its data comes from (the run summary keeps
+    both): a ``description`` and a ``provenance`` (source, licence, data file and its SHA-256)."""
+
+    description: str
+    provenance: dict[str, Any]
 
 
 @runtime_checkable

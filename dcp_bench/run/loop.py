@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dcp_bench.cost.base import CostModel
 from dcp_bench.errors import DcpBenchError
 from dcp_bench.execution import Executor, ExecutorDescription, ExecutorInfo, StepOutcome
 from dcp_bench.plan import StepPlan
@@ -32,7 +33,7 @@ from dcp_bench.records import (
     write_summary,
 )
 from dcp_bench.run.assemble import RunParts
-from dcp_bench.run.deal import deal_steps, latent_token_count
+from dcp_bench.run.deal import DocumentedWorkload, deal_steps, latent_token_count
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.sim import lower_bound, simulate_step
 
@@ -200,7 +201,7 @@ def summarise(
     status: str,
     error: str | None,
     executor: ExecutorInfo,
-    cost: Any,
+    cost: CostModel | None,
     started: float,
     workload: Any = None,
 ) -> RunSummary:
@@ -215,7 +216,7 @@ def summarise(
     total_time = sum(s.step_time_s or 0.0 for s in measured)
     total_tokens = sum(s.tokens for s in measured)
     total_samples = sum(s.samples for s in measured)
-    cost_desc = dict(cost.describe()) if cost is not None and hasattr(cost, "describe") else {}
+    cost_desc = dict(cost.describe()) if cost is not None else {}
     losses = [s.loss for s in steps]
     extra: dict[str, Any] = {
         "label": spec.label,
@@ -223,7 +224,7 @@ def summarise(
         "context_hash": spec.context_hash,
         "sweep": spec.sweep,
         "overrides": list(spec.overrides),
-        "target": spec.method.get("_target_"),
+        "target": spec.method.target,
         "scales": spec.cost.scale_map,
         "mem_cap_fraction": spec.mem_cap_fraction,
         "world_size": executor.world_size,
@@ -235,15 +236,14 @@ def summarise(
         "executed_s": _median([s.extra.get("executed_s") for s in measured]),
         "over_cap_steps": sum(1 for s in measured if s.extra.get("over_cap")),
         "cost": cost_desc,
-        **getattr(executor, "info", {}),
+        **executor.info,
     }
     if spec.unit == "epoch":
         extra.update(_epoch_summary(spec, measured, ok))
     if status == "timeout" and spec.limit_source:
         extra["limit"] = "budget"  # cut by a sweep's deadline, not by the run's own run.timeout_s
-    if isinstance(getattr(workload, "provenance", None), dict):
-        extra["workload"] = {"description": str(getattr(workload, "description", "")),
-                             "provenance": dict(workload.provenance)}
+    if isinstance(workload, DocumentedWorkload) and isinstance(workload.provenance, dict):
+        extra["workload"] = {"description": str(workload.description), "provenance": dict(workload.provenance)}
     if any(v is not None for v in losses):
         extra["losses"] = losses
         extra["grad_norms"] = [s.grad_norm for s in steps]
@@ -276,7 +276,7 @@ def summarise(
         tokens_per_s=(total_tokens / total_time) if ok and total_time > 0 else None,
         oom_steps=sum(1 for s in steps if s.oom),
         hardware=executor.hardware,
-        cost_source=str(getattr(cost, "source", "unknown")) if cost is not None else None,
+        cost_source=str(cost.source) if cost is not None else None,
         profile=cost_desc.get("profile") if isinstance(cost_desc.get("profile"), dict) else None,
         error=error,
         started_at=started,
