@@ -14,7 +14,8 @@ from dcp_bench.config import load_config, to_container
 from dcp_bench.cost.analytical import SCALE_KEYS
 from dcp_bench.errors import ConfigError
 from dcp_bench.run.assemble import RunParts, assemble
-from dcp_bench.run.deal import EpochSampler, FixedDataset, LatentTokens, StepWorkload, deal_steps
+from dcp_bench.run.capabilities import EpochSampler, FixedDataset, LatentTokens, StepWorkload
+from dcp_bench.run.deal import deal_steps
 from dcp_bench.run.memory_precheck import forecast_memory
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import (

@@ -33,7 +33,8 @@ from dcp_bench.records import (
     write_summary,
 )
 from dcp_bench.run.assemble import RunParts
-from dcp_bench.run.deal import DocumentedWorkload, deal_steps, latent_token_count
+from dcp_bench.run.capabilities import DocumentedWorkload
+from dcp_bench.run.deal import deal_steps, latent_token_count
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.sim import lower_bound, simulate_step
 

@@ -28,7 +28,7 @@ from dcp_bench.cost.specs import ClusterSpec, ModelSpec
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.layout import is_power_of_two
 from dcp_bench.reference import run_label
-from dcp_bench.run.deal import EpochSampler, FixedDataset
+from dcp_bench.run.capabilities import EpochSampler, FixedDataset
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, ZERO_STAGES
 from dcp_bench.workload import WORKLOADS
 
