@@ -48,7 +48,7 @@ from dcp_bench.planners.base import make_planner
 from dcp_bench.run.assemble import RunParts, build_cost_model
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.runtime.attention import SPContext
-from dcp_bench.runtime.executor import TorchExecutor, rank_work, step_token_count, sync_gradients
+from dcp_bench.runtime.executor import TorchExecutor, rank_work, step_token_count
 from dcp_bench.runtime.groups import ProcessGroupPool
 
 
@@ -238,22 +238,15 @@ class DataCentricParallel:
             yield work
 
     def step(self, work: StepWork) -> float:
-        """One all-reduce of every gradient and of the loss (ranks without work contribute zeros;
-        `dcp_bench.runtime.executor.sync_gradients`, as the benchmark's executor does), the
-        optimizer step (skipped when a gradient or the loss is not finite), gradients reset.
-        Returns the step's global loss: the sum over ranks of the losses given to
-        `StepWork.backward`."""
+        """The runtime's own step (`dcp_bench.runtime.training.UserOptimizerState.finish_step`, the
+        one the benchmark's executor runs): one all-reduce of every gradient and of the loss (ranks
+        without work contribute zeros), the optimizer step (skipped when a gradient or the loss is
+        not finite); then the gradients are released. Returns the step's global loss: the sum over
+        ranks of the losses given to `StepWork.backward`."""
+        state = self._executor.state
         params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params if p.grad is not None]
         local = torch.tensor(work.local_loss, dtype=torch.float32, device=params[0].device)
-        total, _, finite = sync_gradients(params, grads, local)
-        if finite and self.optimizer is not None:
-            if self.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
-            self.optimizer.step()
+        total, _, _ = state.finish_step(local, self.grad_clip)
         for p in params:
             p.grad = None
         return total

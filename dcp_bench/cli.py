@@ -9,7 +9,6 @@ exits (they see it as an exception and clean up on the way out)."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
@@ -18,22 +17,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from dcp_bench.commands import COMMANDS
 from dcp_bench.errors import DcpBenchError
-
-# One module per subcommand, in the order `--help` lists them.
-COMMAND_MODULES = [
-    "dcp_bench.commands.env",
-    "dcp_bench.commands.workloads",
-    "dcp_bench.commands.plan",
-    "dcp_bench.commands.simulate",
-    "dcp_bench.commands.profile",
-    "dcp_bench.commands.validate",
-    "dcp_bench.commands.train",
-    "dcp_bench.commands.slurm",
-    "dcp_bench.commands.sweep",
-    "dcp_bench.commands.report",
-    "dcp_bench.commands.reproduce",
-]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load_commands() -> list[ModuleType]:
-    return [importlib.import_module(name) for name in COMMAND_MODULES]
+    return list(COMMANDS)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:

@@ -80,6 +80,68 @@ def test_doc_has_every_part() -> None:
     assert f"a {len(module.splitlines())}-line Python module and a {len(method_yaml.splitlines())}-line YAML file" in text
 
 
+def section_steps(heading: str) -> list[tuple[str, str, str]]:
+    """The fenced blocks of one section of the page, from its heading to the next ``## ``."""
+    text = DOC.read_text()
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    return doc_steps(text[start:] if end < 0 else text[start:end])
+
+
+def follow_section(heading: str, folder: Path, env: dict[str, str]) -> None:
+    """Write the section's files into ``folder`` and run its commands there, as the reader would."""
+    for lang, path, body in section_steps(heading):
+        if path:
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(body)
+        elif lang == "bash":
+            for line in doc_commands(body):
+                argv = shlex.split(line)
+                if argv[0] == "dcp-bench":
+                    res = run_cli(argv[1:], folder, env)
+                    assert res.returncode == 0, f"{line}\n{res.stdout}\n{res.stderr}"
+                elif argv[0] == "python":
+                    subprocess.run([sys.executable, *argv[1:]], check=True, cwd=folder, env=env)
+                else:
+                    raise AssertionError(f"the doc runs a command this test does not know: {line}")
+
+
+def test_doc_has_the_workload_kind_and_report_section_recipes() -> None:
+    text = DOC.read_text()
+    for heading in ("## Add a workload kind: a class of your own", "## Add a report section"):
+        assert heading in text, heading
+    files = {p for _, p, _ in doc_steps(text) if p}
+    assert {"my_workloads/bimodal.py", "my_conf/workload/bimodal.yaml", "my_report/tokens.py", "try_section.py"} <= files
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_follow_the_workload_kind_and_report_section_recipes(tmp_path: Path) -> None:
+    """The two recipes, literally, in an empty folder (this checkout's package, the reader's own
+    modules imported from the folder): the class workload runs under two methods that see the
+    same batches and keep its provenance; the report ends with the new section, whose numbers are
+    the runs' own."""
+    env = user_env(PYTHONPATH=str(REPO_ROOT))
+    follow_section("## Add a workload kind: a class of your own", tmp_path, env)
+    runs = {s.method: s for s in iter_summaries(tmp_path / "runs", "kinds")}
+    assert set(runs) == {"dcp", "bucket_static"} and all(s.status == "ok" for s in runs.values())
+    assert all(s.extra["workload"]["description"].startswith("bimodal: 2048 or 65536 tokens") for s in runs.values())
+    assert all(s.extra["workload"]["provenance"]["licence"] == "none (generated)" for s in runs.values())
+    batches = {}
+    for method, s in runs.items():
+        steps = [json.loads(ln) for ln in (tmp_path / "runs" / "kinds" / s.run_id / "steps.jsonl").read_text().splitlines()]
+        batches[method] = [(st["step"], st["tokens"], st["samples"]) for st in steps]
+    assert batches["dcp"] == batches["bucket_static"] and len(batches["dcp"]) == 2
+
+    follow_section("## Add a report section", tmp_path, env)
+    report = (tmp_path / "reports" / "kinds" / "report.md").read_text()
+    section = report[report.index("## Tokens per second"):]
+    rows = re.findall(r"^\| bimodal \| (\w+) \| ([0-9.e+]+) \|$", section, re.M)
+    assert {m for m, _ in rows} == {"dcp", "bucket_static"}
+    for method, value in rows:
+        assert float(value) == pytest.approx(runs[method].tokens_per_s, rel=5e-3)
+
+
 def test_user_code_imports_in_the_console_script(tmp_path: Path) -> None:
     """The planner module beside the config folder imports through the installed command, run
     from another folder, with no PYTHONPATH; `plan --validate` says the plan keeps every rule."""

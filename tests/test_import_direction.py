@@ -25,7 +25,8 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.profiling", "dcp_bench.report"],
     ["dcp_bench.run"],
     ["dcp_bench.runner", "dcp_bench.api"],
-    ["dcp_bench.cli", "dcp_bench.commands", "dcp_bench"],
+    ["dcp_bench.commands"],
+    ["dcp_bench.cli", "dcp_bench"],
 ]
 SIBLING_IMPORTS = {("baselines", "dcp_bench.planners")}  # a baseline is a Planner subclass
 TORCH_FREE = ("dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.plan", "dcp_bench.cost", "dcp_bench.reference",
@@ -121,6 +122,55 @@ def test_no_module_imports_in_a_circle() -> None:
     for m in sorted(mods):
         if m not in state and (cycle := visit(m)):
             raise AssertionError("import circle: " + " -> ".join(cycle))
+
+
+def static_imports(path: Path) -> set[str]:
+    """Every module a file names in an import statement: ``from pkg import mod`` counts as
+    ``pkg.mod`` too (it may name a submodule)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def unreached_commands(cli: Path, package: Path) -> list[str]:
+    """Command modules of ``package`` (the ``dcp_bench.commands`` folder) that the CLI does not
+    reach by plain imports (CLI -> the package -> each command), so the checks above would not
+    see their dependencies; a module loaded by a name string (``importlib``) counts as unreached."""
+    mods = static_imports(cli)
+    if "dcp_bench.commands" not in mods and not any(m.startswith("dcp_bench.commands.") for m in mods):
+        return sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    reached = mods | static_imports(package / "__init__.py")
+    return sorted(p.stem for p in package.glob("*.py")
+                  if p.stem != "__init__" and f"dcp_bench.commands.{p.stem}" not in reached)
+
+
+def test_every_command_is_imported_by_the_cli() -> None:
+    """The CLI registers its commands by plain imports, so the layer and circle checks cover them."""
+    missing = unreached_commands(REPO / "dcp_bench" / "cli.py", REPO / "dcp_bench" / "commands")
+    assert not missing, f"commands the CLI loads without a plain import: {', '.join(missing)}"
+    assert "importlib" not in static_imports(REPO / "dcp_bench" / "cli.py")
+    for path in (REPO / "dcp_bench" / "commands").glob("*.py"):
+        assert unit_of(".".join(path.relative_to(REPO).with_suffix("").parts)) == "dcp_bench.commands"
+
+
+def test_the_command_check_can_fail(tmp_path: Path) -> None:
+    """A command module loaded by a name string is reported."""
+    pkg = tmp_path / "commands"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from dcp_bench.commands import env\n")
+    (pkg / "env.py").write_text("")
+    (pkg / "extra.py").write_text("")
+    cli = tmp_path / "cli.py"
+    cli.write_text("import importlib\nfrom dcp_bench.commands import COMMANDS\n"
+                   "importlib.import_module('dcp_bench.commands.extra')\n")
+    assert unreached_commands(cli, pkg) == ["extra"]
+    cli.write_text("import importlib\n")
+    assert unreached_commands(cli, pkg) == ["env", "extra"]
 
 
 def test_the_layer_table_can_fail() -> None:

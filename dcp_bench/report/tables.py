@@ -48,8 +48,8 @@ class Campaign:
 
 
 def _is_baseline(target: Any) -> bool:
-    # Baselines live in the top-level `baselines` package (DESIGN.md section 4): the report tells
-    # them apart by where their class lives, never by their name.
+    # Baselines live in the top-level `baselines` package (baselines/README.md; README.md,
+    # "Layout"): the report tells them apart by where their class lives, never by their name.
     return isinstance(target, str) and target.startswith("baselines.")
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.base import CostModel
 from dcp_bench.plan import StepPlan, validate_plan
 from dcp_bench.planners.base import Planner, make_planner
+from dcp_bench.run.capabilities import StepWorkload
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.sim import NoiseModel
 from dcp_bench.workload import make_workload
@@ -24,7 +24,7 @@ class RunParts:
     runs, the lower bound); ``plan_cost`` is what the planner sees (the same object unless
     ``cost.planner_source`` names another source)."""
 
-    workload: Any  # provides global_batch(step, world_size, max_seq_len) -> GlobalBatch
+    workload: StepWorkload  # global_batch(step, world_size, max_seq_len); more: run/capabilities.py
     cost: CostModel
     plan_cost: CostModel
     planner: Planner

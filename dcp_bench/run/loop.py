@@ -12,19 +12,18 @@ or ``error`` (a planner or input error); every outcome is written, never dropped
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dcp_bench.errors import ConfigError, DcpBenchError
+from dcp_bench.cost.base import CostModel
+from dcp_bench.errors import DcpBenchError
 from dcp_bench.execution import Executor, ExecutorDescription, ExecutorInfo, StepOutcome
-from dcp_bench.plan import StepPlan, validate_plan
+from dcp_bench.plan import StepPlan
 from dcp_bench.records import (
     RunSummary,
     RunWriter,
@@ -34,6 +33,8 @@ from dcp_bench.records import (
     write_summary,
 )
 from dcp_bench.run.assemble import RunParts
+from dcp_bench.run.capabilities import DocumentedWorkload
+from dcp_bench.run.deal import deal_steps, latent_token_count
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.sim import lower_bound, simulate_step
 
@@ -81,8 +82,10 @@ def step_record(
     plan: StepPlan,
     planner_s: float,
     out: StepOutcome,
+    warmup: bool | None = None,
 ) -> StepRecord:
-    """The record of one executed step (see the module docstring)."""
+    """The record of one executed step (see the module docstring); ``warmup`` (None: the step is
+    one of the run's first ``warmup_steps``) excludes it from the summary."""
     used = plan.sample_positions()
     peaks = [float(b) / 2**30 for b in out.peak_mem_bytes]
     # A planner's configuration search (`plan.info["tune_s"]`: static_tuned's grid, Megatron's
@@ -107,7 +110,7 @@ def step_record(
     return StepRecord(
         step=step,
         step_time_s=charge_planner(out.step_time_s, planner_s - tune_s, spec.planner_clock),
-        warmup=step < spec.warmup_steps,
+        warmup=step < spec.warmup_steps if warmup is None else warmup,
         planner_ms=planner_s * 1e3,
         tokens=int(batch.tokens[used].sum()) if used else 0,
         samples=len(used),
@@ -137,81 +140,39 @@ def run_steps(
     writer: RunWriter,
     started: float,
 ) -> None:
-    """The loop itself; raises `_StopRun` for an early end with a status, `DcpBenchError` for an
-    input or planner error. Every executed step is in ``writer`` before anything is raised."""
-    for step in range(spec.total_steps):
+    """The loop itself, one body for both units: every step `deal_steps` deals is planned by the
+    executor (rank 0 plans, every rank receives the plan), executed and recorded. Raises
+    `_StopRun` for an early end with a status, `DcpBenchError` for an input or planner error.
+    Every executed step is in ``writer`` before anything is raised.
+
+    ``run.unit=epoch`` (the reference runtime's loop): each iteration runs as one step (its own
+    barrier, gradient sync and optimizer step) and becomes one `StepRecord`; no iteration is
+    excluded; the epoch's planning time is charged by ``run.planner_clock``, spread evenly over
+    its iterations; the first record of an epoch carries the epoch's accounting
+    (``epoch_info``)."""
+    for deal in deal_steps(spec, parts, executor.world_size):
         # Rank 0's clock decides for every rank, so no rank leaves the loop alone.
         late = spec.timeout_s is not None and time.time() - started > spec.timeout_s
         if executor.agree(late):
-            raise RunTimeout(f"run exceeded {spec.limit_text()} before step {step}")
-        batch = parts.workload.global_batch(step, executor.world_size, spec.model.max_seq_len)
-        plan, planner_s = executor.plan(batch, parts.plan_step)
+            raise RunTimeout(f"run exceeded {spec.limit_text()} before {deal.where}")
+        batch = deal.batch
+        plan, planner_s = executor.plan(batch, deal.plan_fn)
+        if deal.planner_s is not None:
+            planner_s = deal.planner_s
         out = executor.execute(plan, batch)
-        writer.add_step(step_record(step, spec, parts, executor, batch, plan, planner_s, out))
+        rec = step_record(deal.step, spec, parts, executor, batch, plan, planner_s, out, warmup=deal.warmup)
+        if deal.epoch is not None:
+            rec.extra.update(epoch=deal.epoch, iteration=deal.iteration)
+            latent = latent_token_count(parts, batch, plan)
+            if latent is not None:
+                rec.extra["latent_tokens"] = latent
+            if deal.epoch_info is not None:
+                rec.extra["epoch_info"] = deal.epoch_info
+        writer.add_step(rec)
         if out.oom:
-            raise _StopRun("oom", f"step {step}: peak memory over the GPU's usable memory")
+            raise _StopRun("oom", f"{deal.where}: peak memory over the GPU's usable memory")
         if not out.finite:
-            raise _StopRun("nonfinite", f"non-finite loss or gradient at step {step}")
-
-
-def run_epochs(
-    spec: RunSpec,
-    parts: RunParts,
-    executor: Executor,
-    writer: RunWriter,
-    started: float,
-) -> None:
-    """``run.unit=epoch``: the reference runtime's loop. Each of ``run.epochs`` epochs takes the
-    workload's fixed dataset, the planner's reference sampler deals it into iterations
-    (``plan_epoch``), and every iteration runs as one step of the loop (its own barrier,
-    gradient sync and optimizer step) and becomes one `StepRecord`; no iteration is excluded.
-    The epoch's planning time is charged by ``run.planner_clock``, spread evenly over its
-    iterations. The first record of an epoch carries the epoch's accounting (``epoch_info``)."""
-    plan_epoch = getattr(parts.planner, "plan_epoch", None)
-    epoch_dataset = getattr(parts.workload, "epoch_dataset", None)
-    if not callable(plan_epoch) or not callable(epoch_dataset):
-        raise ConfigError(f"run.unit=epoch needs a method with a reference epoch sampler and a workload "
-                          f"with a fixed dataset ({spec.method_name} on {spec.workload_name})")
-    latent = getattr(parts.workload, "latent_tokens", None)
-    step = 0
-    for epoch in range(spec.epochs):
-        dataset = epoch_dataset(executor.world_size, spec.model.max_seq_len)
-        t0 = time.perf_counter()
-        deal = plan_epoch(dataset, parts.plan_cost, epoch)
-        share = (time.perf_counter() - t0) / max(1, len(deal.iterations))
-        if not deal.iterations:
-            drops = ", ".join(f"{k} {v}" for k, v in deal.info.get("dropped_samples", {}).items() if v)
-            raise ConfigError(f"epoch {epoch}: the sampler dealt no iteration from the dataset's {dataset.n} samples "
-                              f"(dropped: {drops or 'none'}); expected buckets of at least one batch each "
-                              "(a larger workload.data_size)")
-        for i, it in enumerate(deal.iterations):
-            late = spec.timeout_s is not None and time.time() - started > spec.timeout_s
-            if executor.agree(late):
-                raise RunTimeout(f"run exceeded run.timeout_s={spec.timeout_s:g} at epoch {epoch}, iteration {i}")
-            sub = dataset.subset(it.positions)
-            batch = dataclasses.replace(sub, step=step, info={"epoch": epoch, "iteration": i})
-            validate_plan(it.plan, batch, num_layers=parts.cost.model.num_layers)
-            plan, _ = executor.plan(batch, _planned(it.plan))  # rank 0's plan goes to every rank
-            out = executor.execute(plan, batch)
-            rec = step_record(step, spec, parts, executor, batch, plan, share, out)
-            rec = dataclasses.replace(rec, warmup=False)
-            rec.extra.update(epoch=epoch, iteration=i)
-            lat = latent(batch.sample_ids) if callable(latent) else None
-            if lat is not None:
-                rec.extra["latent_tokens"] = int(np.asarray(lat)[plan.sample_positions()].sum())
-            if i == 0:
-                rec.extra["epoch_info"] = {**deal.info, "planner_s": share * len(deal.iterations)}
-            writer.add_step(rec)
-            step += 1
-            if out.oom:
-                raise _StopRun("oom", f"epoch {epoch}, iteration {i}: peak memory over the GPU's usable memory")
-            if not out.finite:
-                raise _StopRun("nonfinite", f"non-finite loss or gradient at epoch {epoch}, iteration {i}")
-
-
-def _planned(plan: StepPlan) -> Callable[[Any], StepPlan]:
-    """A planning callable that returns a plan made before (the epoch's sampler made them all)."""
-    return lambda _batch: plan
+            raise _StopRun("nonfinite", f"non-finite loss or gradient at {deal.where}")
 
 
 def _epoch_summary(spec: RunSpec, measured: list[StepRecord], ok: bool) -> dict[str, Any]:
@@ -241,7 +202,7 @@ def summarise(
     status: str,
     error: str | None,
     executor: ExecutorInfo,
-    cost: Any,
+    cost: CostModel | None,
     started: float,
     workload: Any = None,
 ) -> RunSummary:
@@ -256,7 +217,7 @@ def summarise(
     total_time = sum(s.step_time_s or 0.0 for s in measured)
     total_tokens = sum(s.tokens for s in measured)
     total_samples = sum(s.samples for s in measured)
-    cost_desc = dict(cost.describe()) if cost is not None and hasattr(cost, "describe") else {}
+    cost_desc = dict(cost.describe()) if cost is not None else {}
     losses = [s.loss for s in steps]
     extra: dict[str, Any] = {
         "label": spec.label,
@@ -264,7 +225,7 @@ def summarise(
         "context_hash": spec.context_hash,
         "sweep": spec.sweep,
         "overrides": list(spec.overrides),
-        "target": spec.method.get("_target_"),
+        "target": spec.method.target,
         "scales": spec.cost.scale_map,
         "mem_cap_fraction": spec.mem_cap_fraction,
         "world_size": executor.world_size,
@@ -276,15 +237,14 @@ def summarise(
         "executed_s": _median([s.extra.get("executed_s") for s in measured]),
         "over_cap_steps": sum(1 for s in measured if s.extra.get("over_cap")),
         "cost": cost_desc,
-        **getattr(executor, "info", {}),
+        **executor.info,
     }
     if spec.unit == "epoch":
         extra.update(_epoch_summary(spec, measured, ok))
     if status == "timeout" and spec.limit_source:
         extra["limit"] = "budget"  # cut by a sweep's deadline, not by the run's own run.timeout_s
-    if isinstance(getattr(workload, "provenance", None), dict):
-        extra["workload"] = {"description": str(getattr(workload, "description", "")),
-                             "provenance": dict(workload.provenance)}
+    if isinstance(workload, DocumentedWorkload) and isinstance(workload.provenance, dict):
+        extra["workload"] = {"description": str(workload.description), "provenance": dict(workload.provenance)}
     if any(v is not None for v in losses):
         extra["losses"] = losses
         extra["grad_norms"] = [s.grad_norm for s in steps]
@@ -317,7 +277,7 @@ def summarise(
         tokens_per_s=(total_tokens / total_time) if ok and total_time > 0 else None,
         oom_steps=sum(1 for s in steps if s.oom),
         hardware=executor.hardware,
-        cost_source=str(getattr(cost, "source", "unknown")) if cost is not None else None,
+        cost_source=str(cost.source) if cost is not None else None,
         profile=cost_desc.get("profile") if isinstance(cost_desc.get("profile"), dict) else None,
         error=error,
         started_at=started,
@@ -344,7 +304,7 @@ def execute_run(
         if setup_error is not None:
             raise setup_error
         assert parts is not None and executor is not None
-        (run_epochs if spec.unit == "epoch" else run_steps)(spec, parts, executor, writer, started)
+        run_steps(spec, parts, executor, writer, started)
     except _StopRun as exc:
         status, error = exc.status, str(exc)
     except RunTimeout as exc:

@@ -12,12 +12,14 @@ recompute setting) is refused too, with the planner's reason: the run would stop
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from dcp_bench.errors import DcpBenchError
 from dcp_bench.run.assemble import Assemble, assemble
+from dcp_bench.run.deal import deal_steps
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.sim import simulate_step
 
@@ -41,23 +43,31 @@ class MemoryForecast:
 
 
 def forecast_memory(spec: RunSpec, build: Assemble = assemble) -> MemoryForecast:
-    """Plan and price every step of ``spec`` (`MemoryPrecheckError` when a step cannot be
-    planned)."""
+    """Plan and price every step of ``spec`` as the run will deal it (`dcp_bench.run.deal`: fresh
+    batches, or the reference's epochs under ``run.unit=epoch``); `MemoryPrecheckError` when a
+    step cannot be planned."""
     parts = build(spec)
     world = spec.world_size
     per_node = max(1, world // max(1, spec.train.nnodes))
-    best = MemoryForecast(0.0, 0.0, 0, per_node, spec.total_steps)
-    for step in range(spec.total_steps):
-        batch = parts.workload.global_batch(step, world, spec.model.max_seq_len)
+    best = MemoryForecast(0.0, 0.0, 0, per_node, 0)
+    planned = 0
+    deals = deal_steps(spec, parts, world)
+    while True:
+        where = f"step {planned}" if spec.unit != "epoch" else f"the epoch after step {planned}"
         try:
-            plan = parts.plan_step(batch)
+            deal = next(deals, None)
+            if deal is None:
+                break
+            where = deal.where
+            plan = deal.plan_fn(deal.batch)
         except DcpBenchError as exc:
-            raise MemoryPrecheckError(f"refusing to launch: step {step} cannot be planned: {exc}") from None
-        peak = np.asarray(simulate_step(plan, batch, parts.cost).peak_mem_bytes, dtype=float)
+            raise MemoryPrecheckError(f"refusing to launch: {where} cannot be planned: {exc}") from None
+        planned += 1
+        peak = np.asarray(simulate_step(plan, deal.batch, parts.cost).peak_mem_bytes, dtype=float)
         node = float(peak.reshape(-1, per_node).sum(axis=1).max()) if peak.size % per_node == 0 else float(peak.sum())
         if node > best.node_peak_bytes:
-            best = MemoryForecast(float(peak.max()), node, step, per_node, spec.total_steps)
-    return best
+            best = MemoryForecast(float(peak.max()), node, deal.step, per_node, 0)
+    return dataclasses.replace(best, steps_planned=planned)
 
 
 def available_memory_bytes() -> tuple[float, float] | None:

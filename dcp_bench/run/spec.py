@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import importlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,8 @@ from dcp_bench.cost.specs import ClusterSpec, ModelSpec
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.layout import is_power_of_two
 from dcp_bench.reference import run_label
+from dcp_bench.run.capabilities import EpochSampler, FixedDataset
+from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, ZERO_STAGES
 from dcp_bench.workload import WORKLOADS
 
 EXECUTORS = ("sim", "torch")
@@ -37,6 +39,16 @@ UNITS = ("auto", "step", "epoch")  # auto: epoch in paper mode, step in fair mod
 # Keys of the `run` group that say where or how often a run is recorded, not what it measures:
 # left out of the cell hash, so moving a campaign or adding repeats keeps run ids stable.
 BOOKKEEPING_KEYS = ("root", "campaign", "repeats", "jobs", "progress", "timeout_s", "kill_grace_s")
+
+# What a key the config leaves out means: the parser's one table of defaults for the ``run`` group
+# (the train, noise and cost groups' defaults are their settings classes' field defaults).
+# dcp_bench/conf/config.yaml and conf/run/default.yaml write the same values; a test keeps them
+# equal.
+RUN_DEFAULTS: dict[str, Any] = {
+    "unit": "auto", "epochs": 1, "steps": 20, "warmup_steps": 2, "root": "runs", "campaign": "default",
+    "executor": "sim", "nproc": None, "timeout_s": None, "kill_grace_s": None, "planner_clock": "overlap",
+}
+MEM_CAP_DEFAULT = 0.7
 
 
 @dataclass(frozen=True)
@@ -99,14 +111,79 @@ class TrainSettings:
                 str(self.rdzv_endpoint), "--rdzv-id", self.rdzv_id)
 
 
+class _Node(Mapping[str, Any]):
+    """A typed config node that still reads as the node it was parsed from (``spec.method["x"]``,
+    ``dict(spec.method)``), so builders that take a node (`make_planner`, `make_workload`) take it
+    as it is."""
+
+    node: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.node[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.node)
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+
+@dataclass(frozen=True, eq=False)
+class MethodSpec(_Node):
+    """The ``method`` node: the method's ``name``, its planner class (``target``, the node's
+    ``_target_``), its ``mode`` (fair | paper) and the whole node (constructor arguments)."""
+
+    name: str
+    target: str
+    mode: str
+    node: Mapping[str, Any]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The planner's constructor arguments (the node without ``name`` and ``_target_``)."""
+        return {k: v for k, v in self.node.items() if k not in ("name", "_target_")}
+
+
+@dataclass(frozen=True, eq=False)
+class WorkloadSpec(_Node):
+    """The ``workload`` node: its config ``name``, the class a user's workload names (``target``;
+    None for a registered workload, built by `dcp_bench.workload.load_workload`) and the whole
+    node (parameters)."""
+
+    name: str
+    target: str | None
+    node: Mapping[str, Any]
+
+    @property
+    def registered(self) -> bool:
+        """A workload of the registry (`dcp_bench.workload.WORKLOADS`), not a user's class."""
+        return self.target in (None, "dcp_bench.workload.load_workload")
+
+
+def _method_spec(node: dict[str, Any]) -> MethodSpec:
+    if not node.get("_target_"):
+        raise ConfigError(f"method config {node.get('name')!r} has no _target_ naming its planner class")
+    mode = node.get("mode", "fair")
+    if mode not in ("fair", "paper"):
+        raise ConfigError(f"method.mode={mode!r}; expected fair or paper")
+    return MethodSpec(name=str(node.get("name", "method")), target=str(node["_target_"]), mode=str(mode),
+                      node=node)
+
+
+def _workload_spec(node: dict[str, Any]) -> WorkloadSpec:
+    target = node.get("_target_")
+    return WorkloadSpec(name=str(node.get("name", "workload")), target=None if target is None else str(target),
+                        node=node)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run: what to build (workload, method, cluster, model, cost) and how to run it."""
 
     config: Mapping[str, Any]  # the resolved config, seed included (written as config.yaml)
     seed: int
-    workload: Mapping[str, Any]  # the workload node (built by the assembly with ``seed``)
-    method: Mapping[str, Any]  # the method node (``name``, ``_target_``, constructor arguments)
+    workload: WorkloadSpec  # the workload node (built by the assembly with ``seed``)
+    method: MethodSpec  # the method node (``name``, ``_target_``, constructor arguments)
     cluster: ClusterSpec  # resized to ``run.nproc`` ranks when that is set
     model: ModelSpec
     mem_cap_fraction: float
@@ -132,6 +209,9 @@ class RunSpec:
     unit: str = "step"  # step: steps of fresh global batches; epoch: the reference's epoch loop
     epochs: int = 1  # run.unit=epoch: measured epochs over the workload's fixed dataset
     limit_source: str = ""  # what set timeout_s when not run.timeout_s (e.g. a section's time budget)
+    # The ZeRO stage of the runtime's training states (real runs) and of the cost model that
+    # prices them: ``cost.zero_stage``, or the policy's default when that is null.
+    zero_stage: int = DEFAULT_ZERO_STAGE
 
     @property
     def world_size(self) -> int:
@@ -139,11 +219,11 @@ class RunSpec:
 
     @property
     def method_name(self) -> str:
-        return str(self.method.get("name", "method"))
+        return self.method.name
 
     @property
     def mode(self) -> str:
-        return str(self.method.get("mode", "fair"))
+        return self.method.mode
 
     @property
     def total_steps(self) -> int:
@@ -238,6 +318,8 @@ def _cost_settings(node: dict[str, Any]) -> CostSettings:
         planner_source = _choice(planner_source, "cost.planner_source", SOURCES)
     profile = node.pop("profile", None)
     zero_stage = _int(node.pop("zero_stage", None), "cost.zero_stage", minimum=0, allow_none=True)
+    if zero_stage is not None and zero_stage not in ZERO_STAGES:
+        raise ConfigError(f"cost.zero_stage={zero_stage}: expected one of {', '.join(map(str, ZERO_STAGES))} or null")
     raw_scales = node.pop("scales", None) or {}
     if not isinstance(raw_scales, Mapping):
         raise ConfigError(f"cost.scales={raw_scales!r}: expected a mapping of {', '.join(SCALE_KEYS)}")
@@ -263,8 +345,9 @@ def _train_settings(node: dict[str, Any]) -> TrainSettings:
     unknown = sorted(set(node) - known)
     if unknown:
         raise ConfigError(f"train.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known))}")
-    clip = node.get("grad_clip", 1.0)
-    nnodes = _int(node.get("nnodes", 1), "train.nnodes (nnodes)", minimum=1)
+    d = TrainSettings()
+    clip = node.get("grad_clip", d.grad_clip)
+    nnodes = _int(node.get("nnodes", d.nnodes), "train.nnodes (nnodes)", minimum=1)
     endpoint = node.get("rdzv_endpoint")
     if nnodes > 1 and not endpoint:
         raise ConfigError(f"train.nnodes (nnodes)={nnodes}: a multi-node run needs rdzv_endpoint=HOST:PORT "
@@ -272,25 +355,26 @@ def _train_settings(node: dict[str, Any]) -> TrainSettings:
     if endpoint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-\[\]:]+:\d+", str(endpoint)):
         raise ConfigError(f"train.rdzv_endpoint (rdzv_endpoint)={endpoint!r}: expected HOST:PORT")
     return TrainSettings(
-        lr=_float(node.get("lr", 1e-3), "train.lr", positive=True),
+        lr=_float(node.get("lr", d.lr), "train.lr", positive=True),
         grad_clip=_float(clip, "train.grad_clip", positive=True, allow_none=True),
-        backend=_choice(node.get("backend", "auto"), "train.backend", ("auto", "gloo", "nccl")),
-        device=_choice(node.get("device", "auto"), "train.device", ("auto", "cpu", "cuda")),
-        threads=_int(node.get("threads", 1), "train.threads", minimum=1),
-        pg_timeout_s=_float(node.get("pg_timeout_s", 300), "train.pg_timeout_s", positive=True),
-        fail_rank=_int(node.get("fail_rank", -1), "train.fail_rank", minimum=-1),
-        fail_step=_int(node.get("fail_step", 0), "train.fail_step", minimum=0),
+        backend=_choice(node.get("backend", d.backend), "train.backend", ("auto", "gloo", "nccl")),
+        device=_choice(node.get("device", d.device), "train.device", ("auto", "cpu", "cuda")),
+        threads=_int(node.get("threads", d.threads), "train.threads", minimum=1),
+        pg_timeout_s=_float(node.get("pg_timeout_s", d.pg_timeout_s), "train.pg_timeout_s", positive=True),
+        fail_rank=_int(node.get("fail_rank", d.fail_rank), "train.fail_rank", minimum=-1),
+        fail_step=_int(node.get("fail_step", d.fail_step), "train.fail_step", minimum=0),
         nnodes=nnodes,
         rdzv_endpoint=str(endpoint) if endpoint is not None else None,
-        rdzv_id=str(node.get("rdzv_id", "dcp-bench")),
+        rdzv_id=str(node.get("rdzv_id", d.rdzv_id)),
     )
 
 
 def _noise_settings(node: dict[str, Any]) -> NoiseSettings:
+    d = NoiseSettings()
     return NoiseSettings(
-        jitter_sigma=_float(node.get("jitter_sigma", 0.0), "run.noise.jitter_sigma", lo=0.0, hi=10.0),
-        straggler_prob=_float(node.get("straggler_prob", 0.0), "run.noise.straggler_prob", lo=0.0, hi=1.0),
-        straggler_slowdown=_float(node.get("straggler_slowdown", 1.5), "run.noise.straggler_slowdown", lo=1.0, hi=1e6),
+        jitter_sigma=_float(node.get("jitter_sigma", d.jitter_sigma), "run.noise.jitter_sigma", lo=0.0, hi=10.0),
+        straggler_prob=_float(node.get("straggler_prob", d.straggler_prob), "run.noise.straggler_prob", lo=0.0, hi=1.0),
+        straggler_slowdown=_float(node.get("straggler_slowdown", d.straggler_slowdown), "run.noise.straggler_slowdown", lo=1.0, hi=1e6),
     )
 
 
@@ -311,21 +395,21 @@ def _class_of(target: Any) -> Any:
         return None
 
 
-def _epoch_missing(method: Mapping[str, Any], workload: Mapping[str, Any]) -> str:
+def _epoch_missing(method: MethodSpec, workload: WorkloadSpec) -> str:
     """Why the reference's epoch loop cannot run this method on this workload ("" when it can):
-    the method needs an epoch sampler (``plan_epoch``), the workload a fixed dataset."""
-    cls = _class_of(method.get("_target_"))
-    if cls is None or not callable(getattr(cls, "plan_epoch", None)):
+    the method's planner class needs an epoch sampler (`EpochSampler`), the workload a fixed
+    dataset (`FixedDataset`; a registered workload, an entry with a dataset)."""
+    cls = _class_of(method.target)
+    if not isinstance(cls, type) or not issubclass(cls, EpochSampler):
         return f"method {method.get('name')!r} has no reference epoch sampler (plan_epoch)"
-    target = workload.get("_target_")
-    if target in (None, "dcp_bench.workload.load_workload"):
+    if workload.registered:
         entry = WORKLOADS.get(str(workload.get("name")))
         if entry is None or entry.dataset is None:
             return f"workload {workload.get('name')!r} has no fixed dataset"
         return ""
-    wcls = _class_of(target)
-    if wcls is None or not callable(getattr(wcls, "epoch_dataset", None)):
-        return f"workload {target!r} has no fixed dataset (epoch_dataset)"
+    wcls = _class_of(workload.target)
+    if not isinstance(wcls, type) or not issubclass(wcls, FixedDataset):
+        return f"workload {workload.target!r} has no fixed dataset (epoch_dataset)"
     return ""
 
 
@@ -379,25 +463,21 @@ def parse_run_spec(
     unknown = sorted(set(run) - known_run)
     if unknown:
         raise ConfigError(f"run.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known_run))}")
-    steps = _int(run.get("steps", 20), "run.steps (steps)", minimum=1)
-    warmup = _int(run.get("warmup_steps", 2), "run.warmup_steps", minimum=0)
-    executor = _choice(run.get("executor", "sim"), "run.executor", EXECUTORS)
-    clock = _choice(run.get("planner_clock", "overlap"), "run.planner_clock", PLANNER_CLOCKS)
+    steps = _int(run.get("steps", RUN_DEFAULTS["steps"]), "run.steps (steps)", minimum=1)
+    warmup = _int(run.get("warmup_steps", RUN_DEFAULTS["warmup_steps"]), "run.warmup_steps", minimum=0)
+    executor = _choice(run.get("executor", RUN_DEFAULTS["executor"]), "run.executor", EXECUTORS)
+    clock = _choice(run.get("planner_clock", RUN_DEFAULTS["planner_clock"]), "run.planner_clock", PLANNER_CLOCKS)
     timeout = _float(run.get("timeout_s"), "run.timeout_s", positive=True, allow_none=True)
     grace = _float(run.get("kill_grace_s"), "run.kill_grace_s", lo=0.0, hi=1e9, allow_none=True)
     noise = _noise_settings(_node(run, "noise"))
-    mem_cap = _float(cfg.get("mem_cap_fraction", 0.7), "mem_cap_fraction", lo=1e-6, hi=1.0)
+    mem_cap = _float(cfg.get("mem_cap_fraction", MEM_CAP_DEFAULT), "mem_cap_fraction", lo=1e-6, hi=1.0)
     cost = _cost_settings(_node(cfg, "cost"))
     train = _train_settings(_node(cfg, "train"))
 
-    workload = _node(cfg, "workload")
-    method = _node(cfg, "method")
-    if not method.get("_target_"):
-        raise ConfigError(f"method config {method.get('name')!r} has no _target_ naming its planner class")
-    mode = method.get("mode", "fair")
-    if mode not in ("fair", "paper"):
-        raise ConfigError(f"method.mode={mode!r}; expected fair or paper")
-    unit = _choice(run.get("unit", "auto"), "run.unit", UNITS)
+    workload = _workload_spec(_node(cfg, "workload"))
+    method = _method_spec(_node(cfg, "method"))
+    mode = method.mode
+    unit = _choice(run.get("unit", RUN_DEFAULTS["unit"]), "run.unit", UNITS)
     missing = _epoch_missing(method, workload)
     if unit == "auto":
         unit = "epoch" if mode == "paper" and not missing else "step"
@@ -406,7 +486,7 @@ def parse_run_spec(
                           "expected method.mode=paper (or run.unit=step)")
     if unit == "epoch" and missing:
         raise ConfigError(f"run.unit=epoch: {missing}; expected run.unit=step")
-    epochs = _int(run.get("epochs", 1), "run.epochs", minimum=1)
+    epochs = _int(run.get("epochs", RUN_DEFAULTS["epochs"]), "run.epochs", minimum=1)
     cluster = _resolve_group(_node(cfg, "cluster"), "cluster", resolve_cluster)
     model = _resolve_group(_node(cfg, "model"), "model", resolve_model)
     nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
@@ -425,11 +505,11 @@ def parse_run_spec(
                           f"(warmup_steps + steps), or the injected failure never happens")
 
     names = {str(k): str(v) for k, v in _node(cfg, "names").items()}
-    workload_name = names.get("workload") or str(workload.get("name", "workload"))
+    workload_name = names.get("workload") or workload.name
     cell, context = cell_hashes(cfg)
     paper_tag = ("-paper-step" if unit == "step" else "-paper") if mode == "paper" else ""
     stem = "__".join(_slug(s) for s in (
-        f"{method.get('name', 'method')}{paper_tag}",
+        f"{method.name}{paper_tag}",
         workload_name, cluster.name, model.name, cell,
     ))
     return RunSpec(
@@ -449,16 +529,17 @@ def parse_run_spec(
         timeout_s=timeout,
         kill_grace_s=grace,
         train=train,
-        root=str(run.get("root", "runs")),
-        campaign=str(run.get("campaign", "default")),
+        root=str(run.get("root", RUN_DEFAULTS["root"])),
+        campaign=str(run.get("campaign", RUN_DEFAULTS["campaign"])),
         run_id=f"{stem}__s{seed}",
         config_hash=cell,
         context_hash=context,
-        label=run_label(str(method.get("name", "method")), str(mode), unit),
+        label=run_label(method.name, mode, unit),
         workload_name=workload_name,
         sweep=sweep,
         overrides=tuple(overrides),
         names=names,
         unit=unit,
         epochs=epochs,
+        zero_stage=DEFAULT_ZERO_STAGE if cost.zero_stage is None else cost.zero_stage,
     )

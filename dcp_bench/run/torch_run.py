@@ -151,8 +151,8 @@ def worker_main(spec: RunSpec, owner: str | None = None, previous_attempt: str |
         writer = RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config),
                            env=collect_env() if rank == 0 else None, enabled=rank == 0, owner=owner)
         pool = ProcessGroupPool(timeout_s=spec.train.pg_timeout_s)
-        # The ZeRO stage the cost model prices (cost.zero_stage; None: the policy's default).
-        state = build_training_state(spec.model, spec.seed, device, spec.train.lr, zero_stage=spec.cost.zero_stage)
+        # The run's ZeRO stage, the one its cost model prices.
+        state = build_training_state(spec.model, spec.seed, device, spec.train.lr, zero_stage=spec.zero_stage)
         executor = TorchExecutor(state, None, pool, seed=spec.seed, grad_clip=spec.train.grad_clip,
                                  fail_rank=spec.train.fail_rank, fail_step=spec.train.fail_step, backend=backend)
         executor.info.update({"lr": spec.train.lr})

@@ -231,6 +231,9 @@ class UserOptimizerState(TrainingState):
                 p.grad.zero_()
 
     def finish_step(self, local_loss: Tensor, grad_clip: float | None, update: bool = True) -> tuple[float, float, bool]:
+        for p in self.params:  # a parameter no micro-batch reached (or no `begin_step`) adds zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self.params if p.grad is not None]
         loss, norm, finite = sync_gradients(self.params, grads, local_loss, self.bucket_elements)
         if finite and update and self.optimizer is not None:
