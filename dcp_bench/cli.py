@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "dcp_bench.commands.simulate",
     "dcp_bench.commands.profile",
     "dcp_bench.commands.validate",
+    "dcp_bench.commands.memory",
     "dcp_bench.commands.train",
     "dcp_bench.commands.slurm",
     "dcp_bench.commands.sweep",

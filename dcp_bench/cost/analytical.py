@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dcp_bench.cost.activations import activation_terms
 from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
 from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
@@ -203,13 +204,12 @@ class AnalyticalCostModel(CostModel):
             self._layer_gemm_sample = 0.0
             self._head_gemm_tok = 2.0 * h * m.vocab
             self._head_gemm_sample = 0.0
-            # Saved for backward per token per layer (bytes): norm-1 input, qkv input, q, k, v,
+            # Bytes per token per layer the memory-bound kernels' traffic scales with (the
+            # elementwise term's basis, as calibrated): norm-1 input, qkv input, q, k, v,
             # attention output, norm-2 input, MLP input (6h + 2 kvd), gate, up, silu(gate),
             # gate*up (4f) in the model dtype, and flash-attention's fp32 log-sum-exp per head.
+            # The memory charged is `activation_terms` (what the models keep, counted).
             self._act_full_tok = b * (6 * h + 2 * kvd + 4 * f) + 4.0 * m.heads
-            self._act_sample = 0.0
-            # Final-norm input and LM-head input kept for every token.
-            self._act_head_tok = 2.0 * b * h
             self._gemms_per_layer = 7
         else:
             M = m.text_tokens
@@ -223,13 +223,12 @@ class AnalyticalCostModel(CostModel):
             pv = m.patch[0] * m.patch[1] * m.patch[2]
             self._head_gemm_tok = 2.0 * (m.in_channels * pv * h + h * pv * 2 * m.in_channels)
             self._head_gemm_sample = 2.0 * M * (m.text_dim * h + h * h)  # caption MLP
-            # Saved per token per block (elements): self-attention (norm input, modulated, q, k,
-            # v, normed q and k, output: 8h), cross-attention (input, q, output: 3h), MLP (norm
-            # input, modulated, fc1 out, GELU out: 2h + 2f), gates/residuals (2h).
+            # Bytes per token per block pair the memory-bound kernels' traffic scales with (the
+            # elementwise term's basis, as calibrated): self-attention (norm input, modulated,
+            # q, k, v, normed q and k, output: 8h), cross-attention (input, q, output: 3h), MLP
+            # (norm input, modulated, fc1 out, GELU out: 2h + 2f), gates/residuals (2h). The
+            # memory charged is `activation_terms` (what the models keep, counted).
             self._act_full_tok = 2 * (b * (15 * h + 2 * f) + 2 * 4.0 * m.heads)
-            # Caption k/v per sample and block, replicated on every rank of the group.
-            self._act_sample = 2 * L * b * M * 2 * h
-            self._act_head_tok = 1.0 * b * h
             self._gemms_per_layer = 12  # per block: qkv, proj, cross q and out, fc1, fc2; x2 blocks
         # Mean multiply-adds per token of one layer GEMM (cross-attention k/v act on captions)
         # (the STDiT pair's 12h adaLN modulation FLOPs per token are elementwise, not GEMMs)
@@ -239,7 +238,8 @@ class AnalyticalCostModel(CostModel):
             self._gemm_half = self._gemm_half_flops / (2.0 * macs)
         else:
             self._gemm_half = float(self.gemm_half_tokens) / ske
-        self._act_in_tok = float(b * h)  # a checkpointed layer keeps only its input
+        # What the runtime's models keep for the backward, unit by unit (activation_bytes).
+        self._act_terms = activation_terms(m)
         # Seconds per token per layer of memory-bound kernels on one rank.
         self._elem_tok_s = (float(self.elementwise_bytes_factor or 0.0) * self._scale("elementwise")
                             * self._act_full_tok / gpu.measured_mem_bw)
@@ -319,17 +319,43 @@ class AnalyticalCostModel(CostModel):
         return np.where(s > 1, t, 0.0)
 
     def activation_bytes(self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray) -> np.ndarray:
-        """Activation bytes per rank of each sample (sequence split over ``sp`` ranks)."""
+        """Activation bytes per rank of each sample (sequence split over ``sp`` ranks): what the
+        runtime's models keep for the backward, unit by unit (`dcp_bench.cost.activations`,
+        equal to the bytes `dcp_bench.cost.memory_count` counts from the models), per-sample
+        terms (caption keys/values and features) on every rank of the group.
+
+        Stored layers keep everything, checkpointed ones their blocks' inputs (and, while any is
+        checkpointed, the conditioning they take). Peak: at the start of the backward, (L-k)
+        stored layers + k inputs; when a checkpointed block is recomputed the layers above it are
+        already freed, so the inputs below + one full block. The second exceeds the first only
+        when every layer is checkpointed."""
         n_r = np.asarray(tokens, dtype=float) / np.asarray(sp, dtype=float)
-        k = np.asarray(ckpt_layers, dtype=float)
-        L = self._L
-        # Stored layers keep everything, checkpointed ones their input. Peak: at the start of the
-        # backward, (L-k) stored layers + k inputs; when checkpointed layer j is recomputed the
-        # layers above it are already freed, so (j-1) inputs + one full layer (its input is part
-        # of it). The second exceeds the first only when every layer is checkpointed.
-        full, inp = self._act_full_tok, self._act_in_tok
-        per_tok = np.where(k < L, (L - k) * full + k * inp, (L - 1) * inp + full)
-        return self._scale("act_bytes") * (n_r * (per_tok + self._act_head_tok) + self._act_sample)
+        k = np.clip(np.asarray(ckpt_layers, dtype=float), 0, self._L)
+        L, t = self._L, self._act_terms
+        full_tok, full_s, inp = t.full_tok, t.full_sample, t.checkpoint_input_tok
+        nb = t.blocks_per_layer
+        every = k >= L
+        per_tok = (L - k) * full_tok + k * inp + np.where(k > 0, t.conditioning_held_tok, 0.0) \
+            + np.where(every, (full_tok - inp) / nb, 0.0)
+        per_tok = per_tok + sum(t.outer_tok.values()) + t.shared_tok
+        per_sample = (L - k) * full_s + np.where(every, full_s / nb, 0.0) + sum(t.outer_sample.values()) \
+            + t.shared_sample
+        return self._scale("act_bytes") * (n_r * per_tok + per_sample)
+
+    def activation_breakdown(self, tokens: float, samples: float = 1.0, sp: int = 1,
+                             ckpt_layers: int = 0) -> dict[str, float]:
+        """Bytes one micro-batch of ``tokens`` over ``samples`` samples keeps per rank, by unit
+        (per-layer units multiplied by the stored layers; without the recomputation peak)."""
+        t, L = self._act_terms, self._L
+        k = min(max(int(ckpt_layers), 0), L)
+        n_r = float(tokens) / sp
+        out = {f"layer.{u}": (L - k) * (n_r * v + samples * t.layer_sample.get(u, 0.0))
+               for u, v in t.layer_tok.items()}
+        out["checkpoint_inputs"] = k * n_r * t.checkpoint_input_tok
+        out["shared"] = n_r * (t.shared_tok + (t.conditioning_held_tok if k > 0 else 0.0)) + samples * t.shared_sample
+        for u in sorted(set(t.outer_tok) | set(t.outer_sample)):
+            out[u] = n_r * t.outer_tok.get(u, 0.0) + samples * t.outer_sample.get(u, 0.0)
+        return {u: self._scale("act_bytes") * v for u, v in out.items()}
 
     # --------------------------------------------------------------------------- interface
     def static_memory_bytes(self) -> float:

@@ -184,12 +184,13 @@ def _checkpoint_input_hooks(model: nn.Module, tracker: _Tracker, arch: str, laye
 
     if arch == "stdit":
         for i in range(layers):
-            pair = model.pairs[i]  # type: ignore[index]
+            pair: Any = model.pairs[i]  # type: ignore[index]
             handles.append(pair.spatial.register_forward_pre_hook(recorder(f"L{i}.spatial")))
             handles.append(pair.temporal.register_forward_pre_hook(recorder(f"L{i}.temporal")))
     else:
         for i in range(layers):
-            handles.append(model.layers[i].register_forward_pre_hook(recorder(f"L{i}")))  # type: ignore[index]
+            layer: Any = model.layers[i]  # type: ignore[index]
+            handles.append(layer.register_forward_pre_hook(recorder(f"L{i}")))
     return handles
 
 
@@ -269,3 +270,75 @@ def count_activations(
 
 
 __all__ = ["CountedMemory", "count_activations"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The memory table: counted bytes beside the cost model's, unit by unit
+
+# The cases `dcp-bench memory` counts by default: (model, per-sample tokens, per-sample frames).
+DEFAULT_CASES: tuple[tuple[str, tuple[int, ...], tuple[int, ...] | None], ...] = (
+    ("stdit3_xl2", (256,), (1,)),  # one 256-patch image (the reference's 144p-ish image bucket)
+    ("stdit3_xl2", (1024,), (1,)),
+    ("stdit3_xl2", (256,) * 8, (1,) * 8),  # eight images packed: the per-sample terms
+    ("stdit3_xl2", (4096,), (4,)),
+    ("stdit3_xl2", (16384,), (16,)),
+    ("llama3_8b", (1024,), None),
+    ("llama3_8b", (4096,), None),
+    ("llama3_8b", (1024,) * 4, None),
+    ("llama3_8b", (16384,), None),
+)
+
+
+def compare_units(counted: CountedMemory, breakdown: dict[str, float], num_layers: int) -> dict[str, tuple[float, float]]:
+    """unit -> (counted bytes, model bytes) of one micro-batch: per-layer units for ONE layer
+    (the model's stored-layer units divided by the stored layers; its checkpoint inputs by the
+    checkpointed layers), what is kept once (``shared``), the outer units, and ``total`` over a
+    model of ``num_layers`` layers (the counted layers extrapolated: every layer is the same)."""
+    units = counted.by_unit()
+    k = num_layers if counted.checkpoint else 0
+    out: dict[str, tuple[float, float]] = {}
+    ckpt_counted = 0.0
+    for u, v in units.items():
+        if u.startswith("layer.") and u.endswith(".checkpoint_input"):
+            ckpt_counted += v
+        elif u.startswith("layer."):
+            out[u] = (v, breakdown.get(u, 0.0) / max(num_layers - k, 1))
+    if counted.checkpoint:
+        out["layer.checkpoint_inputs"] = (ckpt_counted, breakdown.get("checkpoint_inputs", 0.0) / num_layers)
+    for u, v in units.items():
+        if not u.startswith("layer."):
+            out[u] = (v, breakdown.get(u, 0.0))
+    per_layer = sum(v for u, v in units.items() if u.startswith("layer."))
+    rest = sum(v for u, v in units.items() if not u.startswith("layer."))
+    out["total"] = (rest + num_layers * per_layer, float(sum(breakdown.values())))
+    return out
+
+
+def memory_table(cases: Any = DEFAULT_CASES, layers: int = 2, cluster: str = "h200x32") -> list[dict[str, Any]]:
+    """Rows (model, tokens, samples, frames, checkpoint, unit, counted_bytes, model_bytes,
+    rel_err): for each case and checkpoint setting, the bytes counted from the runtime's model
+    (`count_activations`, ``layers`` full-width layers) beside the analytical cost model's
+    (`AnalyticalCostModel.activation_breakdown`) for the full-depth model."""
+    from dcp_bench.cost import make_cost_model
+    from dcp_bench.cost.specs import model_spec
+
+    rows: list[dict[str, Any]] = []
+    for name, toks, frs in cases:
+        spec = model_spec(name)
+        cost = make_cost_model(spec, cluster, "analytical")
+        for ckpt in (False, True):
+            counted = count_activations(spec, list(toks), list(frs) if frs else None, checkpoint=ckpt, layers=layers)
+            k = spec.num_layers if ckpt else 0
+            breakdown = cost.activation_breakdown(float(sum(toks)), float(len(toks)), 1, k)  # type: ignore[attr-defined]
+            for unit, (c, m) in compare_units(counted, breakdown, spec.num_layers).items():
+                rows.append({
+                    "model": name, "tokens": int(sum(toks)), "samples": len(toks), "frames": int(sum(frs or [1] * len(toks))),
+                    "checkpoint": "every layer" if ckpt else "none", "unit": unit,
+                    "counted_bytes": int(round(c)), "model_bytes": int(round(m)),
+                    "rel_err": (m / c - 1.0) if c else (0.0 if m == 0 else float("inf")),
+                    "attention": ",".join(counted.attention_nodes) or "-",
+                })
+    return rows
+
+
+__all__ += ["DEFAULT_CASES", "compare_units", "memory_table"]
