@@ -28,6 +28,8 @@ def bucket_settings_table(accounting: dict[str, Any]) -> pd.DataFrame:
                          "time_s": None, "note": "does not fit at any SP degree (unprofiled)"})
         else:
             rows.append({"bucket": bucket, "sp": p.get("sp"), "batch_size": p.get("bs"),
+                         # the bucket baseline's batch before its time-damping, where it has one
+                         "undamped_batch_size": p.get("undamped_bs"),
                          "ckpt_layers": p.get("ckpt_layers"), "time_s": p.get("time_s"), "note": ""})
     return pd.DataFrame(rows)
 
