@@ -1,4 +1,4 @@
-"""Activation memory: the count from the runtime's models (`dcp_bench.cost.memory_count`) against an
+"""Activation memory: the count from the runtime's models (`dcp_bench.runtime.memory_count`) against an
 independent count on real tensors, and the cost models against the count, unit by unit."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from dcp_bench.cost import make_cost_model
-from dcp_bench.cost.memory_count import compare_units, count_activations
 from dcp_bench.cost.specs import model_spec
 from dcp_bench.errors import ConfigError
 from dcp_bench.profiling.measure import saved_activation_bytes
 from dcp_bench.runtime.attention import SINGLE
+from dcp_bench.runtime.memory_count import compare_units, count_activations
 from dcp_bench.runtime.models import build_model
 
 TOL = 0.05

@@ -1,7 +1,7 @@
 """`dcp-bench memory`: activation memory counted from the runtime's models beside the cost model's.
 
 Counts, per unit, what autograd keeps for the backward in STDiT3-XL/2 and Llama-3-8B at full
-width (`dcp_bench.cost.memory_count`: fake tensors, no data, seconds on a CPU), with and without
+width (`dcp_bench.runtime.memory_count`: fake tensors, no data, seconds on a CPU), with and without
 checkpointing, and writes ``table.csv``, ``table.md`` and ``summary.json`` to ``--out`` (default
 ``results/memory``): every unit's counted bytes, the analytical cost model's bytes and their
 relative error. Exits 1 when any unit is more than ``--tolerance`` (default 5%) off.
@@ -39,7 +39,7 @@ def render_markdown(rows: list[dict[str, Any]], layers: int, tolerance: float, w
         "",
         "Rebuild: `dcp-bench memory --out results/memory` (seconds on a CPU; no GPU).",
         "",
-        f"Counted: `dcp_bench.cost.memory_count.count_activations` builds the model at full width with {layers} "
+        f"Counted: `dcp_bench.runtime.memory_count.count_activations` builds the model at full width with {layers} "
         "layer units (the rest of the depth is the same layers), runs one forward under "
         "`FakeTensorMode` on the CPU device (real shapes, dtypes, storages and operator dispatch; no data), "
         "and adds up every storage handed to a `saved_tensors_hooks` pack hook once (parameters excluded), plus "
@@ -67,9 +67,9 @@ def render_markdown(rows: list[dict[str, Any]], layers: int, tolerance: float, w
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp_bench.cost.memory_count import memory_table
     from dcp_bench.errors import ConfigError
     from dcp_bench.files import atomic_write_json, atomic_write_text
+    from dcp_bench.runtime.memory_count import memory_table
 
     if args.layers < 1:
         raise ConfigError(f"--layers {args.layers}: expected an integer >= 1")

@@ -2,7 +2,7 @@
 
 Each term is the bytes the ops of one unit of `dcp_bench.runtime.models` save for their backward
 (one entry per saved storage, as ``torch.autograd.graph.saved_tensors_hooks`` sees them), written
-out op by op below; `dcp_bench.cost.memory_count` counts the same from the models themselves and
+out op by op below; `dcp_bench.runtime.memory_count` counts the same from the models themselves and
 ``tests/test_memory_count.py`` holds the two within 5% for every unit, checkpoint setting and
 model (docs/cost_model.md, "Activation memory").
 

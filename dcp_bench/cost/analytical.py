@@ -347,7 +347,7 @@ class AnalyticalCostModel(CostModel):
     def activation_bytes(self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray) -> np.ndarray:
         """Activation bytes per rank of each sample (sequence split over ``sp`` ranks): what the
         runtime's models keep for the backward, unit by unit (`dcp_bench.cost.activations`,
-        equal to the bytes `dcp_bench.cost.memory_count` counts from the models), per-sample
+        equal to the bytes `dcp_bench.runtime.memory_count` counts from the models), per-sample
         terms (caption keys/values and features) on every rank of the group.
 
         Stored layers keep everything, checkpointed ones their blocks' inputs (and, while any is
