@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-slow bench lint reproduce clean
+.PHONY: setup test test-slow bench lint reproduce report-screenshots clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ lint: setup
 
 reproduce: setup
 	$(VENV)/bin/dcp-bench reproduce
+
+# The first screen of reports/reproduce/report.html as a reviewer sees it (headless Chromium, 1400 px
+# wide): reports/reproduce/first_screen.png, and the rendered page's layout check.
+report-screenshots: setup
+	$(PY) scripts/report_screenshots.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -75,6 +75,19 @@ def test_opens_with_the_campaigns_comparison_and_no_claim_sections(report: tuple
     assert "not enough data" not in md  # every figure of the cells present is drawn
 
 
+def test_user_report_keeps_the_order_of_a_claim_report(report: tuple[Path, dict]) -> None:
+    """The user's answer first (its comparison with a forest plot), then the sections in the order
+    a claim's report has them (tests/test_report_first_screen.py checks the claim's side)."""
+    from test_report_first_screen import check_section_order
+
+    out, _ = report
+    md = (out / "report.md").read_text()
+    check_section_order(h2s(md))
+    first = md.split("\n## ", 2)[1]
+    assert first.startswith("Methods against baselines") and "figures/forest_headline.png" in first
+    assert "|" not in first.split("figures/forest_headline.png")[0]  # no table before the plot
+
+
 def test_comparison_rows_are_methods_over_baselines_with_outcome_and_flags(report: tuple[Path, dict], campaign: Path) -> None:
     out, summary = report
     own = pd.DataFrame(summary["method_vs_baseline"])

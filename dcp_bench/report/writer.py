@@ -1,9 +1,12 @@
 """`build_report`: a campaign's run records -> reports/<campaign>/ (report.md, report.html, CSV
 tables, figures, summary.json).
 
-The report leads with what the campaign has: a campaign that holds a claim's runs opens with the
-verdict; any other (a user's own) opens with its methods against its baselines. Sections whose
-data the campaign lacks are left out rather than shown empty. Every number traces to its run
+The report leads with what the campaign has, in the same order for every campaign: the answer on
+the first screen (`first_screen`: a campaign that holds a claim's runs opens with the verdict and
+one forest plot of every headline comparison; any other, a user's own, with its methods against
+its baselines), then the evidence section by section, then the method-label glossary, the
+provenance and an appendix of long tables. Sections whose data the campaign lacks are left out
+rather than shown empty. Every number traces to its run
 records: the cells table names each cell's config hash (``<root>/<campaign>/<run_id>/config.yaml``
 holds the config), the provenance section names the command, git sha and system description,
 and simulated numbers name their cost-model source and its measured error. No absolute local
@@ -42,6 +45,7 @@ from dcp_bench.report.claims import (
     verdict,
 )
 from dcp_bench.report.document import Document
+from dcp_bench.report.first_screen import first_screen_section, glossary_section
 from dcp_bench.report.memory import memory_decisions_section
 from dcp_bench.report.memory_error import memory_prediction_error
 from dcp_bench.report.peers import peer_section
@@ -78,6 +82,9 @@ class ReportInputs:
     title: str = ""
     baselines: list[str] | None = None  # method names treated as baselines (default: classes in `baselines.`)
     baseline_pairs: bool = False  # also compare baselines with each other
+    # How much of a budgeted reproduction ran: {"complete": bool, "sections_done": n,
+    # "sections_total": m, "cut": [...]}; shown on the first screen and kept in summary.json.
+    completeness: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,14 +293,16 @@ Section = Callable[[Document, "ReportData"], None]
 
 
 def report_sections(data: ReportData) -> list[Section]:
-    """The sections in reading order. What the campaign was run for comes first: the claims'
-    verdict when it holds a claim's runs, else its own methods against its baselines."""
-    claim_sections: list[Section] = [_verdict_section, _reference_section, _headline_section, _decomposition_section,
+    """The sections in reading order. The first screen gives the answer (the claims' verdict
+    when the campaign holds a claim's runs, else its own methods against its baselines), the
+    section that answer comes from follows it, then the rest of the evidence, the glossary and
+    provenance; long tables land in the appendix (`Document.table`)."""
+    claim_sections: list[Section] = [_verdict_section, _headline_section, _reference_section, _decomposition_section,
                                      _sensitivity_section, _calibration_section]
-    lead: list[Section] = [*claim_sections, _comparison_section] if data.leads_with_claims \
-        else [_comparison_section, *claim_sections]
-    return [_opening, *lead, peer_section, _context_section, _scaling_section, _validation_section,
-            _cells_section, _workloads_section, _provenance_section]
+    lead: list[Section] = [*claim_sections, _opening, _comparison_section] if data.leads_with_claims \
+        else [_comparison_section, _opening, *claim_sections]
+    return [first_screen_section, *lead, peer_section, _context_section, _scaling_section, _validation_section,
+            _cells_section, _workloads_section, glossary_section, _provenance_section]
 
 
 def _reference_section(doc: Document, data: ReportData) -> None:
@@ -372,11 +381,12 @@ def _opening(doc: Document, data: ReportData) -> None:
         bits.append(f"**{len(c.skipped)} unreadable record(s) skipped**: " + "; ".join(
             f"`{rid}` ({scrub_paths(why)})" for rid, why in c.skipped[:10]) + (" ..." if len(c.skipped) > 10 else ""))
     text = ", ".join(bits) + "."
+    doc.h2("About this campaign")
     if not cells.empty:
         methods = sorted(set(cells.loc[~cells["is_baseline"].astype(bool), "label"]))
         bases = sorted(set(cells.loc[cells["is_baseline"].astype(bool), "label"]))
-        text += (f" Methods: {', '.join(f'`{m}`' for m in methods) or 'none'}; baselines: "
-                 f"{', '.join(f'`{b}`' for b in bases) or 'none (name them with baselines=a,b)'}; workloads "
+        text += (f" {len(methods)} method label(s) and {len(bases) or 'no'} baseline label(s)"
+                 f"{'' if bases else ' (name them with baselines=a,b)'} (every label: [glossary](#method-labels)); workloads "
                  f"{', '.join(sorted(set(cells['workload'])))}; clusters {', '.join(sorted(set(cells['cluster'])))}; "
                  f"models {', '.join(sorted(set(cells['model'])))}. Numbers are {evidence(cells, runs)}.")
         if not data.default.empty and ((data.default["executor"] == "sim") & (data.default["cost_source"] == "analytical")
@@ -398,7 +408,8 @@ def _comparison_section(doc: Document, data: ReportData) -> None:
     cells = data.default
     if cells.empty:
         return
-    doc.h2("Methods against baselines")
+    if data.leads_with_claims:
+        doc.h2("Methods against baselines")  # a user's campaign: the first screen opened this section
     if not cells["is_baseline"].astype(bool).any():
         doc.p("No baseline in this campaign, so nothing to compare against: name the baselines with "
               "`dcp-bench report ... baselines=a,b` (by default, methods whose class lives in `baselines/`).")
@@ -439,13 +450,14 @@ def _verdict_section(doc: Document, data: ReportData) -> None:
     results = [r for r in data.claim_results if r.id in ids]
     if not results:
         return
-    doc.h2("Verdict")
+    doc.h2("Verdict in detail")
     robustness = _robustness(data.sensitivity, data.claims)
     for r in results:
         doc.p(f"**{r.id}: {r.verdict.upper()}.** Claim: {r.statement} (claimed {r.claimed:g}x, tolerance "
               f"{r.tolerance:.0%}).")
         flags = [] if r.result.pairs == 0 else _flag_text(r.result.speedup, r.result.ci_low, r.result.ci_high, r.result.pairs)
-        doc.bullets([*r.reasons, *robustness.get(r.id, []), *flags])
+        simulated = _all_simulated(data.cells, [r.result.method_cell, r.result.baseline_cell])
+        doc.bullets([*(_simulated_word(x) if simulated else x for x in r.reasons), *robustness.get(r.id, []), *flags])
     calib = data.calibration
     if calib and _uses_calibration(data):
         doc.p("CPU calibration on record: " + ", ".join(f"`{k}`" for k in calib) + ".")
@@ -455,6 +467,16 @@ def _verdict_section(doc: Document, data: ReportData) -> None:
         doc.p(f"The simulator's own error, measured here on CPU ranks against real training (section "
               f"'Simulator against measurement'): median {med:.0%} on median step time "
               f"(target {SIM_ERROR_TARGET:.0%}){'' if med <= SIM_ERROR_TARGET else ': above target, so read simulated speedups as estimates of that precision'}.")
+
+
+def _all_simulated(cells: pd.DataFrame, hashes: list[str | None]) -> bool:
+    sel = cells[cells["config_hash"].isin([h for h in hashes if h])] if not cells.empty else cells
+    return not sel.empty and bool((sel["executor"] == "sim").all())
+
+
+def _simulated_word(reason: str) -> str:
+    """A reason line of a simulated result: it says "simulated", not "measured"."""
+    return "simulated " + reason[len("measured "):] if reason.startswith("measured ") else reason
 
 
 def _flag_text(speedup: float, lo: float, hi: float, pairs: int) -> list[str]:
@@ -782,6 +804,7 @@ def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
         "workloads": {k: json.loads(scrub_paths(json.dumps(v, default=str))) for k, v in c.workloads.items()},
         "calibration": data.calibration,
         "notes": [scrub_paths(n) for n in inp.notes],
+        **({"completeness": inp.completeness} if inp.completeness is not None else {}),
         "report": {k: shown_path(v) for k, v in paths.items()},
     }
     atomic_write_json(out / "summary.json", summary)
