@@ -175,15 +175,20 @@ def test_batch_split_deals_whole_samples_without_comm():
 
 def test_memory_formula_stored_and_checkpointed():
     """Activation bytes per rank = tokens/s x (stored layers x full + checkpointed layers x input,
-    or with every layer checkpointed L-1 inputs + the layer being recomputed) + head; static =
-    params + grads + sharded Adam + workspace + one logits chunk."""
+    or with every layer checkpointed L-1 inputs + the layer being recomputed) + outer; static =
+    params + grads + sharded Adam + workspace + one logits chunk. (What a layer keeps is checked
+    against the count from the model itself in tests/test_memory_count.py.)"""
     cm = make_cost_model("llama3_8b", "h200x32")
     h, f, kvd, L = LLAMA.hidden, LLAMA.ffn_hidden, LLAMA.kv_heads * LLAMA.head_dim, LLAMA.num_layers
-    full = 2 * (6 * h + 2 * kvd + 4 * f) + 4 * LLAMA.heads
+    # bf16: two RMSNorms (fp32 input, bf16 output, fp32 rsqrt), attention (normed input, q, k, v,
+    # output, o-projection input, fp32 log-sum-exp per head), SwiGLU (normed input, 4 f-wide)
+    full = 2 * (4 * h + 2 * h + 4) + 2 * (4 * h + 2 * kvd) + 4 * LLAMA.heads + 2 * h + 8 * f
+    # ids, final norm, LM-head input + labels + log-sum-exp, RoPE cos/sin
+    outer = 8 + (4 * h + 2 * h + 4) + (2 * h + 12) + 2 * 2 * LLAMA.head_dim
     n, s = 65536, 4
     for k in (0, 1, 16, L):
         layers = (L - k) * full + k * 2 * h if k < L else (L - 1) * 2 * h + full
-        expected = n / s * (layers + 2 * 2 * h)
+        expected = n / s * (layers + outer)
         assert cm.sample_memory(np.array([n]), np.array([1]), s, k)[0] == pytest.approx(expected)
     P = param_count(LLAMA)
     W = 32

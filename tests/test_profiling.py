@@ -187,7 +187,8 @@ def test_profiled_model_predicts_held_out_sizes_of_a_known_law(synthetic_profile
     # recompute of k layers = k x (checkpointed backward - backward)
     c2 = cost.microbatch_cost(np.array([tokens]), np.array([1]), 1, 2)
     assert c2.recompute_s == pytest.approx(2 * (law["bwd_ckpt"] - law["bwd"]), rel=1e-6)
-    # memory: k checkpointed layers keep their input only, one layer is rematerialised; the
+    # memory: k checkpointed layers keep their input only; with every layer checkpointed one
+    # layer is rematerialised on top (with k < L the stored layers above are freed first); the
     # static part holds the measured process baseline
     static = cost.static_memory_bytes()
     # (ZeRO 1 on 4 ranks, fp32: parameters, the gradient and its reduce-scattered shard, the
@@ -197,7 +198,9 @@ def test_profiled_model_predicts_held_out_sizes_of_a_known_law(synthetic_profile
     layer_act = ACT_PER_TOKEN * tokens + ACT_PER_PAIR * pairs + ACT_PER_SAMPLE
     assert c.mem_bytes == pytest.approx(static + L * layer_act + 100.0 * tokens, rel=1e-6)
     assert c2.mem_bytes == pytest.approx(
-        static + (L - 2) * layer_act + 2 * 1024.0 * tokens + layer_act + 100.0 * tokens, rel=1e-6)
+        static + (L - 2) * layer_act + 2 * 1024.0 * tokens + 100.0 * tokens, rel=1e-6)
+    cL = cost.microbatch_cost(np.array([tokens]), np.array([1]), 1, L)
+    assert cL.mem_bytes == pytest.approx(static + L * 1024.0 * tokens + layer_act + 100.0 * tokens, rel=1e-6)
 
 
 def test_per_sample_costs_add_up_over_a_packed_micro_batch(synthetic_profile: Path) -> None:

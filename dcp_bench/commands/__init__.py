@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dcp_bench.commands import (
     env,
+    memory,
     plan,
     profile,
     report,
@@ -23,4 +24,4 @@ from dcp_bench.commands import (
 )
 
 # In the order `--help` lists them.
-COMMANDS = (env, workloads, plan, simulate, profile, validate, train, slurm, sweep, report, reproduce)
+COMMANDS = (env, workloads, plan, simulate, profile, validate, memory, train, slurm, sweep, report, reproduce)

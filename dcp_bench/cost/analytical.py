@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dcp_bench.cost.activations import activation_terms
 from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
 from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
@@ -109,6 +110,22 @@ class AnalyticalCostModel(CostModel):
     elementwise_bytes_factor: float | None = None
     # False: ignore the configs' calibrated constants (the built-in assumptions, for comparison).
     use_config_constants: bool = True
+    # A fixed floor per transformer block and pass (forward, backward, each recomputation) of every
+    # micro-batch: kernel launches and Python dispatch that no FLOP or byte count sees (s).
+    # Default 0: the calibrated GEMM law already charges a fixed ~8 us per GEMM call
+    # (gemm_half_flops, fitted on published timings, results/validation/); a floor on top of it
+    # is not in that calibration, so the report varies it (0.1, 0.3, 1 ms) as model uncertainty.
+    layer_launch_s: float = 0.0
+    # The caching allocator's share on top of the activation bytes (fragmentation: blocks split
+    # and cached across differently sized micro-batches), a separate memory term: sample_memory and
+    # mem_bytes charge activation x (1 + this). Default 0: the GPU configs' fixed workspace_bytes
+    # (3 GiB: CUDA context ~0.5 GiB, NCCL buffers ~1 GiB, fragmentation; an assumption, see
+    # conf/gpu/*.yaml) is the allocator's whole allowance until a GPU measurement calibrates
+    # it; the report varies it (0.05, 0.1, 0.2) as model uncertainty. PyTorch's caching allocator
+    # rounds blocks to 512 B and carves them from 2 MiB / 20 MiB segments (docs: "CUDA semantics,
+    # memory management"), so large activations waste little to rounding; fragmentation across
+    # micro-batches of changing shapes is what this share stands for.
+    allocator_fragmentation: float = 0.0
     # The LM loss is computed in chunks of this many tokens per rank, so at most one chunk of fp32
     # logits lives at a time (chunked / vocab-parallel cross-entropy, as long-context trainers do).
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
@@ -121,6 +138,9 @@ class AnalyticalCostModel(CostModel):
             if not val > 0:
                 raise ConfigError(f"cost scale {key}={val}: must be > 0")
         check_zero_stage(self.zero_stage)
+        if not (self.layer_launch_s >= 0 and self.allocator_fragmentation >= 0):
+            raise ConfigError(f"layer_launch_s={self.layer_launch_s}, allocator_fragmentation="
+                              f"{self.allocator_fragmentation}: expected values >= 0")
         if not 0 < self.mem_cap_fraction <= 1:
             raise ConfigError(f"mem_cap_fraction={self.mem_cap_fraction}; expected 0 < f <= 1")
         constant_sources = self._resolve_constants()
@@ -133,6 +153,13 @@ class AnalyticalCostModel(CostModel):
                 "zero_stage": self.zero_stage,
                 "logits_chunk_tokens": self.logits_chunk_tokens,
                 "workspace_bytes": self.cluster.gpu.workspace_bytes,
+                "layer_launch_s": self.layer_launch_s,
+                "allocator_fragmentation": self.allocator_fragmentation,
+            },
+            "memory_terms": {
+                "activations": "counted from the runtime's models (dcp_bench.cost.activations; dcp-bench memory)",
+                "allocator": "workspace_bytes (GPU config: CUDA context, NCCL buffers, workspace; assumption) + "
+                             "allocator_fragmentation x activations",
             },
             "constant_sources": constant_sources,
             "scales": {k: self._scale(k) for k in SCALE_KEYS},
@@ -203,13 +230,12 @@ class AnalyticalCostModel(CostModel):
             self._layer_gemm_sample = 0.0
             self._head_gemm_tok = 2.0 * h * m.vocab
             self._head_gemm_sample = 0.0
-            # Saved for backward per token per layer (bytes): norm-1 input, qkv input, q, k, v,
+            # Bytes per token per layer the memory-bound kernels' traffic scales with (the
+            # elementwise term's basis, as calibrated): norm-1 input, qkv input, q, k, v,
             # attention output, norm-2 input, MLP input (6h + 2 kvd), gate, up, silu(gate),
             # gate*up (4f) in the model dtype, and flash-attention's fp32 log-sum-exp per head.
+            # The memory charged is `activation_terms` (what the models keep, counted).
             self._act_full_tok = b * (6 * h + 2 * kvd + 4 * f) + 4.0 * m.heads
-            self._act_sample = 0.0
-            # Final-norm input and LM-head input kept for every token.
-            self._act_head_tok = 2.0 * b * h
             self._gemms_per_layer = 7
         else:
             M = m.text_tokens
@@ -223,13 +249,12 @@ class AnalyticalCostModel(CostModel):
             pv = m.patch[0] * m.patch[1] * m.patch[2]
             self._head_gemm_tok = 2.0 * (m.in_channels * pv * h + h * pv * 2 * m.in_channels)
             self._head_gemm_sample = 2.0 * M * (m.text_dim * h + h * h)  # caption MLP
-            # Saved per token per block (elements): self-attention (norm input, modulated, q, k,
-            # v, normed q and k, output: 8h), cross-attention (input, q, output: 3h), MLP (norm
-            # input, modulated, fc1 out, GELU out: 2h + 2f), gates/residuals (2h).
+            # Bytes per token per block pair the memory-bound kernels' traffic scales with (the
+            # elementwise term's basis, as calibrated): self-attention (norm input, modulated,
+            # q, k, v, normed q and k, output: 8h), cross-attention (input, q, output: 3h), MLP
+            # (norm input, modulated, fc1 out, GELU out: 2h + 2f), gates/residuals (2h). The
+            # memory charged is `activation_terms` (what the models keep, counted).
             self._act_full_tok = 2 * (b * (15 * h + 2 * f) + 2 * 4.0 * m.heads)
-            # Caption k/v per sample and block, replicated on every rank of the group.
-            self._act_sample = 2 * L * b * M * 2 * h
-            self._act_head_tok = 1.0 * b * h
             self._gemms_per_layer = 12  # per block: qkv, proj, cross q and out, fc1, fc2; x2 blocks
         # Mean multiply-adds per token of one layer GEMM (cross-attention k/v act on captions)
         # (the STDiT pair's 12h adaLN modulation FLOPs per token are elementwise, not GEMMs)
@@ -239,7 +264,8 @@ class AnalyticalCostModel(CostModel):
             self._gemm_half = self._gemm_half_flops / (2.0 * macs)
         else:
             self._gemm_half = float(self.gemm_half_tokens) / ske
-        self._act_in_tok = float(b * h)  # a checkpointed layer keeps only its input
+        # What the runtime's models keep for the backward, unit by unit (activation_bytes).
+        self._act_terms = activation_terms(m)
         # Seconds per token per layer of memory-bound kernels on one rank.
         self._elem_tok_s = (float(self.elementwise_bytes_factor or 0.0) * self._scale("elementwise")
                             * self._act_full_tok / gpu.measured_mem_bw)
@@ -319,17 +345,43 @@ class AnalyticalCostModel(CostModel):
         return np.where(s > 1, t, 0.0)
 
     def activation_bytes(self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray) -> np.ndarray:
-        """Activation bytes per rank of each sample (sequence split over ``sp`` ranks)."""
+        """Activation bytes per rank of each sample (sequence split over ``sp`` ranks): what the
+        runtime's models keep for the backward, unit by unit (`dcp_bench.cost.activations`,
+        equal to the bytes `dcp_bench.runtime.memory_count` counts from the models), per-sample
+        terms (caption keys/values and features) on every rank of the group.
+
+        Stored layers keep everything, checkpointed ones their blocks' inputs (and, while any is
+        checkpointed, the conditioning they take). Peak: at the start of the backward, (L-k)
+        stored layers + k inputs; when a checkpointed block is recomputed the layers above it are
+        already freed, so the inputs below + one full block. The second exceeds the first only
+        when every layer is checkpointed."""
         n_r = np.asarray(tokens, dtype=float) / np.asarray(sp, dtype=float)
-        k = np.asarray(ckpt_layers, dtype=float)
-        L = self._L
-        # Stored layers keep everything, checkpointed ones their input. Peak: at the start of the
-        # backward, (L-k) stored layers + k inputs; when checkpointed layer j is recomputed the
-        # layers above it are already freed, so (j-1) inputs + one full layer (its input is part
-        # of it). The second exceeds the first only when every layer is checkpointed.
-        full, inp = self._act_full_tok, self._act_in_tok
-        per_tok = np.where(k < L, (L - k) * full + k * inp, (L - 1) * inp + full)
-        return self._scale("act_bytes") * (n_r * (per_tok + self._act_head_tok) + self._act_sample)
+        k = np.clip(np.asarray(ckpt_layers, dtype=float), 0, self._L)
+        L, t = self._L, self._act_terms
+        full_tok, full_s, inp = t.full_tok, t.full_sample, t.checkpoint_input_tok
+        nb = t.blocks_per_layer
+        every = k >= L
+        per_tok = (L - k) * full_tok + k * inp + np.where(k > 0, t.conditioning_held_tok, 0.0) \
+            + np.where(every, (full_tok - inp) / nb, 0.0)
+        per_tok = per_tok + sum(t.outer_tok.values()) + t.shared_tok
+        per_sample = (L - k) * full_s + np.where(every, full_s / nb, 0.0) + sum(t.outer_sample.values()) \
+            + t.shared_sample
+        return self._scale("act_bytes") * (n_r * per_tok + per_sample)
+
+    def activation_breakdown(self, tokens: float, samples: float = 1.0, sp: int = 1,
+                             ckpt_layers: int = 0) -> dict[str, float]:
+        """Bytes one micro-batch of ``tokens`` over ``samples`` samples keeps per rank, by unit
+        (per-layer units multiplied by the stored layers; without the recomputation peak)."""
+        t, L = self._act_terms, self._L
+        k = min(max(int(ckpt_layers), 0), L)
+        n_r = float(tokens) / sp
+        out = {f"layer.{u}": (L - k) * (n_r * v + samples * t.layer_sample.get(u, 0.0))
+               for u, v in t.layer_tok.items()}
+        out["checkpoint_inputs"] = k * n_r * t.checkpoint_input_tok
+        out["shared"] = n_r * (t.shared_tok + (t.conditioning_held_tok if k > 0 else 0.0)) + samples * t.shared_sample
+        for u in sorted(set(t.outer_tok) | set(t.outer_sample)):
+            out[u] = n_r * t.outer_tok.get(u, 0.0) + samples * t.outer_sample.get(u, 0.0)
+        return {u: self._scale("act_bytes") * v for u, v in out.items()}
 
     # --------------------------------------------------------------------------- interface
     def static_memory_bytes(self) -> float:
@@ -414,10 +466,12 @@ class AnalyticalCostModel(CostModel):
         t_layer_gemm = per_mb(fl["layer_gemm"]) / rate + n_r * self._L * self._elem_tok_s
         t_head = per_mb(fl["head_gemm"]) / rate
         t_attn = per_mb(fl["attn_work"]) / (s * self._peak)
-        fwd = t_layer_gemm + t_head + t_attn
-        bwd = 2.0 * (t_layer_gemm + t_head) + self._attn_bwd * t_attn
         L = self._L
-        recompute = k / L * (t_layer_gemm + t_attn)
+        blocks = L * self._act_terms.blocks_per_layer
+        floor = self.layer_launch_s * blocks  # one pass over every block of the micro-batch
+        fwd = t_layer_gemm + t_head + t_attn + floor
+        bwd = 2.0 * (t_layer_gemm + t_head) + self._attn_bwd * t_attn + floor
+        recompute = k / L * (t_layer_gemm + t_attn + floor)
         comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, s), s, collectives=2)
         comm = comm_layer * (2 * L + k) + self.fsdp_pass_time()
         act = np.bincount(idx, weights=self.activation_bytes(tokens, s[idx], k[idx]), minlength=m)
@@ -427,7 +481,7 @@ class AnalyticalCostModel(CostModel):
             "bwd_s": bwd,
             "recompute_s": recompute,
             "comm_s": comm,
-            "mem_bytes": act + self.static_memory_bytes(),
+            "mem_bytes": act * (1.0 + self.allocator_fragmentation) + self.static_memory_bytes(),
             "model_flops": flops,
         }
 
@@ -504,11 +558,14 @@ class AnalyticalCostModel(CostModel):
         per_tok = 3.0 * (L * self._layer_gemm_tok + self._head_gemm_tok) + k * self._layer_gemm_tok
         gemm = per_tok * self._gemm_half / (self._peak * self._gemm_max)
         latency = float(self.a2a_time(np.zeros(1), np.array([sp]), collectives=2)[0]) * (2 * L + k)
-        return gemm + latency
+        launch = self.layer_launch_s * self._act_terms.blocks_per_layer * (2 * L + k)
+        return gemm + latency + launch
 
     def sample_memory(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+        """Activation bytes of each sample (`activation_bytes`) plus the allocator's
+        fragmentation share of them (``allocator_fragmentation``, a separate term)."""
         n = len(tokens)
-        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers))
+        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers)) * (1.0 + self.allocator_fragmentation)
 
     def _check(self, sp: int, ckpt_layers: int) -> None:
         if sp < 1 or sp & (sp - 1):

@@ -22,4 +22,8 @@ ASSUMED_CONSTANTS: dict[str, float] = {
 OPTIONAL_CONSTANTS = ("gemm_half_flops", "attn_causal_half_len", "a2a_latency_s", "allreduce_hop_latency_s",
                       "allreduce_inter_eff", "allreduce_overlap")
 
-__all__ = ["ASSUMED_CONSTANTS", "OPTIONAL_CONSTANTS"]
+# Cost-model options (``++cost.KEY=VALUE``) that vary a model term for the report's sensitivity:
+# recorded with a run's scales, so a variant's runs form their own cells.
+MODEL_VARIANT_OPTIONS = ("layer_launch_s", "allocator_fragmentation")
+
+__all__ = ["ASSUMED_CONSTANTS", "MODEL_VARIANT_OPTIONS", "OPTIONAL_CONSTANTS"]

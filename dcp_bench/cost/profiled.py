@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from dcp_bench.cost.activations import activation_terms
 from dcp_bench.cost.analytical import AnalyticalCostModel
 from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
 from dcp_bench.cost.profile_artifact import (
@@ -156,6 +157,9 @@ class ProfiledCostModel(CostModel):
         self.analytical = AnalyticalCostModel(model=self.model, cluster=self.cluster,
                                               mem_cap_fraction=self.mem_cap_fraction, zero_stage=self.zero_stage)
         self.fallbacks: set[str] = set()
+        # the structure of what a checkpointed layer keeps, in the profile's dtype
+        prof_dtype = str(self.artifact.get("settings", {}).get("dtype") or self.model.dtype)
+        self._act_terms = activation_terms(self.model, {"fp32": 4, "bf16": 2, "fp16": 2}.get(prof_dtype))
         self.nproc = _pick_nproc({int(p["nproc"]) for p in layers}, self.cluster.world_size)
         mine = [p for p in layers if int(p["nproc"]) == self.nproc]
         self.tables: dict[int, LayerTables] = {}
@@ -334,17 +338,27 @@ class ProfiledCostModel(CostModel):
         # recompute is measured (checkpointed minus plain backward) with its all-to-alls inside
         return fwd, bwd, ckpt_layers * rec_l, L * comm_l
 
-    def _activation_bytes(self, tpr: np.ndarray, ppr: np.ndarray, n: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+    def _activation_bytes(self, tpr: np.ndarray, ppr: np.ndarray, n: np.ndarray, sp: int, ckpt_layers: int,
+                          resident: bool = True, peak: bool = True) -> np.ndarray:
+        """Bytes the models keep for the backward per rank (the measured per-layer and outer laws;
+        a checkpointed layer keeps its checkpointed blocks' inputs, `activation_terms`), times the
+        measured ``resident_factor`` unless ``resident`` is False (that factor is the CPU
+        allocator's share); ``peak``: with every layer checkpointed, add the block a
+        recomputation materialises (False: what is kept, as `memory_count` counts it)."""
         L = self.model.num_layers
         _, tab = self._table(sp)
         k = min(max(ckpt_layers, 0), L)
+        terms = self._act_terms
         per_layer = tab.act.predict(memory_features(tpr, ppr, n))
         outer = self.outer_act.predict(memory_features(tpr, np.zeros_like(tpr), n)) if self.outer_act else 0.0
-        mem = (L - k) * per_layer + k * tab.ckpt_bytes_per_token * tpr + outer
-        # recomputing a checkpointed layer materialises its activations once more
-        mem = mem + (per_layer if k > 0 else 0.0)
-        # what the process really holds for them (allocator retention, ops' temporaries)
-        return mem * self.resident_factor
+        # the profile measures one checkpoint input (the layer's); STDiT checkpoints its two
+        # blocks separately (runtime.models.STDiTPair), each keeping its input
+        mem = (L - k) * per_layer + k * terms.blocks_per_layer * tab.ckpt_bytes_per_token * tpr + outer
+        if k > 0:  # the conditioning every checkpointed unit holds (not in the outer law)
+            mem = mem + terms.conditioning_held_tok * tpr
+        if peak and k == L and L > 0:  # recomputing one checkpointed block materialises its activations
+            mem = mem + per_layer / terms.blocks_per_layer
+        return mem * (self.resident_factor if resident else 1.0)
 
     def _sizes(self, tokens: np.ndarray, frames: np.ndarray, sp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-rank (tokens, pairs, samples) of one micro-batch holding all of ``tokens``."""

@@ -130,7 +130,7 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
         lines.append(
             f"{float(v):.2f}x, 95% CI over {claim.get('pairs', '?')} paired seeds {_ci(claim.get('ci_low'), claim.get('ci_high'))}; "
             f"{model_band_text(claim)}; claimed {claimed:g}x, tolerance band {_ci(*band)} "
-            f"(reproduced when the CI meets the band). `{claim['method']}` over `{claim['baseline']}`, "
+            f"(reproduced when the whole CI lies inside the band). `{claim['method']}` over `{claim['baseline']}`, "
             f"{claim.get('workload', '')}.")
     else:
         lines.append(f"No number: {'; '.join(claim.get('reasons') or ['a side is not in this campaign'])}.")

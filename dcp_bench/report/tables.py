@@ -139,6 +139,9 @@ def load_campaign(
             "n_steps": summary.n_steps,
             "unit": extra.get("unit", "step"),
             "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,
+            # the epoch's accounting (paper mode: dataset / trained / dropped samples, the
+            # reference profile's per-bucket settings), JSON; "" when the run has none
+            "epoch_info": json.dumps(extra["epoch_info"], sort_keys=True, default=str) if extra.get("epoch_info") else "",
             "cost_source": summary.cost_source,
             "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
             "hardware": summary.hardware,

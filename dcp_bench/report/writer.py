@@ -46,6 +46,7 @@ from dcp_bench.report.claims import (
 )
 from dcp_bench.report.document import Document
 from dcp_bench.report.first_screen import first_screen_section, glossary_section
+from dcp_bench.report.memory import memory_decisions_section
 from dcp_bench.report.memory_error import memory_prediction_error
 from dcp_bench.report.peers import peer_section
 from dcp_bench.report.stats import max_relative_difference, relative_error
@@ -309,6 +310,7 @@ def _reference_section(doc: Document, data: ReportData) -> None:
     claims this campaign holds runs of."""
     ids = {cl["id"] for cl in data.claims_in_campaign}
     reference_tables_section(doc, [r for r in data.claim_results if r.id in ids and r.result.pairs > 0])
+    memory_decisions_section(doc, [r for r in data.claim_results if r.id in ids and r.result.pairs > 0])
 
 
 def build_report(inp: ReportInputs) -> dict[str, Any]:

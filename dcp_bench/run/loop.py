@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dcp_bench.cost.base import CostModel
+from dcp_bench.cost.constants import MODEL_VARIANT_OPTIONS
 from dcp_bench.errors import DcpBenchError
 from dcp_bench.execution import Executor, ExecutorDescription, ExecutorInfo, StepOutcome
 from dcp_bench.plan import StepPlan
@@ -226,7 +227,9 @@ def summarise(
         "sweep": spec.sweep,
         "overrides": list(spec.overrides),
         "target": spec.method.target,
-        "scales": spec.cost.scale_map,
+        # model variants for the report's sensitivity: the scales and the cost-model options that
+        # vary a term (they select the same cells as the scales)
+        "scales": {**spec.cost.scale_map, **{k: v for k, v in spec.cost.options if k in MODEL_VARIANT_OPTIONS}},
         "mem_cap_fraction": spec.mem_cap_fraction,
         "world_size": executor.world_size,
         "planner_clock": spec.planner_clock,

@@ -12,7 +12,8 @@
   patch (1, 2, 2) are embedded by a linear layer (equal to a stride=kernel Conv3d); fixed sin-cos
   embeddings of the frame and patch index are added. The final layer predicts noise and variance
   (learned sigma, as STDiT3); the loss is the MSE between the predicted and the true noise on
-  every real patch (the variance half gets no loss: no VLB term). One checkpointing unit = one spatial+temporal pair.
+  every real patch (the variance half gets no loss: no VLB term). One layer unit = one spatial+temporal pair;
+  checkpointing it checkpoints each of its two blocks separately, as the reference does.
 
 Inputs are synthetic but deterministic: every sample's content (token ids; latents, noise,
 timestep and caption) is drawn from a torch Generator seeded by (seed, sample id), so every method
@@ -539,13 +540,15 @@ class STDiTBlock(nn.Module):
             start += rows * cols
         return self.proj(torch.cat(outs, dim=0))
 
-    def _cross_attention(self, x: Tensor, shard: VideoShard, caption_h: Tensor) -> Tensor:
+    def _cross_attention(self, x: Tensor, shard: VideoShard, caption_h: Tensor, sp: SPContext) -> Tensor:
         n = x.shape[0]
         q = self.cross_q(x).view(n, self.heads, self.head_dim)
         kv = self.cross_kv(caption_h)  # (n_samples, L_text, 2h)
         outs = []
         start = 0
-        counts = torch.bincount(shard.sample_of_row, minlength=len(shard.frames)).tolist()
+        # rows per sample, the same in both layouts (T_p/P x S_p or T_p x S_p/P); from the shard's
+        # sizes rather than the row index (no device sync, shapes known before any data)
+        counts = [fp * spd // sp.size for fp, spd in zip(shard.frames_padded, shard.spatial_padded)]
         for i, cnt in enumerate(counts):
             if cnt == 0:
                 continue
@@ -561,14 +564,17 @@ class STDiTBlock(nn.Module):
         mod = (t_mod + self.scale_shift_table[None]).unbind(1)  # 6 x (N, h)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod
         x = x + gate_a * self._self_attention(self.norm1(x) * (1 + scale_a) + shift_a, shard, sp)
-        x = x + self._cross_attention(x, shard, caption_h)
+        x = x + self._cross_attention(x, shard, caption_h, sp)
         x = x + gate_m * self.mlp(self.norm2(x) * (1 + scale_m) + shift_m)
         return x
 
 
 class STDiTPair(nn.Module):
-    """The checkpointing unit: a spatial block, the switch to patch sharding, a temporal block,
-    the switch back (DSP)."""
+    """One layer unit: a spatial block, the switch to patch sharding, a temporal block, the switch
+    back (DSP). Checkpointed, each block is its own checkpoint (cross-attention inside it), as the
+    reference checkpoints STDiT3 (VideoSys ``open_sora_transformer_3d.py:610-611``,
+    ``core/dcp/recompute.py:141-151``): two block inputs are kept, the all-to-alls between them
+    are not recomputed."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -576,11 +582,18 @@ class STDiTPair(nn.Module):
         self.temporal = STDiTBlock(spec, temporal=True)
 
     def forward(
-        self, x: Tensor, shard: VideoShard, t_mod_s: Tensor, t_mod_t: Tensor, caption_h: Tensor, sp: SPContext
+        self, x: Tensor, shard: VideoShard, t_mod_s: Tensor, t_mod_t: Tensor, caption_h: Tensor, sp: SPContext,
+        checkpointed: bool = False,
     ) -> Tensor:
-        x = self.spatial(x, shard, t_mod_s, caption_h, sp)
+        if checkpointed:
+            x = checkpoint(self.spatial, x, shard, t_mod_s, caption_h, sp, use_reentrant=False)
+        else:
+            x = self.spatial(x, shard, t_mod_s, caption_h, sp)
         x = permuted_all_to_all(x, sp, *shard.to_temporal)
-        x = self.temporal(x, shard, t_mod_t, caption_h, sp)
+        if checkpointed:
+            x = checkpoint(self.temporal, x, shard, t_mod_t, caption_h, sp, use_reentrant=False)
+        else:
+            x = self.temporal(x, shard, t_mod_t, caption_h, sp)
         return permuted_all_to_all(x, sp, *shard.to_spatial)
 
 
@@ -628,10 +641,7 @@ class STDiTModel(RuntimeModel):
         t_mod_t = t_mod_s
         caption_h = self.y_embed(inputs.captions.to(x.dtype))
         for i, pair in enumerate(self.pairs):
-            if i < ckpt_layers:
-                x = checkpoint(pair, x, inputs, t_mod_s, t_mod_t, caption_h, sp, use_reentrant=False)
-            else:
-                x = pair(x, inputs, t_mod_s, t_mod_t, caption_h, sp)
+            x = pair(x, inputs, t_mod_s, t_mod_t, caption_h, sp, checkpointed=i < ckpt_layers)
         shift, scale = (self.final_table[None] + t_emb.index_select(0, inputs.sample_of_row)[:, None]).unbind(1)
         out = self.final_linear(self.final_norm(x) * (1 + scale) + shift)
         noise_pred = out[:, : inputs.target.shape[1]]

@@ -18,7 +18,7 @@ from dcp_bench.sim import lower_bound, simulate_step
 def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator, layers: int = 32) -> StepPlan:
     """A valid plan of groups of sizes 1..8 tiling the world; samples dealt longest-first to the
     group with the least tokens per rank, packed into micro-batches of at most 12K tokens per rank,
-    half or all layers checkpointed."""
+    half or all layers checkpointed (all of them above 8K tokens per rank: under the cap)."""
     sizes, start = [], 0
     while start < world:
         s = int(rng.choice([1, 2, 4, 8]))
@@ -32,17 +32,21 @@ def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator, layers:
         g = int(np.argmin(load))
         members[g].append(int(i))
         load[g] += batch.tokens[i] / sizes[g][1]
+    def ckpt(samples: list[int], s: int) -> int:
+        half = int(rng.choice([layers // 2, layers]))
+        return layers if batch.tokens[samples].sum() > 8192 * s else half
+
     groups = []
     for (st, s), mem in zip(sizes, members):
         mbs: list[MicroBatch] = []
         cur: list[int] = []
         for i in mem:
             if cur and batch.tokens[cur].sum() + batch.tokens[i] > 12288 * s:
-                mbs.append(MicroBatch(tuple(cur), int(rng.choice([layers // 2, layers]))))
+                mbs.append(MicroBatch(tuple(cur), ckpt(cur, s)))
                 cur = []
             cur.append(i)
         if cur:
-            mbs.append(MicroBatch(tuple(cur), int(rng.choice([layers // 2, layers]))))
+            mbs.append(MicroBatch(tuple(cur), ckpt(cur, s)))
         if mbs:
             groups.append(Group(st, s, mbs))
     return StepPlan(world, [Round(groups)])
