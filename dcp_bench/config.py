@@ -210,6 +210,10 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
             cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "LexerNoViableAlt" in msg or "token recognition error" in msg:
+            bad = msg.split(":", 1)[-1].strip()
+            raise ConfigError(f"bad override {bad!r}: characters hydra's grammar does not take unquoted; "
+                              "expected letters, digits and _-./: or a quoted value (key='value')") from None
         hint = ""
         if "Could not override" in msg:
             key = msg.split("'")[1] if msg.count("'") >= 2 else "KEY"
@@ -220,7 +224,51 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
     with open_dict(cfg):
         del cfg["hydra"]
         cfg["names"] = choices
+    _refuse_collections(cfg, overrides, config_name)
     return cfg
+
+
+# Keys that default to null but take one value (a path, a number, a name): a YAML mapping or list
+# given for one is refused like one for a key whose default is a single value. Keys that default
+# to null and take a collection (e.g. ``method.sp_rule``) are not listed.
+SCALAR_KEYS = frozenset({
+    "workload.lengths_file", "workload.column", "workload.max_len", "workload.samples_per_step",
+    "workload.tokenizer", "workload.source", "workload.licence", "workload.description",
+    "run.nproc", "run.timeout_s", "run.kill_grace_s", "cost.profile", "cost.planner_source",
+    "cost.zero_stage", "train.rdzv_endpoint", "method.sp", "method.token_budget",
+    "method.token_capacity", "method.max_tokens_per_rank", "method.recompute_num_layers",
+})
+
+
+def _refuse_collections(cfg: DictConfig, overrides: Sequence[str], config_name: str) -> None:
+    """A YAML mapping or list given (``key='{a: 1}'``, ``key=[1,2]``) for a key that takes one
+    value — its default is a single value, or it is one of `SCALAR_KEYS` — is a `ConfigError`
+    naming the key; a key whose default is a collection takes one."""
+    from omegaconf import ListConfig
+
+    given = []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        key = key.lstrip("+~")
+        if not sep or key in GROUPS or key.startswith("hydra."):
+            continue
+        if isinstance(OmegaConf.select(cfg, key, default=None), (DictConfig, ListConfig)):
+            given.append((key, value))
+    if not given:
+        return
+    keys = {k for k, _ in given}
+    groups_only = [ov for ov in overrides if ov.partition("=")[0].lstrip("+~") not in keys]
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        base = compose(config_name=config_name, overrides=groups_only)
+    for key, value in given:
+        default = OmegaConf.select(base, key, default=None, throw_on_missing=False)
+        single = default is not None and not isinstance(default, (DictConfig, ListConfig))
+        if single or (default is None and key in SCALAR_KEYS):
+            kind = "mapping" if isinstance(OmegaConf.select(cfg, key), DictConfig) else "list"
+            raise ConfigError(f"{key}={value}: a YAML {kind}, but {key} takes a single value (a number, "
+                              "a name or a path; quote it if it is one)")
 
 
 def to_container(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 NAME = "train"
@@ -52,6 +54,11 @@ def resolve_train_config(overrides: list[str]) -> dict[str, Any]:
     return cfg
 
 
+def _note(message: str) -> None:
+    sys.stderr.write(f"dcp-bench: {message}\n")
+    sys.stderr.flush()
+
+
 def _device(spec: Any) -> str:
     import torch
 
@@ -63,14 +70,18 @@ def _device(spec: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.run.memory_precheck import check_memory_fits
     from dcp_bench.run.spec import parse_run_spec
+    from dcp_bench.records import executing
     from dcp_bench.run.torch_run import check_local_ranks, launch_torch_run
+    from dcp_bench.runner import check_run_places
 
     spec = parse_run_spec(resolve_train_config(list(args.overrides)))
     # refuse, before any process starts, more ranks than this node may run, then a run whose
     # plans need more memory than this machine has
     check_local_ranks(spec)
+    check_run_places([spec])
     check_memory_fits(spec, _device(spec))
-    summary = launch_torch_run(spec)
+    with executing(Path(spec.root) / spec.campaign / spec.run_id, say=_note):  # one process per run id
+        summary = launch_torch_run(spec)
     if args.json:
         print(json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True, default=str))
     else:

@@ -224,6 +224,23 @@ def _float(value: Any, key: str, positive: bool = False, allow_none: bool = Fals
     return out
 
 
+# A campaign is one folder under the root: one safe path component.
+CAMPAIGN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _campaign(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not CAMPAIGN_NAME.fullmatch(str(value)):
+        raise ConfigError(f"run.campaign={value!r}: expected one folder name of 1 to 100 characters from "
+                          "A-Z a-z 0-9 . _ - (starting with a letter or digit)")
+    return str(value)
+
+
+def _path(value: Any, key: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value) or "\0" in str(value):
+        raise ConfigError(f"{key}={value!r}: expected a folder path")
+    return str(value)
+
+
 def _choice(value: Any, key: str, choices: Sequence[str]) -> str:
     if str(value) not in choices:
         raise ConfigError(f"{key}={value!r}; expected one of {', '.join(choices)}")
@@ -449,8 +466,8 @@ def parse_run_spec(
         timeout_s=timeout,
         kill_grace_s=grace,
         train=train,
-        root=str(run.get("root", "runs")),
-        campaign=str(run.get("campaign", "default")),
+        root=_path(run.get("root", "runs"), "run.root"),
+        campaign=_campaign(run.get("campaign", "default")),
         run_id=f"{stem}__s{seed}",
         config_hash=cell,
         context_hash=context,
