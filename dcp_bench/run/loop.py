@@ -187,7 +187,7 @@ def run_epochs(
         for i, it in enumerate(deal.iterations):
             late = spec.timeout_s is not None and time.time() - started > spec.timeout_s
             if executor.agree(late):
-                raise RunTimeout(f"run exceeded run.timeout_s={spec.timeout_s:g} at epoch {epoch}, iteration {i}")
+                raise RunTimeout(f"run exceeded {spec.limit_text()} at epoch {epoch}, iteration {i}")
             sub = dataset.subset(it.positions)
             batch = dataclasses.replace(sub, step=step, info={"epoch": epoch, "iteration": i})
             validate_plan(it.plan, batch, num_layers=parts.cost.model.num_layers)
