@@ -68,9 +68,9 @@ def _device(spec: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.records import executing
     from dcp_bench.run.memory_precheck import check_memory_fits
     from dcp_bench.run.spec import parse_run_spec
-    from dcp_bench.records import executing
     from dcp_bench.run.torch_run import check_local_ranks, launch_torch_run
     from dcp_bench.runner import check_run_places
 
