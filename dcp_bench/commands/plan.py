@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.config import load_config, to_container
     from dcp_bench.errors import ConfigError
-    from dcp_bench.files import atomic_write_text
+    from dcp_bench.files import atomic_write_text, check_output
     from dcp_bench.plan import validate_plan
     from dcp_bench.run.assemble import assemble
     from dcp_bench.run.spec import parse_run_spec
@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"step={step}: expected a non-negative integer")
         else:
             overrides.append(ov)
+    if args.out:
+        check_output(args.out, "--out", folder=False)
     spec = parse_run_spec(to_container(load_config(overrides)))
     parts = assemble(spec)
     batch = parts.workload.global_batch(step, spec.world_size, spec.model.max_seq_len)
