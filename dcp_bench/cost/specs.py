@@ -107,6 +107,10 @@ class ModelSpec:
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for key in ("num_layers", "hidden", "heads", "kv_heads", "ffn_hidden"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{key}={value!r} (model {self.name!r}): expected an integer >= 1")
         if self.arch not in ("llama", "stdit"):
             raise ConfigError(f"model {self.name!r}: arch {self.arch!r}; expected 'llama' or 'stdit'")
         if self.heads % self.kv_heads:
