@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import traceback
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -321,11 +322,20 @@ def _resolve_group(node: Mapping[str, Any], group: str, resolve: Any) -> Any:
 
 
 def _class_of(target: Any) -> Any:
+    """The class ``target`` names, or None when it does not import (its builder says why later);
+    user code that raises anything else while importing is a `ConfigError` naming the file and
+    line where it raised."""
     module, _, attr = str(target).rpartition(".")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError):
         return None
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        text = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"_target_ {target!r}: importing module {module!r} raised {type(exc).__name__}"
+                          f"{': ' + text if text else ''}{where}") from None
 
 
 def _epoch_missing(method: Mapping[str, Any], workload: Mapping[str, Any]) -> str:
