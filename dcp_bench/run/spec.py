@@ -16,8 +16,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
-import traceback
 import re
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
