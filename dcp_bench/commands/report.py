@@ -79,16 +79,16 @@ def run(args: argparse.Namespace) -> int:
     kv = parse_keys(list(args.overrides))
     campaign = kv.get("campaign", "default")
     root = kv.get("root", "runs")
-    runs = list_runs(root, campaign)
-    if not runs["complete"]:
-        raise ConfigError(f"campaign {campaign!r} under {root!r} has no complete runs; run `dcp-bench sweep "
-                          f"run.campaign={campaign}` first")
     pairs = kv.get("baseline_pairs", "false").lower()
     if pairs not in ("true", "false"):
         raise ConfigError(f"baseline_pairs={kv['baseline_pairs']!r}: expected true or false")
     n_boot = _n_boot(kv.get("n_boot", "2000"))
     out = kv.get("out", str(default_out_dir(campaign)))
     check_output(out, "out")
+    runs = list_runs(root, campaign)
+    if not runs["complete"]:
+        raise ConfigError(f"campaign {campaign!r} under {root!r} has no complete runs; run `dcp-bench sweep "
+                          f"run.campaign={campaign}` first")
     baselines = kv["baselines"].split(",") if kv.get("baselines") else None
     if baselines is not None:
         _check_baselines(baselines, root, campaign)
