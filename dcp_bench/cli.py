@@ -2,7 +2,9 @@
 packaged config root (``dcp_bench/conf``).
 
 Exit status: 0 done; 2 bad input (one line naming the bad value and what was expected); 3 a run
-did not finish ``ok`` (``train``, ``sweep``; its record is kept); 130 interrupted (Ctrl-C); 143
+did not finish ``ok`` (``train``, ``sweep``; its record is kept); 4 an incomplete reproduction
+(``reproduce``: a section cut by its time budget; the report is written beside ``out``); 130
+interrupted (Ctrl-C); 143
 terminated (SIGTERM). An interrupt or SIGTERM stops every process the command started before it
 exits (they see it as an exception and clean up on the way out)."""
 

@@ -2,7 +2,8 @@
 
 `tests/test_bad_inputs.py` runs every row through the CLI and checks: exit status 2, exactly one
 line on stderr, naming the value (and, where it helps, what was expected). Run this file to print
-the table with the messages this checkout gives (``python tests/bad_inputs.py``).
+the table with the messages this checkout gives (``python tests/bad_inputs.py``); the committed
+copy is docs/bad_inputs.md.
 
 ``{data}`` in an argument is replaced by a folder of small lengths files (`write_data`), and
 ``{too_many}`` by a rank count above what this machine may start.
@@ -212,6 +213,7 @@ if __name__ == "__main__":
             real = fill(args, data)
             code, err = run_one(real)
             shown = " ".join(args).replace("|", "\\|")
-            msg = err.strip().replace(str(data), "{data}").replace("|", "\\|")
+            repo = str(Path(__file__).resolve().parents[1])
+            msg = err.strip().replace(str(data), "{data}").replace(repo + "/", "").replace("|", "\\|")
             print(f"| {i} | `dcp-bench {shown}` | {code} | {msg} |")
             sys.stdout.flush()
