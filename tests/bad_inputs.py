@@ -214,6 +214,6 @@ if __name__ == "__main__":
             code, err = run_one(real)
             shown = " ".join(args).replace("|", "\\|")
             repo = str(Path(__file__).resolve().parents[1])
-            msg = err.strip().replace(str(data), "{data}").replace(repo + "/", "").replace("|", "\\|")
+            msg = err.strip().replace(str(data), "{data}").replace(repo + "/", "").replace(repo, ".").replace("|", "\\|")
             print(f"| {i} | `dcp-bench {shown}` | {code} | {msg} |")
             sys.stdout.flush()
