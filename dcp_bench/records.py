@@ -358,15 +358,6 @@ def executing(run_dir: str | os.PathLike[str], say: Any = None) -> Iterator[None
         unlock_run(fd)
 
 
-def run_locked(run_dir: str | os.PathLike[str]) -> bool:
-    """Whether some process holds the run's execution lock now."""
-    if not (Path(run_dir) / LOCK_FILE).exists():
-        return False
-    fd = try_lock_run(run_dir)
-    unlock_run(fd)
-    return fd is None
-
-
 # ------------------------------------------------------------------------------------------------
 # Re-runs keep the record they replace until theirs is complete
 
@@ -403,7 +394,10 @@ def restore_previous(run_dir: str | os.PathLike[str]) -> bool:
     prev = run_dir / PREVIOUS_DIR
     if (run_dir / "run.json").exists() or not (prev / "run.json").exists():
         return False
-    fd = try_lock_run(run_dir)
+    try:
+        fd = try_lock_run(run_dir)
+    except OSError:
+        return False  # a folder this user cannot write: read as it is
     if fd is None:
         return False  # the re-run is still under way
     try:
