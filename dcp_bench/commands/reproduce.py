@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         inputs = ReportInputs(root=root, campaign=campaign, out_dir=str(tmp), claims_path=str(claims),
-                              command=command.strip(), notes=notes,
+                              command=command.strip(), notes=notes, completeness=completeness,
                               title=str(cfg.get("title", "dcp-bench: reproducing the DCP claim")))
         summary = _report_within(inputs, t_start + budget - time.time())
         if summary is None:

@@ -77,6 +77,9 @@ class ReportInputs:
     title: str = ""
     baselines: list[str] | None = None  # method names treated as baselines (default: classes in `baselines.`)
     baseline_pairs: bool = False  # also compare baselines with each other
+    # a reproduction's completeness (`dcp_bench.commands.reproduce`): complete, sections_done,
+    # sections_total, cut; None for a report of a campaign as it stands
+    completeness: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------
