@@ -199,11 +199,6 @@ def test_sigterm_to_a_sweep_stops_its_runs_and_a_resume_redoes_them(tmp_path: Pa
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 143, err
         assert tagged(tag) == []
-        # the record says the run was stopped, and by which signal
-        (run_dir,) = [p for p in (tmp_path / "term").iterdir() if p.is_dir()]
-        summary = read_summary(run_dir)
-        assert summary is not None and summary.status == "error"
-        assert "SIGTERM" in (summary.error or "") and summary.extra.get("signal") == signal.SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -436,6 +436,8 @@ def parse_run_spec(
     epochs = _int(run.get("epochs", 1), "run.epochs", minimum=1)
     cluster = _resolve_group(_node(cfg, "cluster"), "cluster", resolve_cluster)
     model = _resolve_group(_node(cfg, "model"), "model", resolve_model)
+    if getattr(model, "num_layers", 1) < 1:
+        raise ConfigError(f"model.num_layers={model.num_layers} (model {model.name!r}): expected an integer >= 1")
     nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
     if nproc is not None:
         if not is_power_of_two(nproc):
