@@ -2,7 +2,9 @@
 packaged config root (``dcp_bench/conf``).
 
 Exit status: 0 done; 2 bad input (one line naming the bad value and what was expected); 3 a run
-did not finish ``ok`` (``train``, ``sweep``; its record is kept); 130 interrupted (Ctrl-C); 143
+did not finish ``ok`` (``train``, ``sweep``; its record is kept); 4 an incomplete reproduction
+(``reproduce``: a section cut by its time budget; the report is written beside ``out``); 130
+interrupted (Ctrl-C); 143
 terminated (SIGTERM). An interrupt or SIGTERM stops every process the command started before it
 exits (they see it as an exception and clean up on the way out)."""
 
@@ -58,9 +60,21 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated(f"signal {signum}")
 
 
+def parse_anywhere(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse with flags anywhere on the line: ``--record root=R campaign=C`` as well as
+    ``root=R --record campaign=C`` (argparse alone takes one run of positional ``key=value``)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        stray = [e for e in extra if e.startswith("-") or "=" not in e]
+        if stray or not isinstance(getattr(args, "overrides", None), list):
+            parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser, modules = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_anywhere(parser, argv)
     if not args.command:
         parser.print_help()
         return 2

@@ -42,7 +42,8 @@ def extra_config_dirs(extra: Sequence[str | os.PathLike[str]] = ()) -> list[Path
     dirs += [Path(d) for d in os.environ.get(CONF_PATH_ENV, "").split(os.pathsep) if d]
     for d in dirs:
         if not d.is_dir():
-            raise ConfigError(f"config folder {str(d)!r} does not exist; expected a folder laid "
+            what = "is a file, not a folder" if d.exists() else "does not exist"
+            raise ConfigError(f"config folder {str(d)!r} {what}; expected a folder laid "
                               "out like dcp_bench/conf (e.g. DIR/method/NAME.yaml)")
     return list(dict.fromkeys(d.resolve() for d in dirs))
 
@@ -193,6 +194,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
 
     The result holds a ``names`` node: the config file chosen in each group (``workload: my_corpus``
     for a user's file), which records and reports use to name a run's parts."""
+    import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -208,8 +210,16 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_error_line(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
+        if isinstance(exc.__cause__ or exc.__context__, yaml.YAMLError):
+            raise ConfigError(_yaml_error_line(exc.__cause__ or exc.__context__)) from None  # type: ignore[arg-type]
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "LexerNoViableAlt" in msg or "token recognition error" in msg:
+            bad = msg.split(":", 1)[-1].strip()
+            raise ConfigError(f"bad override {bad!r}: characters hydra's grammar does not take unquoted; "
+                              "expected letters, digits and _-./: or a quoted value (key='value')") from None
         hint = ""
         if "Could not override" in msg:
             key = msg.split("'")[1] if msg.count("'") >= 2 else "KEY"
@@ -217,10 +227,76 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
                     f"+{key}=...)")
         raise ConfigError(f"bad config override: {msg}{hint}") from None
     choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if g in GROUPS and c is not None}
+    _refuse_shadowed(choices, dirs)
     with open_dict(cfg):
         del cfg["hydra"]
         cfg["names"] = choices
+    _refuse_collections(cfg, overrides, config_name)
     return cfg
+
+
+def _yaml_error_line(exc: Any) -> str:
+    """One line for a YAML file that does not parse: the file, its line and column, the problem."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    where = f"{mark.name}: line {mark.line + 1} column {mark.column + 1}" if mark is not None else "a config file"
+    return f"{where}: not valid YAML ({problem})"
+
+
+def _refuse_shadowed(choices: Mapping[str, str], dirs: Sequence[Path]) -> None:
+    """A user config file with the name of a packaged one in the same group would be silently
+    ignored (hydra finds the packaged file first): refused, naming both files."""
+    for group, name in choices.items():
+        packaged = CONF_DIR / group / f"{name}.yaml"
+        for d in dirs:
+            mine = d / group / f"{name}.yaml"
+            if packaged.exists() and mine.exists():
+                raise ConfigError(f"{group}={name}: the user config {mine} has the name of the packaged "
+                                  f"{packaged}, which takes precedence; rename the user file (user configs "
+                                  "add choices, they never replace packaged ones)")
+
+
+# Keys that default to null but take one value (a path, a number, a name): a YAML mapping or list
+# given for one is refused like one for a key whose default is a single value. Keys that default
+# to null and take a collection (e.g. ``method.sp_rule``) are not listed.
+SCALAR_KEYS = frozenset({
+    "workload.lengths_file", "workload.column", "workload.max_len", "workload.samples_per_step",
+    "workload.tokenizer", "workload.source", "workload.licence", "workload.description",
+    "run.nproc", "run.timeout_s", "run.kill_grace_s", "cost.profile", "cost.planner_source",
+    "cost.zero_stage", "train.rdzv_endpoint", "method.sp", "method.token_budget",
+    "method.token_capacity", "method.max_tokens_per_rank", "method.recompute_num_layers",
+})
+
+
+def _refuse_collections(cfg: DictConfig, overrides: Sequence[str], config_name: str) -> None:
+    """A YAML mapping or list given (``key='{a: 1}'``, ``key=[1,2]``) for a key that takes one
+    value — its default is a single value, or it is one of `SCALAR_KEYS` — is a `ConfigError`
+    naming the key; a key whose default is a collection takes one."""
+    from omegaconf import ListConfig
+
+    given = []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        key = key.lstrip("+~")
+        if not sep or key in GROUPS or key.startswith("hydra."):
+            continue
+        if isinstance(OmegaConf.select(cfg, key, default=None), (DictConfig, ListConfig)):
+            given.append((key, value))
+    if not given:
+        return
+    keys = {k for k, _ in given}
+    groups_only = [ov for ov in overrides if ov.partition("=")[0].lstrip("+~") not in keys]
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        base = compose(config_name=config_name, overrides=groups_only)
+    for key, value in given:
+        default = OmegaConf.select(base, key, default=None, throw_on_missing=False)
+        single = default is not None and not isinstance(default, (DictConfig, ListConfig))
+        if single or (default is None and key in SCALAR_KEYS):
+            kind = "mapping" if isinstance(OmegaConf.select(cfg, key), DictConfig) else "list"
+            raise ConfigError(f"{key}={value}: a YAML {kind}, but {key} takes a single value (a number, "
+                              "a name or a path; quote it if it is one)")
 
 
 def to_container(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:

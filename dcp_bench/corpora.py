@@ -385,7 +385,26 @@ def _pick_column(columns: list[str], column: str | None, path: Path) -> str:
     )
 
 
-def read_lengths_file(path: str | Path, column: str | None = None) -> list[int]:
+def _read_text_lengths_fast(path: Path) -> Any:
+    """A text lengths file read by numpy's C reader into an int64 array (10M lines in about 2 s
+    and 8 bytes a length), or None when the file is anything but a clean one: then the
+    line-by-line reader runs and names the first bad line exactly."""
+    import warnings
+
+    import numpy as np
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an empty file warns; it is refused below, by name
+            values = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=1, encoding="utf-8-sig")
+    except (ValueError, OverflowError, UnicodeDecodeError):
+        return None
+    if values.ndim != 1 or not values.size or (values <= 0).any():
+        return None
+    return values
+
+
+def read_lengths_file(path: str | Path, column: str | None = None) -> Any:
     """Read sequence lengths from a file, by suffix:
 
     - ``.txt`` / other: one integer per line (blank lines and ``#`` comments ignored);
@@ -393,7 +412,9 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> list[int]:
     - ``.csv``: a column (``column=NAME``, the only column, or one named like ``length``);
     - ``.parquet``: a column, chosen the same way.
 
-    Every failure is a `WorkloadError` naming the file and the line, row or value.
+    Every failure is a `WorkloadError` naming the file and the line, row or value. A text file is
+    returned as an int64 array (read in one pass by numpy when it is clean, so a 10M-line file
+    reads in seconds), the other formats as a list of integers. A UTF-8 byte-order mark is skipped.
     """
     path = Path(path)
     _require_file(path)
@@ -425,9 +446,12 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> list[int]:
             for i, v in enumerate(frame[col].tolist())
         ]
     else:
+        fast = _read_text_lengths_fast(path)
+        if fast is not None:
+            return fast
         lengths = []
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is no part of line 1
         except UnicodeDecodeError as exc:
             raise WorkloadError(f"{path}: not a UTF-8 text file ({exc})") from None
         for lineno, line in enumerate(text.splitlines(), start=1):

@@ -17,6 +17,59 @@ from pathlib import Path
 from typing import Any
 
 FILE_MODE = 0o644
+NAME_MAX = 255  # bytes in one file or folder name (Linux, macOS)
+
+
+def output_problem(path: str | os.PathLike[str], folder: bool) -> str | None:
+    """Why ``path`` cannot receive output (a folder with ``folder``, else a file), or None: a
+    name too long, an existing file where a folder is wanted (or the reverse), a place that
+    cannot be created or written. Checked before work starts, so no work is lost to it."""
+    path = Path(path)
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            return f"the name {part[:20]!r}... is {len(os.fsencode(part))} bytes long (at most {NAME_MAX})"
+    target = path if folder else path.parent
+    if path.exists():
+        if folder and not path.is_dir():
+            return "exists and is not a folder"
+        if not folder and path.is_dir():
+            return "is a folder, not a file"
+        if not folder and not os.access(path, os.W_OK):
+            return "exists and is not writable"
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{str(probe)!r} is a file, not a folder"
+    if not _writable(probe):
+        return "not writable" if probe == target else f"cannot be created: {str(probe)!r} is not writable"
+    return None
+
+
+def _writable(folder: Path) -> bool:
+    """A file can be created in ``folder`` (tried: permission bits do not tell for a read-only
+    mount or a privileged user)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".dcp-bench-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(tmp)
+    return True
+
+
+def check_output(path: str | os.PathLike[str], key: str, folder: bool = True, value: Any = None) -> None:
+    """`output_problem` as a `ConfigError` naming ``key=value`` (the path when no value)."""
+    from dcp_bench.errors import ConfigError
+
+    problem = output_problem(path, folder)
+    if problem is not None:
+        raise ConfigError(f"{key}={str(path) if value is None else value!r}: {problem}; expected a "
+                          f"{'folder' if folder else 'file'} this user can write")
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -151,6 +151,15 @@ PLAN_RULES = (
 """The rules `validate_plan` enforces, in words (docs/extending.md lists them for planner authors)."""
 
 
+def check_is_plan(plan: Any, who: str = "the planner") -> StepPlan:
+    """``plan`` itself when it is a `StepPlan`; else a `PlanError` saying what ``who`` returned."""
+    if not isinstance(plan, StepPlan):
+        shown = repr(plan)
+        raise PlanError(f"{who} returned {type(plan).__name__} {shown[:60]}{'...' if len(shown) > 60 else ''}, "
+                        "not a StepPlan")
+    return plan
+
+
 def validate_plan(
     plan: StepPlan,
     batch: GlobalBatch | int,
@@ -165,6 +174,7 @@ def validate_plan(
     micro-batch's predicted per-rank memory under the cost model's cap. `plan_offences` lists
     every offence instead of the first.
     """
+    check_is_plan(plan)
     for offence in _offences(plan, batch, cost, num_layers):
         raise PlanError(offence)
 

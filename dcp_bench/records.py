@@ -7,7 +7,9 @@ Layout: ``<root>/<campaign>/<run_id>/`` holding
 - ``steps.jsonl``  one JSON object per step (`StepRecord`),
 - ``run.json``     the summary (`RunSummary`) with a ``status``; written last, so a folder without
   it is an incomplete run;
-- ``.owner``       the token of the one writer that owns the folder (see below).
+- ``.owner``       the token of the one writer that owns the folder (see below);
+- ``.lock``        held (flock) by the one process executing the run (`try_lock_run`);
+- ``.previous/``   while a re-run is under way: the complete record it replaces (see below).
 
 Every file is written atomically (temporary file in the same folder, fsync, rename), so a run killed
 at any instant leaves each file either at its previous complete version or at its new one: every
@@ -18,6 +20,17 @@ its launcher made, `claim_run`) and checks, under a lock on ``.owner``, that it 
 claim before every write. Whoever records a run's end from outside (a launcher that killed it at
 its time limit, a sweep that resumes it) takes the folder over first (`take_over`), so a process
 that outlives its launcher can never rewrite a final record.
+
+Execution: one process at a time executes a run id, across processes (two sweeps on one
+campaign, a sweep and a ``simulate --record``): it holds the run folder's ``.lock`` (flock) from
+before it starts the run until the run's record is final; another process finds it held and
+waits, or moves on and checks the record again once the lock is free.
+
+Re-runs: a run started over a complete record first links that record's files into
+``.previous/`` (renamed into place atomically), and removes it only after the new ``run.json``
+is written. A re-run killed at any instant leaves the new complete record or the old one: a folder
+without ``run.json`` whose ``.previous/`` holds a complete record is restored from it
+(`restore_previous`, done by `check_run` when no process holds the run's lock).
 
 Completeness (`check_run`): a run is complete when ``run.json`` exists, every file of the record
 parses, and the record agrees with itself (run id = folder name, measured step count = the lines
@@ -33,6 +46,9 @@ import dataclasses
 import fcntl
 import json
 import os
+import shutil
+import types
+import typing
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -54,6 +70,9 @@ SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "timeout", "nonfinite", "error")
 Status = Literal["ok", "oom", "timeout", "nonfinite", "error"]
 OWNER_FILE = ".owner"
+LOCK_FILE = ".lock"
+PREVIOUS_DIR = ".previous"
+RECORD_FILES = ("config.yaml", "env.json", "steps.jsonl", "run.json")  # run.json last
 
 
 class RecordError(DcpBenchError, ValueError):
@@ -150,12 +169,71 @@ class RunSummary:
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     version = data.get("schema_version", SCHEMA_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError(f"schema_version {version!r}: expected an integer")
     if version > SCHEMA_VERSION:
         raise ValueError(
             f"record schema_version {version} is newer than this dcp-bench ({SCHEMA_VERSION})"
         )
     names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+    known = {k: v for k, v in data.items() if k in names}
+    _check_types(cls, known)
+    return known
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a field's type hint (numbers for floats, no bools for numbers)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    return True
+
+
+def _check_types(cls: type, data: dict[str, Any]) -> None:
+    """`TypeError` naming the first field whose value does not fit the record's schema."""
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        hint = hints.get(key)
+        if hint is not None and not _type_ok(value, hint):
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise TypeError(f"field {key!r} is {shown} ({type(value).__name__}); expected {_hint_text(hint)}")
+
+
+def _hint_text(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_hint_text(h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(hint)))
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if typing.get_origin(hint) is dict or hint is dict:
+        return "an object"
+    if typing.get_origin(hint) is list:
+        return "a list of " + _hint_text(typing.get_args(hint)[0]).removeprefix("a ").removeprefix("an ") + "s"
+    return str(hint)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,10 +306,116 @@ def owning(run_dir: str | os.PathLike[str], token: str) -> Iterator[None]:
 
 
 def write_summary(run_dir: str | os.PathLike[str], summary: RunSummary, token: str) -> RunSummary:
-    """Write ``run.json`` as the owner ``token`` (raises `RunOwnershipLost` if it is not)."""
+    """Write ``run.json`` as the owner ``token`` (raises `RunOwnershipLost` if it is not); the
+    record it replaces (``.previous/``, kept while the re-run ran) goes once it is written."""
     with owning(run_dir, token):
         atomic_write_json(Path(run_dir) / "run.json", dataclasses.asdict(summary))
+    shutil.rmtree(Path(run_dir) / PREVIOUS_DIR, ignore_errors=True)
     return summary
+
+
+# ------------------------------------------------------------------------------------------------
+# One executing process per run id
+
+
+def try_lock_run(run_dir: str | os.PathLike[str], wait: bool = False) -> int | None:
+    """Take the run's execution lock (``.lock``, flock): the open descriptor, to pass to
+    `unlock_run` once the run's record is final, or None when another process holds it (with
+    ``wait``: block until it is free). A forked child inherits the descriptor, so the lock
+    stays held while a run outlives the process that started it."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unlock_run(fd: int | None) -> None:
+    """Release a lock `try_lock_run` took (this process's descriptor of it)."""
+    if fd is not None:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def executing(run_dir: str | os.PathLike[str], say: Any = None) -> Iterator[None]:
+    """Hold the run's execution lock while inside, waiting for another process that holds it
+    (``say`` gets one line saying so before the wait)."""
+    fd = try_lock_run(run_dir)
+    if fd is None:
+        if say is not None:
+            say(f"run {Path(run_dir).name}: another process is running it; waiting for it to end")
+        fd = try_lock_run(run_dir, wait=True)
+    try:
+        yield
+    finally:
+        unlock_run(fd)
+
+
+# ------------------------------------------------------------------------------------------------
+# Re-runs keep the record they replace until theirs is complete
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def keep_previous(run_dir: str | os.PathLike[str]) -> None:
+    """Before a re-run overwrites a complete record: its files linked into ``.previous/``
+    (assembled in a temporary folder, renamed into place), so that record stands until the new
+    ``run.json`` is written. Writers replace files by rename, so the links keep the old bytes."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "run.json").exists() or check_run(run_dir, restore=False).state != "complete":
+        return  # nothing complete to keep (an earlier kept record, if any, stays)
+    tmp = run_dir / f"{PREVIOUS_DIR}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name in RECORD_FILES:
+        if (run_dir / name).exists():
+            _link_or_copy(run_dir / name, tmp / name)
+    shutil.rmtree(run_dir / PREVIOUS_DIR, ignore_errors=True)
+    os.replace(tmp, run_dir / PREVIOUS_DIR)
+
+
+def restore_previous(run_dir: str | os.PathLike[str]) -> bool:
+    """A folder without ``run.json`` whose ``.previous/`` holds a complete record (a re-run was
+    killed): that record put back, file by file and ``run.json`` last, so a restore killed
+    half-way is simply done again. Only when no process holds the run's lock. True if restored."""
+    run_dir = Path(run_dir)
+    prev = run_dir / PREVIOUS_DIR
+    if (run_dir / "run.json").exists() or not (prev / "run.json").exists():
+        return False
+    try:
+        fd = try_lock_run(run_dir)
+    except OSError:
+        return False  # a folder this user cannot write: read as it is
+    if fd is None:
+        return False  # the re-run is still under way
+    try:
+        if (run_dir / "run.json").exists() or check_run(prev, restore=False, run_id=run_dir.name).state != "complete":
+            return False
+        for name in RECORD_FILES:
+            target = run_dir / name
+            if not (prev / name).exists():
+                target.unlink(missing_ok=True)
+                continue
+            tmp = run_dir / f".{name}.restore-{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            _link_or_copy(prev / name, tmp)
+            os.replace(tmp, target)
+        shutil.rmtree(prev, ignore_errors=True)
+        return True
+    finally:
+        unlock_run(fd)
 
 
 class RunWriter:
@@ -261,7 +445,8 @@ class RunWriter:
                 self.token = claim_run(self.path)
             with owning(self.path, self.token):
                 stale = self.path / "run.json"
-                if stale.exists():  # a rerun replaces an earlier result
+                if stale.exists():  # a rerun replaces an earlier result, kept until it has its own
+                    keep_previous(self.path)
                     stale.unlink()
                 atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=True))
                 if env is not None:
@@ -358,11 +543,16 @@ def check_run(
     run_dir: str | os.PathLike[str],
     config_hash: str | None = None,
     seed: int | None = None,
+    restore: bool = True,
+    run_id: str | None = None,
 ) -> RunState:
     """Whether ``run_dir`` holds a complete record (module docstring): every file parses, the
     summary names this folder's run and counts the measured steps ``steps.jsonl`` holds, and,
-    when given, its config hash and seed are the ones expected."""
+    when given, its config hash and seed are the ones expected. With ``restore``, the record a
+    killed re-run replaced is put back first (`restore_previous`)."""
     run_dir = Path(run_dir)
+    if restore:
+        restore_previous(run_dir)
     if not (run_dir / "run.json").exists():
         return RunState("incomplete")
     try:
@@ -386,7 +576,7 @@ def check_run(
     measured = sum(1 for s in steps if not s.warmup and s.step_time_s is not None)
     warmup = sum(1 for s in steps if s.warmup)
     checks = [
-        (summary.run_id == run_dir.name, f"run.json names run {summary.run_id!r}, not this folder's"),
+        (summary.run_id == (run_id or run_dir.name), f"run.json names run {summary.run_id!r}, not this folder's"),
         (summary.n_steps == measured, f"run.json counts {summary.n_steps} measured step(s), steps.jsonl holds {measured}"),
         (summary.n_warmup == warmup, f"run.json counts {summary.n_warmup} warm-up step(s), steps.jsonl holds {warmup}"),
         (config_hash is None or summary.config_hash == config_hash,

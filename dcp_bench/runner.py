@@ -20,6 +20,11 @@ sweep; a real run executes under torchrun, whose launcher kills every process of
 same limit (`dcp_bench.run.torch_run`). A deadline bounds running runs too: each run's limit is
 cut to the time the deadline leaves, and a run killed by it is recorded as ``timeout`` naming the
 budget.
+
+Concurrency: one process at a time executes a run id (`dcp_bench.records.try_lock_run`). A run
+another process is executing is taken up once that process lets it go: if it then holds a record
+finished after this sweep started, that record is kept (counted as already complete, named in a
+message), otherwise this sweep runs it. The same grid point given twice is one run.
 """
 
 from __future__ import annotations
@@ -38,7 +43,16 @@ from typing import Any
 from dcp_bench.config import load_config, to_container
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError
-from dcp_bench.records import RecordError, RunSummary, check_run, read_steps, read_summary
+from dcp_bench.files import check_output
+from dcp_bench.records import (
+    RecordError,
+    RunSummary,
+    check_run,
+    read_steps,
+    read_summary,
+    try_lock_run,
+    unlock_run,
+)
 from dcp_bench.run.assemble import Assemble, assemble
 from dcp_bench.run.loop import record_unfinished
 from dcp_bench.run.simulated import run_simulated
@@ -103,7 +117,20 @@ def plan_sweep(
         first = parse_run_spec(cfg, sweep=sweep, overrides=cell)
         specs.append(first)
         specs += [parse_run_spec(cfg, seed=first.seed + r, sweep=sweep, overrides=cell) for r in range(1, n)]
-    return specs
+    return unique_runs(specs)
+
+
+def unique_runs(specs: Sequence[RunSpec]) -> list[RunSpec]:
+    """The specs with each run (root, campaign, run id) once, first occurrence kept: a grid value
+    given twice (``method=dcp,dcp``) names the same runs twice."""
+    seen: set[tuple[str, str, str]] = set()
+    out: list[RunSpec] = []
+    for spec in specs:
+        key = (str(spec.root), spec.campaign, spec.run_id)
+        if key not in seen:
+            seen.add(key)
+            out.append(spec)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,7 +163,11 @@ def run_one(spec: RunSpec, build: Assemble = assemble, env: dict[str, Any] | Non
     return run_simulated(spec, build=build, env=env)
 
 
-def _child(spec: RunSpec, build: Assemble, env: dict[str, Any] | None) -> None:
+def _child(spec: RunSpec, build: Assemble, env: dict[str, Any] | None, foreign_locks: Sequence[int] = ()) -> None:
+    # Other runs' locks came with the fork: let them go with their runs, not with this one.
+    for fd in foreign_locks:
+        with contextlib.suppress(OSError):
+            os.close(fd)
     # Pin threads in workers so parallel runs do not oversubscribe the cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with contextlib.suppress(KeyboardInterrupt):
@@ -216,6 +247,45 @@ def _warn(message: str) -> None:
     sys.stderr.flush()
 
 
+def check_run_places(specs: Sequence[RunSpec]) -> None:
+    """Every run's ``<root>/<campaign>/`` can receive records (`dcp_bench.files.check_output`),
+    checked before any run starts: one `ConfigError` naming the key otherwise."""
+    for root, campaign in dict.fromkeys((str(s.root), s.campaign) for s in specs):
+        check_output(root, "run.root")
+        check_output(Path(root) / campaign, "run.campaign", value=campaign)
+
+
+# What `_claim` answers for a run another process finished while this sweep waited for it.
+FINISHED_ELSEWHERE = -1
+
+
+def _claim(spec: RunSpec, since: float, result: SweepResult, warn: Callable[[str], None],
+           wait: bool, announced: set[str]) -> int | None:
+    """Take ``spec``'s execution lock: its descriptor (run it), None (another process is running
+    it; with ``wait`` this blocks instead), or `FINISHED_ELSEWHERE` (the lock was free or freed,
+    and the folder now holds a complete record finished after ``since``: kept and counted as
+    complete; the lock is released)."""
+    run_dir = Path(spec.root) / spec.campaign / spec.run_id
+    fd = try_lock_run(run_dir)
+    if fd is None:
+        if spec.run_id not in announced:
+            announced.add(spec.run_id)
+            warn(f"run {spec.run_id}: another process is running it; taken up once it ends")
+        if not wait:
+            return None
+        fd = try_lock_run(run_dir, wait=True)
+    state = check_run(run_dir, config_hash=spec.config_hash, seed=spec.seed, restore=False)
+    if state.state == "complete" and state.summary is not None and (state.summary.finished_at or 0.0) >= since:
+        unlock_run(fd)
+        if spec.run_id in announced:
+            warn(f"run {spec.run_id}: finished by another process ({state.summary.status}); its record is kept")
+        result.skipped.append(spec.run_id)
+        if state.summary.status != "ok":
+            result.kept_failed.append(state.summary)
+        return FINISHED_ELSEWHERE
+    return fd
+
+
 def run_sweep(
     specs: Sequence[RunSpec],
     resume: bool = True,
@@ -245,9 +315,11 @@ def run_sweep(
     """
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: expected an integer >= 1")
+    since = time.time()
+    check_run_places(specs)
     result = SweepResult()
     todo: list[RunSpec] = []
-    for spec in specs:
+    for spec in unique_runs(specs):
         if not resume:
             todo.append(spec)
             continue
@@ -278,21 +350,30 @@ def run_sweep(
         result.ran.append(summary)
         bar.done(summary)
 
+    announced: set[str] = set()
+
+    def claim(spec: RunSpec, wait: bool) -> int | None:
+        return _claim(spec, since, result, warn, wait, announced)
+
     try:
         sims = [s for s in todo if s.executor == "sim"]
-        for spec in [s for s in todo if s.executor == "torch"]:
+        serial = [s for s in todo if s.executor == "torch"] + ([] if isolate else sims)
+        for spec in serial:
             if late():
                 result.unrun.append(spec.run_id)
                 continue
-            done(launch_torch_run(_bounded(spec, deadline)))
-        if not isolate:
-            for spec in sims:
-                if late():
-                    result.unrun.append(spec.run_id)
-                    continue
-                done(run_simulated(_bounded(spec, deadline), build=build, env=env))
-        else:
-            _run_forked(sims, jobs, build, env, deadline, late, done, result)
+            fd = claim(spec, wait=True)
+            if fd == FINISHED_ELSEWHERE:
+                continue
+            try:
+                if spec.executor == "torch":
+                    done(launch_torch_run(_bounded(spec, deadline)))
+                else:
+                    done(run_simulated(_bounded(spec, deadline), build=build, env=env))
+            finally:
+                unlock_run(fd)
+        if isolate:
+            _run_forked(sims, jobs, build, env, deadline, late, done, result, claim)
     finally:
         bar.close()
     return result
@@ -307,20 +388,34 @@ def _run_forked(
     late: Callable[[], bool],
     done: Callable[[RunSummary], None],
     result: SweepResult,
+    claim: Callable[[RunSpec, bool], int | None],
 ) -> None:
     ctx = mp.get_context("fork")
     active: dict[str, tuple[Any, RunSpec, float]] = {}
+    locks: dict[str, int] = {}
     queue = list(specs)
     try:
         while queue or active:
-            while queue and len(active) < max(1, jobs) and not late():
-                spec = _bounded(queue.pop(0), deadline)
-                proc = ctx.Process(target=_child, args=(spec, build, env), daemon=False)
+            for waiting in list(queue):  # in order; a run another process holds waits its turn
+                if len(active) >= max(1, jobs) or late():
+                    break
+                fd = claim(waiting, False)
+                if fd is None:
+                    continue
+                queue.remove(waiting)
+                if fd == FINISHED_ELSEWHERE:
+                    continue
+                spec = _bounded(waiting, deadline)
+                locks[spec.run_id] = fd
+                others = [other for rid, other in locks.items() if rid != spec.run_id]
+                proc = ctx.Process(target=_child, args=(spec, build, env, others), daemon=False)
                 proc.start()
                 active[spec.run_id] = (proc, spec, time.time())
             if queue and late():
                 result.unrun += [s.run_id for s in queue]
                 queue = []
+            if queue and not active:
+                time.sleep(0.2)  # every run left is another process's: look again shortly
             for run_id, (proc, spec, started) in list(active.items()):
                 limit = spec.hard_limit_s()
                 if proc.is_alive() and limit is not None and time.time() - started > limit:
@@ -330,6 +425,7 @@ def _run_forked(
                     n = len(read_steps(Path(spec.root) / spec.campaign / run_id))
                     done(record_unfinished(spec, "timeout", f"killed after {limit:.0f} s ({spec.limit_text()} "
                                            f"plus grace) inside step {n}", started))
+                    unlock_run(locks.pop(run_id, None))
                 elif not proc.is_alive():
                     proc.join()
                     active.pop(run_id)
@@ -342,6 +438,7 @@ def _run_forked(
                         summary = record_unfinished(spec, "error", f"run process exited with code {proc.exitcode} "
                                                     "before writing its summary", started)
                     done(summary)
+                    unlock_run(locks.pop(run_id, None))
             if active:
                 time.sleep(0.02)
     finally:
@@ -349,3 +446,5 @@ def _run_forked(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        for fd in locks.values():
+            unlock_run(fd)

@@ -438,8 +438,8 @@ class Workload:
             raise WorkloadError(f"workload {self.name!r}: kind {self.kind!r}; expected video, text or synthetic")
         if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise WorkloadError(f"workload {self.name!r}: seed {self.seed!r}; expected an integer >= 0")
-        if not self.length_scale >= 1:
-            raise WorkloadError(f"workload {self.name!r}: length_scale {self.length_scale!r}; expected >= 1")
+        if not 1 <= self.length_scale < float("inf"):  # also refuses nan
+            raise WorkloadError(f"workload {self.name!r}: length_scale {self.length_scale!r}; expected a finite number >= 1")
         if self.max_len_policy not in ("truncate", "drop"):
             raise WorkloadError(
                 f"workload {self.name!r}: max_len_policy {self.max_len_policy!r}; expected truncate or drop"

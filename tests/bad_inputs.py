@@ -2,7 +2,8 @@
 
 `tests/test_bad_inputs.py` runs every row through the CLI and checks: exit status 2, exactly one
 line on stderr, naming the value (and, where it helps, what was expected). Run this file to print
-the table with the messages this checkout gives (``python tests/bad_inputs.py``).
+the table with the messages this checkout gives (``python tests/bad_inputs.py``); the committed
+copy is docs/bad_inputs.md.
 
 ``{data}`` in an argument is replaced by a folder of small lengths files (`write_data`), and
 ``{too_many}`` by a rank count above what this machine may start.
@@ -105,6 +106,44 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
     (["plan", *SIM[1:5], "step=-1"], ["step", "-1", "non-negative"]),
     (["workloads", "show", "nosuch"], ["nosuch", "valid"]),
     (["frobnicate"], ["frobnicate", "invalid choice"]),
+    # issue 27: values that parse as YAML collections, campaign names, output places
+    ([*SIM, "run.campaign={a: 1}"], ["run.campaign", "mapping", "single value"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file={a: 1}"], ["workload.lengths_file", "mapping"]),
+    ([*TEXT, "workload=lengths_file", "workload.lengths_file=[1,2,3]"], ["workload.lengths_file", "list"]),
+    ([*SIM[:2], "method=bucket_static", *SIM[3:], "method.sp={x: 1}"], ["method.sp", "mapping"]),
+    ([*SIM, "run.campaign=../../x"], ["run.campaign", "../../x", "one folder name"]),
+    ([*SIM, "run.campaign=/tmp/x"], ["run.campaign", "/tmp/x", "one folder name"]),
+    ([*SIM, "run.campaign=" + "c" * 300], ["run.campaign", "1 to 100 characters"]),
+    ([*SIM, "run.campaign=caf\u00e9"], ["run.campaign=caf\u00e9", "quoted value"]),
+    ([*SIM, "--record", "root={data}/big.txt"], ["run.root", "big.txt", "not a folder"]),
+    ([*SIM, "--record", "root={data}/big.txt/runs"], ["run.root", "big.txt", "not a folder"]),
+    (["sweep", *SIM[1:], "root={data}/big.txt"], ["run.root", "big.txt", "not a folder"]),
+    (["report", "campaign=nothing", "root={data}", "out={data}/big.txt"], ["out=", "big.txt", "not a folder"]),
+    (["report", "campaign=nothing", "root={data}", "n_boot=99999999999999999999"], ["n_boot", "99999999999999999999"]),
+    (["report", "campaign=nothing", "root={data}", "n_boot=0"], ["n_boot", "'0'", "from 1"]),
+    (["plan", *SIM[1:5], "--out", "{data}/big.txt/plan.json"], ["--out", "big.txt", "not a folder"]),
+    (["workloads", "show", "prolong", "--plot", "{data}/big.txt/x.png"], ["--plot", "big.txt", "not a folder"]),
+    (["slurm", "workload=sharegpt", "method=dcp", "cluster=h200x32", "--time", "2 hours"], ["--time", "2 hours"]),
+    (["slurm", "workload=sharegpt", "method=dcp", "cluster=h200x32", "--partition", "a b"], ["--partition", "a b"]),
+    (["slurm", "workload=sharegpt", "method=dcp", "cluster=h200x32", "--out", "{data}/big.txt/job.sbatch"],
+     ["--out", "big.txt", "not a folder"]),
+    (["reproduce", "out={data}/big.txt"], ["out=", "big.txt", "not a folder"]),
+    (["reproduce", "root={data}/big.txt"], ["root=", "big.txt", "not a folder"]),
+    (["reproduce", "campaign=../x"], ["campaign", "../x", "one folder name"]),
+    # user config and user code
+    ([*SIM, "extra_conf={data}/big.txt"], ["big.txt", "is a file, not a folder"]),
+    ([*SIM[:2], "method=broken_yaml", *SIM[3:], "extra_conf={data}/conf"], ["broken_yaml.yaml", "line 2", "YAML"]),
+    ([*SIM[:2], "method=dcp", *SIM[3:], "extra_conf={data}/shadow"], ["shadow/method/dcp.yaml", "conf/method/dcp.yaml"]),
+    ([*SIM[:2], "method=raises_at_import", *SIM[3:], "extra_conf={data}/conf"],
+     ["raises_at_import_planner", "RuntimeError", "raises_at_import_planner.py:1"]),
+    (["plan", *SIM[1:2], "method=returns_none", *SIM[3:5], "extra_conf={data}/conf"], ["returned NoneType", "StepPlan"]),
+    # numbers checked before anything runs
+    ([*TEXT, "workload=prolong", "model.num_layers=0"], ["model.num_layers=0", ">= 1"]),
+    ([*TEXT, "workload=prolong", "model.heads=-8"], ["model.heads=-8", ">= 1"]),
+    ([*SIM, "workload.length_scale=inf"], ["length_scale", "inf", "finite"]),
+    ([*SIM, "workload.length_scale=nan"], ["length_scale", "nan", "finite"]),
+    (["profile", "model=tiny_llama", "nproc=3"], ["nproc=3", "power of two"]),
+    (["profile", "model=tiny_llama", "nproc=[2,x]"], ["nproc='x'", "power of two"]),
 ]
 
 
@@ -116,6 +155,20 @@ def write_data(folder: Path) -> Path:
              "bad.json": "[1, 2,"}
     for name, text in files.items():
         (folder / name).write_text(text)
+    # user config folders: a malformed YAML file, planners that break, one shadowing a packaged name
+    methods = folder / "conf" / "method"
+    methods.mkdir(parents=True, exist_ok=True)
+    (methods / "broken_yaml.yaml").write_text("name: [\n")
+    (methods / "raises_at_import.yaml").write_text(
+        "name: raises_at_import\n_target_: raises_at_import_planner.Planner\nmode: fair\n")
+    (folder / "conf" / "raises_at_import_planner.py").write_text("raise RuntimeError('broken on purpose')\n")
+    (methods / "returns_none.yaml").write_text("name: returns_none\n_target_: returns_none_planner.NonePlanner\nmode: fair\n")
+    (folder / "conf" / "returns_none_planner.py").write_text(
+        "from dcp_bench.planners.base import Planner\n\n\nclass NonePlanner(Planner):\n"
+        "    name = 'returns_none'\n\n    def __init__(self, mode='fair', **kw):\n        self.mode = mode\n\n"
+        "    def plan(self, batch, cost):\n        return None\n")
+    (folder / "shadow" / "method").mkdir(parents=True, exist_ok=True)
+    (folder / "shadow" / "method" / "dcp.yaml").write_text("name: dcp\n_target_: nowhere.Planner\n")
     return folder
 
 
@@ -160,6 +213,7 @@ if __name__ == "__main__":
             real = fill(args, data)
             code, err = run_one(real)
             shown = " ".join(args).replace("|", "\\|")
-            msg = err.strip().replace(str(data), "{data}").replace("|", "\\|")
+            repo = str(Path(__file__).resolve().parents[1])
+            msg = err.strip().replace(str(data), "{data}").replace(repo + "/", "").replace(repo, ".").replace("|", "\\|")
             print(f"| {i} | `dcp-bench {shown}` | {code} | {msg} |")
             sys.stdout.flush()

@@ -77,3 +77,59 @@ def test_a_run_the_budget_cut_is_left_out_not_counted_as_a_failure(tmp_path: Pat
     assert c.cut_by_budget == [specs[0].run_id]
     assert specs[0].run_id not in set(c.runs["run_id"])
     assert c.runs.set_index("run_id").loc[specs[1].run_id, "status"] == "timeout"
+
+
+def _edit_json(path: Path, **changes) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def _edit_first_step(path: Path, **changes) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    first.update(changes)
+    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+
+
+def _edit_config(path: Path, **changes) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data.update(changes)
+    path.write_text(yaml.safe_dump(data))
+
+
+# Records that parse but hold the wrong types (issue 27, finding 3): (file, edit, what is named).
+WRONG_TYPES = {
+    "step_time_s a string": ("run.json", lambda d: _edit_json(d / "run.json", step_time_s="fast"), "step_time_s"),
+    "extra a string": ("run.json", lambda d: _edit_json(d / "run.json", extra="oops"), "extra"),
+    "seed a float": ("run.json", lambda d: _edit_json(d / "run.json", seed=1.5), "seed"),
+    "method a list in config.yaml": ("config.yaml", lambda d: _edit_config(d / "config.yaml", method=[1, 2]), "method"),
+    "a step's extra not an object": ("steps.jsonl", lambda d: _edit_first_step(d / "steps.jsonl", extra=[1]), "extra"),
+    "a step's busy_s holding a string": ("steps.jsonl", lambda d: _edit_first_step(d / "steps.jsonl", busy_s=["x"]),
+                                         "busy_s"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_TYPES))
+def test_report_skips_names_and_counts_a_record_of_the_wrong_types(tmp_path: Path, case: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    monkeypatch.chdir(REPO)
+    specs = _campaign(tmp_path)
+    bad = specs[0].run_id
+    name, edit, field = WRONG_TYPES[case]
+    edit(Path(specs[0].root) / "dmg" / bad)
+    out = tmp_path / "report"
+    assert main(["report", "campaign=dmg", f"root={tmp_path / 'runs'}", f"out={out}"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    skipped = {s["run_id"]: s["why"] for s in summary["skipped_records"]}
+    assert list(skipped) == [bad]
+    assert name in skipped[bad] and field in skipped[bad]
+    assert summary["runs"] == len(specs) - 1  # the others are all read

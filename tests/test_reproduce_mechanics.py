@@ -89,20 +89,56 @@ def test_unknown_section_runs_nothing_and_keeps_the_report(tmp_path: Path, capsy
 def test_section_budget_cuts_running_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every toy step plans for 30 s; the first section has 2 s. Its running run is cut and
-    recorded as a timeout naming the budget, the rest of it is listed as left out, and the next
-    section still gets its turn."""
+    recorded as a timeout naming the budget (a cut, not a failure), the rest of it is listed as
+    left out, and the next section still gets its turn. The reproduction is incomplete: it says
+    so, exits 4, writes its report beside ``out`` and leaves the complete report in ``out``."""
     monkeypatch.chdir(REPO)
     config, out = _config(tmp_path, sleep_s=30.0, section_budget=2.0)
     cfg = yaml.safe_load(config.read_text())
     cfg["sections"][1]["budget_s"] = 2.0
     config.write_text(yaml.safe_dump(cfg))
-    assert main(["reproduce", f"config={config}", "--no-progress"]) == 0
+    _stale_report(out)
+    assert main(["reproduce", f"config={config}", "--no-progress"]) == 4
     stdout = capsys.readouterr().out
-    assert "section toy: 1 run(s) now, 0 already complete, 1 failed, 1 left out by the time budget" in stdout
-    assert "section other: 1 run(s) now" in stdout
+    assert ("section toy: CUT: 1 run(s) now, 0 already complete, 0 failed, 1 cut by the time budget, "
+            "1 left out by the time budget") in stdout
+    assert "section other: CUT: 1 run(s) now" in stdout
+    assert "verdict: incomplete: 0 of 2 sections, rerun `make reproduce` to resume" in stdout
+    assert "REPRODUCED" not in stdout and "failed run" not in stdout
     runs = list(iter_summaries(tmp_path / "runs", "toy"))
     assert len(runs) == 2 and {r.status for r in runs} == {"timeout"}
     assert all(r.extra.get("limit") == "budget" and "the time budget" in (r.error or "") for r in runs)
-    notes = json.loads((out / "summary.json").read_text())["notes"]
-    assert any("failed run" in n and "timeout" in n for n in notes)
-    assert any("left out by the budget" in n for n in notes)
+    # the last complete report stands; the incomplete one is beside it
+    assert (out / "report.md").read_text() == "the previous report\n"
+    assert (out / "figures" / "stale.png").exists()
+    partial = out.parent / "toy.partial"
+    summary = json.loads((partial / "summary.json").read_text())
+    assert summary["completeness"] == {"complete": False, "sections_done": 0, "sections_total": 2,
+                                       "cut": ["toy", "other"]}
+    assert summary["notes"][0].startswith("completeness: incomplete: 0 of 2 sections")
+    assert not any("failed run" in n for n in summary["notes"])
+    assert any("cut or left out by the budget" in n for n in summary["notes"])
+    assert sorted(p.name for p in out.parent.iterdir()) == ["toy", "toy.partial"]
+
+
+def test_a_complete_reproduction_says_so_from_another_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    config, out = _config(tmp_path, claims=Path("results/reference/claims.yaml"))  # relative: found in the repository
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", f"config={config}", "--no-progress", "sections=toy"]) == 0
+    stdout = capsys.readouterr().out
+    assert "verdict: complete" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completeness"] == {"complete": True, "sections_done": 1, "sections_total": 1, "cut": []}
+
+
+def test_unwritable_out_is_refused_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    config, _ = _config(tmp_path)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["reproduce", f"config={config}", f"out={blocker / 'report'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "out=" in err and "a_file" in err and "\n" not in err
+    assert not (tmp_path / "runs").exists()

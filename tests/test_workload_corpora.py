@@ -39,7 +39,16 @@ def _has_tiktoken() -> bool:
 def test_text_lengths_file(tmp_path: Path) -> None:
     f = tmp_path / "lengths.txt"
     f.write_text("# doc lengths\n" + "\n".join(map(str, LENGTHS)) + "\n\n")
-    assert read_lengths_file(f) == LENGTHS
+    assert list(read_lengths_file(f)) == LENGTHS
+
+
+def test_text_lengths_file_with_a_byte_order_mark(tmp_path: Path) -> None:
+    f = tmp_path / "bom.txt"
+    f.write_bytes(b"\xef\xbb\xbf" + "\n".join(map(str, LENGTHS)).encode() + b"\n")
+    assert list(read_lengths_file(f)) == LENGTHS
+    f.write_bytes(b"\xef\xbb\xbf100\n 7 # seven\nabc\n")  # the slow reader names the line, BOM or not
+    with pytest.raises(WorkloadError, match=r"line 3: length 'abc' is not an integer"):
+        read_lengths_file(f)
 
 
 def test_json_lengths_file_list_and_object(tmp_path: Path) -> None:

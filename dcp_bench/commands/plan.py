@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.config import load_config, to_container
     from dcp_bench.errors import ConfigError
-    from dcp_bench.files import atomic_write_text
-    from dcp_bench.plan import validate_plan
+    from dcp_bench.files import atomic_write_text, check_output
+    from dcp_bench.plan import check_is_plan, validate_plan
     from dcp_bench.run.assemble import assemble
     from dcp_bench.run.spec import parse_run_spec
     from dcp_bench.sim import lower_bound, simulate_step
@@ -49,13 +49,15 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"step={step}: expected a non-negative integer")
         else:
             overrides.append(ov)
+    if args.out:
+        check_output(args.out, "--out", folder=False)
     spec = parse_run_spec(to_container(load_config(overrides)))
     parts = assemble(spec)
     batch = parts.workload.global_batch(step, spec.world_size, spec.model.max_seq_len)
     if args.validate:
         return check_plan(spec, parts, batch, step)
     t0 = time.perf_counter()
-    plan = parts.planner.plan(batch, parts.plan_cost)
+    plan = check_is_plan(parts.planner.plan(batch, parts.plan_cost), f"planner {type(parts.planner).__name__}.plan")
     planner_ms = (time.perf_counter() - t0) * 1e3
     if not args.no_validate:
         validate_plan(plan, batch, parts.cost)
@@ -89,11 +91,11 @@ def check_plan(spec: Any, parts: Any, batch: Any, step: int) -> int:
     1 when it has some or the planner raised."""
     import traceback
 
-    from dcp_bench.plan import PLAN_RULES, plan_offences
+    from dcp_bench.plan import PLAN_RULES, check_is_plan, plan_offences
 
     head = f"{spec.label} on step {step} of {spec.workload_name} ({batch.n} samples), {spec.cluster.name}, {spec.model.name}"
     try:
-        plan = parts.planner.plan(batch, parts.plan_cost)
+        plan = check_is_plan(parts.planner.plan(batch, parts.plan_cost), f"planner {type(parts.planner).__name__}.plan")
     except Exception as exc:  # the check reports a planner that fails instead of crashing with it
         where = traceback.extract_tb(exc.__traceback__)[-1]
         print(f"{head}: the planner raised {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})")

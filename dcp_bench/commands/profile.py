@@ -82,6 +82,14 @@ def split_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
     return own, rest
 
 
+def _nproc(value: Any) -> int:
+    """One rank count: an integer power of two (the ranks form aligned SP groups, and the rank
+    baseline run is a training run of that many ranks), checked before anything is measured."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ConfigError(f"nproc={value!r}: expected a power of two (1, 2, 4, ...) or a list of them")
+    return value
+
+
 def build_request(own: dict[str, Any], model: Any) -> Any:
     from dcp_bench.profiling.run import ProfileRequest
 
@@ -90,7 +98,7 @@ def build_request(own: dict[str, Any], model: Any) -> Any:
         if key == "profile.rank_baseline":  # read by run(), not a grid setting
             continue
         if key == "nproc":
-            kwargs["nprocs"] = [int(v) for v in (value if isinstance(value, list) else [value])]
+            kwargs["nprocs"] = [_nproc(v) for v in (value if isinstance(value, list) else [value])]
         elif key.startswith("profile."):
             name = key.split(".", 1)[1]
             if name not in _KEYS:

@@ -47,12 +47,37 @@ def _check_port(port: int) -> int:
     return port
 
 
+# Slurm's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or UNLIMITED).
+SLURM_TIME = r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)"
+SLURM_NAME = r"[A-Za-z0-9_.,:+-]{1,128}"
+
+
+def check_slurm_keys(args: argparse.Namespace) -> None:
+    """Every value written into the script's ``#SBATCH`` lines checked first (a bad one is a
+    `ConfigError` naming it, not a script Slurm refuses later, or a line that says more)."""
+    import re
+
+    from dcp_bench.errors import ConfigError
+
+    if not re.fullmatch(SLURM_TIME, str(args.time)):
+        raise ConfigError(f"--time {args.time!r}: expected a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS ...)")
+    for flag, value in (("--partition", args.partition), ("--account", args.account)):
+        if value is not None and not re.fullmatch(SLURM_NAME, value):
+            raise ConfigError(f"{flag} {value!r}: expected a Slurm name (letters, digits and _.,:+-)")
+    if args.cpus_per_node is not None and args.cpus_per_node < 1:
+        raise ConfigError(f"--cpus-per-node {args.cpus_per_node}: expected an integer >= 1")
+    for line in args.setup:
+        if "\n" in line or "\r" in line:
+            raise ConfigError(f"--setup {line!r}: expected one shell line (give --setup once per line)")
+
+
 def sbatch_script(overrides: list[str], args: argparse.Namespace, repo: Path) -> tuple[str, Any]:
     """The script text and the parsed `RunSpec` of one node's run."""
     from dcp_bench.commands.train import resolve_train_config
     from dcp_bench.errors import ConfigError
     from dcp_bench.run.spec import parse_run_spec
 
+    check_slurm_keys(args)
     keys = {ov.partition("=")[0].lstrip("+~") for ov in overrides}
     if "cluster" not in keys:
         raise ConfigError("slurm needs cluster=NAME (a GPU cluster config, e.g. cluster=h200x32): it sizes the job")
@@ -106,11 +131,14 @@ def sbatch_script(overrides: list[str], args: argparse.Namespace, repo: Path) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp_bench.files import atomic_write_text
+    from dcp_bench.files import atomic_write_text, check_output
     from dcp_bench.paths import REPO_ROOT
 
+    if args.out:
+        check_output(args.out, "--out", folder=False)
     text, spec = sbatch_script(list(args.overrides), args, Path(REPO_ROOT))
     out = Path(args.out) if args.out else Path("slurm") / f"{spec.run_id}.sbatch"
+    check_output(out, "--out", folder=False)
     atomic_write_text(out, text)
     print(f"wrote {out}: {spec.cluster.num_nodes} node(s) x {spec.cluster.gpus_per_node} GPU(s); submit with: sbatch {out}")
     return 0

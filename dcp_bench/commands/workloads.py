@@ -115,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{r['name']:<{width}}  {r['kind']:<9}  {r['default_model']:<10}  v{r['version']}  {r['description']}")
         return 0
 
+    if getattr(args, "plot", None) is not None:
+        from dcp_bench.files import check_output
+
+        check_output(args.plot, "--plot", folder=False)
     workload = load_named_workload(args.name, list(args.overrides))
     if args.action == "batch":
         batch = workload.global_batch(args.step, args.world_size, args.max_seq_len)

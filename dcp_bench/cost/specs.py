@@ -107,6 +107,13 @@ class ModelSpec:
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # num_layers may be 0 here: the profiler builds a model without layers to measure the rest
+        # (a run's config is held to >= 1 where it is parsed, `dcp_bench.run.spec`)
+        for key in ("num_layers", "hidden", "heads", "kv_heads", "ffn_hidden"):
+            value = getattr(self, key)
+            least = 0 if key == "num_layers" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"model.{key}={value!r} (model {self.name!r}): expected an integer >= {least}")
         if self.arch not in ("llama", "stdit"):
             raise ConfigError(f"model {self.name!r}: arch {self.arch!r}; expected 'llama' or 'stdit'")
         if self.heads % self.kv_heads:

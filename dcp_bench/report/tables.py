@@ -24,6 +24,8 @@ from dcp_bench.files import atomic_write_text
 from dcp_bench.records import iter_run_dirs, read_steps, read_summary
 from dcp_bench.report.stats import cell_stats, paired_speedup
 
+# The config nodes the report reads as mappings.
+CONFIG_GROUPS = ("workload", "method", "cluster", "model", "run", "cost", "train", "names")
 STEP_PARTS = ("compute_s", "recompute_s", "comm_s", "sync_s", "idle_s")
 
 
@@ -69,6 +71,9 @@ def _read_run(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]] | None:
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
         if not isinstance(cfg, dict):
             raise ValueError("not a mapping")
+        for group in CONFIG_GROUPS:  # what the report reads from the config, typed as it reads it
+            if cfg.get(group) is not None and not isinstance(cfg[group], dict):
+                raise TypeError(f"{group} is {cfg[group]!r} ({type(cfg[group]).__name__}); expected a mapping")
         what = "steps.jsonl"
         steps = read_steps(run_dir) if summary.status == "ok" else []
     except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as exc:

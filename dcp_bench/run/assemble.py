@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.base import CostModel
-from dcp_bench.plan import StepPlan, validate_plan
+from dcp_bench.plan import StepPlan, check_is_plan, validate_plan
 from dcp_bench.planners.base import Planner, make_planner
 from dcp_bench.run.capabilities import StepWorkload
 from dcp_bench.run.spec import RunSpec
@@ -33,7 +33,7 @@ class RunParts:
     def plan_step(self, batch: GlobalBatch) -> StepPlan:
         """The planner's plan of ``batch``, checked by the validator (structure, coverage and
         checkpoint settings: a plan that breaks them never reaches an executor)."""
-        plan = self.planner.plan(batch, self.plan_cost)
+        plan = check_is_plan(self.planner.plan(batch, self.plan_cost), f"planner {type(self.planner).__name__}.plan")
         validate_plan(plan, batch, num_layers=self.cost.model.num_layers)
         return plan
 

@@ -12,6 +12,7 @@ or ``error`` (a planner or input error); every outcome is written, never dropped
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import traceback
@@ -333,7 +334,8 @@ def described(spec: RunSpec) -> ExecutorDescription:
                                hardware=f"{'' if measured else 'simulated '}{spec.cluster.name}")
 
 
-def record_unfinished(spec: RunSpec, status: str, error: str, started: float) -> RunSummary:
+def record_unfinished(spec: RunSpec, status: str, error: str, started: float,
+                      extra: dict[str, Any] | None = None) -> RunSummary:
     """The summary of a run whose processes ended without writing one (killed at its time
     limit, crashed, killed by the OS), from the steps they did write. The folder is taken over
     first, so a writer of the run that is somehow still alive can no longer write to it."""
@@ -342,4 +344,6 @@ def record_unfinished(spec: RunSpec, status: str, error: str, started: float) ->
         RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config))
     token = take_over(run_dir)
     summary = summarise(spec, read_steps(run_dir), status, error, described(spec), None, started)
+    if extra:
+        summary = dataclasses.replace(summary, extra={**summary.extra, **extra})
     return write_summary(run_dir, summary, token)

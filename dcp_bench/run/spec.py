@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import importlib
 import re
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -304,6 +305,23 @@ def _float(value: Any, key: str, positive: bool = False, allow_none: bool = Fals
     return out
 
 
+# A campaign is one folder under the root: one safe path component.
+CAMPAIGN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _campaign(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not CAMPAIGN_NAME.fullmatch(str(value)):
+        raise ConfigError(f"run.campaign={value!r}: expected one folder name of 1 to 100 characters from "
+                          "A-Z a-z 0-9 . _ - (starting with a letter or digit)")
+    return str(value)
+
+
+def _path(value: Any, key: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value) or "\0" in str(value):
+        raise ConfigError(f"{key}={value!r}: expected a folder path")
+    return str(value)
+
+
 def _choice(value: Any, key: str, choices: Sequence[str]) -> str:
     if str(value) not in choices:
         raise ConfigError(f"{key}={value!r}; expected one of {', '.join(choices)}")
@@ -388,11 +406,20 @@ def _resolve_group(node: Mapping[str, Any], group: str, resolve: Any) -> Any:
 
 
 def _class_of(target: Any) -> Any:
+    """The class ``target`` names, or None when it does not import (its builder says why later);
+    user code that raises anything else while importing is a `ConfigError` naming the file and
+    line where it raised."""
     module, _, attr = str(target).rpartition(".")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError):
         return None
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        text = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"_target_ {target!r}: importing module {module!r} raised {type(exc).__name__}"
+                          f"{': ' + text if text else ''}{where}") from None
 
 
 def _epoch_missing(method: MethodSpec, workload: WorkloadSpec) -> str:
@@ -489,6 +516,8 @@ def parse_run_spec(
     epochs = _int(run.get("epochs", RUN_DEFAULTS["epochs"]), "run.epochs", minimum=1)
     cluster = _resolve_group(_node(cfg, "cluster"), "cluster", resolve_cluster)
     model = _resolve_group(_node(cfg, "model"), "model", resolve_model)
+    if getattr(model, "num_layers", 1) < 1:
+        raise ConfigError(f"model.num_layers={model.num_layers} (model {model.name!r}): expected an integer >= 1")
     nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
     if nproc is not None:
         if not is_power_of_two(nproc):
@@ -529,8 +558,8 @@ def parse_run_spec(
         timeout_s=timeout,
         kill_grace_s=grace,
         train=train,
-        root=str(run.get("root", RUN_DEFAULTS["root"])),
-        campaign=str(run.get("campaign", RUN_DEFAULTS["campaign"])),
+        root=_path(run.get("root", RUN_DEFAULTS["root"]), "run.root"),
+        campaign=_campaign(run.get("campaign", RUN_DEFAULTS["campaign"])),
         run_id=f"{stem}__s{seed}",
         config_hash=cell,
         context_hash=context,

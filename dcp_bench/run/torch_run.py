@@ -309,7 +309,12 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
         survivors: list[int] = []
         for attempt in range(attempts):
             remaining = None if limit is None else max(1.0, limit - (time.time() - started))
-            code, stderr, survivors = _run_session(torchrun_command(spec, spec_path), env, remaining)
+            try:
+                code, stderr, survivors = _run_session(torchrun_command(spec, spec_path), env, remaining)
+            except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the ranks are stopped; say so in the record
+                if owner is not None or run_dir.exists():
+                    _record_stopped(spec, run_dir, started, exc)
+                raise
             if code not in (None, 0) and attempt + 1 < attempts and not survivors \
                     and _not_summarised(run_dir, started) and _retryable(stderr):
                 # The launch failed, or a rank died without an exception of its own (a signal,
@@ -347,6 +352,18 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
     _keep_stderr(run_dir, stderr)
     return record_unfinished(spec, "error", f"training failed (torchrun exit {code}): {_error_tail(stderr)} "
                              f"(ranks' output: {STDERR_LOG})", started)
+
+
+def _record_stopped(spec: RunSpec, run_dir: Path, started: float, exc: BaseException) -> None:
+    """The record of a run its command was stopped in (SIGTERM arrives as an exception whose
+    text is ``signal N``; Ctrl-C as a bare KeyboardInterrupt): status error, naming the signal."""
+    text = str(exc)
+    signum = int(text.split()[-1]) if text.startswith("signal ") and text.split()[-1].isdigit() else signal.SIGINT
+    name = signal.Signals(signum).name
+    steps = len(read_steps(run_dir)) if run_dir.exists() else 0
+    with contextlib.suppress(Exception):  # the stop goes on whatever the record does
+        record_unfinished(spec, "error", f"stopped by {name} (signal {int(signum)}) after {steps} step(s) recorded",
+                          started, extra={"signal": int(signum), "signal_name": name})
 
 
 STDERR_LOG = "stderr.log"  # beside the records of a failed run: the tail of torchrun's and the ranks' stderr
