@@ -15,6 +15,7 @@ Speed: costs are computed for all sequence-split micro-batches of a step in one 
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -487,6 +488,42 @@ def lower_bound(
     if not math.isfinite(bound):
         raise InfeasibleError("lower bound is not finite")
     return bound + (cost.step_sync_time() if include_sync else 0.0)
+
+
+# What the lower bound keeps from the cost model (the report lists them beside the bound).
+BOUND_ASSUMPTIONS = (
+    "SP degrees are the powers of two dividing the world (aligned groups), as every planner's",
+    "recompute is whole layers (the first k of L checkpointed); no selective (attention- or "
+    "MLP-only) recompute, which the cost model does not price",
+    "no overlap of compute with communication or recompute inside a micro-batch",
+    "every sample's time and memory as the cost model prices them (analytical or profiled source)",
+    "memory: at the run's configured cap (lower_bound_s) and at the GPU's whole usable memory "
+    "(lower_bound_physical_s, mem_cap_fraction = 1)",
+)
+
+
+def with_memory_cap(cost: CostModel, fraction: float) -> CostModel:
+    """The same cost model with the memory cap at ``fraction`` of usable GPU memory (a shallow
+    copy: the cap is read through `CostModel.memory_cap_bytes`)."""
+    from dcp_bench.cost.base import CostModel
+
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction={fraction}; expected 0 < fraction <= 1")
+    out = copy.copy(cost)
+    out.mem_cap_fraction = float(fraction)
+    inner = getattr(out, "analytical", None)
+    if isinstance(inner, CostModel):  # the profiled source's analytical stand-in
+        out.analytical = with_memory_cap(inner, fraction)  # type: ignore[attr-defined]
+    return out
+
+
+def physical_lower_bound(batch: GlobalBatch, cost: CostModel, include_sync: bool = True) -> float:
+    """`lower_bound` with the whole usable GPU memory as the cap instead of the run's configured
+    cap: a bound of the machine (under the cost model's other assumptions, `BOUND_ASSUMPTIONS`),
+    which no plan under any cap beats. Samples no setting fits even there are skipped."""
+    if cost.mem_cap_fraction >= 1.0:
+        return lower_bound(batch, cost, include_sync, infeasible="skip")
+    return lower_bound(batch, with_memory_cap(cost, 1.0), include_sync, infeasible="skip")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from dcp_bench.records import (
 )
 from dcp_bench.run.assemble import RunParts
 from dcp_bench.run.spec import RunSpec
-from dcp_bench.sim import lower_bound, simulate_step
+from dcp_bench.sim import lower_bound, physical_lower_bound, simulate_step
 
 
 class RunTimeout(DcpBenchError):
@@ -95,6 +95,8 @@ def step_record(
         "rounds": len(plan.rounds),
         "micro_batches": sum(1 for _ in plan.micro_batches()),
         "mem_cap_gib": float(parts.cost.memory_cap_bytes) / 2**30,
+        # the bound of the machine: the whole usable memory as the cap (sim.BOUND_ASSUMPTIONS)
+        "lower_bound_physical_s": float(physical_lower_bound(batch, parts.cost)),
         "over_cap": bool(peaks and max(peaks) * 2**30 > parts.cost.memory_cap_bytes),
     }
     if executor.measured:
@@ -289,6 +291,7 @@ def summarise(
         extra["losses"] = losses
         extra["grad_norms"] = [s.grad_norm for s in steps]
         extra["step_times_s"] = [s.step_time_s for s in steps]
+    extra["lower_bound_physical_s"] = _median([s.extra.get("lower_bound_physical_s") for s in measured])
     if executor.measured:
         extra["predicted_step_time_s"] = _median([s.extra.get("predicted_step_time_s") for s in measured])
         extra["predicted_peak_mem_gib"] = max(
