@@ -178,12 +178,12 @@ def test_dcp_within_one_percent_of_the_bound_on_three_nodes(workload: str) -> No
 def _world_worker(rank: int, world: int, port: int, out_dir: str, cases: list[tuple[Any, ...]]) -> None:
     import torch
     import torch.distributed as dist
+    from test_runtime_dist import SEED, flat_grads
 
     from dcp_bench.cost.specs import model_spec
     from dcp_bench.runtime.executor import execute_step
     from dcp_bench.runtime.groups import ProcessGroupPool
     from dcp_bench.runtime.models import build_model
-    from test_runtime_dist import SEED, flat_grads
 
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"

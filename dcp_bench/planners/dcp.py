@@ -26,8 +26,8 @@ Fair mode only: every sample once, one optimizer step.
 from __future__ import annotations
 
 import heapq
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import numpy as np

@@ -44,18 +44,17 @@ def planning_cost_table(runs: pd.DataFrame) -> pd.DataFrame:
         plan_ms = _num(g["planner_ms"])
         step = _num(g["step_time_s"])
         share = (plan_ms / 1e3 / step).replace([np.inf, -np.inf], np.nan)
-        col = (lambda c: _num(g[c]) if c in g else pd.Series(dtype=float))  # noqa: E731
         rows.append({
             "workload": key[0], "model": key[1],
             "GPUs": int(key[2]) if key[2] is not None and not pd.isna(key[2]) else "-",
             "method": key[3], "runs": len(g),
             "plan() ms/step": _fmt(plan_ms.median()),
-            "longest step ms": _fmt(col("planner_max_ms").max()),
+            "longest step ms": _fmt(_column(g, "planner_max_ms").max()),
             "plan() / step time": _fmt(share.median(), pct=True),
             "clock": ",".join(sorted({str(c) for c in g.get("planner_clock", pd.Series(dtype=str)).dropna()})) or "-",
-            "offline tuning s/run": _fmt(col("offline_tune_total_s").median()),
-            "retunes": _int(col("retunes").sum(min_count=1)),
-            "steps over budget": _int(col("planner_over_budget_steps").sum(min_count=1)),
+            "offline tuning s/run": _fmt(_column(g, "offline_tune_total_s").median()),
+            "retunes": _int(_column(g, "retunes").sum(min_count=1)),
+            "steps over budget": _int(_column(g, "planner_over_budget_steps").sum(min_count=1)),
         })
     return pd.DataFrame(rows)
 
@@ -80,6 +79,10 @@ def machine_bound_table(runs: pd.DataFrame) -> pd.DataFrame:
             "step / physical bound": _fmt((step / _num(g["lower_bound_physical_s"])).median(), digits=3),
         })
     return pd.DataFrame(rows)
+
+
+def _column(g: pd.DataFrame, name: str) -> pd.Series:
+    return _num(g[name]) if name in g else pd.Series(dtype=float)
 
 
 def _fmt(value: Any, digits: int = 4, pct: bool = False) -> str:
