@@ -105,22 +105,82 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
     small = np.flatnonzero(sizes == 1)
     if len(small):
         small = small[np.argsort(-times[small], kind="stable")]
-        heap: list[tuple[float, int]] = [(float(free[r]), r) for r in range(W)]
-        heapq.heapify(heap)
-        ranks: list[int] = []
-        starts: list[float] = []
-        replace = heapq.heapreplace
-        for t in times[small].tolist():
-            f, r = heap[0]
-            replace(heap, (f + t, r))
-            ranks.append(r)
-            starts.append(f)
-        bstart[small] = ranks
-        start[small] = starts
-        for f, r in heap:
-            free[r] = f
+        ranks_a, starts_a = lpt(times[small], free)
+        bstart[small] = ranks_a
+        start[small] = starts_a
     end = start + times
     return Schedule(float(free.max()) if W else 0.0, bstart, sizes.astype(np.int64), start, end, free)
+
+
+# Worlds from this size on run LPT in batches (`lpt`); smaller ones with the heap alone.
+LPT_BATCH_MIN_WORLD = 256
+
+
+def lpt(times: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Longest processing time first: each task (``times`` in the order given, longest first)
+    onto the rank free earliest (ties: the lowest rank), as a heap of (free time, rank) does it.
+    Returns each task's rank and start; ``free`` is updated in place.
+
+    On large worlds it runs in batches with the same result: with the ranks sorted by (free
+    time, rank), the next m tasks go to the first m ranks in order as long as, for every j < m,
+    each rank already given a task in the batch stays busy past the j-th rank's free time (then
+    the j-th rank is the heap's minimum when the j-th task comes). A batch stops at the first j
+    where that fails (ties included); where batches stay short, the heap takes over for a
+    while."""
+    n, W = len(times), len(free)
+    ranks = np.empty(n, dtype=np.int64)
+    starts = np.empty(n)
+    i = 0
+    tl = times.tolist()
+    if W >= LPT_BATCH_MIN_WORLD:
+        order = np.lexsort((np.arange(W), free))
+        F, R = free[order], order
+        while i < n:
+            m = min(W, n - i)
+            g = F[:m] + times[i : i + m]
+            pm = np.minimum.accumulate(g)
+            bad = np.flatnonzero(pm[:-1] <= F[1:m])  # task j+1 would not go to rank position j+1
+            k = int(bad[0]) + 1 if len(bad) else m
+            ranks[i : i + k] = R[:k]
+            starts[i : i + k] = F[:k]
+            i += k
+            if k == m:
+                F = np.concatenate([g, F[m:]])
+            else:
+                F = np.concatenate([g[:k], F[k:]])
+            o = np.lexsort((R, F))
+            F, R = F[o], R[o]
+            if k < 64 and i < n:
+                # Short batches: the heap for the next W tasks (a sorted list is a heap).
+                heap = list(zip(F.tolist(), R.tolist()))
+                stop = min(n, i + W)
+                replace = heapq.heapreplace
+                for j in range(i, stop):
+                    f, r = heap[0]
+                    replace(heap, (f + tl[j], r))
+                    ranks[j] = r
+                    starts[j] = f
+                i = stop
+                heap.sort()
+                F = np.fromiter((f for f, _ in heap), dtype=float, count=W)
+                R = np.fromiter((r for _, r in heap), dtype=np.int64, count=W)
+        free[R] = F
+        return ranks, starts
+    heap2: list[tuple[float, int]] = [(float(free[r]), r) for r in range(W)]
+    heapq.heapify(heap2)
+    rk: list[int] = []
+    st: list[float] = []
+    replace = heapq.heapreplace
+    for t in tl:
+        f, r = heap2[0]
+        replace(heap2, (f + t, r))
+        rk.append(r)
+        st.append(f)
+    for f, r in heap2:
+        free[r] = f
+    ranks[:] = rk
+    starts[:] = st
+    return ranks, starts
 
 
 def _place_by_size_class(
