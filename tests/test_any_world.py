@@ -246,3 +246,16 @@ def test_odd_worlds_train_like_one_process(world: int) -> None:
             assert results[r][c]["groups"] == sum(world // d for d in aligned_sp_degrees(world))
             assert results[r][c]["loss"] == pytest.approx(ref_loss, rel=1e-5)
             assert rel_l2(results[r][c]["grads"], ref_grads) < 1e-5
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_plans_valid_steps_on_six_ranks_of_one_machine(method: str) -> None:
+    """6 gloo ranks (one node of 6: pairs, no groups of 4) with a low cap, so plans need pairs."""
+    from dcp_bench.planners.base import make_planner
+    from dcp_bench.workload import load_workload
+
+    cost = make_cost_model("tiny_llama", cluster_spec("cpu").resized(6), mem_cap_fraction=0.068)
+    batch = load_workload("wikipedia", length_scale=8, tokens_per_gpu=6144).global_batch(0, 6, cost.model.max_seq_len)
+    plan = make_planner(dict(to_container(load_config([f"method={method}"]))["method"])).plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    assert all(g.size in (1, 2) for rnd in plan.rounds for g in rnd.groups)

@@ -409,6 +409,8 @@ def pack_groups(
     lists: list[list[MicroBatch]] = [[] for _ in range(len(groups))]
     for i, k, sl in zip(sample[al].tolist(), ckpt[sample[al]].tolist(), slot[al].tolist()):
         lists[sl].append(MicroBatch(samples=(i,), ckpt_layers=k))
+    if not len(items):
+        return {g: lists[j] for j, g in enumerate(groups.tolist())}
     order = np.lexsort((rank_in_group, bin_of, it_slot))
     p_ids = sample[items[order]].tolist()
     p_slot = it_slot[order]
@@ -615,13 +617,14 @@ class DCPPlanner(Planner):
         # Per rank: round index and group index of the last group it joined.
         last_round = np.full(W, -1, dtype=np.int64)
         last_group = [-1] * W
+        # Per group: how many ranks still have it as their last group (all of them, size, means
+        # no rank of its block has joined another group since).
+        holding: list[int] = []
         big = np.flatnonzero(sched.size > 1)
         order = big[np.lexsort((sched.block_start[big], sched.start[big]))]
         for i, b, s in zip(order.tolist(), sched.block_start[order].tolist(), sched.size[order].tolist()):
             g0 = last_group[b]
-            if g0 >= 0 and groups[g0].start == b and groups[g0].size == s and all(
-                last_group[r] == g0 for r in range(b, b + s)
-            ):
+            if g0 >= 0 and groups[g0].start == b and groups[g0].size == s and holding[g0] == s:
                 gid[i] = g0  # consecutive tasks of one block share its group
                 continue
             level = int(last_round[b : b + s].max()) + 1
@@ -629,10 +632,15 @@ class DCPPlanner(Planner):
                 rounds.append(Round())
             g = Group(start=b, size=s)
             rounds[level].groups.append(g)
-            gid[i] = len(groups)
+            new = len(groups)
+            gid[i] = new
             for r in range(b, b + s):
-                last_group[r] = len(groups)
+                old = last_group[r]
+                if old >= 0:
+                    holding[old] -= 1
+                last_group[r] = new
             groups.append(g)
+            holding.append(s)
             last_round[b : b + s] = level
         # Single-rank tasks start after every multi-rank task of their rank (list_schedule places
         # them last), so each rank runs them as one group after its last multi-rank group.
