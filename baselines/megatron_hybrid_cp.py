@@ -37,6 +37,7 @@ from baselines.scheduling import (
     estimate_step_time,
     largest_fitting,
     pack_under_budget,
+    sp_degrees,
 )
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
@@ -97,6 +98,9 @@ def form_round(
     buckets = equal_work_buckets(seqs, cp_of)
     groups: list[CPGroup] = []
     free = world_size
+    # The largest group an aligned layout holds: the world itself when it is a power of two,
+    # else the largest power of two dividing it (3 nodes of 8 GPUs: 8).
+    max_degree = sp_degrees(world_size)[-1]
     first_needed: int | None = None
     check_balance = False
 
@@ -160,7 +164,7 @@ def form_round(
     # Fill idle ranks by doubling the smallest group (its sequences spread over twice the ranks).
     while free > 0 and groups:
         g = min(groups, key=lambda g: g.size)
-        grow = min(2 * g.size, world_size) - g.size
+        grow = min(2 * g.size, max_degree) - g.size
         if grow <= 0 or grow > free:
             break
         g.size += grow
@@ -234,6 +238,7 @@ def hybrid_cp_plan(
     raise ``max-seqlen-per-cp-rank``) or does not fit the memory cap on its group.
     """
     W = cost.cluster.world_size
+    max_degree = sp_degrees(W)[-1]
     m, ckpt = config.max_tokens_per_rank, config.ckpt_layers
     if m < 1:
         raise InfeasibleError(f"not even one token fits a GPU with {ckpt} recomputed layers")
@@ -241,10 +246,11 @@ def hybrid_cp_plan(
     for p in range(batch.n):
         L = int(batch.tokens[p])
         need = gpus_needed(L, m)
-        if need > W:
+        if need > max_degree:
             raise InfeasibleError(
                 f"sample {p} ({L} tokens) needs {need} context-parallel ranks at "
-                f"max_tokens_per_rank={m}, more than the world ({W} ranks)"
+                f"max_tokens_per_rank={m}, more than the largest aligned group of the world "
+                f"({max_degree} of {W} ranks)"
             )
         cp_of[p] = need
     remaining: list[Seq] = sorted(
@@ -316,7 +322,7 @@ def candidate_configs(
     if pinned_budget is not None:
         k = next((k for k in ks if ladder[k] >= pinned_budget), ks[-1])
         return [LaunchConfig(pinned_budget, k)]
-    lo = max(1, -(-longest // world_size))
+    lo = max(1, -(-longest // sp_degrees(world_size)[-1]))
     hi = max(ladder[k] for k in ks)
     if lo > hi:
         return []
@@ -448,7 +454,8 @@ class MegatronHybridCP(Planner):
             raise InfeasibleError(
                 f"sample {p} ({longest} tokens) cannot run on {W} ranks with any hybrid-CP "
                 f"configuration: with recompute {recompute_flags(k, num_layers)} one rank holds at "
-                f"most {ladder[k]} tokens, so one sequence can have at most {ladder[k] * W} tokens"
+                f"most {ladder[k]} tokens, so one sequence (on at most {sp_degrees(W)[-1]} ranks) can "
+                f"have at most {ladder[k] * sp_degrees(W)[-1]} tokens"
             )
         return cands
 

@@ -96,6 +96,34 @@ def _split_extra_conf(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     return rest, dirs
 
 
+def expand_cluster_size(overrides: Sequence[str]) -> list[str]:
+    """``cluster=NAME@N`` -> ``cluster=NAME run.nproc=N``: the named cluster's hardware with N GPUs
+    in all (the world size, not the node count): N up to one node's GPUs is one node of N, a
+    larger N must be a whole number of that cluster's nodes (``h200x8@12288`` = 1,536 nodes of 8).
+    A different ``nproc`` beside it is refused."""
+    out: list[str] = []
+    size: str | None = None
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        if not (sep and key.lstrip("+~") == "cluster" and "@" in value):
+            out.append(ov)
+            continue
+        name, _, n = value.partition("@")
+        if not n.isdigit() or int(n) < 1:
+            raise ConfigError(f"cluster={value}: {n!r} is not a GPU count; expected cluster=NAME@N with N the "
+                              "total number of GPUs (e.g. cluster=h200x8@12288)")
+        out.append(f"{key}={name}")
+        size = str(int(n))
+    if size is not None:
+        for ov in out:
+            key, sep, value = ov.partition("=")
+            if sep and key.lstrip("+~") in ("nproc", "run.nproc") and value.strip() != size:
+                raise ConfigError(f"{key}={value} contradicts the cluster's size {size} (cluster=NAME@{size}); "
+                                  "expected one of them, or the same number")
+        out.append(f"run.nproc={size}")
+    return out
+
+
 def _check_overrides(overrides: Sequence[str], extra_dirs: Sequence[str | os.PathLike[str]] = ()) -> None:
     for ov in overrides:
         if "=" not in ov:
@@ -202,7 +230,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
     overrides, extra = _split_extra_conf(overrides)
     dirs = extra_config_dirs(extra)
     enable_user_code(dirs)
-    overrides = expand_shortcuts(overrides)
+    overrides = expand_cluster_size(expand_shortcuts(overrides))
     _check_overrides(overrides, dirs)
     overrides = _append_missing_groups(overrides, config_name)
     if dirs:  # hydra looks up config groups in these folders after the packaged root

@@ -1,10 +1,12 @@
 """Rank layout: which sequence-parallel group shapes a world of ranks admits.
 
-Groups are *aligned* blocks of ranks: a size that is a power of two and a start that is a
-multiple of the size. Aligned blocks nest, so two ranks never meet in different groups in
-opposite orders (collectives stay deadlock-free), and a world of W ranks (W a power of two) has
-exactly 2W-1 of them. Plans, cluster specs, baselines and the process-group pool all take their
-degrees and blocks from here.
+Groups are *aligned* blocks of ranks: a size that is a power of two dividing the world size and
+a start that is a multiple of the size. Aligned blocks nest, so two ranks never meet in different
+groups in opposite orders (collectives stay deadlock-free). Any world size works: a world of
+W = m * 2^k ranks (m odd) has the degrees 1, 2, ..., 2^k, and fewer than 2W blocks (exactly 2W-1
+when W is a power of two; 24 ranks = 3 nodes of 8 have degrees up to 8, 12,288 = 3 * 4,096 up
+to 4,096). Plans, cluster specs, baselines and the process-group pool all take their degrees and
+blocks from here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ def is_power_of_two(n: int) -> bool:
 
 
 def aligned_sp_degrees(world_size: int) -> list[int]:
-    """The SP degrees 1, 2, 4, ... whose aligned groups tile ``world_size`` ranks."""
+    """The SP degrees 1, 2, 4, ... whose aligned groups tile ``world_size`` ranks (the powers of
+    two dividing it)."""
     out, s = [], 1
     while s <= world_size and world_size % s == 0:
         out.append(s)
@@ -25,22 +28,19 @@ def aligned_sp_degrees(world_size: int) -> list[int]:
     return out
 
 
-def require_power_of_two(world_size: int, what: str = "world size") -> None:
-    """Raise `ClusterError` unless ``world_size`` is a power of two (aligned groups tile it)."""
-    if not is_power_of_two(world_size):
-        raise ClusterError(
-            f"{what} {world_size} is not a power of two; aligned sequence-parallel groups "
-            "(1, 2, 4, ...) cannot tile it"
-        )
-
-
 def aligned_blocks(world_size: int) -> list[tuple[int, ...]]:
     """Every aligned block of the world, in one fixed order (size, then start): the order in
     which collective group creation must happen on every rank."""
-    require_power_of_two(world_size)
-    out: list[tuple[int, ...]] = []
-    size = 1
-    while size <= world_size:
-        out.extend(tuple(range(s, s + size)) for s in range(0, world_size, size))
-        size *= 2
-    return out
+    if world_size < 1:
+        raise ClusterError(f"world size {world_size}; expected >= 1")
+    return [
+        tuple(range(s, s + size)) for size in aligned_sp_degrees(world_size) for s in range(0, world_size, size)
+    ]
+
+
+def spans_nodes_cleanly(start: int, size: int, gpus_per_node: int) -> bool:
+    """Whether the block [start, start+size) respects node boundaries: it lies inside one node,
+    or it is made of whole nodes."""
+    if size <= gpus_per_node:
+        return start // gpus_per_node == (start + size - 1) // gpus_per_node
+    return size % gpus_per_node == 0 and start % gpus_per_node == 0

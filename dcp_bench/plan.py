@@ -1,7 +1,8 @@
 """The plan IR shared by every method and both executors, and its validator.
 
 A `StepPlan` is a list of rounds. A round partitions (some of) the ranks into sequence-parallel
-groups; a group is an *aligned* block of ranks (size a power of two, start a multiple of the size).
+groups; a group is an *aligned* block of ranks (size a power of two that divides the world size,
+start a multiple of the size; any world size).
 Each group runs a list of micro-batches; a micro-batch names samples by their position in the
 `GlobalBatch` and says how many of the model's first layers are activation-checkpointed.
 Rounds run one after another; within a round every group runs independently. Aligned groups
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from dcp_bench.errors import PlanError
-from dcp_bench.layout import is_power_of_two
+from dcp_bench.layout import is_power_of_two, spans_nodes_cleanly
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -138,9 +139,10 @@ def _default(obj: Any) -> Any:
 
 
 PLAN_RULES = (
-    "every group's size is a power of two no larger than the world",
+    "every group's size is a power of two that divides the world size",
     "every group is aligned: its first rank is a multiple of its size",
     "every group lies inside the world (ranks 0 .. world_size - 1)",
+    "with a cost model: every group lies inside one node or is made of whole nodes",
     "groups of one round are disjoint (a rank is in at most one group per round)",
     "every micro-batch holds at least one sample, and its split is 'sequence' or 'batch'",
     "ckpt_layers is between 0 and the model's number of layers",
@@ -168,8 +170,8 @@ def validate_plan(
 ) -> None:
     """Raise `PlanError` naming the first offence found; return None for a valid plan.
 
-    Checks (`PLAN_RULES`): group sizes powers of two, aligned, inside the world, disjoint within
-    a round; non-empty micro-batches; every sample position in range and used at most once, and
+    Checks (`PLAN_RULES`): group sizes powers of two dividing the world, aligned, inside the
+    world (and, with a cost model, inside one node or whole nodes), disjoint within a round; non-empty micro-batches; every sample position in range and used at most once, and
     in fair mode exactly once; checkpoint settings in range; with a cost model, every
     micro-batch's predicted per-rank memory under the cost model's cap. `plan_offences` lists
     every offence instead of the first.
@@ -217,8 +219,14 @@ def _offences(
             elif not is_power_of_two(g.size):
                 yield f"{where}: group size must be a power of two"
                 placed = False
+            elif W % g.size:
+                yield f"{where}: group size must divide the world size {W}"
+                placed = False
             elif g.start % g.size != 0:
                 yield f"{where}: group not aligned (start must be a multiple of {g.size})"
+            elif cost is not None and not spans_nodes_cleanly(g.start, g.size, cost.cluster.gpus_per_node):
+                yield (f"{where}: group crosses a node boundary (nodes of {cost.cluster.gpus_per_node} "
+                       "GPUs; a group lies inside one node or is made of whole nodes)")
             if g.start < 0 or g.start + g.size > W:
                 yield f"{where}: ranks {g.start}..{g.start + g.size - 1} outside world of {W}"
                 placed = False

@@ -25,6 +25,7 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.profiling", "dcp_bench.report"],
     ["dcp_bench.run"],
     ["dcp_bench.runner", "dcp_bench.api"],
+    ["dcp_bench.slurm_sweep"],
     ["dcp_bench.commands"],
     ["dcp_bench.cli", "dcp_bench"],
 ]

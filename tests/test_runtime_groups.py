@@ -24,9 +24,19 @@ def test_aligned_groups_are_every_aligned_power_of_two_block(world: int) -> None
     assert len(groups) == len(set(groups)) == 2 * world - 1
 
 
-def test_non_power_of_two_world_is_rejected() -> None:
-    with pytest.raises(ClusterError, match="power of two"):
-        aligned_groups(6)
+@pytest.mark.parametrize("world", [3, 6, 12, 24])
+def test_any_world_has_the_blocks_whose_size_divides_it(world: int) -> None:
+    # Brute force: every (start, size) with size a power of two dividing the world, start a
+    # multiple of size.
+    expected = {
+        tuple(range(s, s + z))
+        for z in (1 << k for k in range(world.bit_length()))
+        if world % z == 0
+        for s in range(0, world, z)
+    }
+    assert set(aligned_groups(world)) == expected
+    with pytest.raises(ClusterError, match="world size 0"):
+        aligned_groups(0)
 
 
 def test_deal_partitions_samples_and_balances_like_lpt() -> None:

@@ -150,7 +150,7 @@ def test_bad_input_is_one_line_exit_2(conf_dir, capsys):
 def test_world_no_layout_fits_is_a_cluster_error(conf_dir, capsys):
     assert main(["simulate", f"extra_conf={conf_dir}", "method=per_rank", "cluster.gpus_per_node=6"]) == 2
     err = capsys.readouterr().err
-    assert "gpus_per_node=6 is not a power of two" in err
+    assert "gpus_per_node=6 on 4 nodes; expected a power of two per node" in err
 
 
 def test_noise_and_scales_from_the_config(conf_dir):

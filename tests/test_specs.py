@@ -61,7 +61,7 @@ def test_bad_specs_name_the_offence():
     with pytest.raises(ConfigError, match="unknown model .*llama3_8b"):
         model_spec("gpt5")
     gpu = gpu_spec("h200")
-    with pytest.raises(ClusterError, match="not a power of two"):
+    with pytest.raises(ClusterError, match="gpus_per_node=6 on 2 nodes; expected a power of two per node"):
         ClusterSpec("odd", gpu, 2, 6, 1.0, 1.0, 0.0, 0.0)
     with pytest.raises(ClusterError, match=">= 1"):
         ClusterSpec("empty", gpu, 0, 8, 1.0, 1.0, 0.0, 0.0)

@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     rows = [
         ("median step time", _fmt(summary.step_time_s, " s")),
         ("  of which executed", _fmt(ex.get("executed_s"), " s")),
-        ("median lower bound", _fmt(summary.lower_bound_s, " s")),
+        ("median lower bound", _fmt(summary.lower_bound_s, " s") + " at the cap"),
+        ("  at physical memory", _fmt(ex.get("lower_bound_physical_s"), " s")),
         ("median imbalance", _fmt(summary.imbalance)),
         ("median comm share", _fmt(ex.get("comm_share"))),
         ("peak memory", _fmt(summary.peak_mem_gib, " GiB")),

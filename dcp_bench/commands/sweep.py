@@ -13,7 +13,9 @@ HELP = (
     "run a grid of configs, each repeated run.repeats times: `dcp-bench sweep method=dcp,bucket_static "
     "workload=videosys_zipf cluster=h200x8,h200x32 run.repeats=5 run.campaign=NAME` (comma = "
     "alternatives; run.executor=sim|torch); a rerun skips complete runs, redoes incomplete and "
-    "damaged ones, and keeps failed ones unless --retry-failed; exit status 3 when any run failed"
+    "damaged ones, and keeps failed ones unless --retry-failed; exit status 3 when any run failed; "
+    "launcher=slurm [slurm.partition=P slurm.timeout_min=N slurm.executor=slurm|local ...] submits the "
+    "runs as a Slurm job array through submitit (same records, resumable)"
 )
 
 # Exit status of a sweep (or train) in which a run did not finish ``ok``.
@@ -37,10 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from dcp_bench.errors import ConfigError
     from dcp_bench.records import check_run
     from dcp_bench.runner import plan_sweep, run_sweep
+    from dcp_bench.slurm_sweep import run_sweep_slurm, split_launcher
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: expected an integer >= 1")
-    specs = plan_sweep(list(args.overrides))
+    launcher, slurm, overrides = split_launcher(list(args.overrides))
+    specs = plan_sweep(overrides)
     if not specs:
         print("no runs in this grid")
         return 0
@@ -52,8 +56,15 @@ def run(args: argparse.Namespace) -> int:
                 word = f"failed:{state.summary.status}"
             print(f"{word:<16} {s.run_id}")
         return 0
-    res = run_sweep(specs, resume=not args.no_resume, jobs=args.jobs, progress=not args.no_progress,
-                    retry_failed=args.retry_failed)
+    if launcher == "slurm":
+        res = run_sweep_slurm(specs, slurm, resume=not args.no_resume, retry_failed=args.retry_failed)
+        if res.unrun:
+            print(f"{len(res.unrun)} run(s) submitted, {len(res.skipped)} already complete; rerun this command to "
+                  "resume: it resubmits the runs not done and reports the finished ones")
+            return 0
+    else:
+        res = run_sweep(specs, resume=not args.no_resume, jobs=args.jobs, progress=not args.no_progress,
+                        retry_failed=args.retry_failed)
     places = sorted({f"{s.root}/{s.campaign}" for s in specs})
     campaign, root = specs[0].campaign, specs[0].root
     failed = res.all_failed

@@ -4,8 +4,9 @@ One interface, two sources: `analytical` (FLOPs, bytes, bandwidths, efficiency c
 `profiled` (tables measured by `dcp-bench profile`). Sizes are numpy arrays, one entry per sample
 of a micro-batch: ``tokens`` (frames * spatial) and ``frames`` (T'; 1 for text).
 
-Groups are aligned blocks of ranks and nodes hold a power-of-two number of GPUs, so an SP group
-of size ``sp`` spans nodes exactly when ``sp > cluster.gpus_per_node``.
+Groups are aligned blocks of ranks and nodes of a multi-node cluster hold a power-of-two number
+of GPUs (any number of nodes), so an SP group of size ``sp`` spans nodes exactly when
+``sp > cluster.gpus_per_node``.
 """
 
 from __future__ import annotations

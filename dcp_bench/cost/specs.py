@@ -48,6 +48,9 @@ class ClusterSpec:
     # Analytical cost constants calibrated for this cluster's links (a2a_eff, a2a_latency_s,
     # allreduce_eff), each with its source in ``sources``; they take precedence over the GPU's.
     cost_constants: dict[str, float] = field(default_factory=dict)
+    # Ranks that all run on one machine (the `cpu` cluster of gloo ranks): a resized world is one
+    # node of any size (6 ranks = one node of 6), not whole nodes of ``gpus_per_node``.
+    single_machine: bool = False
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:
@@ -55,10 +58,12 @@ class ClusterSpec:
                 f"cluster {self.name!r}: num_nodes={self.num_nodes} and gpus_per_node="
                 f"{self.gpus_per_node} must both be >= 1"
             )
-        if self.gpus_per_node & (self.gpus_per_node - 1):
+        if self.num_nodes > 1 and self.gpus_per_node & (self.gpus_per_node - 1):
+            # Aligned power-of-two groups would straddle nodes of, say, 6 GPUs (ranks 4..7).
             raise ClusterError(
-                f"cluster {self.name!r}: gpus_per_node={self.gpus_per_node} is not a power of two; "
-                "aligned sequence-parallel groups (1, 2, 4, ...) cannot tile such a node"
+                f"cluster {self.name!r}: gpus_per_node={self.gpus_per_node} on {self.num_nodes} nodes; "
+                "expected a power of two per node when there are several nodes (aligned "
+                "sequence-parallel groups of 1, 2, 4, ... must not straddle nodes)"
             )
 
     @property
@@ -66,23 +71,25 @@ class ClusterSpec:
         return self.num_nodes * self.gpus_per_node
 
     def sp_degrees(self) -> list[int]:
-        """The SP degrees an aligned group layout supports on this cluster."""
+        """The SP degrees an aligned group layout supports on this cluster: the powers of two that
+        divide the world size (any number of nodes: 3 nodes of 8 GPUs have degrees 1 .. 8)."""
         return aligned_sp_degrees(self.world_size)
 
     def resized(self, world_size: int) -> ClusterSpec:
-        """The same hardware with ``world_size`` ranks: one node when it fits in one, else whole
-        nodes. The name says the size when it changes (``cpu@2``), so records and reports never
+        """The same hardware with ``world_size`` ranks: one node when it fits in one (or the
+        cluster is `single_machine`), else whole nodes (any number of them). The name says the size when it changes (``cpu@2``), so records and reports never
         mix a resized cluster with the original."""
         if world_size == self.world_size:
             return self
         if world_size < 1:
             raise ClusterError(f"cluster {self.name!r}: world size {world_size}; expected >= 1")
         base = self.name.split("@", 1)[0]
-        if world_size <= self.gpus_per_node:
+        if world_size <= self.gpus_per_node or self.single_machine:
             return dataclasses.replace(self, name=f"{base}@{world_size}", num_nodes=1, gpus_per_node=world_size)
         if world_size % self.gpus_per_node:
             raise ClusterError(
-                f"cluster {self.name!r}: {world_size} ranks do not fill whole nodes of {self.gpus_per_node} GPUs"
+                f"cluster {self.name!r}: {world_size} GPUs do not fill whole nodes of {self.gpus_per_node} GPUs; "
+                f"expected at most {self.gpus_per_node} or a multiple of it"
             )
         return dataclasses.replace(self, name=f"{base}@{world_size}", num_nodes=world_size // self.gpus_per_node)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -81,6 +82,9 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
         # kept per level so each placement costs O(levels) small updates, not O(W).
         levels = sorted({int(x) for x in sizes[big]} | {int(x) for x in _pow2_upto(W)})
         ready = {lv: np.zeros(W // lv) for lv in levels}
+        if order == "size":
+            _place_by_size_class(big, sizes, times, ready, levels, free, bstart, start)
+            big = big[:0]
         for i, s, t in zip(big.tolist(), sizes[big].tolist(), times[big].tolist()):
             rs = ready[s]
             b = int(rs.argmin())
@@ -101,17 +105,132 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
     small = np.flatnonzero(sizes == 1)
     if len(small):
         small = small[np.argsort(-times[small], kind="stable")]
-        heap: list[tuple[float, int]] = [(float(free[r]), r) for r in range(W)]
-        heapq.heapify(heap)
-        for task, t in zip(small.tolist(), times[small].tolist()):
-            f, r = heap[0]
-            heapq.heapreplace(heap, (f + t, r))
-            bstart[task] = r
-            start[task] = f
-        for f, r in heap:
-            free[r] = f
+        ranks_a, starts_a = lpt(times[small], free)
+        bstart[small] = ranks_a
+        start[small] = starts_a
     end = start + times
     return Schedule(float(free.max()) if W else 0.0, bstart, sizes.astype(np.int64), start, end, free)
+
+
+# Worlds from this size on run LPT in batches (`lpt`); smaller ones with the heap alone.
+LPT_BATCH_MIN_WORLD = 256
+
+
+def lpt(times: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Longest processing time first: each task (``times`` in the order given, longest first)
+    onto the rank free earliest (ties: the lowest rank), as a heap of (free time, rank) does it.
+    Returns each task's rank and start; ``free`` is updated in place.
+
+    On large worlds it runs in batches with the same result: with the ranks sorted by (free
+    time, rank), the next m tasks go to the first m ranks in order as long as, for every j < m,
+    each rank already given a task in the batch stays busy past the j-th rank's free time (then
+    the j-th rank is the heap's minimum when the j-th task comes). A batch stops at the first j
+    where that fails (ties included); where batches stay short, the heap takes over for a
+    while."""
+    n, W = len(times), len(free)
+    ranks = np.empty(n, dtype=np.int64)
+    starts = np.empty(n)
+    i = 0
+    tl = times.tolist()
+    if W >= LPT_BATCH_MIN_WORLD:
+        order = np.lexsort((np.arange(W), free))
+        F, R = free[order], order
+        while i < n:
+            m = min(W, n - i)
+            g = F[:m] + times[i : i + m]
+            pm = np.minimum.accumulate(g)
+            bad = np.flatnonzero(pm[:-1] <= F[1:m])  # task j+1 would not go to rank position j+1
+            k = int(bad[0]) + 1 if len(bad) else m
+            ranks[i : i + k] = R[:k]
+            starts[i : i + k] = F[:k]
+            i += k
+            if k == m:
+                F = np.concatenate([g, F[m:]])
+            else:
+                F = np.concatenate([g[:k], F[k:]])
+            o = np.lexsort((R, F))
+            F, R = F[o], R[o]
+            if k < 64 and i < n:
+                # Short batches: the heap for the next W tasks (a sorted list is a heap).
+                heap = list(zip(F.tolist(), R.tolist()))
+                stop = min(n, i + W)
+                replace = heapq.heapreplace
+                for j in range(i, stop):
+                    f, r = heap[0]
+                    replace(heap, (f + tl[j], r))
+                    ranks[j] = r
+                    starts[j] = f
+                i = stop
+                heap.sort()
+                F = np.fromiter((f for f, _ in heap), dtype=float, count=W)
+                R = np.fromiter((r for _, r in heap), dtype=np.int64, count=W)
+        free[R] = F
+        return ranks, starts
+    heap2: list[tuple[float, int]] = [(float(free[r]), r) for r in range(W)]
+    heapq.heapify(heap2)
+    rk: list[int] = []
+    st: list[float] = []
+    replace = heapq.heapreplace
+    for t in tl:
+        f, r = heap2[0]
+        replace(heap2, (f + t, r))
+        rk.append(r)
+        st.append(f)
+    for f, r in heap2:
+        free[r] = f
+    ranks[:] = rk
+    starts[:] = st
+    return ranks, starts
+
+
+def _place_by_size_class(
+    big: np.ndarray,
+    sizes: np.ndarray,
+    times: np.ndarray,
+    ready: dict[int, np.ndarray],
+    levels: list[int],
+    free: np.ndarray,
+    bstart: np.ndarray,
+    start: np.ndarray,
+) -> None:
+    """`list_schedule`'s multi-rank placement when tasks come largest size first (order "size"),
+    in place: the same blocks and start times, computed a size class at a time.
+
+    Within a class only the ready times of that size's blocks matter (larger classes are done,
+    smaller ones come later), so each task goes to the block that frees earliest (ties: lowest
+    block), a heap over that level; when the class is done, each block it used passes its last
+    end time down to its sub-blocks and ranks, as the task-by-task updates would have left them."""
+    sz = sizes[big]
+    cuts = np.flatnonzero(np.r_[True, sz[1:] != sz[:-1], True])
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        s = int(sz[lo])
+        rs = ready[s]
+        heap = [(float(v), b) for b, v in enumerate(rs.tolist())]
+        heapq.heapify(heap)
+        blocks: list[int] = []
+        t0s: list[float] = []
+        replace = heapq.heapreplace
+        for t in times[big[lo:hi]].tolist():
+            f, b = heap[0]
+            replace(heap, (f + t, b))
+            blocks.append(b)
+            t0s.append(f)
+        tasks = big[lo:hi]
+        bstart[tasks] = np.asarray(blocks, dtype=np.int64) * s
+        start[tasks] = t0s
+        used = np.unique(np.asarray(blocks, dtype=np.int64))
+        for f, b in heap:
+            rs[b] = f
+        end = rs[used]
+        for lv in levels:
+            if lv < s:
+                f_ = s // lv
+                ready[lv].reshape(-1, f_)[used] = end[:, None]
+            elif lv > s:
+                # Larger blocks are never chosen again; keep them as the task-by-task loop would.
+                c = (used * s) // lv
+                np.maximum.at(ready[lv], c, end)
+        free.reshape(-1, s)[used] = end[:, None]
 
 
 def balance_items(durations: list[float], bins: int, max_moves: int = 64) -> list[list[int]]:
@@ -214,6 +333,99 @@ def predicted_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> 
     return float(free.max())
 
 
+def pack_groups(
+    by_group: np.ndarray,
+    bounds: np.ndarray,
+    chosen: np.ndarray,
+    tokens: np.ndarray,
+    ckpt: np.ndarray,
+    mem0: np.ndarray,
+    budget: float,
+    limits: np.ndarray,
+) -> dict[int, list[MicroBatch]]:
+    """`DCPPlanner._pack` for many groups at once: group j's samples are
+    ``by_group[bounds[j]:bounds[j+1]]`` (shortest first) and ``limits[j]`` its token limit; only
+    the groups where ``chosen`` is true are packed. The same micro-batches in the same order:
+    samples that recompute (or reach the limit) alone, in order; then the others by memory,
+    largest first (ties in order), each into the first micro-batch with room for its memory
+    and tokens, else a new one. The k-th item of every group is placed in one vectorised step,
+    with the same float additions in the same order as the one-group loop."""
+    out: dict[int, list[MicroBatch]] = {}
+    groups = np.flatnonzero(chosen)
+    if not len(groups):
+        return out
+    counts = (bounds[1:] - bounds[:-1])[groups]
+    # Positions (into by_group) of the chosen groups' samples, and their group slot.
+    slot = np.repeat(np.arange(len(groups)), counts)
+    first_of_slot = np.cumsum(counts) - counts
+    pos = bounds[groups][slot] + (np.arange(len(slot)) - first_of_slot[slot])
+    sample = by_group[pos]
+    tok = tokens[sample]
+    lim = limits[groups][slot]
+    alone = (ckpt[sample] > 0) | (tok >= lim)
+    # Packable items of each group: memory descending, ties in the group's order (stable).
+    items = np.flatnonzero(~alone)
+    items = items[np.lexsort((pos[items], -mem0[sample[items]], slot[items]))]
+    it_slot = slot[items]
+    starts = np.searchsorted(it_slot, np.arange(len(groups) + 1))
+    n_items = np.diff(starts)
+    rank_in_group = np.arange(len(items)) - starts[it_slot]
+    bin_of = np.zeros(len(items), dtype=np.int64)
+    width = int(n_items.max()) if len(items) else 0
+    # Work rows ordered by item count, most first: the groups that still place a k-th item are
+    # then the first rows (views, no gathers).
+    row_slot = np.argsort(-n_items, kind="stable")
+    row_starts = starts[row_slot]
+    active = np.searchsorted(-n_items[row_slot], -np.arange(width), side="left")  # rows with > k items
+    bin_mem = np.zeros((len(groups), max(width, 1)))
+    bin_tok = np.zeros((len(groups), max(width, 1)), dtype=np.int64)
+    n_bins = np.zeros(len(groups), dtype=np.int64)
+    lim_rows = limits[groups][row_slot]
+    it_mem = mem0[sample[items]]
+    it_tok = tok[items]
+    for k in range(width):
+        cnt = int(active[k])
+        at = row_starts[:cnt] + k  # the k-th item of every row that has one
+        m = it_mem[at]
+        t = it_tok[at]
+        nb = n_bins[:cnt]
+        w = int(nb.max())
+        if w:
+            fits = (np.arange(w)[None, :] < nb[:, None]) & (bin_mem[:cnt, :w] + m[:, None] <= budget) \
+                & (bin_tok[:cnt, :w] + t[:, None] <= lim_rows[:cnt, None])
+            first = np.where(fits.any(axis=1), fits.argmax(axis=1), nb)
+        else:
+            first = nb.copy()
+        fresh = first >= nb
+        rows = np.arange(cnt)
+        bin_mem[rows, first] = np.where(fresh, m, bin_mem[rows, first] + m)
+        bin_tok[rows, first] = np.where(fresh, t, bin_tok[rows, first] + t)
+        n_bins[:cnt] = np.maximum(nb, first + 1)
+        bin_of[at] = first
+    # Micro-batches per group: the alone samples in order, then the bins in order of creation,
+    # each holding its items in the order they arrived.
+    al = np.flatnonzero(alone)
+    al = al[np.lexsort((pos[al], slot[al]))]
+    lists: list[list[MicroBatch]] = [[] for _ in range(len(groups))]
+    for i, k, sl in zip(sample[al].tolist(), ckpt[sample[al]].tolist(), slot[al].tolist()):
+        lists[sl].append(MicroBatch(samples=(i,), ckpt_layers=k))
+    if not len(items):
+        return {g: lists[j] for j, g in enumerate(groups.tolist())}
+    order = np.lexsort((rank_in_group, bin_of, it_slot))
+    p_ids = sample[items[order]].tolist()
+    p_slot = it_slot[order]
+    p_bin = bin_of[order]
+    # where a new (group, bin) run starts
+    cut = np.flatnonzero(np.r_[True, (p_slot[1:] != p_slot[:-1]) | (p_bin[1:] != p_bin[:-1])]).tolist()
+    cut.append(len(p_ids))
+    p_slot_l = p_slot.tolist()
+    for a, b in zip(cut[:-1], cut[1:]):
+        lists[p_slot_l[a]].append(MicroBatch(samples=tuple(p_ids[a:b]), ckpt_layers=0))
+    for j, g in enumerate(groups.tolist()):
+        out[g] = lists[j]
+    return out
+
+
 class DCPPlanner(Planner):
     """Our planner (method ``dcp``): joint per-sequence SP degree, recompute and schedule."""
 
@@ -244,6 +456,8 @@ class DCPPlanner(Planner):
         # Batches up to this many samples also build the per-degree candidate plans and keep the
         # one the cost model prices fastest (a dozen plans: tens of ms).
         self.floor_search_max = int(search_max_samples)
+        # Groups of at most this many samples are packed by `pack_groups`, all at once.
+        self.vector_pack_max = 64
 
     # -- choice --------------------------------------------------------------------------------
 
@@ -403,13 +617,14 @@ class DCPPlanner(Planner):
         # Per rank: round index and group index of the last group it joined.
         last_round = np.full(W, -1, dtype=np.int64)
         last_group = [-1] * W
+        # Per group: how many ranks still have it as their last group (all of them, size, means
+        # no rank of its block has joined another group since).
+        holding: list[int] = []
         big = np.flatnonzero(sched.size > 1)
         order = big[np.lexsort((sched.block_start[big], sched.start[big]))]
         for i, b, s in zip(order.tolist(), sched.block_start[order].tolist(), sched.size[order].tolist()):
             g0 = last_group[b]
-            if g0 >= 0 and groups[g0].start == b and groups[g0].size == s and all(
-                last_group[r] == g0 for r in range(b, b + s)
-            ):
+            if g0 >= 0 and groups[g0].start == b and groups[g0].size == s and holding[g0] == s:
                 gid[i] = g0  # consecutive tasks of one block share its group
                 continue
             level = int(last_round[b : b + s].max()) + 1
@@ -417,10 +632,15 @@ class DCPPlanner(Planner):
                 rounds.append(Round())
             g = Group(start=b, size=s)
             rounds[level].groups.append(g)
-            gid[i] = len(groups)
+            new = len(groups)
+            gid[i] = new
             for r in range(b, b + s):
-                last_group[r] = len(groups)
+                old = last_group[r]
+                if old >= 0:
+                    holding[old] -= 1
+                last_group[r] = new
             groups.append(g)
+            holding.append(s)
             last_round[b : b + s] = level
         # Single-rank tasks start after every multi-rank task of their rank (list_schedule places
         # them last), so each rank runs them as one group after its last multi-rank group.
@@ -440,9 +660,18 @@ class DCPPlanner(Planner):
         # Every group's samples, shortest first, from one sort.
         by_group = np.lexsort((batch.tokens, gid))
         bounds = np.searchsorted(gid[by_group], np.arange(len(groups) + 1))
+        sizes = np.fromiter((g.size for g in groups), dtype=np.int64, count=len(groups))
+        counts = np.diff(bounds)
+        # Groups of few samples are packed together, vectorised over groups (`pack_groups`, the
+        # same first-fit as `_pack`); the rest one by one.
+        few = counts <= self.vector_pack_max
+        mbs_of = pack_groups(by_group, bounds, few, batch.tokens, ckpt, mem0, budget, self.pack_tokens * sizes)
         sorted_ids = by_group.tolist()
         sorted_tok = batch.tokens[by_group].tolist()
         for j, g in enumerate(groups):
+            if few[j]:
+                g.micro_batches = mbs_of[j]
+                continue
             lo, hi = int(bounds[j]), int(bounds[j + 1])
             g.micro_batches = self._pack(sorted_ids[lo:hi], sorted_tok[lo:hi], ckpt_l, mem0_l, budget, g.size)
         for rnd in rounds:
@@ -503,6 +732,16 @@ class DCPPlanner(Planner):
             else:
                 items.append((mem0[i], tok, i))
         items.sort(key=lambda x: -x[0])
+        if items:
+            # Most groups' samples all fit one micro-batch. First-fit puts item j in the first bin
+            # when that bin's sum so far plus item j's memory (tokens) is within the budget: the
+            # running sums below, the same additions in the same order. Non-negative terms only
+            # grow the sums, so the last one within budget means every item went to that bin.
+            *_, mem_total = accumulate(x[0] for x in items)
+            tok_total = sum(x[1] for x in items)
+            if mem_total <= budget and tok_total <= limit:
+                out.append(MicroBatch(samples=tuple(x[2] for x in items), ckpt_layers=0))
+                return out
         bin_mem: list[float] = []
         bin_tok: list[int] = []
         bins: list[list[int]] = []

@@ -237,8 +237,8 @@ class FaithfulDCPPlanner(Planner):
                 del mb[keep:]
                 t = unit * keep
             # Batch size 1 and still slow: a larger SP degree (ideal halving, as the reference
-            # assumes) while free ranks remain.
-            while t > t_min * (1 + self.tolerance) and free >= g.sp and len(mb) == 1:
+            # assumes) while free ranks remain and the doubled degree divides the world.
+            while t > t_min * (1 + self.tolerance) and free >= g.sp and len(mb) == 1 and W % (2 * g.sp) == 0:
                 free -= g.sp
                 g.sp *= 2
                 t /= 2

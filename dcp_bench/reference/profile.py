@@ -142,11 +142,13 @@ def dcp_search(measure: Measure, max_sp: int, world_size: int, variant: str) -> 
             # The reference appends its latest success when a degree fails above batch size 1.
             candidates.append(latest)
         restart = 1 if variant == "pac" else max(1, bs // 4)
-        if sp < max_sp:
+        # A doubled degree must still tile the world (3 nodes of 8 GPUs: up to 8; the
+        # reference's worlds are powers of two, where this always holds).
+        if sp < max_sp and world_size % (2 * sp) == 0:
             sp, bs = sp * 2, restart
             continue
         if not candidates:
-            if sp < world_size:
+            if sp < world_size and world_size % (2 * sp) == 0:
                 sp, bs = sp * 2, restart
                 continue
             return None

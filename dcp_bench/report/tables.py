@@ -27,6 +27,9 @@ from dcp_bench.report.stats import cell_stats, paired_speedup
 # The config nodes the report reads as mappings.
 CONFIG_GROUPS = ("workload", "method", "cluster", "model", "run", "cost", "train", "names")
 STEP_PARTS = ("compute_s", "recompute_s", "comm_s", "sync_s", "idle_s")
+# Planning cost and the machine's bound, from the run summary's extra (`dcp_bench.run.loop`).
+RUN_PLANNING_KEYS = ("planner_clock", "offline_tune_total_s", "retunes", "planner_max_ms",
+                     "planner_over_budget_steps", "lower_bound_physical_s")
 
 
 @dataclass
@@ -141,6 +144,7 @@ def load_campaign(
             "mfu": summary.mfu,
             "planner_ms": summary.planner_ms,
             "lower_bound_s": summary.lower_bound_s,
+            **{k: extra.get(k) for k in RUN_PLANNING_KEYS},
             "n_steps": summary.n_steps,
             "unit": extra.get("unit", "step"),
             "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,

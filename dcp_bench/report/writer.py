@@ -49,6 +49,7 @@ from dcp_bench.report.first_screen import first_screen_section, glossary_section
 from dcp_bench.report.memory import memory_decisions_section
 from dcp_bench.report.memory_error import memory_prediction_error
 from dcp_bench.report.peers import peer_section
+from dcp_bench.report.planning import machine_bound_section, planning_cost_section
 from dcp_bench.report.stats import max_relative_difference, relative_error
 from dcp_bench.report.tables import (
     Campaign,
@@ -301,7 +302,8 @@ def report_sections(data: ReportData) -> list[Section]:
                                      _sensitivity_section, _calibration_section]
     lead: list[Section] = [*claim_sections, _opening, _comparison_section] if data.leads_with_claims \
         else [_comparison_section, _opening, *claim_sections]
-    return [first_screen_section, *lead, peer_section, _context_section, _scaling_section, _validation_section,
+    return [first_screen_section, *lead, peer_section, machine_bound_section, planning_cost_section,
+            _context_section, _scaling_section, _validation_section,
             _cells_section, _workloads_section, glossary_section, _provenance_section]
 
 

@@ -38,7 +38,7 @@ from dcp_bench.run.assemble import RunParts
 from dcp_bench.run.capabilities import DocumentedWorkload
 from dcp_bench.run.deal import deal_steps, latent_token_count
 from dcp_bench.run.spec import RunSpec
-from dcp_bench.sim import lower_bound, simulate_step
+from dcp_bench.sim import lower_bound, physical_lower_bound, simulate_step
 
 
 class RunTimeout(DcpBenchError):
@@ -75,6 +75,21 @@ def _median(values: list[float | None]) -> float | None:
     return float(np.median(vals)) if vals else None
 
 
+def planning_cost(steps: list[StepRecord]) -> dict[str, Any]:
+    """What planning cost the run, warm-up steps included (a launch's tuning happens there):
+    the configuration searches booked as offline work (``offline_tune_total_s``), how many steps
+    after the first searched again (``retunes``), the longest step's planning, and how many
+    steps overran a planning budget the planner declares (``planner_over_budget_steps``)."""
+    tunes = [float(s.extra.get("offline_tune_s") or 0.0) for s in steps]
+    budget = [(s.planner_ms / 1e3, s.extra.get("planner_budget_s")) for s in steps]
+    return {
+        "offline_tune_total_s": sum(tunes),
+        "retunes": sum(1 for t in tunes[1:] if t > 0),
+        "planner_max_ms": max((s.planner_ms for s in steps), default=None),
+        "planner_over_budget_steps": sum(1 for t, b in budget if b is not None and t > float(b)),
+    }
+
+
 def step_record(
     step: int,
     spec: RunSpec,
@@ -100,6 +115,10 @@ def step_record(
         "rounds": len(plan.rounds),
         "micro_batches": sum(1 for _ in plan.micro_batches()),
         "mem_cap_gib": float(parts.cost.memory_cap_bytes) / 2**30,
+        # a planner's own per-step planning budget, where it declares one (flexsp_milp's)
+        "planner_budget_s": _finite(plan.info.get("step_time_limit_s")),
+        # the bound of the machine: the whole usable memory as the cap (sim.BOUND_ASSUMPTIONS)
+        "lower_bound_physical_s": float(physical_lower_bound(batch, parts.cost)),
         "over_cap": bool(peaks and max(peaks) * 2**30 > parts.cost.memory_cap_bytes),
     }
     if executor.measured:
@@ -253,6 +272,8 @@ def summarise(
         extra["losses"] = losses
         extra["grad_norms"] = [s.grad_norm for s in steps]
         extra["step_times_s"] = [s.step_time_s for s in steps]
+    extra["lower_bound_physical_s"] = _median([s.extra.get("lower_bound_physical_s") for s in measured])
+    extra.update(planning_cost(steps))
     if executor.measured:
         extra["predicted_step_time_s"] = _median([s.extra.get("predicted_step_time_s") for s in measured])
         extra["predicted_peak_mem_gib"] = max(

@@ -26,8 +26,7 @@ from dcp_bench.config import config_hash
 from dcp_bench.cost import SOURCES, resolve_cluster, resolve_model
 from dcp_bench.cost.analytical import SCALE_KEYS
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec
-from dcp_bench.errors import ConfigError, DcpBenchError
-from dcp_bench.layout import is_power_of_two
+from dcp_bench.errors import ClusterError, ConfigError, DcpBenchError
 from dcp_bench.reference import run_label
 from dcp_bench.run.capabilities import EpochSampler, FixedDataset
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, ZERO_STAGES
@@ -520,9 +519,10 @@ def parse_run_spec(
         raise ConfigError(f"model.num_layers={model.num_layers} (model {model.name!r}): expected an integer >= 1")
     nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
     if nproc is not None:
-        if not is_power_of_two(nproc):
-            raise ConfigError(f"run.nproc (nproc)={nproc}: expected a power of two (aligned SP groups tile such worlds only)")
-        cluster = cluster.resized(nproc)
+        try:
+            cluster = cluster.resized(nproc)
+        except ClusterError as exc:
+            raise ConfigError(f"run.nproc (nproc, or cluster=NAME@N)={nproc}: {exc}") from None
     if cluster.world_size % train.nnodes:
         raise ConfigError(f"train.nnodes (nnodes)={train.nnodes}: the run's {cluster.world_size} ranks do not "
                           "split evenly over the nodes")

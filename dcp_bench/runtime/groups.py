@@ -1,7 +1,8 @@
 """`ProcessGroupPool`: every aligned power-of-two group of ranks, created once.
 
-A plan's groups are aligned blocks (size a power of two, start a multiple of the size), so a world
-of W ranks (W a power of two) needs at most 2W-1 groups: W singletons, W/2 pairs, ..., the world.
+A plan's groups are aligned blocks (size a power of two dividing the world, start a multiple of
+the size), so a world of W ranks needs fewer than 2W groups: W singletons, W/2 pairs, ... (the
+world itself among them when W is a power of two; 6 ranks have singletons and 3 pairs).
 ``torch.distributed.new_group`` is collective and must be called in the same order on every rank
 (a different order silently pairs the wrong ranks), so the pool creates all of them up front, in
 one fixed order, with a timeout. Lookup is by rank tuple; nothing holds a "current group".
@@ -49,7 +50,7 @@ class ProcessGroupPool:
         if key not in self._groups:
             raise PlanError(
                 f"no process group for ranks {key}: groups must be aligned power-of-two blocks "
-                f"of a world of {self.world_size}"
+                f"whose size divides the world of {self.world_size}"
             )
         return self._groups[key]
 

@@ -1,10 +1,16 @@
-"""Planning time of `dcp` (on the clock in every run): 32 GPUs x 512 sequences (target: median
-under 5 ms) and 1,024 GPUs x 16,384 sequences (target: under 200 ms), plus the faithful
+"""Planning time of `dcp` (on the clock in every run), in CPU time of this process
+(``time.process_time``: a shared machine's load inflates wall time several-fold, CPU time much
+less). Goals, read from the table (median), never asserted: 32 GPUs x 512 sequences under 5 ms,
+1,024 GPUs x 16,384 sequences under 100 ms, 12,288 GPUs (1,536 nodes of 8) x 196,608 sequences
+under 1 s, and the lower bound of that 12,288-GPU batch under 1 s; plus the faithful
 DCP-inter+PAC at 32 x 512. Analytical cost model, llama3_8b, log-normal lengths (median ~5K
-tokens, capped at 128K). Run: ``pytest tests/benchmarks/test_bench_planner.py --benchmark-enable``.
+tokens, capped at 128K). Run: ``make bench`` or
+``pytest tests/benchmarks/test_bench_planner.py --benchmark-enable``.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +21,7 @@ from dcp_bench.cost.specs import cluster_spec
 from dcp_bench.plan import validate_plan
 from dcp_bench.planners.dcp import DCPPlanner
 from dcp_bench.planners.dcp_faithful import DCPInterPACPlanner
+from dcp_bench.sim import lower_bound
 
 
 def _batch(n: int, seed: int = 0) -> GlobalBatch:
@@ -25,20 +32,29 @@ def _batch(n: int, seed: int = 0) -> GlobalBatch:
 def _cost(world: int):
     if world in (8, 16, 32, 64):
         return make_cost_model("llama3_8b", f"h200x{world}")
-    base = cluster_spec("h200x32")
-    from dataclasses import replace
-
-    return make_cost_model("llama3_8b", replace(base, name=f"h200x{world}", num_nodes=world // 8))
+    return make_cost_model("llama3_8b", cluster_spec("h200x8").resized(world))
 
 
-@pytest.mark.parametrize(("world", "n"), [(32, 512), (1024, 16384)])
+@pytest.mark.benchmark(timer=time.process_time)
+@pytest.mark.parametrize(("world", "n"), [(32, 512), (1024, 16384), (12288, 196608)])
 def test_bench_dcp_planning_time(benchmark, world: int, n: int) -> None:
     cost = _cost(world)
     batch = _batch(n)
     planner = DCPPlanner()
-    plan = benchmark(planner.plan, batch, cost)
+    if world > 1024:
+        plan = benchmark.pedantic(planner.plan, (batch, cost), rounds=5, iterations=1, warmup_rounds=1)
+    else:
+        plan = benchmark(planner.plan, batch, cost)
     validate_plan(plan, batch, None, num_layers=cost.model.num_layers)
     assert sorted(plan.sample_positions()) == list(range(n))
+
+
+@pytest.mark.benchmark(timer=time.process_time)
+def test_bench_lower_bound_at_12288_gpus(benchmark) -> None:
+    cost = _cost(12288)
+    batch = _batch(196608)
+    bound = benchmark.pedantic(lower_bound, (batch, cost), rounds=5, iterations=1, warmup_rounds=1)
+    assert bound > 0
 
 
 def test_bench_dcp_inter_pac_planning_time(benchmark) -> None:
