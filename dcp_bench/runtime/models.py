@@ -665,4 +665,8 @@ def build_model(
 def build_empty_model(spec: ModelSpec) -> RuntimeModel:
     """The model of ``spec`` on the meta device in fp32 (no memory, no initialisation)."""
     with torch.device("meta"):
+        if spec.library:  # another library's model (model=hf): dcp_bench.runtime.integrations
+            from dcp_bench.runtime.integrations.models import build_library_model
+
+            return build_library_model(spec)
         return LlamaModel(spec) if spec.arch == "llama" else STDiTModel(spec)
