@@ -196,13 +196,15 @@ def text_sample(seed: int, sample_id: int, length: int, vocab: int) -> Tensor:
 
 
 def make_text_shard(
-    sample_ids: Any, tokens: Any, vocab: int, sp: SPContext, seed: int, device: torch.device
+    sample_ids: Any, tokens: Any, vocab: int, sp: SPContext, seed: int, device: torch.device,
+    sample_tokens: Any = None,
 ) -> TextShard:
+    """``sample_tokens(sample_id, length)``: a sample's length+1 token ids (default `text_sample`)."""
     P, r = sp.size, sp.rank
     ids_parts, lab_parts, pos_parts = [], [], []
     seg_lens, valid, chunks = [], [], []
     for sid, length in zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist()):
-        seq = text_sample(seed, sid, length, vocab)
+        seq = text_sample(seed, sid, length, vocab) if sample_tokens is None else sample_tokens(sid, length)
         padded = _pad_to(length, P)
         c = padded // P
         ids = torch.zeros(padded, dtype=torch.long)

@@ -31,6 +31,7 @@ the runtime model ``model=hf`` trains (built from the spec's library config).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -160,14 +161,17 @@ def spec_of(model: nn.Module, name: str | None = None, dtype: str = "bf16") -> M
 
 class CausalLMAdapter:
     """A transformers causal LM as DataCentricParallel runs it: ``make_inputs`` builds this rank's
-    packed shard of a micro-batch, ``loss_sum`` its summed loss. ``spec``: the cost model's spec
-    (derived from the model's config when None)."""
+    packed shard of a micro-batch, ``loss_sum`` its summed loss. ``sample_tokens(sample_id,
+    length)``: the sample's length+1 token ids (inputs are the first ``length``, targets the last
+    ``length``); synthetic ids seeded by (seed, sample id) when None. ``spec``: the cost model's
+    spec (derived from the model's config when None)."""
 
-    def __init__(self, model: nn.Module, spec: ModelSpec | None = None, seed: int = 0,
-                 kernel: AttentionKernel | None = None, loss_chunk_tokens: int = LOGITS_CHUNK_TOKENS) -> None:
+    def __init__(self, model: nn.Module, sample_tokens: Callable[[int, int], Tensor] | None = None,
+                 spec: ModelSpec | None = None, kernel: AttentionKernel | None = None,
+                 loss_chunk_tokens: int = LOGITS_CHUNK_TOKENS) -> None:
         self.model = prepare_causal_lm(model)
         self.spec = spec if spec is not None else spec_of(model)
-        self.seed = seed
+        self.sample_tokens = sample_tokens
         self.kernel = kernel
         self.loss_chunk_tokens = loss_chunk_tokens
         self._checkpointing: bool | None = None
@@ -178,11 +182,13 @@ class CausalLMAdapter:
         return self.kernel
 
     def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> TextShard:
-        """This rank's shard of the packed micro-batch: synthetic token ids drawn per (seed,
-        sample id) as the runtime's own text model does (`make_text_shard`)."""
+        """This rank's shard of the packed micro-batch (`make_text_shard`): the samples' token ids
+        from ``sample_tokens``, or synthetic ids drawn per (seed, sample id) as the runtime's own
+        text model does."""
         del frames
         device = next(self.model.parameters()).device
-        return make_text_shard(sample_ids, tokens, int(self.model.config.vocab_size), sp, seed, device)
+        return make_text_shard(sample_ids, tokens, int(self.model.config.vocab_size), sp, seed, device,
+                               self.sample_tokens)
 
     def loss_sum(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
         """Summed next-token loss over this rank's real tokens; every layer recomputed when the plan
@@ -220,7 +226,7 @@ class TransformersCausalLM(RuntimeModel):
         super().__init__()
         self.spec = spec
         self.lm = build_causal_lm(spec)
-        self.adapter = CausalLMAdapter(self.lm, spec)
+        self.adapter = CausalLMAdapter(self.lm, spec=spec)
 
     def init_rule(self, name: str) -> tuple[str, float]:
         raise NotImplementedError("weights come from the library's initialisation (init_weights)")
