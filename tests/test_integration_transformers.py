@@ -127,7 +127,7 @@ def test_adapter_on_one_process_equals_the_library_forward() -> None:
     inputs = adapter.make_inputs(TEXT.sample_ids, TEXT.tokens, TEXT.frames, SINGLE, SEED)
     loss = adapter.loss_sum(inputs, SINGLE, ckpt_layers=4) / TEXT.total_tokens
     loss.backward()
-    assert abs(float(loss) - ref_loss) <= 1e-5 * abs(ref_loss)
+    assert abs(float(loss.detach()) - ref_loss) <= 1e-5 * abs(ref_loss)
     assert rel_l2(flat_grads(model.parameters()), ref_grads) <= 1e-5
 
 
@@ -141,6 +141,7 @@ def _check(results: list[list[dict[str, Any]]], cases: list[tuple[str, GlobalBat
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_four_ranks_hand_plans_equal_single_process() -> None:
     assert group_sizes(CASES4[0][2]) == [1, 2, 4]  # one step splits samples over 4, 2 and 1 ranks
     _check(run_cases(4, build_adapted, CASES4), CASES4)

@@ -21,12 +21,14 @@ The loss is the flow-matching loss Wan trains with, on random latents: x_t = (1 
 with s = t / 1000, target noise - x0, the squared error summed over this rank's tokens (a token =
 one latent patch, all its channels). Several clips in a micro-batch run one forward each (the model
 takes one clip shape per call). Checkpointing: the model's own all-or-nothing switch
-(``enable_gradient_checkpointing``): a partly recomputed micro-batch recomputes every block.
+(``enable_gradient_checkpointing``, given a checkpoint function that restores the micro-batch for
+the recompute): a partly recomputed micro-batch recomputes every block.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
@@ -171,6 +174,20 @@ class WanAdapter:
         blocks[0].register_forward_pre_hook(self._split_tokens)
         model.proj_out.register_forward_hook(self._gather_tokens)
 
+    def _checkpoint(self, block: Callable[..., Any], *args: Any) -> Any:
+        """The model's checkpoint function: the recompute (in backward, after `loss_sum` returned)
+        runs with the micro-batch the forward ran with."""
+        active = self.active
+
+        def run(*inner: Any) -> Any:
+            previous, self.active = self.active, active
+            try:
+                return block(*inner)
+            finally:
+                self.active = previous
+
+        return checkpoint(run, *args, use_reentrant=False)
+
     # -- hooks (pass-through outside loss_sum)
     def _split_rope(self, module: nn.Module, args: Any, out: Any) -> Any:
         if self.active is None:
@@ -229,7 +246,7 @@ class WanAdapter:
         on = ckpt_layers > 0
         if on != self._checkpointing:
             if on:
-                self.model.enable_gradient_checkpointing()
+                self.model.enable_gradient_checkpointing(gradient_checkpointing_func=self._checkpoint)
             else:
                 self.model.disable_gradient_checkpointing()
             self._checkpointing = on
