@@ -122,6 +122,7 @@ def _check(results: list[list[dict[str, Any]]], cases: list[tuple[str, GlobalBat
 
 @pytest.mark.dist
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_four_ranks_hand_plans_equal_single_process() -> None:
     assert group_sizes(CASES4[0][2]) == [1, 2, 4]
     _check(run_cases(4, build_adapted, CASES4), CASES4)
@@ -134,6 +135,7 @@ def test_two_ranks_hand_plan_and_api_equal_single_process() -> None:
 
 @pytest.mark.dist
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # every method on 2 or 4 ranks; minutes on a loaded 2-core machine
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_method_equals_single_process(world: int) -> None:
     cases = [(m, VIDEO, (m, 0.066)) for m in METHODS]

@@ -142,6 +142,7 @@ def _check(results: list[list[dict[str, Any]]], cases: list[tuple[str, GlobalBat
 
 @pytest.mark.dist
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_four_ranks_hand_plans_equal_single_process() -> None:
     assert group_sizes(CASES4[0][2]) == [1, 2, 4]  # one step splits samples over 4, 2 and 1 ranks
     _check(run_cases(4, build_adapted, CASES4), CASES4)
@@ -165,6 +166,7 @@ def method_batch(world: int) -> GlobalBatch:
 
 @pytest.mark.dist
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # every method on 2 or 4 ranks; minutes on a loaded 2-core machine
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_method_equals_single_process(world: int) -> None:
     batch = method_batch(world)

@@ -41,6 +41,7 @@ from dcp_bench.report.claims import (
     sensitivity,
     verdict,
 )
+from dcp_bench.report.adoption import adoption_section
 from dcp_bench.report.document import Document
 from dcp_bench.report.memory_error import memory_prediction_error
 from dcp_bench.report.peers import peer_section
@@ -292,7 +293,7 @@ def report_sections(data: ReportData) -> list[Section]:
     lead: list[Section] = [*claim_sections, _comparison_section] if data.leads_with_claims \
         else [_comparison_section, *claim_sections]
     return [_opening, *lead, peer_section, _context_section, _scaling_section, _validation_section,
-            _cells_section, _workloads_section, _provenance_section]
+            _cells_section, _workloads_section, adoption_section, _provenance_section]
 
 
 def _reference_section(doc: Document, data: ReportData) -> None:

@@ -146,11 +146,13 @@ def _grid(spatial: int) -> tuple[int, int]:
 
 class WanAdapter:
     """A diffusers ``WanTransformer3DModel`` as DataCentricParallel runs it (see the module
-    docstring). ``caption_tokens``: the caption length of the synthetic samples; ``spec``: the
-    cost model's spec (`spec_of`, priced as an STDiT-style video transformer when None)."""
+    docstring). ``sample_clip(sample_id, frames, patches_per_frame)``: a sample's (latents (1, C,
+    F, H, W), noise, timestep (1,), caption (1, L, text_dim)); when None, random ones drawn per
+    (seed, sample id) with ``caption_tokens`` caption tokens. ``spec``: the cost model's spec
+    (`spec_of`, priced as an STDiT-style video transformer when None)."""
 
-    def __init__(self, model: nn.Module, spec: ModelSpec | None = None, caption_tokens: int = 16,
-                 kernel: AttentionKernel | None = None) -> None:
+    def __init__(self, model: nn.Module, sample_clip: Callable[[int, int, int], tuple[Tensor, ...]] | None = None,
+                 spec: ModelSpec | None = None, caption_tokens: int = 16, kernel: AttentionKernel | None = None) -> None:
         diffusers = require("diffusers")
         name = type(model).__name__
         if not isinstance(model, diffusers.WanTransformer3DModel):
@@ -164,6 +166,7 @@ class WanAdapter:
         self.model = model
         self.spec = spec if spec is not None else spec_of(model, caption_tokens=caption_tokens)
         self.caption_tokens = caption_tokens
+        self.sample_clip = sample_clip
         self.kernel = kernel
         self.active: _Active | None = None
         self._checkpointing: bool | None = None
@@ -217,6 +220,11 @@ class WanAdapter:
         for sid, n, f in zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist(), np.asarray(frames).tolist()):
             if n % f:
                 raise ConfigError(f"sample {sid}: {n} tokens not a whole number of patches per frame over {f} frames")
+            if self.sample_clip is not None:
+                x0, noise, t, caption = self.sample_clip(sid, f, n // f)
+                out.append(ClipShard(x0.to(device), noise.to(device), t.to(device), caption.to(device),
+                                     int(n), -(-int(n) // sp.size) * sp.size))
+                continue
             hh, ww = _grid(n // f)
             g = sample_generator(seed, sid)
             shape = (1, cfg.in_channels, f * pt, hh * ph, ww * pw)
