@@ -62,9 +62,9 @@ def code_lines(source: str) -> list[str]:
     lines = source.splitlines()
     skip: set[int] = set()
     body = ast.parse(source).body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        skip.update(range(body[0].lineno - 1, (body[0].end_lineno or body[0].lineno)))
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        skip.update(range(first.lineno - 1, first.end_lineno or first.lineno))
     return [ln.rstrip() for i, ln in enumerate(lines)
             if i not in skip and ln.strip() and not ln.strip().startswith("#")]
 

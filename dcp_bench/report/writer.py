@@ -32,6 +32,7 @@ from dcp_bench.envinfo import git_state
 from dcp_bench.files import atomic_write_json
 from dcp_bench.paths import REPO_ROOT, REPORTS_DIR, RESULTS_DIR
 from dcp_bench.report import figures as fig
+from dcp_bench.report.adoption import adoption_section
 from dcp_bench.report.claims import (
     decompose,
     evaluate_claims,
@@ -41,7 +42,6 @@ from dcp_bench.report.claims import (
     sensitivity,
     verdict,
 )
-from dcp_bench.report.adoption import adoption_section
 from dcp_bench.report.document import Document
 from dcp_bench.report.memory_error import memory_prediction_error
 from dcp_bench.report.peers import peer_section

@@ -114,7 +114,7 @@ class UlyssesWanProcessor:
     def __init__(self, adapter: WanAdapter) -> None:
         self.adapter = adapter
 
-    def __call__(self, attn: nn.Module, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
+    def __call__(self, attn: Any, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
                  attention_mask: Tensor | None = None, rotary_emb: tuple[Tensor, Tensor] | None = None) -> Tensor:
         active = self.adapter.active
         if active is None:
@@ -151,7 +151,7 @@ class WanAdapter:
     (seed, sample id) with ``caption_tokens`` caption tokens. ``spec``: the cost model's spec
     (`spec_of`, priced as an STDiT-style video transformer when None)."""
 
-    def __init__(self, model: nn.Module, sample_clip: Callable[[int, int, int], tuple[Tensor, ...]] | None = None,
+    def __init__(self, model: Any, sample_clip: Callable[[int, int, int], tuple[Tensor, ...]] | None = None,
                  spec: ModelSpec | None = None, caption_tokens: int = 16, kernel: AttentionKernel | None = None) -> None:
         diffusers = require("diffusers")
         name = type(model).__name__
@@ -163,7 +163,7 @@ class WanAdapter:
         blocks = list(model.blocks)
         if not blocks or any(getattr(b.attn1, "fused_projections", False) for b in blocks):
             raise ConfigError(f"{name}: no blocks, or fused q/k/v projections; expected separate to_q/to_k/to_v")
-        self.model = model
+        self.model: Any = model
         self.spec = spec if spec is not None else spec_of(model, caption_tokens=caption_tokens)
         self.caption_tokens = caption_tokens
         self.sample_clip = sample_clip
@@ -271,7 +271,7 @@ class WanAdapter:
         return total
 
 
-def spec_of(model: nn.Module, caption_tokens: int = 16, name: str = "wan") -> ModelSpec:
+def spec_of(model: Any, caption_tokens: int = 16, name: str = "wan") -> ModelSpec:
     """The cost model's spec of a Wan transformer. The cost model has no full-3-D-attention video
     architecture: it prices Wan as STDiT-style (per block pair a spatial and a temporal attention),
     which under-prices attention on long clips; the sources say so."""
@@ -280,14 +280,14 @@ def spec_of(model: nn.Module, caption_tokens: int = 16, name: str = "wan") -> Mo
     return ModelSpec(
         name=name, arch="stdit", num_layers=max(1, int(cfg.num_layers) // 2), hidden=heads * head_dim,
         heads=heads, kv_heads=heads, ffn_hidden=int(cfg.ffn_dim), in_channels=int(cfg.in_channels),
-        patch=tuple(int(p) for p in cfg.patch_size), text_tokens=caption_tokens, text_dim=int(cfg.text_dim),
+        patch=(int(cfg.patch_size[0]), int(cfg.patch_size[1]), int(cfg.patch_size[2])), text_tokens=caption_tokens, text_dim=int(cfg.text_dim),
         dtype="fp32",
         sources={"architecture": "diffusers WanTransformer3DModel config; priced as STDiT-style spatial + "
                                  "temporal attention (approximation: Wan attends over the whole clip)"},
     )
 
 
-def build_wan(config: dict[str, Any], seed: int | None = None) -> nn.Module:
+def build_wan(config: dict[str, Any], seed: int | None = None) -> Any:
     """A Wan transformer from its config keys (weights as the library initialises them; under
     ``torch.manual_seed(seed)`` when given)."""
     diffusers = require("diffusers")

@@ -107,7 +107,7 @@ def ulysses_attention(
     return ulysses_heads_to_seq(out, sp, shard.gathered_from_full).unsqueeze(0), None
 
 
-def prepare_causal_lm(model: nn.Module) -> nn.Module:
+def prepare_causal_lm(model: Any) -> Any:
     """Register `ulysses_attention` and select it on ``model`` (in place); `ConfigError` naming the
     reason for a model it cannot serve."""
     tf = require("transformers")
@@ -137,7 +137,7 @@ def prepare_causal_lm(model: nn.Module) -> nn.Module:
     return model
 
 
-def set_checkpointing(model: nn.Module, on: bool) -> None:
+def set_checkpointing(model: Any, on: bool) -> None:
     """The model's own activation-checkpointing switch (non-reentrant checkpoints)."""
     if on:
         if hasattr(model, "activation_checkpointing_enable"):
@@ -150,11 +150,11 @@ def set_checkpointing(model: nn.Module, on: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
-def spec_of(model: nn.Module, name: str | None = None, dtype: str = "bf16") -> ModelSpec:
+def spec_of(model: Any, name: str | None = None, dtype: str = "bf16") -> ModelSpec:
     """The cost model's spec of a transformers model (from its config)."""
     from dcp_bench.cost.library_specs import library_model_spec
 
-    config = model.config.to_dict()  # type: ignore[operator,union-attr]
+    config = model.config.to_dict()
     return library_model_spec({"name": name or str(config.get("model_type")), "library": "transformers",
                                "config": config, "dtype": dtype})
 
@@ -166,10 +166,10 @@ class CausalLMAdapter:
     ``length``); synthetic ids seeded by (seed, sample id) when None. ``spec``: the cost model's
     spec (derived from the model's config when None)."""
 
-    def __init__(self, model: nn.Module, sample_tokens: Callable[[int, int], Tensor] | None = None,
+    def __init__(self, model: Any, sample_tokens: Callable[[int, int], Tensor] | None = None,
                  spec: ModelSpec | None = None, kernel: AttentionKernel | None = None,
                  loss_chunk_tokens: int = LOGITS_CHUNK_TOKENS) -> None:
-        self.model = prepare_causal_lm(model)
+        self.model: Any = prepare_causal_lm(model)
         self.spec = spec if spec is not None else spec_of(model)
         self.sample_tokens = sample_tokens
         self.kernel = kernel
@@ -208,7 +208,7 @@ class CausalLMAdapter:
         return chunked_cross_entropy_sum(hidden, head.weight, inputs.labels, self.loss_chunk_tokens)
 
 
-def build_causal_lm(spec: ModelSpec) -> nn.Module:
+def build_causal_lm(spec: ModelSpec) -> Any:
     """The transformers model of a ``model=hf`` spec (weights as the library initialises them under
     the ambient RNG and device)."""
     tf = require("transformers")
