@@ -179,3 +179,32 @@ def test_every_method_equals_single_process(world: int) -> None:
         assert any(r["sizes"] == [1, 2, 4] for r in results[0])  # one step over 1, 2 and 4 ranks
     assert len({tuple(r["sizes"]) + tuple(r["ckpt"]) for r in results[0]}) >= 3  # the plans differ
     assert np.isfinite([r["loss"] for r in results[0]]).all()
+
+
+def _saved_activation_bytes(model: Any, tokens: int) -> int:
+    """Bytes autograd keeps for the backward of one forward (parameters excluded, each storage once)."""
+    from dcp_bench.runtime.attention import SINGLE
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    inputs = model.make_inputs(np.array([1]), np.array([tokens]), np.array([1]), SINGLE, 0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.loss_sum(inputs, SINGLE, 0)
+    return sum(seen.values())
+
+
+def test_library_llama_keeps_the_runtime_llamas_activations() -> None:
+    # The cost model's activation bytes are counted on the runtime's own Llama; the library's
+    # Llama of the same sizes must keep the same bytes for the backward for them to apply.
+    from dcp_bench.runtime.models import build_model
+
+    ours, theirs = build_model(model_spec("tiny_llama")), build_model(SPEC)
+    for tokens in (512, 1024):
+        assert _saved_activation_bytes(theirs, tokens) == _saved_activation_bytes(ours, tokens)
