@@ -205,6 +205,8 @@ def test_library_llama_keeps_the_runtime_llamas_activations() -> None:
     # Llama of the same sizes must keep the same bytes for the backward for them to apply.
     from dcp_bench.runtime.models import build_model
 
-    ours, theirs = build_model(model_spec("tiny_llama")), build_model(SPEC)
+    from dcp_bench.runtime.integrations.models import library_empty_model
+
+    ours, theirs = build_model(model_spec("tiny_llama")), build_model(SPEC, empty=library_empty_model(SPEC))
     for tokens in (512, 1024):
         assert _saved_activation_bytes(theirs, tokens) == _saved_activation_bytes(ours, tokens)

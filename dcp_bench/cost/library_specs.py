@@ -84,12 +84,10 @@ def transformers_spec_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def library_model_spec(data: Mapping[str, Any]) -> Any:
-    """A `ModelSpec` from a ``model=hf`` config node: ``name``, ``library`` (transformers),
+def library_spec_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The `ModelSpec` fields of a ``model=hf`` config node: ``name``, ``library`` (transformers),
     ``config`` (the library config's keys) or ``config_file`` (its JSON), and optionally ``dtype``,
     ``max_seq_len`` (default: the config's ``max_position_embeddings``) and ``sources``."""
-    from dcp_bench.cost.specs import ModelSpec
-
     known = {"name", "library", "config", "config_file", "dtype", "max_seq_len", "sources"}
     unknown = set(data) - known
     if unknown:
@@ -103,7 +101,7 @@ def library_model_spec(data: Mapping[str, Any]) -> Any:
     sources = {str(k): str(v) for k, v in dict(data.get("sources") or {}).items()}
     sources.setdefault("architecture", f"{library} {cfg['model_type']} config"
                        + (f" {data['config_file']}" if data.get("config_file") else " (model.config keys)"))
-    return ModelSpec(
+    return dict(
         name=str(data["name"]), max_seq_len=int(max_seq_len), dtype=str(data.get("dtype", "bf16")),
         sources=sources, library=library, library_config=cfg, **fields,
     )

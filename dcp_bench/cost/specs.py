@@ -190,9 +190,9 @@ def model_spec(name: str, **fields: Any) -> ModelSpec:
     data = {"name": name, **fields} if fields else _read_yaml("model", name)
     data = {k: v for k, v in data.items() if not k.startswith("_")}
     if "config" in data or "config_file" in data:  # a library's own config (model=hf)
-        from dcp_bench.cost.library_specs import library_model_spec
+        from dcp_bench.cost.library_specs import library_spec_fields
 
-        return library_model_spec(data)
+        return _build(ModelSpec, library_spec_fields(data))
     if "patch" in data:
         data["patch"] = tuple(data["patch"])
     for key in ("sources", "library_config"):

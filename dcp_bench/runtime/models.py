@@ -647,13 +647,16 @@ def build_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     attention: str = "auto",
+    empty: RuntimeModel | None = None,
 ) -> RuntimeModel:
     """The model a spec describes, built on the meta device, materialised on ``device`` and
     initialised from ``seed`` there (`RuntimeModel.init_weights`: identical on every rank and for
     any sharding), in ``dtype``, with the attention kernel `select_attention_kernel` picks for the
     device and dtype (``attention``: auto or a kernel name). ``device="meta"`` returns the
-    unmaterialised model (parameter counts)."""
-    model = build_empty_model(spec)
+    unmaterialised model (parameter counts). ``empty``: the meta-device model to materialise
+    instead of `build_empty_model`'s (another library's model,
+    `dcp_bench.runtime.integrations.models.library_empty_model`)."""
+    model = build_empty_model(spec) if empty is None else empty
     dev = torch.device(device)
     if dev.type == "meta":
         return model.to(dtype=dtype)
@@ -667,8 +670,4 @@ def build_model(
 def build_empty_model(spec: ModelSpec) -> RuntimeModel:
     """The model of ``spec`` on the meta device in fp32 (no memory, no initialisation)."""
     with torch.device("meta"):
-        if spec.library:  # another library's model (model=hf): dcp_bench.runtime.integrations
-            from dcp_bench.runtime.integrations.models import build_library_model
-
-            return build_library_model(spec)
         return LlamaModel(spec) if spec.arch == "llama" else STDiTModel(spec)

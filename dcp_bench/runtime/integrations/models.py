@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from dcp_bench.cost.specs import ModelSpec
@@ -13,12 +14,16 @@ from dcp_bench.runtime.attention import SINGLE, SPContext
 from dcp_bench.runtime.models import RuntimeModel
 
 
-def build_library_model(spec: ModelSpec) -> RuntimeModel:
-    """The `RuntimeModel` that trains ``spec``'s library model (built under the ambient device)."""
+def library_empty_model(spec: ModelSpec) -> RuntimeModel | None:
+    """The `RuntimeModel` that trains ``spec``'s library model, on the meta device (materialise it
+    with ``build_model(spec, ..., empty=...)``); None for the runtime's own models."""
+    if not spec.library:
+        return None
     if spec.library == "transformers":
         from dcp_bench.runtime.integrations.transformers_lm import TransformersCausalLM
 
-        return TransformersCausalLM(spec)
+        with torch.device("meta"):
+            return TransformersCausalLM(spec)
     raise ConfigError(f"model {spec.name!r}: library {spec.library!r}; expected transformers")
 
 

@@ -152,11 +152,10 @@ def set_checkpointing(model: Any, on: bool) -> None:
 
 def spec_of(model: Any, name: str | None = None, dtype: str = "bf16") -> ModelSpec:
     """The cost model's spec of a transformers model (from its config)."""
-    from dcp_bench.cost.library_specs import library_model_spec
+    from dcp_bench.cost.specs import model_spec
 
     config = model.config.to_dict()
-    return library_model_spec({"name": name or str(config.get("model_type")), "library": "transformers",
-                               "config": config, "dtype": dtype})
+    return model_spec(name or str(config.get("model_type")), library="transformers", config=config, dtype=dtype)
 
 
 class CausalLMAdapter:
