@@ -203,9 +203,8 @@ def _saved_activation_bytes(model: Any, tokens: int) -> int:
 def test_library_llama_keeps_the_runtime_llamas_activations() -> None:
     # The cost model's activation bytes are counted on the runtime's own Llama; the library's
     # Llama of the same sizes must keep the same bytes for the backward for them to apply.
-    from dcp_bench.runtime.models import build_model
-
     from dcp_bench.runtime.integrations.models import library_empty_model
+    from dcp_bench.runtime.models import build_model
 
     ours, theirs = build_model(model_spec("tiny_llama")), build_model(SPEC, empty=library_empty_model(SPEC))
     for tokens in (512, 1024):
