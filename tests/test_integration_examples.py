@@ -76,3 +76,20 @@ def test_docs_state_the_counted_lines() -> None:
         m = re.search(rf"<!-- count:{library} -->\*\*(\d+) code lines added or rewritten, (\d+) removed\*\*", doc)
         assert m, f"docs/integration.md has no count line for {library}"
         assert (int(m.group(1)), int(m.group(2))) == (row["lines added or rewritten"], row["lines removed"])
+
+
+def test_claim_reports_carry_the_lines_to_adopt_table() -> None:
+    from types import SimpleNamespace
+
+    from dcp_bench.report.adoption import adoption_section
+    from dcp_bench.report.document import Document
+
+    doc = Document("t")
+    adoption_section(doc, SimpleNamespace(leads_with_claims=True))
+    text = doc.to_markdown()
+    assert "## Lines to adopt" in text and "about 10 lines" in text
+    for row in adoption_rows():
+        assert row["example"] in text
+    quiet = Document("t")
+    adoption_section(quiet, SimpleNamespace(leads_with_claims=False))  # campaign reports: no table
+    assert "Lines to adopt" not in quiet.to_markdown()
