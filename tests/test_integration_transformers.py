@@ -209,3 +209,29 @@ def test_library_llama_keeps_the_runtime_llamas_activations() -> None:
     ours, theirs = build_model(model_spec("tiny_llama")), build_model(SPEC, empty=library_empty_model(SPEC))
     for tokens in (512, 1024):
         assert _saved_activation_bytes(theirs, tokens) == _saved_activation_bytes(ours, tokens)
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "qwen2"])
+def test_other_decoder_families_equal_their_library_forward(model_type: str) -> None:
+    from dcp_bench.runtime.attention import SINGLE
+    from dcp_bench.runtime.integrations.transformers_lm import CausalLMAdapter, build_causal_lm
+
+    spec = model_spec("small", library="transformers", config={
+        "model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256})
+    torch.manual_seed(0)
+    ref = build_causal_lm(spec)
+    torch.manual_seed(0)
+    model = build_causal_lm(spec)
+    adapter = CausalLMAdapter(model, spec=spec)
+    ids, tokens = np.array([1, 2, 3]), np.array([40, 7, 25])
+    loss = adapter.loss_sum(adapter.make_inputs(ids, tokens, None, SINGLE, 0), SINGLE, ckpt_layers=2)
+    loss.backward()
+    ref_loss = torch.zeros(())
+    for sid, n in zip(ids.tolist(), tokens.tolist()):
+        seq = text_sample(0, sid, n, 256)
+        ref_loss = ref_loss + F.cross_entropy(ref(input_ids=seq[:n][None], use_cache=False).logits[0].float(), seq[1:],
+                                              reduction="sum")
+    ref_loss.backward()
+    assert abs(float(loss.detach()) - float(ref_loss.detach())) <= 1e-5 * float(ref_loss.detach())
+    assert rel_l2(flat_grads(model.parameters()), flat_grads(ref.parameters())) <= 1e-5
