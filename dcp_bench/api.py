@@ -9,11 +9,17 @@ one gradient all-reduce and the one optimizer step::
     dcp = DataCentricParallel(model, optimizer, batches, method="dcp", cluster="cpu")
     for work in dcp:
         for mb in work:
-            loss = model.loss_sum(mb.inputs, mb.sp, mb.ckpt_layers) / work.tokens
+            loss = dcp.loss_sum(mb) / work.tokens
             work.backward(loss)
         dcp.step(work)
 
-What a model must provide (`dcp_bench.runtime.models.RuntimeModel`): ``make_inputs(sample_ids,
+``dcp.loss_sum(mb)`` is the loss hook: ``loss_fn(mb)`` when one was given, else the adapter's
+``loss_sum``. A ``transformers`` causal LM (Llama, Mistral, Qwen2) or a ``diffusers`` Wan video
+transformer is recognised and gets its adapter (`dcp_bench.runtime.integrations`); any other
+model brings its own ``adapter`` (an object with ``make_inputs``, ``loss_sum`` and ``spec``) or is
+itself one:
+
+What a model (or adapter) must provide (`dcp_bench.runtime.models.RuntimeModel`): ``make_inputs(sample_ids,
 tokens, frames, sp, seed)`` (this rank's shard of a packed micro-batch) and ``loss_sum(inputs, sp,
 ckpt_layers)`` (the summed loss over its real tokens), with attention that runs through the
 sequence-parallel exchanges of `dcp_bench.runtime.attention` (``ulysses_seq_to_heads`` /
@@ -30,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,11 +56,13 @@ from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.runtime.attention import SPContext
 from dcp_bench.runtime.executor import TorchExecutor, rank_work, step_token_count
 from dcp_bench.runtime.groups import ProcessGroupPool
+from dcp_bench.runtime.integrations.models import AdaptedModel, adapter_for
 
 
 @dataclass
 class RankMicroBatch:
-    """One micro-batch this rank runs: call ``model.loss_sum(inputs, sp, ckpt_layers)``."""
+    """One micro-batch this rank runs: ``DataCentricParallel.loss_sum(mb)`` (or
+    ``model.loss_sum(inputs, sp, ckpt_layers)`` for a runtime model)."""
 
     inputs: Any  # what model.make_inputs built: this rank's shard
     sp: SPContext  # the sequence-parallel group (SINGLE when the rank runs it alone)
@@ -93,8 +101,14 @@ class StepWork:
         loss.backward()
 
 
+def has_sp_interface(model: Any) -> bool:
+    """Whether ``model`` has ``make_inputs`` and ``loss_sum`` that take an ``sp`` group."""
+    return all(callable(getattr(model, m, None)) and "sp" in inspect.signature(getattr(model, m)).parameters
+               for m in ("make_inputs", "loss_sum"))
+
+
 def check_model(model: Any) -> None:
-    """Raise `ConfigError` unless ``model`` can run sequence-parallel micro-batches."""
+    """Raise `ConfigError` unless ``model`` (or an adapter) can run sequence-parallel micro-batches."""
     name = type(model).__name__
     missing = [m for m in ("make_inputs", "loss_sum") if not callable(getattr(model, m, None))]
     takes_sp = not missing and all(
@@ -107,7 +121,8 @@ def check_model(model: Any) -> None:
             + "): implement dcp_bench.runtime.models.RuntimeModel - make_inputs(sample_ids, tokens, "
             "frames, sp, seed) and loss_sum(inputs, sp, ckpt_layers) - and route its attention "
             "through dcp_bench.runtime.attention (ulysses_seq_to_heads / ulysses_heads_to_seq around "
-            "varlen_attention), or start from dcp_bench.runtime.models.build_model"
+            "varlen_attention), or start from dcp_bench.runtime.models.build_model; a library model "
+            "other than a transformers causal LM or a diffusers Wan transformer needs adapter=..."
         )
     if not hasattr(model, "spec"):
         raise ConfigError(
@@ -155,7 +170,10 @@ class DataCentricParallel:
     baselines). ``cluster``: a cluster config name or spec describing the devices (its size is set
     to the running world); ``cost``: a ready cost model instead (else ``make_cost_model(model.spec,
     cluster, source="auto")``: the cluster's profile when it names one). Needs
-    ``torch.distributed`` initialised (any world size, a power of two).
+    ``torch.distributed`` initialised (any world size, a power of two). ``adapter``: builds the
+    inputs and the loss of a model that has no ``make_inputs``/``loss_sum`` of its own (recognised
+    library models get theirs); ``loss_fn(mb)``: a loss hook that replaces the adapter's
+    ``loss_sum`` in `loss_sum`.
     """
 
     def __init__(
@@ -169,14 +187,20 @@ class DataCentricParallel:
         seed: int = 0,
         grad_clip: float | None = None,
         method_overrides: list[str] | None = None,
+        adapter: Any = None,
+        loss_fn: Callable[[RankMicroBatch], torch.Tensor] | None = None,
     ) -> None:
-        check_model(model)
+        if adapter is None and not has_sp_interface(model):
+            adapter = adapter_for(model)
+        check_model(model if adapter is None else adapter)
         if not dist.is_initialized():
             raise ConfigError(
                 "torch.distributed is not initialised: call dist.init_process_group (e.g. under "
                 "torchrun) before building DataCentricParallel"
             )
         self.model = model
+        self.adapter = model if adapter is None else adapter
+        self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.seed = seed
         self.grad_clip = grad_clip
@@ -191,7 +215,7 @@ class DataCentricParallel:
             overrides.append(f"cluster={cluster}")
         spec = parse_run_spec(to_container(load_config(overrides)))
         spec = dataclasses.replace(
-            spec, model=model.spec,
+            spec, model=self.adapter.spec,
             cluster=cluster.resized(self.world_size) if isinstance(cluster, ClusterSpec) else spec.cluster,
         )
         if cost is None:
@@ -203,7 +227,8 @@ class DataCentricParallel:
         self.cost = cost
         self.planner = make_planner(spec.method, seed=seed)
         self._parts = RunParts(workload=data, cost=cost, plan_cost=cost, planner=self.planner)
-        self._executor = TorchExecutor(model, optimizer, self.pool, seed=seed, grad_clip=grad_clip)
+        runtime_model = model if adapter is None else AdaptedModel(model, adapter)
+        self._executor = TorchExecutor(runtime_model, optimizer, self.pool, seed=seed, grad_clip=grad_clip)
         self._data = _batches(data, self.world_size)
 
     def plan(self, batch: GlobalBatch) -> StepPlan:
@@ -220,11 +245,18 @@ class DataCentricParallel:
                        planner_s=planner_s)
         for r, mb, ctx, positions in rank_work(plan, batch, self.rank, self.pool):
             pos = np.asarray(positions, dtype=np.int64)
-            inputs = self.model.make_inputs(
+            inputs = self.adapter.make_inputs(
                 batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, self.seed
             )
             out.micro_batches.append(RankMicroBatch(inputs, ctx, mb.ckpt_layers, tuple(positions), r))
         return out
+
+    def loss_sum(self, mb: RankMicroBatch) -> torch.Tensor:
+        """The summed loss of ``mb`` over this rank's real tokens (divide it by ``work.tokens``):
+        ``loss_fn(mb)`` when one was given, else the adapter's (or the model's) ``loss_sum``."""
+        if self.loss_fn is not None:
+            return self.loss_fn(mb)
+        return self.adapter.loss_sum(mb.inputs, mb.sp, mb.ckpt_layers)
 
     def __iter__(self) -> Iterator[StepWork]:
         for batch in self._data:

@@ -6,7 +6,7 @@ published architectures they mirror:
 - ``llama``: token embedding (vocab x hidden), per decoder layer q/k/v/o projections without bias
   (k and v have ``kv_heads * head_dim`` outputs: grouped-query attention), a SwiGLU MLP (gate, up,
   down; no bias) and two RMSNorm weight vectors; a final RMSNorm; an LM head (vocab x hidden) that
-  is a separate matrix unless ``tie_embeddings``.
+  is a separate matrix unless ``tie_embeddings``; with ``qkv_bias`` (Qwen2) q, k and v have a bias.
 - ``stdit`` (Open-Sora v1.2 STDiT3): per block (spatial and temporal alike) a qkv projection and an
   output projection with bias, per-head RMSNorm on q and k, a cross-attention (q, kv, out
   projections with bias), a GELU MLP with bias, and a 6 x hidden adaLN-single modulation table;
@@ -54,7 +54,7 @@ def param_breakdown(spec: ModelSpec) -> ParamBreakdown:
     h, hd = spec.hidden, spec.head_dim
     if spec.arch == "llama":
         kv = spec.kv_heads * hd
-        attn = _linear(h, h, False) + 2 * _linear(h, kv, False) + _linear(h, h, False)
+        attn = _linear(h, h, spec.qkv_bias) + 2 * _linear(h, kv, spec.qkv_bias) + _linear(h, h, False)
         mlp = 2 * _linear(h, spec.ffn_hidden, False) + _linear(spec.ffn_hidden, h, False)
         per_layer = attn + mlp + 2 * h  # two RMSNorm weights
         embedding = spec.vocab * h

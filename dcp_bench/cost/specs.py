@@ -112,6 +112,11 @@ class ModelSpec:
     text_dim: int = 0  # stdit: caption embedding width (T5)
     dtype: str = "bf16"
     sources: dict[str, str] = field(default_factory=dict)
+    qkv_bias: bool = False  # llama: q/k/v projections with bias (Qwen2)
+    # A model of another library (``transformers``): the spec was derived from its config
+    # (`dcp_bench.cost.library_specs`), which the runtime builds the model from.
+    library: str = ""
+    library_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # num_layers may be 0 here: the profiler builds a model without layers to measure the rest
@@ -198,8 +203,13 @@ def model_spec(name: str, **fields: Any) -> ModelSpec:
     """A model by config name (``model_spec("llama3_8b")``) or from its fields."""
     data = {"name": name, **fields} if fields else _read_yaml("model", name)
     data = {k: v for k, v in data.items() if not k.startswith("_")}
+    if "config" in data or "config_file" in data:  # a library's own config (model=hf)
+        from dcp_bench.cost.library_specs import library_spec_fields
+
+        return _build(ModelSpec, library_spec_fields(data))
     if "patch" in data:
         data["patch"] = tuple(data["patch"])
-    if "sources" in data:
-        data["sources"] = dict(data["sources"])
+    for key in ("sources", "library_config"):
+        if key in data:
+            data[key] = dict(data[key])
     return _build(ModelSpec, data)

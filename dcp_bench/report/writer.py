@@ -35,6 +35,7 @@ from dcp_bench.envinfo import git_state
 from dcp_bench.files import atomic_write_json
 from dcp_bench.paths import REPO_ROOT, REPORTS_DIR, RESULTS_DIR
 from dcp_bench.report import figures as fig
+from dcp_bench.report.adoption import adoption_section
 from dcp_bench.report.claims import (
     decompose,
     evaluate_claims,
@@ -304,7 +305,7 @@ def report_sections(data: ReportData) -> list[Section]:
         else [_comparison_section, _opening, *claim_sections]
     return [first_screen_section, *lead, peer_section, machine_bound_section, planning_cost_section,
             _context_section, _scaling_section, _validation_section,
-            _cells_section, _workloads_section, glossary_section, _provenance_section]
+            _cells_section, _workloads_section, adoption_section, glossary_section, _provenance_section]
 
 
 def _reference_section(doc: Document, data: ReportData) -> None:

@@ -197,13 +197,15 @@ def text_sample(seed: int, sample_id: int, length: int, vocab: int) -> Tensor:
 
 
 def make_text_shard(
-    sample_ids: Any, tokens: Any, vocab: int, sp: SPContext, seed: int, device: torch.device
+    sample_ids: Any, tokens: Any, vocab: int, sp: SPContext, seed: int, device: torch.device,
+    sample_tokens: Any = None,
 ) -> TextShard:
+    """``sample_tokens(sample_id, length)``: a sample's length+1 token ids (default `text_sample`)."""
     P, r = sp.size, sp.rank
     ids_parts, lab_parts, pos_parts = [], [], []
     seg_lens, valid, chunks = [], [], []
     for sid, length in zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist()):
-        seq = text_sample(seed, sid, length, vocab)
+        seq = text_sample(seed, sid, length, vocab) if sample_tokens is None else sample_tokens(sid, length)
         padded = _pad_to(length, P)
         c = padded // P
         ids = torch.zeros(padded, dtype=torch.long)
@@ -655,13 +657,16 @@ def build_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     attention: str = "auto",
+    empty: RuntimeModel | None = None,
 ) -> RuntimeModel:
     """The model a spec describes, built on the meta device, materialised on ``device`` and
     initialised from ``seed`` there (`RuntimeModel.init_weights`: identical on every rank and for
     any sharding), in ``dtype``, with the attention kernel `select_attention_kernel` picks for the
     device and dtype (``attention``: auto or a kernel name). ``device="meta"`` returns the
-    unmaterialised model (parameter counts)."""
-    model = build_empty_model(spec)
+    unmaterialised model (parameter counts). ``empty``: the meta-device model to materialise
+    instead of `build_empty_model`'s (another library's model,
+    `dcp_bench.runtime.integrations.models.library_empty_model`)."""
+    model = build_empty_model(spec) if empty is None else empty
     dev = torch.device(device)
     if dev.type == "meta":
         return model.to(dtype=dtype)

@@ -43,6 +43,7 @@ from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
 from dcp_bench.runtime.attention import select_attention_kernel
 from dcp_bench.runtime.device import DTYPES, compute_dtype
+from dcp_bench.runtime.integrations.models import library_empty_model
 from dcp_bench.runtime.models import RuntimeModel, build_empty_model, build_model
 from dcp_bench.train_policy import (
     DEFAULT_ZERO_STAGE,
@@ -455,14 +456,15 @@ def build_training_state(
     if stage >= 1 and not dist.is_initialized():
         raise ConfigError(f"ZeRO stage {stage} shards over the world: initialise torch.distributed first")
     if lockstep(stage):
-        model = build_empty_model(spec)
+        model = library_empty_model(spec) or build_empty_model(spec)
         _shard_fsdp(model, stage, policy, device)
         model = model.to_empty(device=device)
         model.init_weights(seed)  # fp32 shards: the master weights
         model.set_attention(select_attention_kernel(device, dtype, spec.head_dim, attention))
         return FSDPState(model, stage, policy, lr, weight_decay=weight_decay)
     # fp32 first: the master weights, then the compute-dtype model rounded from them.
-    model = build_model(spec, seed=seed, device=device, dtype=torch.float32, attention=attention)
+    model = build_model(spec, seed=seed, device=device, dtype=torch.float32, attention=attention,
+                        empty=library_empty_model(spec))
     master = None
     if dtype != torch.float32:
         params = list(model.parameters())
