@@ -6,7 +6,6 @@ those of one node with the same world size (2 gloo ranks)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import stat
@@ -82,10 +81,10 @@ def test_two_node_launchers_from_the_sbatch_script_equal_one_node(tmp_path: Path
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "rendezvous 127.0.0.1:" in job.stdout
     two = read_summary(two_root / "c" / _run_id(two_root))
-    assert two is not None and two.status == "ok" and two.world_size == 2
+    assert two is not None and two.status == "ok"
     assert two.extra["losses"] == one.extra["losses"]
     assert two.extra["grad_norms"] == one.extra["grad_norms"]
-    assert dataclasses.asdict(two)["n_steps"] == one.n_steps == 2
+    assert two.n_steps == one.n_steps == 2
 
 
 def _run_id(root: Path) -> str:

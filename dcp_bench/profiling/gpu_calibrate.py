@@ -1,7 +1,8 @@
 """GPU calibration on one device: matmul and copy ceilings, then per-layer time and memory of a
-Llama-3-8B decoder layer and an STDiT3-XL/2 spatial+temporal block pair in bf16 from 1K to 128K
-tokens, each written as a profile artifact (``<out>/<model>.json``, ``--out`` required: nothing is
-written into the repository).
+Llama-3-8B decoder layer (1K to 64K tokens) and an STDiT3-XL/2 spatial+temporal block pair (1K to
+128K) in bf16, each written as a profile artifact (``<out>/<model>.json``, ``--out`` required:
+nothing is written into the repository), rewritten after every point (``complete``/``pending``
+say how far it got), so a kill loses at most the point in progress.
 
 Every grid point is measured on its own (`dcp_bench.profiling.run.run_profile` with one size and
 one shape), so a point that fails for any reason (out of memory, a kernel error, an unsupported
@@ -24,8 +25,8 @@ import gc
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dcp_bench.cost.profile_artifact import dumps_artifact

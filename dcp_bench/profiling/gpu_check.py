@@ -1,28 +1,36 @@
-"""The one-command GPU check (``scripts/gpu_check.sh --out DIR``): under 8 minutes on one GPU, at
-most 8 files into DIR, nothing into the repository.
+"""The one-command GPU check (``scripts/gpu_check.sh --out DIR``): one 10-minute command on one
+GPU, at most 8 files into DIR, nothing into the repository. Phases (`PHASES`), each with its own
+deadline (`PhaseClock`), each writing what it measured as soon as it has it:
 
-1. ``env.json``: the system (GPU, driver, CUDA, torch, flash-attn or not, git commit).
-2. ``kernel.json``: the packed-attention kernel the runtime selected on this device and why
+1. ``kernel``: the packed-attention kernel the runtime selected on this device and why
    (`dcp_bench.runtime.attention.select_attention_kernel`), and forward+backward time and TFLOP/s
    of causal packed attention at Llama-3-8B's heads (32 query / 8 KV, head dim 128, bf16) from 4K
-   to 128K tokens, for the selected kernel and for fused per-segment SDPA.
-3. ``smoke.json``: a CUDA smoke test of the runtime on one rank in bf16: a Llama-3-8B layer (with
-   its embedding, full-vocabulary chunked LM loss) and an STDiT3-XL/2 block pair, each trained
-   for 3 steps at 4K, 16K and 64K tokens by the real executor (`execute_step` on a 1-rank process
-   group, ZeRO stage 0: fp32 master weights, fp32 gradient accumulation). Before each step the
-   loss is also evaluated with fused per-segment SDPA (when another kernel was selected) and by
-   an fp32 copy of the master weights (the reference); after it, the measured peak memory
-   (``torch.cuda.max_memory_allocated``) beside the analytical cost model's prediction for the
-   same micro-batch, and the state's bytes beside `dcp_bench.train_policy.static_state_bytes`.
-4. ``llama3_8b.json``, ``stdit3_xl2.json``: the calibration profiles
-   (`dcp_bench.profiling.gpu_calibrate`), in the time left.
-5. ``summary.md``: the numbers above in a few tables (MFU of a Llama-3-8B layer at 32K from the
-   calibration, attention TFLOP/s against length, measured against predicted memory) and a
-   pass/fail line per check; ``gpu_check.log``: the console output (written by the shell script).
+   to 128K tokens, for the selected kernel and for fused per-segment SDPA (grouped KV heads
+   repeated before the clock starts when the kernel would repeat them itself).
+2. ``smoke``: the selected kernel against an exact fp32 reference, outputs and gradients
+   element-wise, at 4K-64K tokens (`dcp_bench.profiling.attention_check`); then a CUDA smoke test
+   of the runtime on one rank in bf16: a Llama-3-8B layer (with its embedding, full-vocabulary
+   chunked LM loss) and an STDiT3-XL/2 block pair, each trained for 3 steps at 4K, 16K and 64K
+   tokens by the real executor (`execute_step` on a 1-rank process group, ZeRO stage 0: fp32
+   master weights, fp32 gradient accumulation). Per step: the loss by fused per-segment SDPA
+   (when another kernel was selected) and by an fp32 copy of the master weights (the reference),
+   every parameter tensor's gradient against the reference's, the measured peak memory
+   (``torch.cuda.max_memory_allocated``) beside the analytical cost model's prediction, and the
+   state's bytes beside `dcp_bench.train_policy.static_state_bytes`.
+3. ``calibration``: the profiles ``llama3_8b.json``, ``stdit3_xl2.json``
+   (`dcp_bench.profiling.gpu_calibrate`), rewritten after every point.
+4. ``buckets``, ``floor``, ``fit``, ``claim``: `dcp_bench.profiling.gpu_measure`
+   (``stdit_buckets.json``, ``h200_constants.yaml``, ``claim.tar.gz``).
+
+``check.json`` holds the environment (interpreter, torch, CUDA, driver, GPU name and memory,
+commit) and the kernel, smoke and floor results; ``summary.md`` the numbers in tables, the phases'
+times and the verdict; ``gpu_check.log`` (written by the shell script) the console.
 
 ``--device cpu --tiny``: the same code on the CPU test models at small sizes in fp32 (the test
-suite's dry run). Exit status 0 when every smoke step was finite and its losses agreed with the
-reference, 1 otherwise (the files are written either way).
+suite's dry run). Exit status (the smoke test's): 0 when every attention check passed and every
+smoke step was finite with losses and layer gradients agreeing with the reference, 1 otherwise
+(the files are written either way; the later phases inform and do not change it), 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import numpy as np
 
 from dcp_bench.files import atomic_write_json, atomic_write_text
 
-FILES = ("env.json", "kernel.json", "smoke.json", "summary.md", "gpu_check.log")
+FILES = ("check.json", "summary.md", "gpu_check.log")
 MAX_FILES = 8
 # Loss agreement: bf16 against the fp32 reference, and two bf16 kernels against each other (the
 # kernels' own accumulation orders differ); fp32 everywhere on the CPU dry run.
@@ -151,7 +159,7 @@ def attention_report(device: Any, dtype: Any, sizes: CheckSizes, deadline: float
     are listed as skipped; ``write`` gets the report after every length."""
     import torch
 
-    from dcp_bench.runtime.attention import AttentionKernel, select_attention_kernel, repeat_kv
+    from dcp_bench.runtime.attention import AttentionKernel, repeat_kv, select_attention_kernel
 
     H, KV, D = sizes.attention_heads
     kernel = select_attention_kernel(device, dtype, D)
@@ -240,7 +248,7 @@ def _reference_gradients(reference: Any, batch: Any, seed: int) -> Any:
 def gradient_agreement(got: Any, ref: Any, names: list[tuple[str, int]]) -> dict[str, Any]:
     """Per parameter tensor: the relative L2 error ``|g - r| / |r|`` and the largest element-wise
     error relative to the tensor's largest reference magnitude; the worst of each."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     off = 0
     for name, n in names:
         g, r = got[off : off + n].float(), ref[off : off + n].float()

@@ -257,7 +257,8 @@ def bucket_phase(run: MeasureRun, deadline: float) -> None:
             for ckpt in (0, L):
                 last = [0.0]
 
-                def measure(sp: int, bs: int, b: dict[str, Any] = b, ckpt: int = ckpt, last: list[float] = last) -> Trial:
+                def measure(sp: int, bs: int, b: dict[str, Any] = b, ckpt: int = ckpt, last: list[float] = last,
+                            entry: dict[str, Any] = entry) -> Trial:
                     if time.time() + 2.5 * last[0] > deadline:
                         raise BudgetSpent
                     t0 = time.time()
@@ -278,7 +279,6 @@ def bucket_phase(run: MeasureRun, deadline: float) -> None:
             break
     print(f"  buckets: {len(result['buckets'])} of {len(buckets)} searched, "
           f"{sum(len(b['trials']) for b in result['buckets'])} trials", file=sys.stderr, flush=True)
-    del runner
 
 
 # ------------------------------------------------------------------------------------------------
@@ -364,9 +364,9 @@ def fit_constants(model: str, cluster: str, rows: list[dict[str, Any]]) -> dict[
     from dcp_bench.cost import make_cost_model
 
     before = _median_rel_err(make_cost_model(model, cluster, "analytical"), rows)
-    best: tuple[float, dict[str, float]] | None = None
+    best: tuple[float, dict[str, Any]] | None = None
     for values in itertools.product(*FIT_GRID.values()):
-        consts = dict(zip(FIT_GRID, values))
+        consts: dict[str, Any] = dict(zip(FIT_GRID, values))
         err = _median_rel_err(make_cost_model(model, cluster, "analytical", **consts), rows)
         if best is None or err < best[0]:
             best = (err, consts)
