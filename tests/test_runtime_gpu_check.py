@@ -168,6 +168,7 @@ def test_a_kill_mid_calibration_keeps_the_finished_points(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1300)
 def test_the_whole_pipeline_runs_in_tiny_form(tmp_path: Path) -> None:
     """Every phase: the STDiT bucket search, the floor, the fit and the claim on the fitted model,
     eight files at most."""
@@ -176,8 +177,10 @@ def test_the_whole_pipeline_runs_in_tiny_form(tmp_path: Path) -> None:
     import yaml
 
     out = tmp_path / "out"
-    proc = _check(out, timeout=1200)
+    # a budget every phase can finish its tiny share in on a busy 2-core machine
+    proc = _check(out, "--budget-s", "400", timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gpu_check: note:" not in proc.stdout, proc.stdout[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert files == sorted(["check.json", "summary.md", "gpu_check.log", "tiny_llama.json", "tiny_stdit.json",
                             "stdit_buckets.json", "cpu_constants.yaml", "claim.tar.gz"])
