@@ -199,7 +199,7 @@ def test_the_whole_pipeline_runs_in_tiny_form(tmp_path: Path) -> None:
             assert [t["bs"] for t in trials] == [2 ** i for i in range(len(trials))]
             assert all(t["fits"] for t in trials[:-1]) and not trials[-1]["fits"]
     fit = yaml.safe_load((out / "cpu_constants.yaml").read_text())
-    assert set(fit["cost_constants"]) == {"gemm_half_tokens", "attn_eff_max", "attn_half_len"}
+    assert set(fit["cost_constants"]) == {"gemm_half_flops", "attn_eff_max", "attn_half_len"}
     assert fit["median_rel_err_after"] <= fit["median_rel_err_before"]
     with tarfile.open(out / "claim.tar.gz") as tar:
         assert "claim/report.md" in tar.getnames()

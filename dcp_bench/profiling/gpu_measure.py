@@ -19,7 +19,7 @@ deadline and each writing its results as soon as it has them:
 - ``floor``: the per-layer launch/dispatch floor: forward+backward of a 2-layer minus a 1-layer
   model at tiny micro-batches (16-256 tokens), median of repetitions, per model.
 - ``fit`` (``h200_constants.yaml``, plain names; ``cpu_constants.yaml`` on the dry run): the
-  analytical cost model's GEMM and attention efficiency constants (``gemm_half_tokens``,
+  analytical cost model's GEMM and attention efficiency constants (``gemm_half_flops``,
   ``attn_eff_max``, ``attn_half_len``) chosen on a grid to minimise the median relative error
   of its micro-batch times against the measured bucket trials; the small-work floor per layer;
   the allocator term (measured peak = ``allocator_factor`` x saved bytes + ``allocator_offset``,
@@ -55,8 +55,10 @@ MEM_CAP_FRACTION = 0.7  # the reference profiler's cap
 CLAIM_CLUSTER = "h200x32"
 TINY_DEVICE_BYTES = 16 * 2**20  # the dry run's stated device memory
 FLOOR_TOKENS = (16, 64, 256)
+# gemm_half_flops, not gemm_half_tokens: the H100/H200 configs set gemm_half_flops, which takes
+# precedence over gemm_half_tokens, so only it moves the model there.
 FIT_GRID = {
-    "gemm_half_tokens": (128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0),
+    "gemm_half_flops": (3e8, 1e9, 2e9, 4.72e9, 1e10, 3e10),
     "attn_eff_max": (0.3, 0.4, 0.45, 0.5, 0.6, 0.7),
     "attn_half_len": (128.0, 256.0, 512.0, 1024.0, 2048.0),
 }
@@ -195,6 +197,7 @@ class TrialRunner:
         import torch
 
         row: dict[str, Any] = {"bs": bs, "ckpt_layers": ckpt, "tokens": frames * spatial * bs}
+        oom = False
         try:
             t, peak, saved = self._run_once(frames, spatial, bs, ckpt)
             reps = 1
@@ -202,8 +205,10 @@ class TrialRunner:
                 t, peak, saved = self._run_once(frames, spatial, bs, ckpt)
                 reps = 2
         except torch.cuda.OutOfMemoryError:
-            row.update(oom=True, fits=False)
+            oom = True
+        if oom:  # released outside the handler: the exception's frames hold the graph until then
             self._release()
+            row.update(oom=True, fits=False)
             return row
         total = peak + self.rank_state
         row.update(oom=False, time_s=t, runs=reps, activation_peak_bytes=peak, saved_bytes=saved,
