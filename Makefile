@@ -2,20 +2,31 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# KIT=DIR: install from that folder of wheels with no network (`make kit KIT=DIR` builds it where
+# there is network; docs/profiling.md, "Offline kit"). Without KIT, pip reaches the package index,
+# and pip itself is upgraded only when the index answers.
+KIT ?=
+PIP_FROM := $(if $(KIT),--no-index --find-links $(KIT) --no-build-isolation,)
 
-.PHONY: setup test test-slow bench lint reproduce report-screenshots clean
+.PHONY: setup test test-slow bench lint reproduce report-screenshots clean kit
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	# The venv sees the system's packages, so an image's own torch (a CUDA build) is used as it is.
+	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	$(if $(KIT),,$(PY) -m pip index versions pip --timeout 5 --retries 0 >/dev/null 2>&1 && $(PY) -m pip install -q --upgrade pip || echo "setup: package index unreachable: pip not upgraded")
 	# torch is pinned here only when it is missing: the CPU machines this suite is developed on
 	# carry a local torch 2.13.0 CPU wheel, and an unpinned resolve would pull a multi-GB CUDA
 	# build. GPU users install their own CUDA torch first; the pyproject range stays open.
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -c "import torch" 2>/dev/null || $(if $(KIT),{ echo "setup: no torch in $(PY) and KIT=$(KIT) installs none: use a Python that has torch"; exit 1; },$(PY) -m pip install -q torch==2.13.0)
+	# With KIT the development tools are not installed (the kit carries the runtime only).
+	$(PY) -m pip install -q $(PIP_FROM) -e ".$(if $(KIT),,[dev,hf])"
 	touch $(STAMP)
+
+# The offline kit: this project's wheel and the dependencies a GPU image lacks, for Python 3.12.
+kit:
+	scripts/offline_kit.sh $(or $(KIT),dist/kit)
 
 test: setup
 	$(PY) -m pytest -q -m "not slow and not gpu" -p no:cacheprovider

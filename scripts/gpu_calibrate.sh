@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU calibration on one device, time-boxed to 8 minutes: matmul and copy ceilings, then per-layer
-# time and memory of a Llama-3-8B layer and an STDiT3-XL/2 block pair in bf16 at 1K..128K tokens,
-# written as profile artifacts into the folder --out names (required). scripts/gpu_check.sh runs
-# this and a CUDA smoke test of the runtime in one command.
+# time and memory of a Llama-3-8B layer (1K..64K tokens) and an STDiT3-XL/2 block pair (1K..128K)
+# in bf16, written as profile artifacts into the folder --out names (required), each rewritten after
+# every point. scripts/gpu_check.sh runs this among its phases.
 #   scripts/gpu_calibrate.sh --out DIR                      # on the GPU machine
 #   scripts/gpu_calibrate.sh --device cpu --tiny --out DIR  # dry run of the same code on CPU
 set -euo pipefail

@@ -62,19 +62,41 @@ def test_the_set_covers_what_the_issue_asks(published: Published) -> None:
         assert src.get("project") and src.get("where") and src.get("date"), r.source
 
 
-def test_split_alternates_within_each_series(published: Published) -> None:
+def test_split_follows_each_rows_rule(published: Published) -> None:
+    """Alternating series alternate in listed order; seeded rows follow the stated hash rule,
+    recomputed here from its definition; held-out rows are never fitted."""
+    import hashlib
+
+    from dcp_bench.cost.validation import SPLIT_SEED
+
     roles = split(published.rows)
     by_series: dict[str, list[str]] = {}
+    seeded: list[str] = []
     for r in published.rows:
-        if r.priced:
-            by_series.setdefault(r.series, []).append(roles[r.id])
-        else:
+        if not r.priced:
             assert roles[r.id] == "reference"
+        elif r.split == "holdout":
+            assert roles[r.id] == "holdout"
+        elif r.split == "seeded":
+            odd = hashlib.sha256(f"{SPLIT_SEED}:{r.id}".encode()).digest()[-1] % 2 == 1
+            assert roles[r.id] == ("holdout" if odd else "fit"), r.id
+            seeded.append(roles[r.id])
+        else:
+            by_series.setdefault(r.series, []).append(roles[r.id])
     for series, seq in by_series.items():
         assert seq == ["fit" if i % 2 == 0 else "holdout" for i in range(len(seq))], series
+    # the 65 small GEMMs: both halves get a fair share
+    assert len(seeded) == 65 and 20 <= seeded.count("holdout") <= 45
     n_fit = sum(v == "fit" for v in roles.values())
     n_hold = sum(v == "holdout" for v in roles.values())
-    assert n_hold >= 10 and abs(n_fit - n_hold) <= len(by_series)
+    assert n_hold >= 10 and abs(n_fit - n_hold) <= len(by_series) + 10
+
+
+def test_every_gemm_under_one_gflop_of_the_table_is_a_row(published: Published) -> None:
+    small = [r for r in published.rows if r.kind == "gemm"
+             and 2 * r.config.get("b", 1) * r.config["m"] * r.config["n"] * r.config["k"] < 1e9]
+    assert len(small) == 65 and all(r.series == "gemm_xla_small" for r in small)
+    assert len({(r.config.get("b", 1), r.config["m"], r.config["n"], r.config["k"]) for r in small}) == 65
 
 
 def _row(kind: str, config: dict, gpu: str = "h100") -> Row:

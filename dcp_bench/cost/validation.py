@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class Row:
     note: str = ""
     priced: bool = True
     reason: str = ""
+    split: str = "alternate"  # how the row joins the fit or held-out half: `SPLIT_RULES`
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ def load_published(path: str | Path) -> Published:
             raise ConfigError(f"validation row {row.id!r}: published {row.published} must be > 0")
         if not row.priced and not row.reason:
             raise ConfigError(f"validation row {row.id!r}: priced: false needs a reason")
+        if row.split not in SPLIT_RULES:
+            raise ConfigError(f"validation row {row.id!r}: split {row.split!r}; expected one of {', '.join(SPLIT_RULES)}")
         rows.append(row)
     ids = [r.id for r in rows]
     dup = {i for i in ids if ids.count(i) > 1}
@@ -98,15 +102,35 @@ def load_published(path: str | Path) -> Published:
     return Published(sources=sources, rows=tuple(rows), path=str(p))
 
 
+# How a priced row joins a half (its ``split`` field), decided before any fitting:
+# - alternate: within its series, in the order listed, the 1st, 3rd, ... fitted, 2nd, 4th, ... held out;
+# - seeded: held out when the SHA-256 of "SPLIT_SEED:row id" is odd, else fitted (a large table added
+#   at once, e.g. the GEMM shapes under 1 GFLOP, is split independently of its listing order);
+# - holdout: always held out (whole-model rows from sources the fit never sees).
+SPLIT_RULES = ("alternate", "seeded", "holdout")
+SPLIT_SEED = 22
+
+
+def seeded_half(row_id: str, seed: int = SPLIT_SEED) -> str:
+    """``fit`` or ``holdout`` for a row of a seeded series (see `SPLIT_RULES`)."""
+    digest = hashlib.sha256(f"{seed}:{row_id}".encode()).digest()
+    return "holdout" if digest[-1] % 2 else "fit"
+
+
 def split(rows: Iterable[Row]) -> dict[str, str]:
-    """``fit``, ``holdout`` or ``reference`` per row id: within a series, in the order listed,
-    the 1st, 3rd, ... priced rows are fitted and the 2nd, 4th, ... held out; unpriced rows are
-    references."""
+    """``fit``, ``holdout`` or ``reference`` per row id by each row's rule (`SPLIT_RULES`);
+    unpriced rows are references."""
     out: dict[str, str] = {}
     seen: dict[str, int] = {}
     for r in rows:
         if not r.priced:
             out[r.id] = "reference"
+            continue
+        if r.split == "holdout":
+            out[r.id] = "holdout"
+            continue
+        if r.split == "seeded":
+            out[r.id] = seeded_half(r.id)
             continue
         i = seen.get(r.series, 0)
         seen[r.series] = i + 1

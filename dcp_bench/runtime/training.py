@@ -31,6 +31,7 @@ the step's global token count), so a step equals single-device training on the w
 from __future__ import annotations
 
 import math
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -299,9 +300,16 @@ class FlatState(TrainingState):
         self.optimizer = torch.optim.AdamW([self.master], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def _accumulate_into(self, offset: int) -> Any:
+        # The hook lives in the parameter's autograd metadata, which Python's garbage collector
+        # cannot see: a strong reference to the state from there is a cycle nothing collects
+        # (state -> parameters -> hook -> state), so every state built would stay allocated.
+        # A weak reference breaks it.
+        state = weakref.ref(self)
+
         def hook(p: Tensor) -> None:
-            if p.grad is not None:
-                self.main_grad[offset : offset + p.numel()].add_(p.grad.reshape(-1))
+            owner = state()
+            if owner is not None and p.grad is not None:
+                owner.main_grad[offset : offset + p.numel()].add_(p.grad.reshape(-1))
                 p.grad = None
 
         return hook
