@@ -34,7 +34,7 @@ NAME = "reproduce"
 HELP = (
     "reproduce the DCP claim: simulated sweeps (all methods, workloads, 8-64 GPUs, repeats, "
     "sensitivity) + a real CPU gloo run, then reports/reproduce/ with summary.json; "
-    "`dcp-bench reproduce [budget_s=560] [jobs=2] [repeats=5] [real=false] [sections=a,b] "
+    "`dcp-bench reproduce [budget_s=900] [jobs=2] [repeats=5] [real=false] [sections=a,b] "
     "[retry_failed=true] [config=PATH]`"
 )
 TOP_KEYS = ("config", "campaign", "root", "out", "claims", "budget_s", "report_reserve_s", "jobs", "repeats", "real",
