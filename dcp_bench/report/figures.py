@@ -666,9 +666,11 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
     ax.set_xlabel("speedup (x): point = median of paired per-seed ratios, whiskers = 95% CI over seeds; 1x = no gain",
                   fontsize=7)
     ax.tick_params(axis="x", labelsize=7)
-    if band_drawn or model_drawn:
+    legend = band_drawn or model_drawn
+    if legend:
         ax.legend(fontsize=7.5, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, ncol=2)
-    ax.set_title(title, fontsize=9, loc="left")
+    # the legend sits in a row just above the axes: the title goes above that row, not across it
+    ax.set_title(title, fontsize=9, loc="left", pad=20 if legend else 6)
     return fig
 
 
