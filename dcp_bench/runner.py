@@ -247,6 +247,30 @@ def _warn(message: str) -> None:
     sys.stderr.flush()
 
 
+def pending(specs: Sequence[RunSpec], resume: bool, retry_failed: bool,
+            warn: Callable[[str], None] = _warn) -> tuple[list[RunSpec], SweepResult]:
+    """The runs a sweep must (re)do, by the local sweep's rules, and the result so far (complete
+    records kept, failures kept, damaged records named)."""
+    result = SweepResult()
+    todo: list[RunSpec] = []
+    for spec in specs:
+        if not resume:
+            todo.append(spec)
+            continue
+        what, summary, problem = _resume_state(spec, retry_failed)
+        if what == "damaged":
+            warn(f"run {spec.run_id}: damaged record, redoing it ({problem})")
+            result.damaged.append((spec.run_id, str(problem)))
+            todo.append(spec)
+        elif what in ("run", "retry"):
+            todo.append(spec)
+        else:
+            result.skipped.append(spec.run_id)
+            if summary is not None and summary.status != "ok":
+                result.kept_failed.append(summary)
+    return todo, result
+
+
 def check_run_places(specs: Sequence[RunSpec]) -> None:
     """Every run's ``<root>/<campaign>/`` can receive records (`dcp_bench.files.check_output`),
     checked before any run starts: one `ConfigError` naming the key otherwise."""
@@ -317,23 +341,7 @@ def run_sweep(
         raise ConfigError(f"jobs={jobs}: expected an integer >= 1")
     since = time.time()
     check_run_places(specs)
-    result = SweepResult()
-    todo: list[RunSpec] = []
-    for spec in unique_runs(specs):
-        if not resume:
-            todo.append(spec)
-            continue
-        what, summary, problem = _resume_state(spec, retry_failed)
-        if what == "damaged":
-            warn(f"run {spec.run_id}: damaged record, redoing it ({problem})")
-            result.damaged.append((spec.run_id, str(problem)))
-            todo.append(spec)
-        elif what in ("run", "retry"):
-            todo.append(spec)
-        else:
-            result.skipped.append(spec.run_id)
-            if summary is not None and summary.status != "ok":
-                result.kept_failed.append(summary)
+    todo, result = pending(unique_runs(specs), resume, retry_failed, warn)
     for spec in todo:
         if spec.executor == "torch":
             check_local_ranks(spec)

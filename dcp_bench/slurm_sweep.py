@@ -30,7 +30,7 @@ from dcp_bench.errors import ConfigError
 from dcp_bench.records import RunSummary
 from dcp_bench.run.loop import record_unfinished
 from dcp_bench.run.spec import RunSpec
-from dcp_bench.runner import SweepResult, _resume_state, _warn, run_one
+from dcp_bench.runner import SweepResult, _warn, pending, run_one
 
 LAUNCHERS = ("local", "slurm")
 EXECUTORS = ("slurm", "local")
@@ -101,30 +101,6 @@ def split_launcher(overrides: Sequence[str]) -> tuple[str, SlurmSettings, list[s
     if fields and launcher != "slurm":
         raise ConfigError(f"slurm.{next(iter(fields))}: Slurm settings need launcher=slurm")
     return launcher, SlurmSettings(**fields), rest
-
-
-def pending(specs: Sequence[RunSpec], resume: bool, retry_failed: bool,
-            warn: Callable[[str], None] = _warn) -> tuple[list[RunSpec], SweepResult]:
-    """The runs a sweep must (re)do, by the local sweep's rules, and the result so far (complete
-    records kept, failures kept, damaged records named)."""
-    result = SweepResult()
-    todo: list[RunSpec] = []
-    for spec in specs:
-        if not resume:
-            todo.append(spec)
-            continue
-        what, summary, problem = _resume_state(spec, retry_failed)
-        if what == "damaged":
-            warn(f"run {spec.run_id}: damaged record, redoing it ({problem})")
-            result.damaged.append((spec.run_id, str(problem)))
-            todo.append(spec)
-        elif what in ("run", "retry"):
-            todo.append(spec)
-        else:
-            result.skipped.append(spec.run_id)
-            if summary is not None and summary.status != "ok":
-                result.kept_failed.append(summary)
-    return todo, result
 
 
 def _executor(settings: SlurmSettings, folder: Path, specs: Sequence[RunSpec]) -> Any:
