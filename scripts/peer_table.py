@@ -32,7 +32,7 @@ from dcp_bench.report.document import Document
 from dcp_bench.report.peers import peer_section, peer_table
 from dcp_bench.report.tables import load_campaign
 from dcp_bench.runner import plan_sweep, run_sweep
-from dcp_bench.workload import load_workload
+from dcp_bench.workloads import load_workload
 
 MODEL_FOR_KIND = {"text": "llama3_8b", "video": "stdit3_xl2"}
 METHODS = ["dcp", "dcp_inter_pac", "dcp_inter", "dcp_intra", "bucket_static", "static_tuned", "packed_static",

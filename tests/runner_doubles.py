@@ -17,7 +17,7 @@ from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
 from dcp_bench.planners.base import Planner, make_planner
 from dcp_bench.run.assemble import RunParts
 from dcp_bench.run.spec import RunSpec
-from dcp_bench.workload import make_workload
+from dcp_bench.workloads import make_workload
 
 HERE = Path(__file__).resolve().parent
 

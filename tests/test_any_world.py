@@ -127,7 +127,7 @@ def test_validator_refuses_groups_that_do_not_divide_the_world_or_straddle_nodes
 
 
 def _small_text_batch(world: int) -> GlobalBatch:
-    from dcp_bench.workload import load_workload
+    from dcp_bench.workloads import load_workload
 
     # prolong lengths, fewer tokens per GPU so every method plans in well under a second
     wl = load_workload("prolong", tokens_per_gpu=20_000)
@@ -161,7 +161,7 @@ def test_dcp_within_one_percent_of_the_bound_on_three_nodes(workload: str) -> No
     power-of-two worlds (the bound is at most the best plan, tests/test_sim.py)."""
     from dcp_bench.planners.dcp import DCPPlanner
     from dcp_bench.sim import lower_bound, simulate_step
-    from dcp_bench.workload import load_workload
+    from dcp_bench.workloads import load_workload
 
     cost = make_cost_model("llama3_8b", cluster_spec("h200x8").resized(24))
     batch = load_workload(workload).global_batch(0, 24, cost.model.max_seq_len)
@@ -252,7 +252,7 @@ def test_odd_worlds_train_like_one_process(world: int) -> None:
 def test_every_method_plans_valid_steps_on_six_ranks_of_one_machine(method: str) -> None:
     """6 gloo ranks (one node of 6: pairs, no groups of 4) with a low cap, so plans need pairs."""
     from dcp_bench.planners.base import make_planner
-    from dcp_bench.workload import load_workload
+    from dcp_bench.workloads import load_workload
 
     cost = make_cost_model("tiny_llama", cluster_spec("cpu").resized(6), mem_cap_fraction=0.068)
     batch = load_workload("wikipedia", length_scale=8, tokens_per_gpu=6144).global_batch(0, 6, cost.model.max_seq_len)

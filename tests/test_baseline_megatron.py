@@ -336,7 +336,7 @@ def test_tuned_launch_at_8_h200_is_the_simulated_fastest_of_those_tried():
     """A real ShareGPT batch (longest 49K tokens, so ceilings of 6.2K and up): the choice is the
     simulator's argmin over the candidates, each run as the reference runs it (a barrier between
     the schedule's groups)."""
-    from dcp_bench.workload import load_workload
+    from dcp_bench.workloads import load_workload
 
     cost = real_cost("llama3_8b", "h200x8")
     batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(0, 8, cost.model.max_seq_len)
@@ -353,7 +353,7 @@ def test_tuned_launch_at_8_h200_is_the_simulated_fastest_of_those_tried():
 def test_round_barrier_is_the_references_and_can_be_lifted():
     """The reference waits for every rank between its groups (hybrid_cp_schedule.py:616): the
     plan carries the barrier, the simulator honours it, and lifting it never slows a plan."""
-    from dcp_bench.workload import load_workload
+    from dcp_bench.workloads import load_workload
 
     cost = real_cost("llama3_8b", "h200x8")
     batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(0, 8, cost.model.max_seq_len)

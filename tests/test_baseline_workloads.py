@@ -10,7 +10,7 @@ from dcp_bench.config import group_choices, load_config
 from dcp_bench.cost import make_cost_model
 from dcp_bench.plan import validate_plan
 from dcp_bench.planners.base import make_planner
-from dcp_bench.workload import load_workload
+from dcp_bench.workloads import load_workload
 
 BASELINES = ["bucket_static", "static_tuned", "packed_static", "megatron_hybrid_cp", "flexsp_milp", "wlb_llm"]
 WORKLOADS = [w for w in group_choices("workload") if w != "lengths_file"]

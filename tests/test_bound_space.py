@@ -13,7 +13,7 @@ from dcp_bench.cost.specs import cluster_spec
 from dcp_bench.plan import validate_plan
 from dcp_bench.planners.dcp import DCPPlanner
 from dcp_bench.sim import lower_bound, physical_lower_bound, simulate_step, with_memory_cap
-from dcp_bench.workload import load_workload
+from dcp_bench.workloads import load_workload
 
 
 def test_with_memory_cap_copies() -> None:

@@ -18,7 +18,7 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.files", "dcp_bench.layout", "dcp_bench.config", "dcp_bench.envinfo", "dcp_bench.batch",
      "dcp_bench.train_policy"],
     ["dcp_bench.records", "dcp_bench.corpora", "dcp_bench.cost"],
-    ["dcp_bench.plan", "dcp_bench.workload"],
+    ["dcp_bench.plan", "dcp_bench.workloads"],
     ["dcp_bench.execution"],
     ["dcp_bench.reference"],  # the reference runtime's rules (profile, samplers, epoch), used by planners
     ["dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.runtime"],
@@ -31,7 +31,7 @@ LAYERS: list[list[str]] = [
 ]
 SIBLING_IMPORTS = {("baselines", "dcp_bench.planners")}  # a baseline is a Planner subclass
 TORCH_FREE = ("dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.plan", "dcp_bench.cost", "dcp_bench.reference",
-              "dcp_bench.workload", "dcp_bench.execution", "dcp_bench.layout", "dcp_bench.batch",
+              "dcp_bench.workloads", "dcp_bench.execution", "dcp_bench.layout", "dcp_bench.batch",
               "dcp_bench.train_policy")
 
 

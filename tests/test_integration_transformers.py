@@ -158,7 +158,7 @@ CAPS = {2: 0.068, 4: 0.065}
 
 
 def method_batch(world: int) -> GlobalBatch:
-    from dcp_bench.workload import load_workload
+    from dcp_bench.workloads import load_workload
 
     wl = load_workload("wikipedia", length_scale=8, tokens_per_gpu=6144)
     return wl.global_batch(0, world, max_seq_len=SPEC.max_seq_len)

@@ -275,7 +275,7 @@ def test_dcp_within_five_percent_of_the_bound_on_shipped_workloads(workload) -> 
     capacity-aware lower bound, which is itself at most the best plan's (tests/test_sim.py)."""
     from dcp_bench.cost import make_cost_model
     from dcp_bench.sim import lower_bound, simulate_step
-    from dcp_bench.workload import load_workload
+    from dcp_bench.workloads import load_workload
 
     wl = load_workload(workload)
     cost = make_cost_model("stdit3_xl2" if wl.kind == "video" else "llama3_8b", "h200x8")

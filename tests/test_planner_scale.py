@@ -14,7 +14,7 @@ from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.specs import cluster_spec
 from dcp_bench.layout import aligned_sp_degrees
 from dcp_bench.planners.dcp import DCPPlanner, list_schedule, lpt
-from dcp_bench.workload import load_workload
+from dcp_bench.workloads import load_workload
 
 
 def heap_lpt(times: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ from dcp_bench.reference.samplers import (
 )
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import parse_run_spec
-from dcp_bench.workload import ReferenceDataset, load_workload
+from dcp_bench.workloads import ReferenceDataset, load_workload
 
 GIB = 2.0**30
 

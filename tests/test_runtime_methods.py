@@ -38,7 +38,7 @@ CURVE_PARAMS = dict(length_scale=8, tokens_per_gpu=1024)  # ~350 text tokens per
 
 
 def method_batch(kind: str, step: int = 0, **params: Any) -> GlobalBatch:
-    from dcp_bench.workload import load_workload
+    from dcp_bench.workloads import load_workload
 
     model_name, workload, base, _ = SETUPS[kind]
     wl = load_workload(workload, **{**base, **params})

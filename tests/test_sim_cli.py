@@ -21,7 +21,7 @@ from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.runner import plan_sweep, run_sweep
 from dcp_bench.sim import lower_bound, simulate_step
-from dcp_bench.workload import make_workload
+from dcp_bench.workloads import make_workload
 
 
 class OneGroupPerRank(Planner):

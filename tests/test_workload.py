@@ -16,7 +16,7 @@ import pytest
 
 from dcp_bench.errors import WorkloadError
 from dcp_bench.paths import CONF_DIR, REPO_ROOT
-from dcp_bench.workload import (
+from dcp_bench.workloads import (
     DATA_DIR,
     WORKLOADS,
     Workload,
@@ -162,7 +162,7 @@ def test_seed_and_step_change_the_batch() -> None:
 
 _PROBE = """
 import hashlib, sys
-from dcp_bench.workload import load_workload
+from dcp_bench.workloads import load_workload
 for name in sys.argv[1:]:
     b = load_workload(name, seed=11).global_batch(4, 16)
     h = hashlib.sha256(b.sample_ids.tobytes() + b.tokens.tobytes() + b.frames.tobytes()).hexdigest()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dcp_bench.cli import main
-from dcp_bench.workload import WORKLOADS, load_workload
+from dcp_bench.workloads import WORKLOADS, load_workload
 
 STAT_KEYS = ["n", "mean", "p10", "p25", "p50", "p75", "p90", "p99", "max"] + [
     f"{a}_share_gt_{k}k" for a in ("token", "attn") for k in (8, 32, 128)

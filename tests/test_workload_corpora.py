@@ -23,7 +23,7 @@ from dcp_bench.corpora import (
     sharegpt_conversations,
 )
 from dcp_bench.errors import WorkloadError
-from dcp_bench.workload import DATA_DIR, load_workload
+from dcp_bench.workloads import DATA_DIR, load_workload
 
 LENGTHS = [5, 17, 300, 4096, 12]
 

@@ -14,7 +14,7 @@ from dcp_bench.errors import WorkloadError
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import parse_run_spec
-from dcp_bench.workload import load_workload, make_workload
+from dcp_bench.workloads import load_workload, make_workload
 
 
 def lengths_file(folder: Path) -> Path:

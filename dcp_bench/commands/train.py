@@ -37,7 +37,7 @@ def resolve_train_config(overrides: list[str], notes: list[str] | None = None) -
 
     from dcp_bench.config import load_config, to_container
     from dcp_bench.errors import ConfigError
-    from dcp_bench.workload import make_workload
+    from dcp_bench.workloads import make_workload
 
     keys = {ov.partition("=")[0].lstrip("+~") for ov in overrides}
     if "workload" not in keys:

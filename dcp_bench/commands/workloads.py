@@ -65,7 +65,7 @@ def _config_overrides(items: list[str]) -> list[str]:
 def load_named_workload(name: str, overrides: list[str]) -> Any:
     """The workload config ``name`` with overrides, built with the run's seed, as every command does."""
     from dcp_bench.config import load_config, to_container
-    from dcp_bench.workload import make_workload
+    from dcp_bench.workloads import make_workload
 
     cfg = to_container(load_config([f"workload={name}", *_config_overrides(overrides)]))
     return make_workload(cfg["workload"], seed=int(cfg.get("seed", 0)))
@@ -74,7 +74,7 @@ def load_named_workload(name: str, overrides: list[str]) -> Any:
 def list_workloads(overrides: list[str]) -> list[dict[str, Any]]:
     """One row per workload config: its name, kind, default model, version and description."""
     from dcp_bench.config import EXTRA_CONF_KEY, group_choices, load_config, to_container
-    from dcp_bench.workload import WORKLOADS
+    from dcp_bench.workloads import WORKLOADS
 
     dirs = [ov.split("=", 1)[1] for ov in overrides if ov.split("=", 1)[0] == EXTRA_CONF_KEY]
     bad = [ov for ov in overrides if ov.split("=", 1)[0] != EXTRA_CONF_KEY]

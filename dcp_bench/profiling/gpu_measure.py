@@ -4,7 +4,7 @@ Phases of `dcp_bench.profiling.gpu_check` after the calibration profiles, each w
 deadline and each writing its results as soon as it has them:
 
 - ``buckets`` (``stdit_buckets.json``): STDiT3-XL/2 (all 28 block pairs, bf16, one rank) on
-  micro-batches of the reference dataset's buckets (`dcp_bench.workload.image_buckets` and
+  micro-batches of the reference dataset's buckets (`dcp_bench.workloads.image_buckets` and
   `video_buckets`: 144p images to 720p x 408 frames), at SP 1, with the reference profiler's
   power-of-two batch-size search (`dcp_bench.reference.profile.baseline_search`: 1, 2, 4, ...,
   the first failure ends it) under the 0.7 memory cap, once without and once with full
@@ -95,7 +95,7 @@ class MeasureRun:
 
 def reference_buckets(tiny: bool) -> list[dict[str, Any]]:
     """The reference dataset's 25 buckets (5 image, 20 video), by tokens; tiny: scaled down."""
-    from dcp_bench.workload import image_buckets, video_buckets
+    from dcp_bench.workloads import image_buckets, video_buckets
 
     rows = []
     for b in image_buckets() + video_buckets():

@@ -15,7 +15,7 @@ from dcp_bench.planners.base import Planner, make_planner
 from dcp_bench.run.capabilities import StepWorkload
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.sim import NoiseModel
-from dcp_bench.workload import make_workload
+from dcp_bench.workloads import make_workload
 
 
 @dataclass

@@ -30,7 +30,7 @@ from dcp_bench.errors import ClusterError, ConfigError, DcpBenchError
 from dcp_bench.reference import run_label
 from dcp_bench.run.capabilities import EpochSampler, FixedDataset
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, ZERO_STAGES
-from dcp_bench.workload import WORKLOADS
+from dcp_bench.workloads import REGISTRY_TARGETS, WORKLOADS
 
 EXECUTORS = ("sim", "torch")
 PLANNER_CLOCKS = ("overlap", "serial", "off")
@@ -147,7 +147,7 @@ class MethodSpec(_Node):
 @dataclass(frozen=True, eq=False)
 class WorkloadSpec(_Node):
     """The ``workload`` node: its config ``name``, the class a user's workload names (``target``;
-    None for a registered workload, built by `dcp_bench.workload.load_workload`) and the whole
+    None for a registered workload, built by `dcp_bench.workloads.load_workload`) and the whole
     node (parameters)."""
 
     name: str
@@ -156,8 +156,8 @@ class WorkloadSpec(_Node):
 
     @property
     def registered(self) -> bool:
-        """A workload of the registry (`dcp_bench.workload.WORKLOADS`), not a user's class."""
-        return self.target in (None, "dcp_bench.workload.load_workload")
+        """A workload of the registry (`dcp_bench.workloads.WORKLOADS`), not a user's class."""
+        return self.target is None or self.target in REGISTRY_TARGETS
 
 
 def _method_spec(node: dict[str, Any]) -> MethodSpec:

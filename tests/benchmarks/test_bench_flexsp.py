@@ -22,7 +22,7 @@ from dcp_bench.config import load_config
 from dcp_bench.cost import make_cost_model
 from dcp_bench.plan import StepPlan, validate_plan
 from dcp_bench.planners.base import make_planner
-from dcp_bench.workload import load_workload
+from dcp_bench.workloads import load_workload
 
 
 def lognormal_batch(n: int, seed: int = 0) -> GlobalBatch:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dcp_bench.workload import load_workload
+from dcp_bench.workloads import load_workload
 
 
 @pytest.mark.parametrize(("name", "world"), [("wikipedia", 64), ("videosys_zipf", 32), ("sharegpt", 32)])

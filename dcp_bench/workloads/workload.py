@@ -703,6 +703,13 @@ def distribution_stats(lengths: np.ndarray, probs: np.ndarray, quantiles: str = 
 # ---------------------------------------------------------------------------------------------
 # The registry of named workloads
 
+# The ``_target_`` of a workload config built from this registry. Configs written before the
+# workloads package (the shipped ones among them, and every committed run record) spell it
+# ``dcp_bench.workload.load_workload``: both spellings name the registry.
+REGISTRY_TARGET = "dcp_bench.workloads.load_workload"
+LEGACY_REGISTRY_TARGET = "dcp_bench.workload.load_workload"
+REGISTRY_TARGETS = (REGISTRY_TARGET, LEGACY_REGISTRY_TARGET)
+
 _POLICY_PARAMS = ("seed", "tokens_per_gpu", "samples_per_step", "length_scale", "max_len", "max_len_policy")
 # What a workload config may say about its data, for records and reports: a one-line
 # description, where the data comes from, and under which licence it may be used.
@@ -1048,8 +1055,8 @@ def _as_int(value: Any, name: str, key: str) -> int:
 
 def make_workload(node: Any, seed: int | None = None) -> Any:
     """Build the workload a ``workload`` config node describes, its global batches seeded by
-    ``seed`` (the run's seed). A node whose ``_target_`` is this module's `load_workload` (or that
-    has none) names a registered workload; any other ``_target_`` is a user's class, built with
+    ``seed`` (the run's seed). A node whose ``_target_`` is `load_workload` (`REGISTRY_TARGETS`:
+    either spelling), or that has none, names a registered workload; any other ``_target_`` is a user's class, built with
     the node's parameters and ``seed``, which must provide ``global_batch(step, world_size,
     max_seq_len)``."""
     if isinstance(node, str):
@@ -1058,7 +1065,7 @@ def make_workload(node: Any, seed: int | None = None) -> Any:
     if seed is not None:
         data["seed"] = seed
     target = data.pop("_target_", None)
-    if target not in (None, "dcp_bench.workload.load_workload"):
+    if target is not None and target not in REGISTRY_TARGETS:
         said = {k: data.pop(k) for k in _PROVENANCE_PARAMS if data.get(k) is not None}
         try:
             built = instantiate({"_target_": target, **{k: v for k, v in data.items() if k != "kind"}})
