@@ -16,34 +16,38 @@ Modules, by source kind:
 ``from dcp_bench.workloads import load_workload`` is the usual entry point.
 """
 
-from dcp_bench.workloads.workload import (
+from dcp_bench.workloads.base import (
     DATA_DIR,
-    LEGACY_REGISTRY_TARGET,
     MAX_SAMPLE_TOKENS,
+    SizeSource,
+    check_length,
+    distribution_stats,
+    weighted_quantile,
+)
+from dcp_bench.workloads.histogram import HistogramSource
+from dcp_bench.workloads.lengths import ListSource
+from dcp_bench.workloads.registry import (
+    LEGACY_REGISTRY_TARGET,
     REGISTRY_TARGET,
     REGISTRY_TARGETS,
     WORKLOADS,
-    BucketSource,
-    HistogramSource,
-    ListSource,
-    ReferenceDataset,
-    SizeSource,
-    SyntheticSource,
-    VideoBucket,
-    Workload,
     WorkloadEntry,
-    check_length,
-    distribution_stats,
+    load_workload,
+    make_workload,
+)
+from dcp_bench.workloads.synthetic import SyntheticSource
+from dcp_bench.workloads.video import (
+    BucketSource,
+    ReferenceDataset,
+    VideoBucket,
     image_buckets,
     latent_frames,
     latent_voxels,
-    load_workload,
-    make_workload,
     spatial_patches,
     video_buckets,
-    weighted_quantile,
     zipf_weights,
 )
+from dcp_bench.workloads.workload import Workload
 
 __all__ = [
     "DATA_DIR",
