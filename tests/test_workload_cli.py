@@ -66,10 +66,14 @@ def test_show_writes_a_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_list_and_show_reach_a_users_config_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+# A user's config may name the registry in the spelling before the workloads package, too.
+@pytest.mark.parametrize("target", ["dcp_bench.workloads.load_workload", "dcp_bench.workload.load_workload"])
+def test_list_and_show_reach_a_users_config_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
     (tmp_path / "workload").mkdir()
     (tmp_path / "workload" / "my_corpus.yaml").write_text(
-        "_target_: dcp_bench.workload.load_workload\nname: synthetic_fixed\nlength: 777\n")
+        f"_target_: {target}\nname: synthetic_fixed\nlength: 777\n")
     rc, out, _ = _run(capsys, "workloads", "list", f"extra_conf={tmp_path}")
     assert rc == 0 and "my_corpus" in [line.split()[0] for line in out.splitlines()]
     rc, out, _ = _run(capsys, "workloads", "show", "my_corpus", f"extra_conf={tmp_path}", "--json")

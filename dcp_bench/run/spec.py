@@ -30,7 +30,7 @@ from dcp_bench.errors import ClusterError, ConfigError, DcpBenchError
 from dcp_bench.reference import run_label
 from dcp_bench.run.capabilities import EpochSampler, FixedDataset
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, ZERO_STAGES
-from dcp_bench.workloads import REGISTRY_TARGETS, WORKLOADS
+from dcp_bench.workloads import LEGACY_REGISTRY_TARGET, REGISTRY_TARGET, REGISTRY_TARGETS, WORKLOADS
 
 EXECUTORS = ("sim", "torch")
 PLANNER_CLOCKS = ("overlap", "serial", "off")
@@ -450,6 +450,11 @@ def _slug(text: str) -> str:
 def _hashable(cfg: Mapping[str, Any]) -> dict[str, Any]:
     data = copy.deepcopy(dict(cfg))
     data.pop("seed", None)
+    workload = data.get("workload")
+    if isinstance(workload, dict) and workload.get("_target_") == REGISTRY_TARGET:
+        # Hashed in the spelling of the module before the workloads package, so the run ids of
+        # existing records stay: the same registry, whichever way a config names it.
+        workload["_target_"] = LEGACY_REGISTRY_TARGET
     run = data.get("run")
     if isinstance(run, dict):
         for key in BOOKKEEPING_KEYS:
