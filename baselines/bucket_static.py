@@ -39,8 +39,13 @@ from dcp_bench.reference.epoch import (
     merge_iterations,
     packed_plan,
 )
-from dcp_bench.reference.profile import BucketProfile, baseline_search, cost_measure, damp_to_median
 from dcp_bench.reference.samplers import bucket_epoch
+from dcp_bench.reference.trial_search import (
+    BucketProfile,
+    baseline_search,
+    cost_measure,
+    damp_to_median,
+)
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch

@@ -14,15 +14,6 @@ from dcp_bench.config import load_config, to_container
 from dcp_bench.errors import ConfigError
 from dcp_bench.reference import run_label, unit_of_label
 from dcp_bench.reference.epoch import dataset_buckets, iteration_plan
-from dcp_bench.reference.profile import (
-    BucketProfile,
-    ProfileRow,
-    Trial,
-    baseline_search,
-    damp_to_median,
-    dcp_search,
-    fewest_ckpt_fitting,
-)
 from dcp_bench.reference.samplers import (
     Bucket,
     accumulation_counts,
@@ -30,6 +21,15 @@ from dcp_bench.reference.samplers import (
     dcp_inter_epoch,
     dcp_intra_epoch,
     draw_sp,
+)
+from dcp_bench.reference.trial_search import (
+    BucketProfile,
+    ProfileRow,
+    Trial,
+    baseline_search,
+    damp_to_median,
+    dcp_search,
+    fewest_ckpt_fitting,
 )
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import parse_run_spec

@@ -118,7 +118,7 @@ def build_request(own: dict[str, Any], model: Any) -> Any:
 def measure_rank_baseline(model: Any, nproc: int, static: dict[str, Any]) -> dict[str, Any]:
     """The resident baseline of a real training rank (CPU): a short `dcp-bench train`-style run
     of ``nproc`` ranks under torchrun on near-empty batches (16-token samples), its largest
-    measured peak resident set (`dcp_bench.runtime.measure`) minus parameters, gradients and
+    measured peak resident set (`dcp_bench.runtime.step_meter`) minus parameters, gradients and
     AdamW state. A torchrun rank holds more than a profiling process (its own process-group
     store, the run loop, the records), which the profiled model's workspace must include; the
     profiling process's own figure is kept as ``process_baseline_bytes_profiler``."""

@@ -26,7 +26,7 @@ that fit no intra-node degree are skipped; the rest of the batch is not seen by 
 (``plan.info`` records ``samples_seen``, ``samples_skipped`` and ``samples_deferred``).
 
 The reference runtime itself (``method.mode=paper``, ``run.unit=epoch``, the default of paper
-mode) is `plan_epoch`: the reference profile (`dcp_bench.reference.profile.dcp_search`) and the
+mode) is `plan_epoch`: the reference profile (`dcp_bench.reference.trial_search.dcp_search`) and the
 reference sampler (`dcp_bench.reference.samplers`) deal a fixed dataset into iterations, each its
 own `StepPlan`. Its parameters are the reference's: ``sampler_max_steps`` / ``sampler_min_steps``
 (the benchmark configs: 5 / 2 for DCP-inter, 5 / 15 for PAC), ``sampler_bounds`` (``literal``:
@@ -61,7 +61,6 @@ from dcp_bench.reference.epoch import (
     deal_summary,
     iteration_plan,
 )
-from dcp_bench.reference.profile import BucketProfile, cost_measure, dcp_search
 from dcp_bench.reference.samplers import (
     BOUNDS,
     SP_RULES,
@@ -69,6 +68,7 @@ from dcp_bench.reference.samplers import (
     dcp_inter_epoch,
     dcp_intra_epoch,
 )
+from dcp_bench.reference.trial_search import BucketProfile, cost_measure, dcp_search
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch

@@ -6,12 +6,12 @@ deadline and each writing its results as soon as it has them:
 - ``buckets`` (``stdit_buckets.json``): STDiT3-XL/2 (all 28 block pairs, bf16, one rank) on
   micro-batches of the reference dataset's buckets (`dcp_bench.workloads.image_buckets` and
   `video_buckets`: 144p images to 720p x 408 frames), at SP 1, with the reference profiler's
-  power-of-two batch-size search (`dcp_bench.reference.profile.baseline_search`: 1, 2, 4, ...,
+  power-of-two batch-size search (`dcp_bench.reference.trial_search.baseline_search`: 1, 2, 4, ...,
   the first failure ends it) under the 0.7 memory cap, once without and once with full
   activation checkpointing. A trial's time is one measured forward+backward (after a warm-up
   when the first run is short); its memory is the allocator's peak above the state
   (``torch.cuda.max_memory_allocated``) and, in the same run, the bytes autograd saved
-  (`dcp_bench.runtime.measure.SavedTensorMeter`). It fits when it ran out of no memory and its
+  (`dcp_bench.runtime.step_meter.SavedTensorMeter`). It fits when it ran out of no memory and its
   activation peak plus what a rank of the claim's cluster holds (`train_policy.static_state_bytes`
   at the claim's world size and ZeRO stage) is under 0.7 of the device's memory. Buckets are
   visited ends first, then midpoints (0, n-1, n/2, n/4, 3n/4, ...), so a budget that ends early
@@ -168,7 +168,7 @@ class TrialRunner:
         import torch
 
         from dcp_bench.runtime.attention import SINGLE
-        from dcp_bench.runtime.measure import SavedTensorMeter
+        from dcp_bench.runtime.step_meter import SavedTensorMeter
 
         model = self.state.model
         cuda = self.device.type == "cuda"
@@ -228,7 +228,7 @@ class TrialRunner:
 
 
 def bucket_phase(run: MeasureRun, deadline: float) -> None:
-    from dcp_bench.reference.profile import Trial, baseline_search
+    from dcp_bench.reference.trial_search import Trial, baseline_search
 
     buckets = reference_buckets(run.tiny)
     runner = TrialRunner(run.stdit, run.device, run.tiny)
@@ -240,7 +240,7 @@ def bucket_phase(run: MeasureRun, deadline: float) -> None:
                       f"{CLAIM_CLUSTER} rank at the default ZeRO stage (train_policy.static_state_bytes)",
         "memory": "allocator peak above the state (torch.cuda.max_memory_allocated)" if run.device.type == "cuda"
                   else "bytes autograd saved (CPU: no allocator peak)",
-        "search": "dcp_bench.reference.profile.baseline_search at SP 1", "buckets": [], "not_reached": [],
+        "search": "dcp_bench.reference.trial_search.baseline_search at SP 1", "buckets": [], "not_reached": [],
     }
     path = run.out / "stdit_buckets.json"
     run.check["buckets"] = {"file": path.name, "buckets": 0, "trials": 0}

@@ -172,7 +172,7 @@ def step_costs(
 
     from dcp_bench.profiling.collectives import slowest_rank_times
     from dcp_bench.runtime.executor import sync_gradients, zeroed_grads
-    from dcp_bench.runtime.measure import resident_bytes, static_bytes
+    from dcp_bench.runtime.step_meter import resident_bytes, static_bytes
 
     model = build_model(spec, seed=SEED, device=device, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -247,7 +247,11 @@ def _resident_point(
     micro-batches of ``samples`` forward and backward, the flat gradient copy the sync makes,
     clipping and the optimizer step; the third of three such steps, as allocations settle), and
     the most bytes autograd saved in one micro-batch."""
-    from dcp_bench.runtime.measure import SavedTensorMeter, reset_resident_peak, resident_peak_bytes
+    from dcp_bench.runtime.step_meter import (
+        SavedTensorMeter,
+        reset_resident_peak,
+        resident_peak_bytes,
+    )
 
     tokens = np.array([t for t, _ in samples])
     frames = np.array([f for _, f in samples])

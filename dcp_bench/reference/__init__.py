@@ -4,7 +4,7 @@ Paper mode (``method.mode=paper``, ``run.unit=epoch``) reproduces the reference 
 fixed dataset, a profile of every bucket, and an epoch dealt into iterations by the method's
 sampler, each iteration one `StepPlan` (its own barrier, gradient sync and optimizer step).
 
-* `dcp_bench.reference.profile`: the profiler's searches (the baseline's power-of-two batch
+* `dcp_bench.reference.trial_search`: the profiler's searches (the baseline's power-of-two batch
   sizes with its throughput guard and median damping; DCP's SP-degree search with its restart
   rules, candidate sets and Pyramid Activation Checkpointing), priced on a cost model.
 * `dcp_bench.reference.samplers`: the samplers that deal an epoch (the baseline's bucket

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dcp_bench.reference.profile import BucketProfile
+from dcp_bench.reference.trial_search import BucketProfile
 
 SP_RULES = ("threshold", "categorical", "largest")
 BOUNDS = ("literal", "per_group")

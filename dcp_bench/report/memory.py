@@ -1,7 +1,7 @@
 """Report section: what the memory model decides in paper mode, per method of a claim.
 
 The reference's profiler searches each bucket's batch size by powers of two under the memory cap
-(`dcp_bench.reference.profile`), so the activation bytes the cost model charges decide how many
+(`dcp_bench.reference.trial_search`), so the activation bytes the cost model charges decide how many
 samples of a bucket run together, which buckets the samplers deal, and how many samples the
 epoch trains. For each side of a claim this section shows the per-bucket settings as the
 reference's profiler would print them (bucket, SP degree, batch size, checkpointed layers), the

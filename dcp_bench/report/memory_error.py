@@ -2,7 +2,7 @@
 
 Every measured step record carries the runtime's peak memory per rank (``peak_mem_per_rank_gib``:
 the CUDA allocator's peak, or on CPU the process's peak resident set, see
-`dcp_bench.runtime.measure`) and the cost model's prediction of the same plan
+`dcp_bench.runtime.step_meter`) and the cost model's prediction of the same plan
 (``extra.predicted_peak_mem_per_rank_gib``). `memory_prediction_error` compares them rank by rank
 over the measured steps of real runs: error = measured / predicted - 1 (negative: the model
 over-predicts, which is the safe side for planning under a memory cap). The report's summary

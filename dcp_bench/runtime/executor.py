@@ -33,7 +33,8 @@ from dcp_bench.execution import PlanFn, StepOutcome
 from dcp_bench.plan import MicroBatch, StepPlan
 from dcp_bench.runtime.attention import SINGLE, SPContext
 from dcp_bench.runtime.groups import ProcessGroupPool
-from dcp_bench.runtime.measure import (
+from dcp_bench.runtime.models import RuntimeModel
+from dcp_bench.runtime.step_meter import (
     BusyTimer,
     SavedTensorMeter,
     describe_memory_measure,
@@ -41,7 +42,6 @@ from dcp_bench.runtime.measure import (
     reset_peak,
     synchronize,
 )
-from dcp_bench.runtime.models import RuntimeModel
 from dcp_bench.runtime.training import TrainingState, UserOptimizerState
 from dcp_bench.runtime.training import sync_gradients as sync_gradients  # the API's import path
 from dcp_bench.runtime.training import zeroed_grads as zeroed_grads
@@ -58,7 +58,7 @@ class StepResult:
     samples: int
     samples_dropped: int
     busy_s: float  # this rank: compute + SP communication of its micro-batches
-    peak_mem_bytes: int  # this rank (see dcp_bench.runtime.measure)
+    peak_mem_bytes: int  # this rank (see dcp_bench.runtime.step_meter)
     micro_batches: int  # run by this rank
     finite: bool = True
     extra: dict[str, float] = field(default_factory=dict)

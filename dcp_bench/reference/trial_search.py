@@ -1,5 +1,8 @@
 """The reference profiler's searches, priced on a cost model (docs/reference_semantics.md, "Profile").
 
+Trials here are priced, not run: the profiler that measures real hardware is `dcp_bench.profiling`
+(the ``dcp-bench profile`` command, `dcp_bench.commands.profile`).
+
 A *trial* runs one micro-batch of ``bs`` copies of a bucket's shape on an SP group of ``sp`` ranks
 and reports whether it fits (the reference: no OOM and predicted memory under the cap, which is
 the cost model's ``memory_cap_bytes``) and its time. The searches take a ``measure(sp, bs)``

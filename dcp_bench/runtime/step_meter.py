@@ -1,4 +1,5 @@
-"""Timing and memory measurement for training steps.
+"""The step meter: a training step's time and peak memory per rank, as the executor reads them
+(the profiler, `dcp_bench.profiling`, uses the same meters).
 
 Memory, the peak per rank over one step:
 
