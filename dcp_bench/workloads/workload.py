@@ -48,6 +48,21 @@ from dcp_bench.workloads.video import MIX_DATASETS, VAE_STRIDE, ReferenceDataset
 
 
 @dataclass
+class _Deal:
+    """What a step's batch holds so far, as `Workload.global_batch` deals it chunk by chunk."""
+
+    ids: list[np.ndarray] = field(default_factory=list)
+    tokens: list[np.ndarray] = field(default_factory=list)
+    frames: list[np.ndarray] = field(default_factory=list)
+    total: int = 0  # tokens kept
+    kept: int = 0  # samples kept
+    truncated: int = 0
+    dropped: int = 0
+    drawn: int = 0
+    done: bool = False
+
+
+@dataclass
 class Workload:
     """A size source plus the batch policy. Build one with `load_workload` or `make_workload`."""
 
@@ -112,6 +127,16 @@ class Workload:
         assert self.tokens_per_gpu is not None
         return max(1, int(self.tokens_per_gpu * world_size // self.length_scale))
 
+    def _capped(
+        self, tokens: np.ndarray, frames: np.ndarray, limit: int | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, frames, over): ``over`` marks the samples longer than ``limit``; under
+        ``max_len_policy=truncate`` they come back cut to it (`_truncate`), else as they were."""
+        over = np.zeros(len(tokens), dtype=bool) if limit is None else tokens > limit
+        if limit is not None and over.any() and self.max_len_policy == "truncate":
+            frames, tokens = _truncate(frames, tokens, over, limit)
+        return tokens, frames, over
+
     def global_batch(self, step: int, world_size: int, max_seq_len: int | None = None) -> GlobalBatch:
         """The global batch of ``step`` on ``world_size`` GPUs (deterministic; see the module doc)."""
         if step < 0:
@@ -121,57 +146,21 @@ class Workload:
         limit = self._limit(max_seq_len)
         rng = np.random.default_rng([int(self.seed), int(step)])
         budget = None if self.samples_per_step else self.token_budget(world_size)
-        ids_out: list[np.ndarray] = []
-        tok_out: list[np.ndarray] = []
-        fr_out: list[np.ndarray] = []
-        total = kept = truncated = dropped = drawn = 0
-        done = False
-        while not done:
-            if drawn >= MAX_DRAWS_PER_STEP:
+        deal = _Deal()
+        while not deal.done:
+            if deal.drawn >= MAX_DRAWS_PER_STEP:
                 raise WorkloadError(
-                    f"workload {self.name!r}: no sample fits max_len={limit} after {drawn} draws "
+                    f"workload {self.name!r}: no sample fits max_len={limit} after {deal.drawn} draws "
                     f"with max_len_policy=drop; raise the limit or use max_len_policy=truncate"
                 )
-            ids = self.source.draw(rng, DRAW_CHUNK)
-            drawn += DRAW_CHUNK
-            tokens, frames = self.shapes(ids)
-            over = np.zeros(len(ids), dtype=bool) if limit is None else tokens > limit
-            if limit is not None and over.any() and self.max_len_policy == "truncate":
-                frames, tokens = _truncate(frames, tokens, over, limit)
-            drop = over if self.max_len_policy == "drop" else np.zeros(len(ids), dtype=bool)
-            cand = np.nonzero(~drop)[0]  # chunk positions that may enter the batch, in draw order
-            if budget is None:
-                assert self.samples_per_step is not None
-                take = min(len(cand), self.samples_per_step - kept)
-            else:
-                # Greedy fill: every candidate whose running total stays within the budget; the
-                # first sample of a step always enters, even when it alone exceeds the budget.
-                cum = total + np.cumsum(tokens[cand])
-                take = int(np.searchsorted(cum, budget, side="right"))
-                if kept == 0 and take == 0 and len(cand):
-                    take = 1
-            sel = cand[:take]
-            ids_out.append(ids[sel])
-            tok_out.append(tokens[sel])
-            fr_out.append(frames[sel])
-            truncated += int(over[sel].sum())
-            total += int(tokens[sel].sum())
-            kept += take
-            # Where the step stopped reading this chunk: dropped samples count only up to there.
-            stop = len(ids)
-            full = self.samples_per_step is not None and kept >= self.samples_per_step
-            if full or (budget is not None and take and total >= budget):
-                done, stop = True, int(cand[take - 1])
-            elif budget is not None and take < len(cand):
-                done, stop = True, int(cand[take])
-            dropped += int(drop[:stop].sum())
+            self._deal_chunk(deal, self.source.draw(rng, DRAW_CHUNK), budget, limit)
         return GlobalBatch(
             step=step,
-            sample_ids=np.concatenate(ids_out),
-            tokens=np.concatenate(tok_out),
-            frames=np.concatenate(fr_out),
-            truncated=truncated,
-            dropped=dropped,
+            sample_ids=np.concatenate(deal.ids),
+            tokens=np.concatenate(deal.tokens),
+            frames=np.concatenate(deal.frames),
+            truncated=deal.truncated,
+            dropped=deal.dropped,
             info={
                 "workload": self.name,
                 "workload_version": self.version,
@@ -183,6 +172,39 @@ class Workload:
                 "max_len_policy": self.max_len_policy,
             },
         )
+
+    def _deal_chunk(self, deal: _Deal, ids: np.ndarray, budget: int | None, limit: int | None) -> None:
+        """Add to ``deal`` the samples of one chunk of draws that enter the batch, in draw order,
+        and mark it done when the batch is full (``budget`` tokens, or ``samples_per_step``)."""
+        deal.drawn += len(ids)
+        tokens, frames, over = self._capped(*self.shapes(ids), limit)
+        drop = over if self.max_len_policy == "drop" else np.zeros(len(ids), dtype=bool)
+        cand = np.nonzero(~drop)[0]  # chunk positions that may enter the batch, in draw order
+        if budget is None:
+            assert self.samples_per_step is not None
+            take = min(len(cand), self.samples_per_step - deal.kept)
+        else:
+            # Greedy fill: every candidate whose running total stays within the budget; the
+            # first sample of a step always enters, even when it alone exceeds the budget.
+            cum = deal.total + np.cumsum(tokens[cand])
+            take = int(np.searchsorted(cum, budget, side="right"))
+            if deal.kept == 0 and take == 0 and len(cand):
+                take = 1
+        sel = cand[:take]
+        deal.ids.append(ids[sel])
+        deal.tokens.append(tokens[sel])
+        deal.frames.append(frames[sel])
+        deal.truncated += int(over[sel].sum())
+        deal.total += int(tokens[sel].sum())
+        deal.kept += take
+        # Where the step stopped reading this chunk: dropped samples count only up to there.
+        stop = len(ids)
+        full = self.samples_per_step is not None and deal.kept >= self.samples_per_step
+        if full or (budget is not None and take and deal.total >= budget):
+            deal.done, stop = True, int(cand[take - 1])
+        elif budget is not None and take < len(cand):
+            deal.done, stop = True, int(cand[take])
+        deal.dropped += int(drop[:stop].sum())
 
     # -- the fixed dataset of an epoch ---------------------------------------------------------
 
@@ -206,16 +228,12 @@ class Workload:
             raise WorkloadError(f"workload {self.name!r}: its dataset has buckets its size source lacks ({missing[0]})")
         bucket_of = np.repeat([index[(b.resolution, b.frames)] for b in buckets], counts).astype(np.int64)
         ids = (bucket_of << ID_SHIFT) | np.arange(len(bucket_of), dtype=np.int64)
-        tokens, frames = self.shapes(ids)
         limit = self._limit(max_seq_len)
-        over = np.zeros(len(ids), dtype=bool) if limit is None else tokens > limit
+        tokens, frames, over = self._capped(*self.shapes(ids), limit)
         dropped = 0
-        if over.any():
-            if self.max_len_policy == "truncate":
-                frames, tokens = _truncate(frames, tokens, over, limit)  # type: ignore[arg-type]
-            else:
-                keep = ~over
-                ids, tokens, frames, dropped = ids[keep], tokens[keep], frames[keep], int(over.sum())
+        if over.any() and self.max_len_policy == "drop":
+            keep = ~over
+            ids, tokens, frames, dropped = ids[keep], tokens[keep], frames[keep], int(over.sum())
         return GlobalBatch(
             step=0, sample_ids=ids, tokens=tokens, frames=frames,
             truncated=int(over.sum()) if self.max_len_policy == "truncate" else 0, dropped=dropped,
