@@ -35,7 +35,7 @@ from dcp_bench.cost.profiled import ProfiledCostModel
 from dcp_bench.cost.specs import ClusterSpec, GPUSpec, model_spec
 from dcp_bench.errors import ConfigError
 from dcp_bench.paths import REPO_ROOT
-from dcp_bench.profiling.measure import parameter_storages, saved_activation_bytes
+from dcp_bench.profiling.module_timing import parameter_storages, saved_activation_bytes
 
 
 def cpu_cluster(world: int) -> ClusterSpec:
@@ -377,9 +377,9 @@ def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
     """Leave one interior grid size out at a time, fit each (nproc, SP) table on the other sizes,
     predict the held-out points and compare with their measured medians. The property: the
     median prediction error is within 15% (the issue's target). The numbers are in
-    results/calibration/cpu/README.md (`python -m dcp_bench.profiling.validate` prints them)."""
+    results/calibration/cpu/README.md (`python -m dcp_bench.profiling.holdout` prints them)."""
     from dcp_bench.cost.profile_artifact import load_artifact
-    from dcp_bench.profiling.validate import leave_one_size_out
+    from dcp_bench.profiling.holdout import leave_one_size_out
 
     art = load_artifact(CALIBRATION / f"{model}.json")
     # the profile is what the cpu cluster's profiled cost model reads, for every world size run

@@ -144,7 +144,7 @@ def _worker(rank: int, world: int, init_file: str, req_json: str, out_path: str)
     from dcp_bench.cost.specs import model_spec
     from dcp_bench.profiling import layers as layer_cases
     from dcp_bench.profiling.collectives import measure_collectives
-    from dcp_bench.profiling.measure import ModuleTiming, measure_interleaved, measure_module
+    from dcp_bench.profiling.module_timing import ModuleTiming, measure_interleaved, measure_module
     from dcp_bench.runtime.groups import ProcessGroupPool
 
     req_d = json.loads(req_json)
