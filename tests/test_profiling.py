@@ -157,7 +157,8 @@ def synthetic_artifact(model: str, tokens: list[int], sps: list[int], nproc: int
             "hardware": {"cpu_model": "test"}, "settings": {"device": "cpu"}, "layers": layers,
             "outer": outer, "collectives": colls, "cost": {"wall_s": 12.5},
             "static": {"params": 1000, "param_bytes": 4000, "optimizer_step_s": 0.01},
-            "steps": [{"nproc": nproc, "step_overhead_s": _timing(0.05), "process_baseline_bytes": 3e8}]}
+            "steps": [{"nproc": nproc, "zero_stage": 1, "step_overhead_s": _timing(0.05),
+                       "process_baseline_bytes": 3e8}]}
 
 
 def outer_law(phase: str, t: float, n: int) -> float:
@@ -267,7 +268,9 @@ def test_what_the_profile_did_not_measure_comes_from_the_analytical_model(tmp_pa
     law = {k: v[0] + v[1] * tpr + v[2] * ppr + v[3] for k, v in LAW.items()}
     assert c.fwd_s == pytest.approx(m.num_layers * law["fwd"] + outer_law("fwd", tpr, 1)
                                     + outer_law("inputs", tpr, 1), rel=1e-6)
-    assert cost.step_sync_time() == pytest.approx(ana.allreduce_time(4000.0, 8) + 0.01, rel=1e-9)
+    # ZeRO 1 (fp32): reduce-scatter + all-gather of 4 bytes per parameter each (an all-reduce of
+    # 4000 bytes), AdamW on an eighth of the parameters
+    assert cost.step_sync_time() == pytest.approx(ana.allreduce_time(4000.0, 8) + 0.01 / 8, rel=1e-9)
     fb = cost.describe()["fallbacks"]
     assert "all_to_all over 8 ranks: analytical" in fb and "all_reduce over 8 ranks: analytical" in fb
     # the workspace comes from the GPU spec when the profile measured no process baseline
@@ -275,6 +278,32 @@ def test_what_the_profile_did_not_measure_comes_from_the_analytical_model(tmp_pa
     assert cost.static_memory_bytes() == pytest.approx(4 * P + 4 * P + 4 * P / W + 12 * P / W + gpu.workspace_bytes)
     z0 = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cluster, profile=str(path), zero_stage=0)
     assert z0.static_memory_bytes() == pytest.approx(4 * P + 4 * P + 8 * P + gpu.workspace_bytes)  # fp32: no master copy
+
+
+@pytest.mark.parametrize("measured_stage, run_stage", [(None, 1), (0, 1), (1, 0), (1, 3), (1, 1)])
+def test_step_is_priced_at_the_run_s_zero_stage(tmp_path: Path, measured_stage: int | None, run_stage: int) -> None:
+    """The measured step overhead prices a run of the stage it was measured at as measured; at
+    another stage (an artifact without the field measured stage 0), the measured stage's
+    gradient sync and optimizer share are swapped for the run's: fp32, 4 ranks, P = 1000
+    parameters, AdamW 10 ms over the whole model, all-reduce law AR of the synthetic profile."""
+    art = synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4)
+    if measured_stage is None:
+        del art["steps"][0]["zero_stage"]
+    else:
+        art["steps"][0]["zero_stage"] = measured_stage
+    path = tmp_path / "tiny_llama.json"
+    path.write_text(dumps_artifact(art))
+    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(path),
+                             zero_stage=run_stage)
+    P, W, adam = 1000, 4, 0.01
+    sync = {0: AR[0] + AR[1] * 4 * P, 1: AR[0] + AR[1] * 4 * P, 2: 0.0, 3: 0.0}  # message bytes per rank
+    opt = {0: adam, 1: adam / W, 2: adam / W, 3: adam / W}
+    measured = 0 if measured_stage is None else measured_stage
+    want = 0.05 - sync[measured] - opt[measured] + sync[run_stage] + opt[run_stage]
+    assert cost.step_sync_time() == pytest.approx(want, rel=1e-6)
+    assert cost.describe()["profile_step_zero_stage"] == measured
+    swapped = [f for f in cost.describe()["fallbacks"] if f.startswith("step overhead measured")]
+    assert bool(swapped) == (measured != run_stage)
 
 
 def test_vectorised_sample_time_equals_one_sample_micro_batches(synthetic_profile: Path) -> None:

@@ -32,7 +32,8 @@ from typing import Any
 from dcp_bench.cost.profile_artifact import dumps_artifact
 from dcp_bench.cost.specs import ModelSpec, model_spec
 from dcp_bench.files import atomic_write_text, sha256_file
-from dcp_bench.profiling.run import ProfileRequest, measure_ceilings, run_profile
+from dcp_bench.profiling.request import ProfileRequest
+from dcp_bench.profiling.run import measure_ceilings, run_profile
 
 FULL_TOKENS = [1024 << i for i in range(8)]  # 1K .. 128K
 FULL_MODELS = ("llama3_8b", "stdit3_xl2")
