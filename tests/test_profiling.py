@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dcp_bench.cost.profile_artifact import (
@@ -36,6 +37,12 @@ from dcp_bench.cost.specs import ClusterSpec, GPUSpec, model_spec
 from dcp_bench.errors import ConfigError
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.profiling.module_timing import parameter_storages, saved_activation_bytes
+from dcp_bench.profiling.request import ProfileRequest
+from dcp_bench.profiling.run import ProfileError, launch_ranks, run_profile
+from dcp_bench.runtime.models import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from processes import TAG, kill_tagged, tagged  # noqa: E402
 
 
 def cpu_cluster(world: int) -> ClusterSpec:
@@ -418,3 +425,52 @@ def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
     rows = leave_one_size_out(art)
     assert len(rows) >= 20  # every (nproc, sp) table and shape contributes
     assert np.median([r["rel_err"] for r in rows]) <= 0.15
+
+
+# --- the step the profiler times, and how its ranks are launched ---------------------------------
+
+
+def _step_request(**kw: Any) -> ProfileRequest:
+    return ProfileRequest(model=model_spec("tiny_llama"), tokens=[32], sp=[1], shapes=["single"], nprocs=[2],
+                          reps=1, warmup=0, outer=False, collectives=False, timeout_s=240.0, **kw)
+
+
+@pytest.mark.dist
+def test_profiled_step_is_the_runtime_s_zero_1_step_under_torchrun() -> None:
+    """Two ranks under torchrun time the runtime's ZeRO-1 step: each rank's AdamW state covers
+    its half of the flat parameters (two fp32 moments of ceil(P / 2) elements, plus the step
+    count), where the hand-made step of old kept moments of every parameter on every rank."""
+    art = run_profile(_step_request(zero_stage=1))
+    (step,) = art["steps"]
+    P = sum(p.numel() for p in build_model(model_spec("tiny_llama")).parameters())
+    shard = -(-P // 2)
+    assert step["nproc"] == 2 and step["zero_stage"] == 1 and art["settings"]["zero_stage"] == 1
+    assert 2 * 4 * shard <= step["optimizer_state_bytes"] <= 2 * 4 * shard + 8  # the step count: one scalar
+    assert step["step_overhead_s"]["n"] == 1 and step["step_overhead_s"]["median"] > 0
+
+
+@pytest.mark.dist
+def test_a_profiling_rank_that_fails_ends_the_profile_with_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that raises ends the whole profile (torchrun stops its peer, which would wait in a
+    collective) with that rank's error, and no process the profile started outlives it."""
+    tag = f"profile-fail-{os.getpid()}"
+    monkeypatch.setenv(TAG, tag)
+    try:
+        with pytest.raises(ProfileError, match="rank 1: RuntimeError: injected failure on profiling rank 1"):
+            run_profile(_step_request(fail_rank=1))
+        assert tagged(tag) == []
+    finally:
+        kill_tagged(tag)
+
+
+def test_one_rank_profile_times_the_stage_s_step_in_this_process() -> None:
+    """One rank is measured in this process, with a one-rank group for the ZeRO-1 state: the
+    whole flat model is its shard (two fp32 moments of P elements plus the step count), and the
+    group is gone afterwards."""
+    req = _step_request(zero_stage=1)
+    req.nprocs = [1]
+    part = launch_ranks(req, 1)
+    P = sum(p.numel() for p in build_model(model_spec("tiny_llama")).parameters())
+    assert part["step"]["zero_stage"] == 1
+    assert 2 * 4 * P <= part["step"]["optimizer_state_bytes"] <= 2 * 4 * P + 8
+    assert not dist.is_initialized()

@@ -236,7 +236,8 @@ def step_costs(
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     times = time_training_step(state, step_samples, reps, warmup)
     out: dict[str, Any] = {"zero_stage": state.zero_stage, "step_overhead_s": summarize(slowest_rank_times(times)),
-                           "state_bytes": int(state.static_bytes())}
+                           "state_bytes": int(state.static_bytes()),
+                           "optimizer_state_bytes": optimizer_state_bytes(getattr(state, "optimizer", None))}
     rss = resident_bytes()
     if rss is not None:
         base = torch.tensor([float(rss - state.static_bytes())], dtype=torch.float64)
@@ -248,6 +249,19 @@ def step_costs(
             out.update(_resident_law(state, memory_batches, rss, distributed))
     del state
     return out
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of this rank's optimizer state tensors (AdamW: its two moments and step counts)."""
+    if optimizer is None:
+        return 0
+    out = 0
+    for st in optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, Tensor):
+                local = v.to_local() if hasattr(v, "to_local") else v
+                out += local.numel() * local.element_size()
+    return int(out)
 
 
 def _resident_law(state: TrainingState, memory_batches: list[list[tuple[int, int]]], rss: int,
