@@ -25,6 +25,7 @@ the fits' errors and the fallbacks; run records copy it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -188,6 +189,10 @@ class ProfiledCostModel(CostModel):
         # repeated measurements of it vary by ~15%; planning under a cap needs the safe side
         self.resident_factor = max([1.0, *(float(s.get("resident_factor") or 1.0) for s in steps.values())])
         self.resident_fixed_bytes = max(0.0, float(entry.get("resident_fixed_bytes") or 0.0))
+        self._record_provenance(resolved)
+
+    def _record_provenance(self, resolved: Path) -> None:
+        """What run records copy: the profile by path and hash, what it cost, the fits' errors."""
         self.provenance = {
             **self.provenance,
             "profile_path": self.profile,

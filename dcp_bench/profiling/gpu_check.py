@@ -603,7 +603,8 @@ class PhaseClock:
         return min(max(planned_end, now + self.budget[phase] / 2), self.end - keep_for_later)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]] | int:
+    """The arguments and the phases to run, in `PHASES` order; an exit status (2) when bad."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the check's files (at most 8)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -626,9 +627,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.no_calibration:
         phases = [p for p in phases if p in ("kernel", "smoke")]
-    phases = [p for p in PHASES if p in phases]
-    if args.commit:
-        os.environ[COMMIT_ENV] = args.commit  # read by every env description, the spawned points' too
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; use --device cpu --tiny for the dry run", file=sys.stderr)
         return 2
@@ -637,6 +635,138 @@ def main(argv: list[str] | None = None) -> int:
     if not args.budget_s > 0:
         print(f"gpu_check: --budget-s {args.budget_s}: expected a number of seconds > 0", file=sys.stderr)
         return 2
+    return args, [p for p in PHASES if p in phases]
+
+
+@dataclasses.dataclass
+class CheckFiles:
+    """The check's two files as they grow: ``check.json`` (``check``) and ``summary.md`` (from
+    ``report``), rewritten at every phase's start and end."""
+
+    out: Path
+    clock: PhaseClock
+    check: dict[str, Any]
+    report: dict[str, Any]
+
+    def write_check(self) -> None:
+        atomic_write_json(self.out / "check.json", self.check)
+
+    def write_summary(self) -> None:
+        self.report["wall_s"] = time.time() - self.clock.start
+        atomic_write_text(self.out / "summary.md", summary_markdown(self.report))
+
+    def begin(self, phase: str) -> float:
+        self.check["phases"][phase]["started_s"] = round(time.time() - self.clock.start, 1)
+        self.write_check()
+        print(f"gpu_check: phase {phase} (deadline in {self.clock.deadline(phase) - time.time():.0f} s)",
+              file=sys.stderr, flush=True)
+        return self.clock.deadline(phase)
+
+    def finish(self, phase: str) -> None:
+        self.check["phases"][phase]["ended_s"] = round(time.time() - self.clock.start, 1)
+        self.write_check()
+        self.write_summary()
+
+
+def _kernel_phase(files: CheckFiles, device: Any, dtype: Any, sizes: CheckSizes) -> None:
+    deadline = files.begin("kernel")
+
+    def put_kernel(k: dict[str, Any]) -> None:
+        files.check["kernel"] = files.report["kernel"] = k
+        files.write_check()
+
+    try:
+        put_kernel(attention_report(device, dtype, sizes, deadline, put_kernel))
+    except Exception as exc:
+        files.report["notes"].append(f"kernel timing: {type(exc).__name__}: {str(exc)[:300]}")
+    files.finish("kernel")
+
+
+def _smoke_phase(files: CheckFiles, device: Any, dtype: Any, sizes: CheckSizes, cluster: str,
+                 fault: str | None) -> None:
+    deadline = files.begin("smoke")
+    broken = broken_attention_kernel(device) if fault == "attention" else None
+
+    def put_smoke(sm: dict[str, Any]) -> None:
+        files.check["smoke"] = files.report["smoke"] = sm
+        files.write_check()
+
+    smoke = run_smoke(device, sizes, cluster, deadline, broken, put_smoke)
+    put_smoke(smoke)
+    report = files.report
+    report["problems"] += [f"{m['model']}: {m['error']}" for m in smoke["models"] if m.get("error")]
+    report["problems"] += smoke_verdict(smoke, fp32=dtype == torch.float32)
+    if fault:
+        report["notes"].append(f"--fault {fault}: the smoke phase ran a deliberately wrong attention kernel")
+    files.finish("smoke")
+
+
+def _calibration_phase(files: CheckFiles, device_name: str, tiny: bool, sizes: CheckSizes) -> None:
+    deadline = files.begin("calibration")
+    report = files.report
+    cmd = "scripts/gpu_check.sh" + (" --device cpu --tiny" if tiny else "")
+    try:
+        paths = calibrate(files.out, device_name, tiny, sizes.reps, max(deadline - time.time(), 1.0), cmd)
+    except Exception as exc:  # the calibration informs; the exit status follows the smoke test
+        report["notes"].append(f"calibration: {type(exc).__name__}: {str(exc)[:300]}")
+        paths = []
+    for path in paths:
+        art = json.loads(path.read_text())
+        points = [p for p in art["layers"] if not p.get("oom")]
+        info: dict[str, Any] = {"file": path.name, "sha256": sha256_file(path), "points": len(points),
+                                "oom": sum(1 for p in art["layers"] if p.get("oom")),
+                                "failures": len(art.get("failures", []))}
+        if art["model"]["arch"] == "llama":
+            info["layer_mfu"] = layer_mfu(art, 32768, datasheet_peak_flops(report["device"]))
+        report["calibration"][art["model"]["name"]] = info
+    files.check["calibration"] = report["calibration"]
+    files.finish("calibration")
+
+
+def _measure_phases(files: CheckFiles, phases: list[str], device: Any, tiny: bool) -> None:
+    """The `gpu_measure` phases asked for (buckets, floor, fit, claim), each recorded on failure."""
+    state = gpu_measure.MeasureRun(out=files.out, device=device, tiny=tiny, check=files.check,
+                                   write=files.write_check, notes=files.report["notes"])
+    for phase, fn in (("buckets", gpu_measure.bucket_phase), ("floor", gpu_measure.floor_phase),
+                      ("fit", gpu_measure.fit_phase), ("claim", gpu_measure.claim_phase)):
+        if phase not in phases:
+            continue
+        deadline = files.begin(phase)
+        try:
+            fn(state, deadline)
+        except Exception as exc:  # recorded; the exit status follows the smoke test
+            files.report["notes"].append(f"{phase}: {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"gpu_check: phase {phase} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        files.report[phase] = files.check.get(phase)
+        files.finish(phase)
+
+
+def _verdict(files: CheckFiles, phases: list[str]) -> int:
+    """The summary's last write and the console verdict; the exit status (the smoke test's)."""
+    report, out = files.report, files.out
+    written = sorted(p.name for p in out.iterdir())
+    if len(written) > MAX_FILES:
+        report["notes"].append(f"{len(written)} files in {out} (at most {MAX_FILES} come back): {written}")
+    files.write_summary()
+    verdict = "PASS" if not report["problems"] else "FAIL"
+    if "smoke" not in phases:
+        verdict = "NO SMOKE TEST"
+    print(f"gpu_check: {verdict} in {time.time() - files.clock.start:.0f} s (interpreter {sys.executable}); "
+          f"files in {out}: {', '.join(written)}", flush=True)
+    for p in report["problems"]:
+        print(f"gpu_check: problem: {p}", flush=True)
+    for n in report["notes"]:
+        print(f"gpu_check: note: {n}", flush=True)
+    return 0 if not report["problems"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = _parse_args(argv)
+    if isinstance(parsed, int):
+        return parsed
+    args, phases = parsed
+    if args.commit:
+        os.environ[COMMIT_ENV] = args.commit  # read by every env description, the spawned points' too
     clock = PhaseClock(args.budget_s, phases)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -652,102 +782,17 @@ def main(argv: list[str] | None = None) -> int:
                               "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
                               "interpreter": sys.executable, "problems": [], "notes": [], "calibration": {},
                               "phases": check["phases"]}
-
-    def write_check() -> None:
-        atomic_write_json(out / "check.json", check)
-
-    def write_summary() -> None:
-        report["wall_s"] = time.time() - clock.start
-        atomic_write_text(out / "summary.md", summary_markdown(report))
-
-    def begin(phase: str) -> float:
-        check["phases"][phase]["started_s"] = round(time.time() - clock.start, 1)
-        write_check()
-        print(f"gpu_check: phase {phase} (deadline in {clock.deadline(phase) - time.time():.0f} s)",
-              file=sys.stderr, flush=True)
-        return clock.deadline(phase)
-
-    def finish(phase: str) -> None:
-        check["phases"][phase]["ended_s"] = round(time.time() - clock.start, 1)
-        write_check()
-        write_summary()
-
-    write_check()
-    write_summary()
+    files = CheckFiles(out, clock, check, report)
+    files.write_check()
+    files.write_summary()
     if "kernel" in phases:
-        deadline = begin("kernel")
-
-        def put_kernel(k: dict[str, Any]) -> None:
-            check["kernel"] = report["kernel"] = k
-            write_check()
-
-        try:
-            put_kernel(attention_report(device, dtype, sizes, deadline, put_kernel))
-        except Exception as exc:
-            report["notes"].append(f"kernel timing: {type(exc).__name__}: {str(exc)[:300]}")
-        finish("kernel")
+        _kernel_phase(files, device, dtype, sizes)
     if "smoke" in phases:
-        deadline = begin("smoke")
-        broken = broken_attention_kernel(device) if args.fault == "attention" else None
-
-        def put_smoke(sm: dict[str, Any]) -> None:
-            check["smoke"] = report["smoke"] = sm
-            write_check()
-
-        smoke = run_smoke(device, sizes, cluster, deadline, broken, put_smoke)
-        put_smoke(smoke)
-        report["problems"] += [f"{m['model']}: {m['error']}" for m in smoke["models"] if m.get("error")]
-        report["problems"] += smoke_verdict(smoke, fp32=dtype == torch.float32)
-        if args.fault:
-            report["notes"].append(f"--fault {args.fault}: the smoke phase ran a deliberately wrong attention kernel")
-        finish("smoke")
+        _smoke_phase(files, device, dtype, sizes, cluster, args.fault)
     if "calibration" in phases:
-        deadline = begin("calibration")
-        cmd = "scripts/gpu_check.sh" + (" --device cpu --tiny" if args.tiny else "")
-        try:
-            paths = calibrate(out, args.device, args.tiny, sizes.reps, max(deadline - time.time(), 1.0), cmd)
-        except Exception as exc:  # the calibration informs; the exit status follows the smoke test
-            report["notes"].append(f"calibration: {type(exc).__name__}: {str(exc)[:300]}")
-            paths = []
-        for path in paths:
-            art = json.loads(path.read_text())
-            points = [p for p in art["layers"] if not p.get("oom")]
-            info: dict[str, Any] = {"file": path.name, "sha256": sha256_file(path), "points": len(points),
-                                    "oom": sum(1 for p in art["layers"] if p.get("oom")),
-                                    "failures": len(art.get("failures", []))}
-            if art["model"]["arch"] == "llama":
-                info["layer_mfu"] = layer_mfu(art, 32768, datasheet_peak_flops(report["device"]))
-            report["calibration"][art["model"]["name"]] = info
-        check["calibration"] = report["calibration"]
-        finish("calibration")
-    state = gpu_measure.MeasureRun(out=out, device=device, tiny=args.tiny, check=check, write=write_check,
-                                   notes=report["notes"])
-    for phase, fn in (("buckets", gpu_measure.bucket_phase), ("floor", gpu_measure.floor_phase),
-                      ("fit", gpu_measure.fit_phase), ("claim", gpu_measure.claim_phase)):
-        if phase not in phases:
-            continue
-        deadline = begin(phase)
-        try:
-            fn(state, deadline)
-        except Exception as exc:  # recorded; the exit status follows the smoke test
-            report["notes"].append(f"{phase}: {type(exc).__name__}: {str(exc)[:300]}")
-            print(f"gpu_check: phase {phase} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        report[phase] = check.get(phase)
-        finish(phase)
-    written = sorted(p.name for p in out.iterdir())
-    if len(written) > MAX_FILES:
-        report["notes"].append(f"{len(written)} files in {out} (at most {MAX_FILES} come back): {written}")
-    write_summary()
-    verdict = "PASS" if not report["problems"] else "FAIL"
-    if "smoke" not in phases:
-        verdict = "NO SMOKE TEST"
-    print(f"gpu_check: {verdict} in {time.time() - clock.start:.0f} s (interpreter {sys.executable}); "
-          f"files in {out}: {', '.join(written)}", flush=True)
-    for p in report["problems"]:
-        print(f"gpu_check: problem: {p}", flush=True)
-    for n in report["notes"]:
-        print(f"gpu_check: note: {n}", flush=True)
-    return 0 if not report["problems"] else 1
+        _calibration_phase(files, args.device, args.tiny, sizes)
+    _measure_phases(files, phases, device, args.tiny)
+    return _verdict(files, phases)
 
 
 def broken_attention_kernel(device: Any) -> Any:
