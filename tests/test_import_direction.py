@@ -22,9 +22,10 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.execution"],
     ["dcp_bench.reference"],  # the reference runtime's rules (profile, samplers, epoch), used by planners
     ["dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.runtime"],
-    ["dcp_bench.profiling", "dcp_bench.report"],
+    ["dcp_bench.report"],
     ["dcp_bench.run"],
-    ["dcp_bench.runner", "dcp_bench.api"],
+    # the profiler launches its ranks and a rank-baseline run as runs are launched
+    ["dcp_bench.runner", "dcp_bench.api", "dcp_bench.profiling"],
     ["dcp_bench.slurm_sweep"],
     ["dcp_bench.commands"],
     ["dcp_bench.cli", "dcp_bench"],

@@ -14,7 +14,7 @@ import torch
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.specs import model_spec
 from dcp_bench.errors import ConfigError
-from dcp_bench.profiling.measure import saved_activation_bytes
+from dcp_bench.profiling.module_timing import saved_activation_bytes
 from dcp_bench.runtime.attention import SINGLE
 from dcp_bench.runtime.memory_count import compare_units, count_activations
 from dcp_bench.runtime.models import build_model

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dcp_bench.cost.profile_artifact import (
@@ -35,7 +36,13 @@ from dcp_bench.cost.profiled import ProfiledCostModel
 from dcp_bench.cost.specs import ClusterSpec, GPUSpec, model_spec
 from dcp_bench.errors import ConfigError
 from dcp_bench.paths import REPO_ROOT
-from dcp_bench.profiling.measure import parameter_storages, saved_activation_bytes
+from dcp_bench.profiling.module_timing import parameter_storages, saved_activation_bytes
+from dcp_bench.profiling.request import ProfileRequest
+from dcp_bench.profiling.run import ProfileError, launch_ranks, run_profile
+from dcp_bench.runtime.models import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from processes import TAG, kill_tagged, tagged  # noqa: E402
 
 
 def cpu_cluster(world: int) -> ClusterSpec:
@@ -157,7 +164,8 @@ def synthetic_artifact(model: str, tokens: list[int], sps: list[int], nproc: int
             "hardware": {"cpu_model": "test"}, "settings": {"device": "cpu"}, "layers": layers,
             "outer": outer, "collectives": colls, "cost": {"wall_s": 12.5},
             "static": {"params": 1000, "param_bytes": 4000, "optimizer_step_s": 0.01},
-            "steps": [{"nproc": nproc, "step_overhead_s": _timing(0.05), "process_baseline_bytes": 3e8}]}
+            "steps": [{"nproc": nproc, "zero_stage": 1, "step_overhead_s": _timing(0.05),
+                       "process_baseline_bytes": 3e8}]}
 
 
 def outer_law(phase: str, t: float, n: int) -> float:
@@ -267,7 +275,9 @@ def test_what_the_profile_did_not_measure_comes_from_the_analytical_model(tmp_pa
     law = {k: v[0] + v[1] * tpr + v[2] * ppr + v[3] for k, v in LAW.items()}
     assert c.fwd_s == pytest.approx(m.num_layers * law["fwd"] + outer_law("fwd", tpr, 1)
                                     + outer_law("inputs", tpr, 1), rel=1e-6)
-    assert cost.step_sync_time() == pytest.approx(ana.allreduce_time(4000.0, 8) + 0.01, rel=1e-9)
+    # ZeRO 1 (fp32): reduce-scatter + all-gather of 4 bytes per parameter each (an all-reduce of
+    # 4000 bytes), AdamW on an eighth of the parameters
+    assert cost.step_sync_time() == pytest.approx(ana.allreduce_time(4000.0, 8) + 0.01 / 8, rel=1e-9)
     fb = cost.describe()["fallbacks"]
     assert "all_to_all over 8 ranks: analytical" in fb and "all_reduce over 8 ranks: analytical" in fb
     # the workspace comes from the GPU spec when the profile measured no process baseline
@@ -275,6 +285,32 @@ def test_what_the_profile_did_not_measure_comes_from_the_analytical_model(tmp_pa
     assert cost.static_memory_bytes() == pytest.approx(4 * P + 4 * P + 4 * P / W + 12 * P / W + gpu.workspace_bytes)
     z0 = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cluster, profile=str(path), zero_stage=0)
     assert z0.static_memory_bytes() == pytest.approx(4 * P + 4 * P + 8 * P + gpu.workspace_bytes)  # fp32: no master copy
+
+
+@pytest.mark.parametrize("measured_stage, run_stage", [(None, 1), (0, 1), (1, 0), (1, 3), (1, 1)])
+def test_step_is_priced_at_the_run_s_zero_stage(tmp_path: Path, measured_stage: int | None, run_stage: int) -> None:
+    """The measured step overhead prices a run of the stage it was measured at as measured; at
+    another stage (an artifact without the field measured stage 0), the measured stage's
+    gradient sync and optimizer share are swapped for the run's: fp32, 4 ranks, P = 1000
+    parameters, AdamW 10 ms over the whole model, all-reduce law AR of the synthetic profile."""
+    art = synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4)
+    if measured_stage is None:
+        del art["steps"][0]["zero_stage"]
+    else:
+        art["steps"][0]["zero_stage"] = measured_stage
+    path = tmp_path / "tiny_llama.json"
+    path.write_text(dumps_artifact(art))
+    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(path),
+                             zero_stage=run_stage)
+    P, W, adam = 1000, 4, 0.01
+    sync = {0: AR[0] + AR[1] * 4 * P, 1: AR[0] + AR[1] * 4 * P, 2: 0.0, 3: 0.0}  # message bytes per rank
+    opt = {0: adam, 1: adam / W, 2: adam / W, 3: adam / W}
+    measured = 0 if measured_stage is None else measured_stage
+    want = 0.05 - sync[measured] - opt[measured] + sync[run_stage] + opt[run_stage]
+    assert cost.step_sync_time() == pytest.approx(want, rel=1e-6)
+    assert cost.describe()["profile_step_zero_stage"] == measured
+    swapped = [f for f in cost.describe()["fallbacks"] if f.startswith("step overhead measured")]
+    assert bool(swapped) == (measured != run_stage)
 
 
 def test_vectorised_sample_time_equals_one_sample_micro_batches(synthetic_profile: Path) -> None:
@@ -377,9 +413,9 @@ def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
     """Leave one interior grid size out at a time, fit each (nproc, SP) table on the other sizes,
     predict the held-out points and compare with their measured medians. The property: the
     median prediction error is within 15% (the issue's target). The numbers are in
-    results/calibration/cpu/README.md (`python -m dcp_bench.profiling.validate` prints them)."""
+    results/calibration/cpu/README.md (`python -m dcp_bench.profiling.holdout` prints them)."""
     from dcp_bench.cost.profile_artifact import load_artifact
-    from dcp_bench.profiling.validate import leave_one_size_out
+    from dcp_bench.profiling.holdout import leave_one_size_out
 
     art = load_artifact(CALIBRATION / f"{model}.json")
     # the profile is what the cpu cluster's profiled cost model reads, for every world size run
@@ -389,3 +425,52 @@ def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
     rows = leave_one_size_out(art)
     assert len(rows) >= 20  # every (nproc, sp) table and shape contributes
     assert np.median([r["rel_err"] for r in rows]) <= 0.15
+
+
+# --- the step the profiler times, and how its ranks are launched ---------------------------------
+
+
+def _step_request(**kw: Any) -> ProfileRequest:
+    return ProfileRequest(model=model_spec("tiny_llama"), tokens=[32], sp=[1], shapes=["single"], nprocs=[2],
+                          reps=1, warmup=0, outer=False, collectives=False, timeout_s=240.0, **kw)
+
+
+@pytest.mark.dist
+def test_profiled_step_is_the_runtime_s_zero_1_step_under_torchrun() -> None:
+    """Two ranks under torchrun time the runtime's ZeRO-1 step: each rank's AdamW state covers
+    its half of the flat parameters (two fp32 moments of ceil(P / 2) elements, plus the step
+    count), where the hand-made step of old kept moments of every parameter on every rank."""
+    art = run_profile(_step_request(zero_stage=1))
+    (step,) = art["steps"]
+    P = sum(p.numel() for p in build_model(model_spec("tiny_llama")).parameters())
+    shard = -(-P // 2)
+    assert step["nproc"] == 2 and step["zero_stage"] == 1 and art["settings"]["zero_stage"] == 1
+    assert 2 * 4 * shard <= step["optimizer_state_bytes"] <= 2 * 4 * shard + 8  # the step count: one scalar
+    assert step["step_overhead_s"]["n"] == 1 and step["step_overhead_s"]["median"] > 0
+
+
+@pytest.mark.dist
+def test_a_profiling_rank_that_fails_ends_the_profile_with_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that raises ends the whole profile (torchrun stops its peer, which would wait in a
+    collective) with that rank's error, and no process the profile started outlives it."""
+    tag = f"profile-fail-{os.getpid()}"
+    monkeypatch.setenv(TAG, tag)
+    try:
+        with pytest.raises(ProfileError, match="rank 1: RuntimeError: injected failure on profiling rank 1"):
+            run_profile(_step_request(fail_rank=1))
+        assert tagged(tag) == []
+    finally:
+        kill_tagged(tag)
+
+
+def test_one_rank_profile_times_the_stage_s_step_in_this_process() -> None:
+    """One rank is measured in this process, with a one-rank group for the ZeRO-1 state: the
+    whole flat model is its shard (two fp32 moments of P elements plus the step count), and the
+    group is gone afterwards."""
+    req = _step_request(zero_stage=1)
+    req.nprocs = [1]
+    part = launch_ranks(req, 1)
+    P = sum(p.numel() for p in build_model(model_spec("tiny_llama")).parameters())
+    assert part["step"]["zero_stage"] == 1
+    assert 2 * 4 * P <= part["step"]["optimizer_state_bytes"] <= 2 * 4 * P + 8
+    assert not dist.is_initialized()

@@ -25,6 +25,7 @@ the fits' errors and the fallbacks; run records copy it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,9 +50,14 @@ from dcp_bench.files import sha256_file
 from dcp_bench.train_policy import (
     DEFAULT_ZERO_STAGE,
     check_zero_stage,
+    grad_sync_bytes,
     precision_policy,
     static_state_bytes,
 )
+
+# The ZeRO stage of a step overhead measured before profiles recorded one: the profiler timed an
+# all-reduce of every gradient, clipping and a full AdamW step, which is stage 0's step.
+LEGACY_STEP_ZERO_STAGE = 0
 
 PHASES = ("fwd", "bwd", "recompute")
 
@@ -174,6 +180,8 @@ class ProfiledCostModel(CostModel):
         self.optimizer_step_s = float(static.get("optimizer_step_s", 0.0))
         steps = {int(s["nproc"]): s for s in self.artifact.get("steps", [])}
         self.step_entry: dict[str, Any] | None = steps.get(self.nproc)
+        # the ZeRO stage whose training step the step overhead timed
+        self.step_zero_stage = int((self.step_entry or {}).get("zero_stage", LEGACY_STEP_ZERO_STAGE))
         # resident bytes per saved activation byte and the step's own resident buffers, measured
         # on CPU (1 and 0: the saved bytes)
         entry = self.step_entry or {}
@@ -181,6 +189,10 @@ class ProfiledCostModel(CostModel):
         # repeated measurements of it vary by ~15%; planning under a cap needs the safe side
         self.resident_factor = max([1.0, *(float(s.get("resident_factor") or 1.0) for s in steps.values())])
         self.resident_fixed_bytes = max(0.0, float(entry.get("resident_fixed_bytes") or 0.0))
+        self._record_provenance(resolved)
+
+    def _record_provenance(self, resolved: Path) -> None:
+        """What run records copy: the profile by path and hash, what it cost, the fits' errors."""
         self.provenance = {
             **self.provenance,
             "profile_path": self.profile,
@@ -197,6 +209,7 @@ class ProfiledCostModel(CostModel):
             "resident_factor": self.resident_factor,
             "resident_fixed_bytes": self.resident_fixed_bytes,
             "zero_stage": self.zero_stage,
+            "profile_step_zero_stage": self.step_zero_stage,
         }
         # the same, grouped as run records store it (RunSummary.profile)
         self.provenance["profile"] = {
@@ -439,14 +452,39 @@ class ProfiledCostModel(CostModel):
         return float(sum(states.values())) + self.workspace_bytes() + self.resident_fixed_bytes
 
     def step_sync_time(self) -> float:
-        """Once per step: the measured step overhead (gradient sync, clipping, optimizer step on
-        the whole model) when the profile ran this world size; else the all-reduce of the
-        gradient bytes over the world (measured or analytical) plus the optimizer step."""
+        """Once per step: the gradient synchronisation, clipping and optimizer step of the runtime
+        at ``zero_stage``. When the profile ran this world size, its measured step overhead
+        (``TrainingState.finish_step`` of the whole model); measured at another ZeRO stage (an
+        artifact without ``zero_stage`` measured stage 0), that measurement with the measured
+        stage's gradient sync and optimizer share swapped for this stage's (`_stage_sync_time`,
+        `_optimizer_share`; the rest, norms and clipping, as measured), named as a fallback.
+        Else this stage's gradient sync (measured all-reduce law or analytical) plus its share of
+        the optimizer step."""
         if self.step_entry is not None and "step_overhead_s" in self.step_entry \
                 and self.nproc == self.cluster.world_size:
-            return float(self.step_entry["step_overhead_s"]["median"])
-        world = self.cluster.world_size
-        return float(self.collective_time("all_reduce", world, self.param_bytes)[0]) + self.optimizer_step_s
+            measured = float(self.step_entry["step_overhead_s"]["median"])
+            if self.step_zero_stage == self.zero_stage:
+                return measured
+            self.fallbacks.add(f"step overhead measured at ZeRO stage {self.step_zero_stage}, priced for stage "
+                               f"{self.zero_stage}: gradient sync and optimizer share swapped")
+            rest = measured - self._stage_sync_time(self.step_zero_stage) - self._optimizer_share(self.step_zero_stage)
+            return max(rest, 0.0) + self._stage_sync_time(self.zero_stage) + self._optimizer_share(self.zero_stage)
+        return self._stage_sync_time(self.zero_stage) + self._optimizer_share(self.zero_stage)
+
+    def _stage_sync_time(self, stage: int) -> float:
+        """The once-per-step gradient synchronisation of ZeRO ``stage`` over the world
+        (`dcp_bench.train_policy.grad_sync_bytes`: stage 0 an fp32 all-reduce, stage 1 a
+        reduce-scatter plus an all-gather, which move what an all-reduce of half those bytes
+        moves; none for stages 2-3, whose collectives run inside every micro-batch)."""
+        nbytes = grad_sync_bytes(self.params, stage, precision_policy(self.model.dtype))
+        if not nbytes:
+            return 0.0
+        return float(self.collective_time("all_reduce", self.cluster.world_size, nbytes / 2)[0])
+
+    def _optimizer_share(self, stage: int) -> float:
+        """This rank's AdamW step at ZeRO ``stage``: the whole model's (``optimizer_step_s``,
+        elementwise) on a 1/world shard from stage 1."""
+        return self.optimizer_step_s / (self.cluster.world_size if stage >= 1 else 1)
 
     def model_flops(self, tokens: np.ndarray, frames: np.ndarray) -> float:
         """Model FLOPs (forward + backward = 3x forward) of the samples: 2 per parameter per token

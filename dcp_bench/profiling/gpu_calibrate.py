@@ -29,10 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dcp_bench.cost.profile_artifact import dumps_artifact
 from dcp_bench.cost.specs import ModelSpec, model_spec
 from dcp_bench.files import atomic_write_text, sha256_file
-from dcp_bench.profiling.run import ProfileRequest, measure_ceilings, run_profile
+from dcp_bench.profiling.request import ProfileRequest
+from dcp_bench.profiling.run import measure_ceilings, run_profile
 
 FULL_TOKENS = [1024 << i for i in range(8)]  # 1K .. 128K
 FULL_MODELS = ("llama3_8b", "stdit3_xl2")
@@ -70,8 +73,6 @@ def point_request(spec: ModelSpec, tokens: int, shape: str, device: str, tiny: b
 def _release(device: str) -> None:
     gc.collect()
     if device == "cuda":
-        import torch
-
         torch.cuda.empty_cache()
 
 
@@ -191,12 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=420.0, help="time for all models (default 420)")
     parser.add_argument("--out", required=True, help="folder for the artifacts (<model>.json)")
     args = parser.parse_args(argv)
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("gpu_calibrate: no CUDA device; use --device cpu --tiny for a dry run", file=sys.stderr)
-            return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_calibrate: no CUDA device; use --device cpu --tiny for a dry run", file=sys.stderr)
+        return 2
     started = time.time()
     cmd = f"scripts/gpu_calibrate.sh --device {args.device}{' --tiny' if args.tiny else ''}"
     calibrate(Path(args.out), args.device, args.tiny, args.reps, args.budget_s, cmd)

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -47,8 +49,32 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
-from dcp_bench.files import atomic_write_json, atomic_write_text
+from dcp_bench.batch import GlobalBatch
+from dcp_bench.cost import make_cost_model
+from dcp_bench.cost.params import param_breakdown
+from dcp_bench.cost.specs import ModelSpec, gpu_spec, model_spec
+from dcp_bench.envinfo import COMMIT_ENV, collect_env
+from dcp_bench.files import atomic_write_json, atomic_write_text, sha256_file
+from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
+from dcp_bench.profiling import gpu_measure
+from dcp_bench.profiling.attention_check import check_kernel
+from dcp_bench.profiling.gpu_calibrate import calibrate
+from dcp_bench.profiling.gpu_measure import summary_lines
+from dcp_bench.runtime.attention import (
+    SINGLE,
+    AttentionKernel,
+    _torch_varlen_func,
+    repeat_kv,
+    select_attention_kernel,
+)
+from dcp_bench.runtime.executor import execute_step
+from dcp_bench.runtime.groups import ProcessGroupPool
+from dcp_bench.runtime.models import build_model
+from dcp_bench.runtime.training import FlatState, build_training_state
+from dcp_bench.train_policy import static_state_bytes
 
 FILES = ("check.json", "summary.md", "gpu_check.log")
 MAX_FILES = 8
@@ -107,8 +133,6 @@ TINY = CheckSizes(
 
 
 def _timed(fn: Any, device: Any, reps: int) -> float:
-    import torch
-
     times = []
     for rep in range(reps + 1):
         if device.type == "cuda":
@@ -131,10 +155,6 @@ def _gqa_outside(kernel: Any) -> bool:
     """True when ``kernel`` would repeat grouped KV heads itself (torch's varlen kernel without
     ``enable_gqa``): the timing then repeats them once, before the clock starts, so the kernel
     and SDPA (which reads grouped heads natively) are compared on the attention alone."""
-    import inspect
-
-    from dcp_bench.runtime.attention import _torch_varlen_func
-
     if kernel.name != "torch_varlen":
         return False
     fn = _torch_varlen_func()
@@ -157,10 +177,6 @@ def attention_report(device: Any, dtype: Any, sizes: CheckSizes, deadline: float
     """The selected kernel and its attention throughput against length (see the module doc).
     Lengths whose expected time (4.5 x the last: the work grows as n^2) would pass ``deadline``
     are listed as skipped; ``write`` gets the report after every length."""
-    import torch
-
-    from dcp_bench.runtime.attention import AttentionKernel, repeat_kv, select_attention_kernel
-
     H, KV, D = sizes.attention_heads
     kernel = select_attention_kernel(device, dtype, D)
     kernels = [kernel] if kernel.name == "sdpa" else [kernel, AttentionKernel("sdpa", fused_only=device.type == "cuda")]
@@ -208,17 +224,11 @@ def attention_report(device: Any, dtype: Any, sizes: CheckSizes, deadline: float
 
 
 def _step_plan(n: int) -> Any:
-    from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
-
     return StepPlan(world_size=1, rounds=[Round(groups=[Group(start=0, size=1, micro_batches=[
         MicroBatch(samples=tuple(range(n)), ckpt_layers=0)])])], mode="fair")
 
 
 def _eval_loss(model: Any, batch: Any, seed: int, kernel: Any) -> float:
-    import torch
-
-    from dcp_bench.runtime.attention import SINGLE
-
     saved = model.attention
     model.set_attention(kernel)
     try:
@@ -232,10 +242,6 @@ def _eval_loss(model: Any, batch: Any, seed: int, kernel: Any) -> float:
 def _reference_gradients(reference: Any, batch: Any, seed: int) -> Any:
     """The fp32 reference's gradient of the step's loss (summed over tokens, divided by the step's
     token count, as the runtime normalises it), flat in parameter order."""
-    import torch
-
-    from dcp_bench.runtime.attention import SINGLE
-
     reference.zero_grad(set_to_none=True)
     inputs = reference.make_inputs(batch.sample_ids, batch.tokens, batch.frames, SINGLE, seed)
     (reference.loss_sum(inputs, SINGLE, 0) / batch.total_tokens).backward()
@@ -269,17 +275,6 @@ def smoke_model(name: str, steps: list[Any], device: Any, pool: Any, cluster: st
     """Train a one-layer ``name`` for ``len(steps)`` steps (see the module docstring). ``kernel``
     replaces the selected attention kernel (the test suite's broken kernels); a step that would
     start after ``deadline`` is skipped; ``write`` gets the result after every step."""
-    import torch
-
-    from dcp_bench.cost import make_cost_model
-    from dcp_bench.cost.params import param_breakdown
-    from dcp_bench.cost.specs import model_spec
-    from dcp_bench.runtime.attention import AttentionKernel
-    from dcp_bench.runtime.executor import execute_step
-    from dcp_bench.runtime.models import build_model
-    from dcp_bench.runtime.training import FlatState, build_training_state
-    from dcp_bench.train_policy import static_state_bytes
-
     spec = dataclasses.replace(model_spec(name), num_layers=1)
     state = build_training_state(spec, seed, device, lr=1e-4, zero_stage=0)
     assert isinstance(state, FlatState)
@@ -407,11 +402,6 @@ def run_attention_checks(device: Any, dtype: Any, sizes: CheckSizes, deadline: f
     """The selected kernel (or ``kernel``) against the exact fp32 reference at every length of
     ``sizes.check_lengths`` (`dcp_bench.profiling.attention_check`); lengths a spent budget
     leaves out are listed as skipped."""
-    import torch
-
-    from dcp_bench.profiling.attention_check import check_kernel
-    from dcp_bench.runtime.attention import select_attention_kernel
-
     H, KV, D = sizes.attention_heads
     kern = kernel if kernel is not None else select_attention_kernel(device, dtype, D)
     rows: list[dict[str, Any]] = []
@@ -445,12 +435,6 @@ def run_smoke(device: Any, sizes: CheckSizes, cluster: str, deadline: float = ma
     """The attention checks, then both models' smoke runs on a one-rank process group, each
     within its share of the time left before ``deadline``; ``write`` gets the result so far after
     every check and step."""
-    import torch
-    import torch.distributed as dist
-
-    from dcp_bench.batch import GlobalBatch
-    from dcp_bench.runtime.groups import ProcessGroupPool
-
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     result: dict[str, Any] = {"attention_check": [], "models": []}
 
@@ -509,8 +493,6 @@ def run_smoke(device: Any, sizes: CheckSizes, cluster: str, deadline: float = ma
 def layer_mfu(artifact: dict[str, Any], tokens: int, peak_flops: float) -> dict[str, Any] | None:
     """Model FLOP/s of one Llama layer at ``tokens`` (single sample) from a calibration artifact:
     3 x the forward FLOPs (GEMMs + causal attention) over forward + backward time."""
-    from dcp_bench.cost.specs import ModelSpec
-
     spec = ModelSpec(**{**artifact["model"], "patch": tuple(artifact["model"]["patch"])})
     for p in artifact["layers"]:
         if p.get("oom") or p["shape"] != "single" or p["tokens_per_rank"] != tokens:
@@ -525,8 +507,6 @@ def layer_mfu(artifact: dict[str, Any], tokens: int, peak_flops: float) -> dict[
 
 def datasheet_peak_flops(device_name: str) -> float:
     """Dense bf16 peak of the GPU the device name says (`dcp_bench/conf/gpu`), NaN if unknown."""
-    from dcp_bench.cost.specs import gpu_spec
-
     for key in ("h200", "h100"):
         if key in device_name.lower():
             return float(gpu_spec(key).peak_flops)
@@ -590,8 +570,6 @@ def summary_markdown(report: dict[str, Any]) -> str:
             m = info["layer_mfu"]
             lines.append(f"- one layer at {m['tokens']} tokens: fwd+bwd {m['fwd_bwd_s']:.3f} s, "
                          f"{m['model_tflop_per_s']:.0f} model TFLOP/s, MFU {m['mfu']:.2f}")
-    from dcp_bench.profiling.gpu_measure import summary_lines
-
     lines += summary_lines(report)
     return "\n".join(lines) + "\n"
 
@@ -625,7 +603,8 @@ class PhaseClock:
         return min(max(planned_end, now + self.budget[phase] / 2), self.end - keep_for_later)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]] | int:
+    """The arguments and the phases to run, in `PHASES` order; an exit status (2) when bad."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the check's files (at most 8)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -648,17 +627,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.no_calibration:
         phases = [p for p in phases if p in ("kernel", "smoke")]
-    phases = [p for p in PHASES if p in phases]
-    if args.commit:
-        import os
-
-        from dcp_bench.envinfo import COMMIT_ENV
-
-        os.environ[COMMIT_ENV] = args.commit  # read by every env description, the spawned points' too
-    import torch
-
-    from dcp_bench.envinfo import collect_env
-
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; use --device cpu --tiny for the dry run", file=sys.stderr)
         return 2
@@ -667,6 +635,138 @@ def main(argv: list[str] | None = None) -> int:
     if not args.budget_s > 0:
         print(f"gpu_check: --budget-s {args.budget_s}: expected a number of seconds > 0", file=sys.stderr)
         return 2
+    return args, [p for p in PHASES if p in phases]
+
+
+@dataclasses.dataclass
+class CheckFiles:
+    """The check's two files as they grow: ``check.json`` (``check``) and ``summary.md`` (from
+    ``report``), rewritten at every phase's start and end."""
+
+    out: Path
+    clock: PhaseClock
+    check: dict[str, Any]
+    report: dict[str, Any]
+
+    def write_check(self) -> None:
+        atomic_write_json(self.out / "check.json", self.check)
+
+    def write_summary(self) -> None:
+        self.report["wall_s"] = time.time() - self.clock.start
+        atomic_write_text(self.out / "summary.md", summary_markdown(self.report))
+
+    def begin(self, phase: str) -> float:
+        self.check["phases"][phase]["started_s"] = round(time.time() - self.clock.start, 1)
+        self.write_check()
+        print(f"gpu_check: phase {phase} (deadline in {self.clock.deadline(phase) - time.time():.0f} s)",
+              file=sys.stderr, flush=True)
+        return self.clock.deadline(phase)
+
+    def finish(self, phase: str) -> None:
+        self.check["phases"][phase]["ended_s"] = round(time.time() - self.clock.start, 1)
+        self.write_check()
+        self.write_summary()
+
+
+def _kernel_phase(files: CheckFiles, device: Any, dtype: Any, sizes: CheckSizes) -> None:
+    deadline = files.begin("kernel")
+
+    def put_kernel(k: dict[str, Any]) -> None:
+        files.check["kernel"] = files.report["kernel"] = k
+        files.write_check()
+
+    try:
+        put_kernel(attention_report(device, dtype, sizes, deadline, put_kernel))
+    except Exception as exc:
+        files.report["notes"].append(f"kernel timing: {type(exc).__name__}: {str(exc)[:300]}")
+    files.finish("kernel")
+
+
+def _smoke_phase(files: CheckFiles, device: Any, dtype: Any, sizes: CheckSizes, cluster: str,
+                 fault: str | None) -> None:
+    deadline = files.begin("smoke")
+    broken = broken_attention_kernel(device) if fault == "attention" else None
+
+    def put_smoke(sm: dict[str, Any]) -> None:
+        files.check["smoke"] = files.report["smoke"] = sm
+        files.write_check()
+
+    smoke = run_smoke(device, sizes, cluster, deadline, broken, put_smoke)
+    put_smoke(smoke)
+    report = files.report
+    report["problems"] += [f"{m['model']}: {m['error']}" for m in smoke["models"] if m.get("error")]
+    report["problems"] += smoke_verdict(smoke, fp32=dtype == torch.float32)
+    if fault:
+        report["notes"].append(f"--fault {fault}: the smoke phase ran a deliberately wrong attention kernel")
+    files.finish("smoke")
+
+
+def _calibration_phase(files: CheckFiles, device_name: str, tiny: bool, sizes: CheckSizes) -> None:
+    deadline = files.begin("calibration")
+    report = files.report
+    cmd = "scripts/gpu_check.sh" + (" --device cpu --tiny" if tiny else "")
+    try:
+        paths = calibrate(files.out, device_name, tiny, sizes.reps, max(deadline - time.time(), 1.0), cmd)
+    except Exception as exc:  # the calibration informs; the exit status follows the smoke test
+        report["notes"].append(f"calibration: {type(exc).__name__}: {str(exc)[:300]}")
+        paths = []
+    for path in paths:
+        art = json.loads(path.read_text())
+        points = [p for p in art["layers"] if not p.get("oom")]
+        info: dict[str, Any] = {"file": path.name, "sha256": sha256_file(path), "points": len(points),
+                                "oom": sum(1 for p in art["layers"] if p.get("oom")),
+                                "failures": len(art.get("failures", []))}
+        if art["model"]["arch"] == "llama":
+            info["layer_mfu"] = layer_mfu(art, 32768, datasheet_peak_flops(report["device"]))
+        report["calibration"][art["model"]["name"]] = info
+    files.check["calibration"] = report["calibration"]
+    files.finish("calibration")
+
+
+def _measure_phases(files: CheckFiles, phases: list[str], device: Any, tiny: bool) -> None:
+    """The `gpu_measure` phases asked for (buckets, floor, fit, claim), each recorded on failure."""
+    state = gpu_measure.MeasureRun(out=files.out, device=device, tiny=tiny, check=files.check,
+                                   write=files.write_check, notes=files.report["notes"])
+    for phase, fn in (("buckets", gpu_measure.bucket_phase), ("floor", gpu_measure.floor_phase),
+                      ("fit", gpu_measure.fit_phase), ("claim", gpu_measure.claim_phase)):
+        if phase not in phases:
+            continue
+        deadline = files.begin(phase)
+        try:
+            fn(state, deadline)
+        except Exception as exc:  # recorded; the exit status follows the smoke test
+            files.report["notes"].append(f"{phase}: {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"gpu_check: phase {phase} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        files.report[phase] = files.check.get(phase)
+        files.finish(phase)
+
+
+def _verdict(files: CheckFiles, phases: list[str]) -> int:
+    """The summary's last write and the console verdict; the exit status (the smoke test's)."""
+    report, out = files.report, files.out
+    written = sorted(p.name for p in out.iterdir())
+    if len(written) > MAX_FILES:
+        report["notes"].append(f"{len(written)} files in {out} (at most {MAX_FILES} come back): {written}")
+    files.write_summary()
+    verdict = "PASS" if not report["problems"] else "FAIL"
+    if "smoke" not in phases:
+        verdict = "NO SMOKE TEST"
+    print(f"gpu_check: {verdict} in {time.time() - files.clock.start:.0f} s (interpreter {sys.executable}); "
+          f"files in {out}: {', '.join(written)}", flush=True)
+    for p in report["problems"]:
+        print(f"gpu_check: problem: {p}", flush=True)
+    for n in report["notes"]:
+        print(f"gpu_check: note: {n}", flush=True)
+    return 0 if not report["problems"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = _parse_args(argv)
+    if isinstance(parsed, int):
+        return parsed
+    args, phases = parsed
+    if args.commit:
+        os.environ[COMMIT_ENV] = args.commit  # read by every env description, the spawned points' too
     clock = PhaseClock(args.budget_s, phases)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -682,115 +782,23 @@ def main(argv: list[str] | None = None) -> int:
                               "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
                               "interpreter": sys.executable, "problems": [], "notes": [], "calibration": {},
                               "phases": check["phases"]}
-
-    def write_check() -> None:
-        atomic_write_json(out / "check.json", check)
-
-    def write_summary() -> None:
-        report["wall_s"] = time.time() - clock.start
-        atomic_write_text(out / "summary.md", summary_markdown(report))
-
-    def begin(phase: str) -> float:
-        check["phases"][phase]["started_s"] = round(time.time() - clock.start, 1)
-        write_check()
-        print(f"gpu_check: phase {phase} (deadline in {clock.deadline(phase) - time.time():.0f} s)",
-              file=sys.stderr, flush=True)
-        return clock.deadline(phase)
-
-    def finish(phase: str) -> None:
-        check["phases"][phase]["ended_s"] = round(time.time() - clock.start, 1)
-        write_check()
-        write_summary()
-
-    write_check()
-    write_summary()
+    files = CheckFiles(out, clock, check, report)
+    files.write_check()
+    files.write_summary()
     if "kernel" in phases:
-        deadline = begin("kernel")
-
-        def put_kernel(k: dict[str, Any]) -> None:
-            check["kernel"] = report["kernel"] = k
-            write_check()
-
-        try:
-            put_kernel(attention_report(device, dtype, sizes, deadline, put_kernel))
-        except Exception as exc:
-            report["notes"].append(f"kernel timing: {type(exc).__name__}: {str(exc)[:300]}")
-        finish("kernel")
+        _kernel_phase(files, device, dtype, sizes)
     if "smoke" in phases:
-        deadline = begin("smoke")
-        broken = broken_attention_kernel(device) if args.fault == "attention" else None
-
-        def put_smoke(sm: dict[str, Any]) -> None:
-            check["smoke"] = report["smoke"] = sm
-            write_check()
-
-        smoke = run_smoke(device, sizes, cluster, deadline, broken, put_smoke)
-        put_smoke(smoke)
-        report["problems"] += [f"{m['model']}: {m['error']}" for m in smoke["models"] if m.get("error")]
-        report["problems"] += smoke_verdict(smoke, fp32=dtype == torch.float32)
-        if args.fault:
-            report["notes"].append(f"--fault {args.fault}: the smoke phase ran a deliberately wrong attention kernel")
-        finish("smoke")
+        _smoke_phase(files, device, dtype, sizes, cluster, args.fault)
     if "calibration" in phases:
-        from dcp_bench.files import sha256_file
-        from dcp_bench.profiling.gpu_calibrate import calibrate
-
-        deadline = begin("calibration")
-        cmd = "scripts/gpu_check.sh" + (" --device cpu --tiny" if args.tiny else "")
-        try:
-            paths = calibrate(out, args.device, args.tiny, sizes.reps, max(deadline - time.time(), 1.0), cmd)
-        except Exception as exc:  # the calibration informs; the exit status follows the smoke test
-            report["notes"].append(f"calibration: {type(exc).__name__}: {str(exc)[:300]}")
-            paths = []
-        for path in paths:
-            art = json.loads(path.read_text())
-            points = [p for p in art["layers"] if not p.get("oom")]
-            info: dict[str, Any] = {"file": path.name, "sha256": sha256_file(path), "points": len(points),
-                                    "oom": sum(1 for p in art["layers"] if p.get("oom")),
-                                    "failures": len(art.get("failures", []))}
-            if art["model"]["arch"] == "llama":
-                info["layer_mfu"] = layer_mfu(art, 32768, datasheet_peak_flops(report["device"]))
-            report["calibration"][art["model"]["name"]] = info
-        check["calibration"] = report["calibration"]
-        finish("calibration")
-    from dcp_bench.profiling import gpu_measure
-
-    state = gpu_measure.MeasureRun(out=out, device=device, tiny=args.tiny, check=check, write=write_check,
-                                   notes=report["notes"])
-    for phase, fn in (("buckets", gpu_measure.bucket_phase), ("floor", gpu_measure.floor_phase),
-                      ("fit", gpu_measure.fit_phase), ("claim", gpu_measure.claim_phase)):
-        if phase not in phases:
-            continue
-        deadline = begin(phase)
-        try:
-            fn(state, deadline)
-        except Exception as exc:  # recorded; the exit status follows the smoke test
-            report["notes"].append(f"{phase}: {type(exc).__name__}: {str(exc)[:300]}")
-            print(f"gpu_check: phase {phase} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        report[phase] = check.get(phase)
-        finish(phase)
-    written = sorted(p.name for p in out.iterdir())
-    if len(written) > MAX_FILES:
-        report["notes"].append(f"{len(written)} files in {out} (at most {MAX_FILES} come back): {written}")
-    write_summary()
-    verdict = "PASS" if not report["problems"] else "FAIL"
-    if "smoke" not in phases:
-        verdict = "NO SMOKE TEST"
-    print(f"gpu_check: {verdict} in {time.time() - clock.start:.0f} s (interpreter {sys.executable}); "
-          f"files in {out}: {', '.join(written)}", flush=True)
-    for p in report["problems"]:
-        print(f"gpu_check: problem: {p}", flush=True)
-    for n in report["notes"]:
-        print(f"gpu_check: note: {n}", flush=True)
-    return 0 if not report["problems"] else 1
+        _calibration_phase(files, args.device, args.tiny, sizes)
+    _measure_phases(files, phases, device, args.tiny)
+    return _verdict(files, phases)
 
 
 def broken_attention_kernel(device: Any) -> Any:
     """The runtime's kernel with its causal mask dropped: what a wrong kernel looks like (its
     output moves the loss of an initialised model by well under 1%, the reason the smoke test
     compares outputs and gradients element-wise)."""
-    from dcp_bench.runtime.attention import AttentionKernel
-
     good = AttentionKernel("sdpa", fused_only=device.type == "cuda")
 
     class NotCausal(AttentionKernel):

@@ -37,6 +37,9 @@ model; its numbers test the pipeline, not the hardware.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import itertools
+import json
 import math
 import statistics
 import subprocess
@@ -48,8 +51,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+import yaml
 
+from dcp_bench.cost import make_cost_model
+from dcp_bench.cost.params import param_breakdown
+from dcp_bench.cost.specs import cluster_spec, model_spec
 from dcp_bench.files import atomic_write_json, atomic_write_text
+from dcp_bench.paths import CONF_DIR, REPO_ROOT
+from dcp_bench.reference.profile import Trial, baseline_search
+from dcp_bench.runtime.attention import SINGLE
+from dcp_bench.runtime.measure import SavedTensorMeter
+from dcp_bench.runtime.models import build_model
+from dcp_bench.runtime.training import FlatState, build_training_state
+from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, precision_policy, static_state_bytes
+from dcp_bench.workload import image_buckets, video_buckets
 
 MEM_CAP_FRACTION = 0.7  # the reference profiler's cap
 CLAIM_CLUSTER = "h200x32"
@@ -95,8 +111,6 @@ class MeasureRun:
 
 def reference_buckets(tiny: bool) -> list[dict[str, Any]]:
     """The reference dataset's 25 buckets (5 image, 20 video), by tokens; tiny: scaled down."""
-    from dcp_bench.workloads import image_buckets, video_buckets
-
     rows = []
     for b in image_buckets() + video_buckets():
         frames, spatial = b.latent_frames, b.spatial
@@ -128,8 +142,6 @@ def ends_first(n: int) -> list[int]:
 
 
 def device_memory_bytes(device: Any, tiny: bool) -> int:
-    import torch
-
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     return TINY_DEVICE_BYTES
@@ -138,10 +150,6 @@ def device_memory_bytes(device: Any, tiny: bool) -> int:
 def claim_rank_state_bytes(model: str) -> float:
     """Bytes a rank of the claim's cluster holds for parameters, gradients and optimizer states
     (the runtime's policy at the default ZeRO stage over the cluster's world)."""
-    from dcp_bench.cost.params import param_breakdown
-    from dcp_bench.cost.specs import cluster_spec, model_spec
-    from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, precision_policy, static_state_bytes
-
     spec = model_spec(model)
     c = cluster_spec(CLAIM_CLUSTER)
     pb = param_breakdown(spec)
@@ -153,9 +161,6 @@ class TrialRunner:
     """Runs one micro-batch of ``bs`` copies of a bucket's shape on the model and measures it."""
 
     def __init__(self, name: str, device: Any, tiny: bool) -> None:
-        from dcp_bench.cost.specs import model_spec
-        from dcp_bench.runtime.training import FlatState, build_training_state
-
         self.spec = model_spec(name)
         self.device = device
         self.state = build_training_state(self.spec, 0, device, lr=1e-4, zero_stage=0)
@@ -165,11 +170,6 @@ class TrialRunner:
         self.cap = MEM_CAP_FRACTION * self.capacity
 
     def _run_once(self, frames: int, spatial: int, bs: int, ckpt: int) -> tuple[float, int, int]:
-        import torch
-
-        from dcp_bench.runtime.attention import SINGLE
-        from dcp_bench.runtime.step_meter import SavedTensorMeter
-
         model = self.state.model
         cuda = self.device.type == "cuda"
         ids = np.arange(bs)
@@ -194,8 +194,6 @@ class TrialRunner:
         return elapsed, peak, int(meter.bytes)
 
     def trial(self, frames: int, spatial: int, bs: int, ckpt: int) -> dict[str, Any]:
-        import torch
-
         row: dict[str, Any] = {"bs": bs, "ckpt_layers": ckpt, "tokens": frames * spatial * bs}
         oom = False
         try:
@@ -217,10 +215,6 @@ class TrialRunner:
         return row
 
     def _release(self) -> None:
-        import gc
-
-        import torch
-
         self.state.begin_step()
         gc.collect()
         if self.device.type == "cuda":
@@ -228,8 +222,6 @@ class TrialRunner:
 
 
 def bucket_phase(run: MeasureRun, deadline: float) -> None:
-    from dcp_bench.reference.trial_search import Trial, baseline_search
-
     buckets = reference_buckets(run.tiny)
     runner = TrialRunner(run.stdit, run.device, run.tiny)
     L = runner.spec.num_layers
@@ -291,12 +283,6 @@ def bucket_phase(run: MeasureRun, deadline: float) -> None:
 
 
 def _layer_time(name: str, layers: int, tokens: int, device: Any, reps: int) -> float:
-    import torch
-
-    from dcp_bench.cost.specs import model_spec
-    from dcp_bench.runtime.attention import SINGLE
-    from dcp_bench.runtime.models import build_model
-
     spec = dataclasses.replace(model_spec(name), num_layers=layers)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = build_model(spec, seed=0, device=device, dtype=dtype)
@@ -341,8 +327,6 @@ def floor_phase(run: MeasureRun, deadline: float) -> None:
 
 
 def _bucket_rows(run: MeasureRun) -> list[dict[str, Any]]:
-    import json
-
     path = run.out / "stdit_buckets.json"
     if not path.exists():
         return []
@@ -364,10 +348,6 @@ def _median_rel_err(cost: Any, rows: list[dict[str, Any]]) -> float:
 def fit_constants(model: str, cluster: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The grid point of `FIT_GRID` with the least median relative error of the analytical
     model's micro-batch time against ``rows`` (measured trials), and the error before and after."""
-    import itertools
-
-    from dcp_bench.cost import make_cost_model
-
     before = _median_rel_err(make_cost_model(model, cluster, "analytical"), rows)
     best: tuple[float, dict[str, Any]] | None = None
     for values in itertools.product(*FIT_GRID.values()):
@@ -395,8 +375,6 @@ def fit_allocator(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def fit_phase(run: MeasureRun, deadline: float) -> None:
-    import yaml
-
     rows = _bucket_rows(run)
     cluster = "cpu" if run.tiny else "h200x8"
     fit: dict[str, Any] = {"model": run.stdit, "cluster": cluster,
@@ -432,8 +410,6 @@ def claim_config(run: MeasureRun, base: Path, dest: Path) -> Path:
     """A reproduce config holding the packaged claim section, its grids run on the profiled
     model (the calibration's STDiT profile) and on the analytical model with the fitted
     constants."""
-    import yaml
-
     cfg = yaml.safe_load(base.read_text())
     section = next(s for s in cfg["sections"] if s.get("name") == "claim")
     grids = []
@@ -457,10 +433,6 @@ def claim_config(run: MeasureRun, base: Path, dest: Path) -> Path:
 
 
 def claim_phase(run: MeasureRun, deadline: float) -> None:
-    import json
-
-    from dcp_bench.paths import CONF_DIR, REPO_ROOT
-
     budget = deadline - time.time()
     if budget < 20:
         raise RuntimeError(f"{budget:.0f} s left: too little for the claim section")

@@ -18,12 +18,20 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from dcp_bench.cost.profile_artifact import summarize
 from dcp_bench.cost.profile_fit import fit_nonnegative
 from dcp_bench.cost.specs import ModelSpec
+from dcp_bench.profiling.collectives import slowest_rank_times
 from dcp_bench.runtime.attention import SINGLE, SPContext
+from dcp_bench.runtime.measure import (
+    SavedTensorMeter,
+    reset_resident_peak,
+    resident_bytes,
+    resident_peak_bytes,
+)
 from dcp_bench.runtime.models import (
     LlamaModel,
     RuntimeModel,
@@ -32,6 +40,7 @@ from dcp_bench.runtime.models import (
     rope_tables,
     sincos_embedding,
 )
+from dcp_bench.runtime.training import TrainingState, build_training_state
 
 SEED = 0
 
@@ -145,86 +154,137 @@ def time_inputs(model: RuntimeModel, samples: list[tuple[int, int]], reps: int, 
     return summarize(times)
 
 
+STEP_LR = 1e-4
+STEP_GRAD_CLIP = 1.0  # the runs' default ``train.grad_clip``
+
+
+def step_state(spec: ModelSpec, device: torch.device, dtype: torch.dtype, zero_stage: int) -> TrainingState:
+    """The whole model with its training states as a run's rank holds them at ``zero_stage``
+    (`dcp_bench.runtime.training.build_training_state`: the same builder the runs use)."""
+    return build_training_state(spec, SEED, device, STEP_LR, zero_stage=zero_stage, compute=dtype)
+
+
+def _micro_batch(state: TrainingState, samples: list[tuple[int, int]], seed: int, meter: Any = None) -> tuple[Tensor, int]:
+    """Forward and backward of one micro-batch of ``samples`` through the state's model (its
+    gradients accumulate as in training); returns the detached loss and, with a
+    `SavedTensorMeter`, the bytes autograd saved."""
+    model = state.model
+    tokens = np.array([t for t, _ in samples])
+    frames = np.array([f for _, f in samples])
+    shard = model.make_inputs(np.arange(len(samples)) + 1000 * seed, tokens, frames, SINGLE, SEED + seed)
+    saved = 0
+    if meter is not None:
+        with meter.active():
+            loss = model.loss_sum(shard, SINGLE, 0)
+        saved = int(meter.bytes)
+    else:
+        loss = model.loss_sum(shard, SINGLE, 0)
+    loss.backward()
+    return loss.detach(), saved
+
+
+def time_training_step(state: TrainingState, samples: list[tuple[int, int]], reps: int, warmup: int) -> list[float]:
+    """This rank's seconds of the runtime's end-of-step work, ``state.finish_step`` (the gradient
+    reduction of its ZeRO stage, the norm, clipping, the AdamW step and, under ZeRO-1, the
+    all-gather of the updated parameters), once per repetition after one micro-batch of
+    ``samples`` (off the clock) has filled the gradient accumulators."""
+    device = state.model.device()
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    times = []
+    for rep in range(warmup + reps):
+        state.begin_step()
+        loss, _ = _micro_batch(state, samples, rep)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if distributed:
+            dist.barrier()
+        t0 = time.perf_counter()
+        state.finish_step(loss, STEP_GRAD_CLIP)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 def step_costs(
     spec: ModelSpec,
     device: torch.device,
     dtype: torch.dtype,
     reps: int,
     warmup: int,
+    zero_stage: int,
+    step_samples: list[tuple[int, int]],
     memory_batches: list[list[tuple[int, int]]] | None = None,
 ) -> dict[str, Any]:
-    """What one training step costs besides its micro-batches, on the whole model as the
-    executor runs it: the gradient sync (`dcp_bench.runtime.executor.sync_gradients` over the
-    world), gradient clipping and the AdamW step (``step_overhead_s``, slowest rank); and the
-    process's memory baseline: its resident set once ready to train (process group, model,
-    optimizer state, one step done) minus parameters, gradients and optimizer state
-    (``process_baseline_bytes``, the largest over ranks). Measured before anything else.
+    """What one training step costs besides its micro-batches, on the whole model as a run's
+    rank holds it at ``zero_stage`` (`step_state`): the runtime's own end-of-step work
+    (`time_training_step`: ``TrainingState.finish_step``; ``step_overhead_s``, slowest rank);
+    and the process's memory baseline: its resident set once ready to train (process group,
+    model, training states, steps done) minus what the state holds (``state.static_bytes()``;
+    ``process_baseline_bytes``, the largest over ranks). Measured before anything else.
 
     ``memory_batches`` (CPU): micro-batches ((tokens, frames) per sample), smallest first, each
-    run in training-like steps of the whole model (`_resident_point`): the resident set's growth
-    over the baseline (``VmHWM``, as a training step measures it, glibc's allocator keeping what
-    it keeps; the largest over ranks) against the bytes autograd saved in a micro-batch (the
-    activations the cost model predicts), fitted as ``resident_fixed_bytes + resident_factor x
-    saved`` (the fixed part by least squares, the factor the largest any point needs, so every
-    point is at or under the law): the step's own buffers, and what the allocator's retention and
-    the ops' temporaries add per saved byte."""
-    import torch.distributed as dist
-
-    from dcp_bench.profiling.collectives import slowest_rank_times
-    from dcp_bench.runtime.executor import sync_gradients, zeroed_grads
-    from dcp_bench.runtime.step_meter import resident_bytes, static_bytes
-
-    model = build_model(spec, seed=SEED, device=device, dtype=dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    params = [p for p in model.parameters() if p.requires_grad]
+    run in training steps of the state (`_resident_point`): the resident set's growth over the
+    baseline (``VmHWM``, as a training step measures it, glibc's allocator keeping what it keeps;
+    the largest over ranks) against the bytes autograd saved in a micro-batch (the activations
+    the cost model predicts), fitted as ``resident_fixed_bytes + resident_factor x saved`` (the
+    fixed part by least squares, the factor the largest any point needs, so every point is at or
+    under the law): the step's own buffers, and what the allocator's retention and the ops'
+    temporaries add per saved byte."""
+    state = step_state(spec, device, dtype, zero_stage)
     distributed = dist.is_initialized() and dist.get_world_size() > 1
-    times = []
-    for rep in range(warmup + reps):
-        grads = zeroed_grads(params)
-        for g in grads:
-            g.normal_()
-        if distributed:
-            dist.barrier()
-        t0 = time.perf_counter()
-        if distributed:
-            sync_gradients(params, grads, torch.zeros((), device=device))
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if rep >= warmup:
-            times.append(time.perf_counter() - t0)
-    out: dict[str, Any] = {"step_overhead_s": summarize(slowest_rank_times(times))}
+    times = time_training_step(state, step_samples, reps, warmup)
+    out: dict[str, Any] = {"zero_stage": state.zero_stage, "step_overhead_s": summarize(slowest_rank_times(times)),
+                           "state_bytes": int(state.static_bytes()),
+                           "optimizer_state_bytes": optimizer_state_bytes(getattr(state, "optimizer", None))}
     rss = resident_bytes()
     if rss is not None:
-        base = torch.tensor([float(rss - static_bytes(model, opt))], dtype=torch.float64)
+        base = torch.tensor([float(rss - state.static_bytes())], dtype=torch.float64)
         if distributed:
             dist.all_reduce(base, op=dist.ReduceOp.MAX)
         out["process_baseline_bytes"] = int(base.item())
         out["process_baseline_bytes_profiler"] = int(base.item())
         if memory_batches:
-            points = [_resident_point(model, opt, samples, rss) for samples in memory_batches]
-            growth = torch.tensor([[float(p["resident_bytes"]), float(p["saved_bytes"])] for p in points],
-                                  dtype=torch.float64)
-            if distributed:  # the rank that grew most at each point
-                dist.all_reduce(growth, op=dist.ReduceOp.MAX)
-            for p, (g, _) in zip(points, growth.tolist()):
-                p["resident_bytes"] = int(g)
-            # resident growth = fixed + factor x saved: the step's own buffers (the flat gradient
-            # copy, the optimizer's temporaries; the least-squares intercept) and what the
-            # allocator holds per activation byte, the largest any point needed, so that no
-            # measured point exceeds the law (planning under a memory cap needs that side)
-            r, saved = growth[:, 0].numpy(), growth[:, 1].numpy()
-            fit = fit_nonnegative(np.stack([np.ones(len(points)), saved], axis=1), np.maximum(r, 1.0))
-            fixed = float(fit.coef[0])
-            factor = float(np.max((r - fixed) / np.maximum(saved, 1.0)))
-            out["resident_points"] = points
-            out["resident_fixed_bytes"] = fixed
-            out["resident_factor"] = max(factor, 0.0)
-            pred = fixed + out["resident_factor"] * saved
-            out["resident_fit_max_rel_err"] = float(np.max(np.abs(pred - r) / np.maximum(r, 1.0)))
-    del model, opt
+            out.update(_resident_law(state, memory_batches, rss, distributed))
+    del state
     return out
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of this rank's optimizer state tensors (AdamW: its two moments and step counts)."""
+    if optimizer is None:
+        return 0
+    out = 0
+    for st in optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, Tensor):
+                local = v.to_local() if hasattr(v, "to_local") else v
+                out += local.numel() * local.element_size()
+    return int(out)
+
+
+def _resident_law(state: TrainingState, memory_batches: list[list[tuple[int, int]]], rss: int,
+                  distributed: bool) -> dict[str, Any]:
+    """The resident-memory law of `step_costs` from one `_resident_point` per micro-batch."""
+    points = [_resident_point(state, samples, rss) for samples in memory_batches]
+    growth = torch.tensor([[float(p["resident_bytes"]), float(p["saved_bytes"])] for p in points],
+                          dtype=torch.float64)
+    if distributed:  # the rank that grew most at each point
+        dist.all_reduce(growth, op=dist.ReduceOp.MAX)
+    for p, (g, _) in zip(points, growth.tolist()):
+        p["resident_bytes"] = int(g)
+    # resident growth = fixed + factor x saved: the step's own buffers (the gradient accumulator's
+    # reduction, the optimizer's temporaries; the least-squares intercept) and what the allocator
+    # holds per activation byte, the largest any point needed, so that no measured point exceeds
+    # the law (planning under a memory cap needs that side)
+    r, saved = growth[:, 0].numpy(), growth[:, 1].numpy()
+    fit = fit_nonnegative(np.stack([np.ones(len(points)), saved], axis=1), np.maximum(r, 1.0))
+    fixed = float(fit.coef[0])
+    factor = max(float(np.max((r - fixed) / np.maximum(saved, 1.0))), 0.0)
+    pred = fixed + factor * saved
+    return {"resident_points": points, "resident_fixed_bytes": fixed, "resident_factor": factor,
+            "resident_fit_max_rel_err": float(np.max(np.abs(pred - r) / np.maximum(r, 1.0)))}
 
 
 def _release_free_memory() -> None:
@@ -240,41 +300,27 @@ def _release_free_memory() -> None:
             pass
 
 
-def _resident_point(
-    model: RuntimeModel, opt: torch.optim.Optimizer, samples: list[tuple[int, int]], rss_before: int
-) -> dict[str, Any]:
-    """Resident growth over ``rss_before`` during a training-like step of the whole model (two
-    micro-batches of ``samples`` forward and backward, the flat gradient copy the sync makes,
-    clipping and the optimizer step; the third of three such steps, as allocations settle), and
-    the most bytes autograd saved in one micro-batch."""
-    from dcp_bench.runtime.step_meter import (
-        SavedTensorMeter,
-        reset_resident_peak,
-        resident_peak_bytes,
-    )
-
-    tokens = np.array([t for t, _ in samples])
-    frames = np.array([f for _, f in samples])
-    params = [p for p in model.parameters() if p.requires_grad]
-    meter = SavedTensorMeter(model)
+def _resident_point(state: TrainingState, samples: list[tuple[int, int]], rss_before: int) -> dict[str, Any]:
+    """Resident growth over ``rss_before`` during a training step of the state (two
+    micro-batches of ``samples`` forward and backward, then ``finish_step``: the runtime's
+    gradient reduction, clipping and optimizer step; the third of three such steps, as
+    allocations settle), and the most bytes autograd saved in one micro-batch."""
+    meter = SavedTensorMeter(state.model)
     peak = saved = 0
     _release_free_memory()  # what earlier points left in the allocator is not this point's
     for rep in range(3):
         reset_resident_peak()
+        state.begin_step()
+        loss = torch.zeros(())
         for mb in range(2):
-            shard = model.make_inputs(np.arange(len(samples)) + 1000 * mb, tokens, frames, SINGLE, SEED + rep)
-            with meter.active():
-                loss = model.loss_sum(shard, SINGLE, 0)
-            saved = max(saved, meter.bytes)
-            loss.backward()
-            del loss, shard
-        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
-        del flat
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+            mb_loss, mb_saved = _micro_batch(state, samples, 2 * rep + mb, meter)
+            loss = loss + mb_loss
+            saved = max(saved, mb_saved)
+            del mb_loss
+        state.finish_step(loss, STEP_GRAD_CLIP)
         peak = int(resident_peak_bytes() or 0)
-    model.zero_grad(set_to_none=False)
-    return {"tokens": int(tokens.sum()), "samples": len(samples), "saved_bytes": int(saved),
+    state.begin_step()
+    return {"tokens": int(sum(t for t, _ in samples)), "samples": len(samples), "saved_bytes": int(saved),
             "resident_bytes": max(0, peak - rss_before)}
 
 

@@ -3,7 +3,7 @@
 For every (nproc, SP degree) table of an artifact, the per-layer time law is fitted on the grid
 points whose tokens-per-rank are *not* held out, and each held-out point's forward + backward
 time is predicted and compared with its measured median. ``python -m
-dcp_bench.profiling.validate PROFILE.json`` prints the table for leave-one-size-out
+dcp_bench.profiling.holdout PROFILE.json`` prints the table for leave-one-size-out
 cross-validation over the interior sizes; ``... PROFILE.json 256 512`` holds those sizes out
 together.
 """
@@ -71,7 +71,7 @@ def _near(tokens_per_rank: int, target: int, sp: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
-        print("usage: python -m dcp_bench.profiling.validate PROFILE.json [TOKENS_PER_RANK ...]")
+        print("usage: python -m dcp_bench.profiling.holdout PROFILE.json [TOKENS_PER_RANK ...]")
         return 2
     art = load_artifact(args[0])
     held = [int(a) for a in args[1:]]
