@@ -59,13 +59,13 @@ from dcp_bench.cost.params import param_breakdown
 from dcp_bench.cost.specs import cluster_spec, model_spec
 from dcp_bench.files import atomic_write_json, atomic_write_text
 from dcp_bench.paths import CONF_DIR, REPO_ROOT
-from dcp_bench.reference.profile import Trial, baseline_search
+from dcp_bench.reference.trial_search import Trial, baseline_search
 from dcp_bench.runtime.attention import SINGLE
-from dcp_bench.runtime.measure import SavedTensorMeter
 from dcp_bench.runtime.models import build_model
+from dcp_bench.runtime.step_meter import SavedTensorMeter
 from dcp_bench.runtime.training import FlatState, build_training_state
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, precision_policy, static_state_bytes
-from dcp_bench.workload import image_buckets, video_buckets
+from dcp_bench.workloads import image_buckets, video_buckets
 
 MEM_CAP_FRACTION = 0.7  # the reference profiler's cap
 CLAIM_CLUSTER = "h200x32"

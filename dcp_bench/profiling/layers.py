@@ -26,12 +26,6 @@ from dcp_bench.cost.profile_fit import fit_nonnegative
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.profiling.collectives import slowest_rank_times
 from dcp_bench.runtime.attention import SINGLE, SPContext
-from dcp_bench.runtime.measure import (
-    SavedTensorMeter,
-    reset_resident_peak,
-    resident_bytes,
-    resident_peak_bytes,
-)
 from dcp_bench.runtime.models import (
     LlamaModel,
     RuntimeModel,
@@ -39,6 +33,12 @@ from dcp_bench.runtime.models import (
     build_model,
     rope_tables,
     sincos_embedding,
+)
+from dcp_bench.runtime.step_meter import (
+    SavedTensorMeter,
+    reset_resident_peak,
+    resident_bytes,
+    resident_peak_bytes,
 )
 from dcp_bench.runtime.training import TrainingState, build_training_state
 

@@ -185,7 +185,7 @@ def measure_ceilings(device_name: str, dtype_name: str) -> dict[str, Any]:
 def measure_rank_baseline(model: ModelSpec, nproc: int, static: dict[str, Any], zero_stage: int) -> dict[str, Any]:
     """The resident baseline of a real training rank (CPU): a short `dcp-bench train`-style run
     of ``nproc`` ranks at ``zero_stage`` under torchrun on near-empty batches (16-token samples),
-    its largest measured peak resident set (`dcp_bench.runtime.measure`) minus parameters,
+    its largest measured peak resident set (`dcp_bench.runtime.step_meter`) minus parameters,
     gradients and AdamW state as that stage holds them. A torchrun rank holds more than a
     profiling process (its own process-group store, the run loop, the records), which the
     profiled model's workspace must include; the profiling process's own figure is kept as
