@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.records import iter_summaries
 from dcp_bench.reference import unit_of_label
 from dcp_bench.report.claims import evaluate_claims, select_cells
 from dcp_bench.report.tables import cell_table, load_campaign
-from dcp_bench.runner import plan_sweep, run_sweep
 
 CLAIMS = {
     "statistics": {"max_relative_half_width": 0.05},

@@ -24,8 +24,7 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.runtime"],
     ["dcp_bench.profiling", "dcp_bench.report"],
     ["dcp_bench.run"],
-    ["dcp_bench.runner", "dcp_bench.api"],
-    ["dcp_bench.slurm_sweep"],
+    ["dcp_bench.campaign", "dcp_bench.api"],  # many runs (sweeps, Slurm arrays, the reproduction)
     ["dcp_bench.commands"],
     ["dcp_bench.cli", "dcp_bench"],
 ]

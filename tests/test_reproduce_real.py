@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep
 from dcp_bench.cli import main
 from dcp_bench.commands.reproduce import GRID_KEYS, load_reproduce_config
 from dcp_bench.records import read_steps, read_summary
-from dcp_bench.runner import plan_sweep
 
 
 def _specs(preset: str, *overrides: str) -> dict[str, list[Any]]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep
 from dcp_bench.cli import main
 from dcp_bench.commands.reproduce import load_reproduce_config
 from dcp_bench.errors import ConfigError
-from dcp_bench.runner import plan_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import write_toy_conf  # noqa: E402

@@ -138,12 +138,12 @@ def _cell_name(run_id: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.campaign.sweep import plan_sweep, progress_mode, run_sweep
     from dcp_bench.envinfo import collect_env
     from dcp_bench.errors import ConfigError, DcpBenchError
     from dcp_bench.files import atomic_write_json, check_output
     from dcp_bench.report.writer import ReportInputs, shown_path
     from dcp_bench.run.spec import CAMPAIGN_NAME, RunSpec
-    from dcp_bench.runner import plan_sweep, progress_mode, run_sweep
 
     t_start = time.time()
     cfg = load_reproduce_config(list(args.overrides))

@@ -36,10 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from dcp_bench.campaign.slurm import run_sweep_slurm, split_launcher
+    from dcp_bench.campaign.sweep import plan_sweep, run_sweep
     from dcp_bench.errors import ConfigError
     from dcp_bench.records import check_run
-    from dcp_bench.runner import plan_sweep, run_sweep
-    from dcp_bench.slurm_sweep import run_sweep_slurm, split_launcher
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: expected an integer >= 1")
