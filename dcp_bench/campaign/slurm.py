@@ -104,7 +104,7 @@ def split_launcher(overrides: Sequence[str]) -> tuple[str, SlurmSettings, list[s
 
 
 def _executor(settings: SlurmSettings, folder: Path, specs: Sequence[RunSpec]) -> Any:
-    try:
+    try:  # an optional dependency (the slurm extra): imported only when a sweep uses it
         import submitit
     except ImportError:
         raise ConfigError("launcher=slurm needs the submitit package: pip install 'dcp-bench[slurm]' "
