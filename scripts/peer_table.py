@@ -2,7 +2,7 @@
 """The peer table: every method's simulated step time over the lower bound, per shipped workload
 and GPU count, with OOM / infeasible / timeout counts, from run records.
 
-Runs the sweep through the one run path (`dcp_bench.runner.plan_sweep` / `run_sweep`: text
+Runs the sweep through the one run path (`dcp_bench.campaign.sweep.plan_sweep` / `run_sweep`: text
 workloads on llama3_8b, video on stdit3_xl2, every method, each GPU count), resumable, into
 ``<root>/<campaign>/``; then reads the records (`dcp_bench.report.tables.load_campaign`) and prints
 the table `dcp_bench.report.peers.peer_section` puts in reports. Simulated on the clusters' cost
@@ -27,11 +27,11 @@ import sys
 import time
 from types import SimpleNamespace
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.config import group_choices
 from dcp_bench.report.document import Document
 from dcp_bench.report.peers import peer_section, peer_table
 from dcp_bench.report.tables import load_campaign
-from dcp_bench.runner import plan_sweep, run_sweep
 from dcp_bench.workloads import load_workload
 
 MODEL_FOR_KIND = {"text": "llama3_8b", "video": "stdit3_xl2"}

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.records import iter_summaries
 from dcp_bench.reference import unit_of_label
 from dcp_bench.report.claims import evaluate_claims, select_cells
 from dcp_bench.report.tables import cell_table, load_campaign
-from dcp_bench.runner import plan_sweep, run_sweep
 
 CLAIMS = {
     "statistics": {"max_relative_half_width": 0.05},
@@ -88,17 +88,17 @@ def test_selection_prefers_default_parameters_and_the_epoch_loop(campaign: Path)
 def test_reproduce_headline_sensitivity_and_readings_share_seeds_and_epochs() -> None:
     """The shipped reproduction: every paper-mode section uses the headline's seeds, epochs and
     (no) noise, so the sensitivity and readings rows have the headline's runs as their reference."""
-    from dcp_bench.commands.reproduce import load_reproduce_config
+    from dcp_bench.campaign.reproduce_config import load_reproduce_config
 
     cfg = load_reproduce_config([])
-    sections = {s["name"]: s for s in cfg["sections"]}
+    sections = {s.name: s for s in cfg.sections}
     epoch_sections = ["claim", "sensitivity", "readings", "paper_h200", "paper_h100"]
-    commons = [sections[n]["common"] for n in epoch_sections]
+    commons = [sections[n].common for n in epoch_sections]
     assert all(c == commons[0] for c in commons)
     assert "run.noise.jitter_sigma=0.0" in commons[0] and "method.mode=paper" in commons[0]
-    assert sections["claim"].get("repeats", cfg["repeats"]) == sections["sensitivity"].get("repeats", cfg["repeats"]) >= 5
+    assert sections["claim"].repeats_in(cfg) == sections["sensitivity"].repeats_in(cfg) >= 5
     # Every sensitivity grid is a headline grid plus one constant's factors.
-    claim_grids = [sorted(g) for g in sections["claim"]["grids"]]
-    for grid in sections["sensitivity"]["grids"]:
+    claim_grids = [sorted(g) for g in sections["claim"].grids]
+    for grid in sections["sensitivity"].grids:
         base = sorted(g for g in grid if not g.startswith(("++cost.scales.", "mem_cap_fraction=")))
         assert base in claim_grids, grid

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.records import PREVIOUS_DIR, check_run, read_summary, try_lock_run, unlock_run
 from dcp_bench.run.assemble import RunParts
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import RunSpec
-from dcp_bench.runner import plan_sweep, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402

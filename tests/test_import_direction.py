@@ -24,9 +24,9 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.runtime"],
     ["dcp_bench.report"],
     ["dcp_bench.run"],
-    # the profiler launches its ranks and a rank-baseline run as runs are launched
-    ["dcp_bench.runner", "dcp_bench.api", "dcp_bench.profiling"],
-    ["dcp_bench.slurm_sweep"],
+    # many runs (sweeps, Slurm arrays, the reproduction); the profiler launches its ranks and a
+    # rank-baseline run as runs are launched
+    ["dcp_bench.campaign", "dcp_bench.api", "dcp_bench.profiling"],
     ["dcp_bench.commands"],
     ["dcp_bench.cli", "dcp_bench"],
 ]

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep
 from dcp_bench.records import RunSummary, RunWriter, StepRecord, read_summary
 from dcp_bench.run.loop import record_unfinished
 from dcp_bench.run.torch_run import _run_session
-from dcp_bench.runner import plan_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from processes import HAS_PROC, TAG, tagged  # noqa: E402

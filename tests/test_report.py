@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.records import iter_summaries
 from dcp_bench.report.claims import verdict
 from dcp_bench.report.writer import ReportInputs, build_report
-from dcp_bench.runner import plan_sweep, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402

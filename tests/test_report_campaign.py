@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.paths import REPO_ROOT, RESULTS_DIR
 from dcp_bench.records import iter_summaries
 from dcp_bench.report import figures as fig
 from dcp_bench.report.tables import comparison_flags
 from dcp_bench.report.writer import ReportInputs, build_report, gather_report_data, scrub_paths
-from dcp_bench.runner import plan_sweep, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.cli import main
 from dcp_bench.records import RecordError, read_steps, read_summary
-from dcp_bench.runner import plan_sweep, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402

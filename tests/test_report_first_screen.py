@@ -20,13 +20,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.report import figures as fig
 from dcp_bench.report.browser import find_chromium, layout_problems, measure_page, screenshot
 from dcp_bench.report.document import LONG_TABLE_ROWS, Document
 from dcp_bench.report.first_screen import completeness_line, model_band_text, verdict_lines
 from dcp_bench.report.writer import ReportInputs, build_report
-from dcp_bench.runner import plan_sweep, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402

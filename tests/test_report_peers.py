@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.records import iter_run_dirs, read_steps, read_summary
 from dcp_bench.report.document import Document
 from dcp_bench.report.peers import cell_text, failure_kind, peer_matrix, peer_section, peer_table
 from dcp_bench.report.tables import load_campaign
-from dcp_bench.runner import plan_sweep, run_sweep
 
 
 def run_row(method: str, seed: int, status: str = "ok", step: float = 2.0, bound: float = 1.0, **kw):

@@ -12,22 +12,22 @@ from typing import Any
 
 import pytest
 
+from dcp_bench.campaign.reproduce_config import load_reproduce_config
+from dcp_bench.campaign.sweep import plan_sweep
 from dcp_bench.cli import main
-from dcp_bench.commands.reproduce import GRID_KEYS, load_reproduce_config
 from dcp_bench.records import read_steps, read_summary
-from dcp_bench.runner import plan_sweep
 
 
 def _specs(preset: str, *overrides: str) -> dict[str, list[Any]]:
     cfg = load_reproduce_config([f"preset={preset}", *overrides])
     out = {}
-    for sec in cfg["sections"]:
+    for sec in cfg.sections:
         specs = []
-        for grid in sec["grids"]:
-            base = [*sec.get("common", []), *map(str, grid), *[f"{k}={cfg[k]}" for k in GRID_KEYS if cfg.get(k) is not None]]
-            specs += plan_sweep([*base, "run.executor=torch"], repeats=1, sweep=sec["name"])
-        out[sec["name"]] = specs
-        assert sec.get("real") and sec.get("simulate") is False  # measured only
+        for grid in sec.grids:
+            base = [*(sec.common or ()), *grid, *cfg.grid_keys()]
+            specs += plan_sweep([*base, "run.executor=torch"], repeats=1, sweep=sec.name)
+        out[sec.name] = specs
+        assert sec.real and sec.simulate is False  # measured only
     return out
 
 

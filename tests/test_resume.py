@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.cli import main
 from dcp_bench.records import read_steps, read_summary
-from dcp_bench.runner import plan_sweep, run_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
@@ -154,7 +154,7 @@ def test_own_timeout_is_kept_as_a_failure(tmp_path: Path) -> None:
 
 
 def test_bounded_limit_names_the_budget(tmp_path: Path) -> None:
-    from dcp_bench.runner import BUDGET_KILL_GRACE_S, _bounded
+    from dcp_bench.campaign.sweep import BUDGET_KILL_GRACE_S, _bounded
 
     spec = plan_sweep([*_ovs(tmp_path, "toy_static"), "run.timeout_s=100"], repeats=1)[0]
     assert _bounded(spec, None) is spec

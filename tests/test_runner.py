@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dcp_bench.campaign.sweep import expand_grid, plan_sweep, run_sweep, split_alternatives
 from dcp_bench.records import is_complete, read_steps, read_summary
 from dcp_bench.run.loop import charge_planner
-from dcp_bench.runner import expand_grid, plan_sweep, run_sweep, split_alternatives
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
@@ -115,7 +115,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from runner_doubles import toy_assemble
-from dcp_bench.runner import plan_sweep, run_sweep
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 specs = plan_sweep({overrides!r}, repeats=3)
 run_sweep(specs, build=toy_assemble, progress=False, env={{}})
 """

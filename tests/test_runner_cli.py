@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from dcp_bench.campaign.reproduce_config import load_reproduce_config
+from dcp_bench.campaign.sweep import plan_sweep
 from dcp_bench.cli import main
-from dcp_bench.commands.reproduce import load_reproduce_config
 from dcp_bench.errors import ConfigError
-from dcp_bench.runner import plan_sweep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import write_toy_conf  # noqa: E402
@@ -36,9 +36,10 @@ def test_report_of_empty_campaign_is_one_line_error(tmp_path: Path, capsys: pyte
 
 def test_reproduce_config_defaults_and_overrides() -> None:
     cfg = load_reproduce_config(["budget_s=100", "repeats=3", "real=false", "sections=claim,text"])
-    assert cfg["budget_s"] == 100.0 and cfg["repeats"] == 3 and cfg["real"] is False
-    assert cfg["only_sections"] == ["claim", "text"]
-    names = [s["name"] for s in cfg["sections"]]
+    assert cfg.budget_s == 100.0 and cfg.repeats == 3 and cfg.real is False
+    assert cfg.only_sections == ("claim", "text")
+    assert [s.name for s in cfg.chosen_sections()] == ["claim", "text"]
+    names = [s.name for s in cfg.sections]
     assert names[0] == "claim" and "real_cpu" in names and "sensitivity" in names
     with pytest.raises(ConfigError):
         load_reproduce_config(["speed=fast"])
@@ -49,8 +50,7 @@ def test_reproduce_grids_compose() -> None:
     """Every grid of the shipped reproduce config composes (names valid workloads, methods,
     clusters and models), so `make reproduce` cannot fail on a typo."""
     cfg = load_reproduce_config([])
-    for section in cfg["sections"]:
-        for grid in section["grids"]:
-            common = list(section.get("common", cfg["sim_common"]))
-            specs = plan_sweep([*common, *[str(g) for g in grid]], repeats=1)
-            assert specs, (section["name"], grid)
+    for section in cfg.sections:
+        for grid in section.grids:
+            specs = plan_sweep([*section.common_in(cfg), *grid], repeats=1)
+            assert specs, (section.name, grid)

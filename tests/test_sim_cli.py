@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.cli import main
 from dcp_bench.config import load_config, to_container
 from dcp_bench.cost import make_cost_model
@@ -19,7 +20,6 @@ from dcp_bench.planners.base import Planner
 from dcp_bench.records import RunSummary, read_steps
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import parse_run_spec
-from dcp_bench.runner import plan_sweep, run_sweep
 from dcp_bench.sim import lower_bound, simulate_step
 from dcp_bench.workloads import make_workload
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from dcp_bench.campaign.slurm import split_launcher
 from dcp_bench.cli import main
 from dcp_bench.errors import ConfigError
 from dcp_bench.records import RecordError, read_steps, read_summary
-from dcp_bench.slurm_sweep import split_launcher
 
 GRID = ["method=dcp,packed_static", "workload=synthetic_uniform", "workload.low=100", "workload.high=4000",
         "workload.tokens_per_gpu=20000", "cluster=h200x8@24", "model=llama3_8b", "steps=2", "warmup_steps=1",

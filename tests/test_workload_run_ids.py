@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dcp_bench.commands.reproduce import GRID_KEYS, load_reproduce_config
+from dcp_bench.campaign.reproduce_config import load_reproduce_config
+from dcp_bench.campaign.sweep import plan_sweep
 from dcp_bench.run.spec import cell_hashes
-from dcp_bench.runner import plan_sweep
 from dcp_bench.workloads import LEGACY_REGISTRY_TARGET, REGISTRY_TARGET, make_workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,15 +30,14 @@ def _committed_ids() -> set[str]:
 
 
 def _composed_ids(section_name: str, executor: str) -> list[str]:
-    """The run ids `dcp-bench reproduce` composes for one section, as reproduce.run does."""
+    """The run ids `dcp-bench reproduce` composes for one section's first seed, as
+    `dcp_bench.campaign.reproduce.plan_section` composes them."""
     cfg = load_reproduce_config([])
-    section = next(s for s in cfg["sections"] if s["name"] == section_name)
-    common = list(section.get("common", cfg.get("sim_common", [])))
+    section = next(s for s in cfg.sections if s.name == section_name)
     ids = []
-    for grid in section["grids"]:
-        base = [*common, *[str(g) for g in grid], "run.campaign=reproduce", "run.root=runs",
-                *[f"{k}={cfg[k]}" for k in GRID_KEYS if cfg.get(k) is not None],
-                f"seed={int(cfg.get('seed_base', 0))}"]
+    for grid in section.grids:
+        base = [*section.common_in(cfg), *grid, "run.campaign=reproduce", "run.root=runs", *cfg.grid_keys(),
+                f"seed={cfg.seed_base}"]
         ids += [s.run_id for s in plan_sweep([*base, f"run.executor={executor}"], repeats=1, sweep=section_name)]
     return ids
 

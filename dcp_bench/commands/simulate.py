@@ -44,12 +44,12 @@ def _note(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.campaign.sweep import check_run_places
     from dcp_bench.config import load_config, to_container
     from dcp_bench.errors import ConfigError
     from dcp_bench.run.assemble import assemble
     from dcp_bench.run.simulated import run_simulated
     from dcp_bench.run.spec import parse_run_spec
-    from dcp_bench.runner import check_run_places
 
     spec = parse_run_spec(to_container(load_config(list(args.overrides))))
     if args.record:

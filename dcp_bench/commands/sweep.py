@@ -1,5 +1,6 @@
 """`dcp-bench sweep`: methods x workloads x clusters x models x repeats, simulated or real,
-written as run records; resumable.
+written as run records; resumable. The command parses its arguments and calls
+`dcp_bench.campaign.launch.launch_sweep`.
 
 Exit status: 0 when every run of the grid holds an ``ok`` record, 3 when any run failed (its
 record kept; all failed runs are listed at the end), 2 for bad input, 130 when interrupted."""
@@ -18,10 +19,6 @@ HELP = (
     "runs as a Slurm job array through submitit (same records, resumable)"
 )
 
-# Exit status of a sweep (or train) in which a run did not finish ``ok``.
-EXIT_RUN_FAILED = 3
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides; a,b,c lists alternatives (the grid)")
     parser.add_argument("--jobs", type=int, default=1, help="simulated runs in parallel processes (default 1)")
@@ -34,47 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from dcp_bench.campaign.launch import launch_sweep
     from dcp_bench.errors import ConfigError
-    from dcp_bench.records import check_run
-    from dcp_bench.runner import plan_sweep, run_sweep
-    from dcp_bench.slurm_sweep import run_sweep_slurm, split_launcher
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: expected an integer >= 1")
-    launcher, slurm, overrides = split_launcher(list(args.overrides))
-    specs = plan_sweep(overrides)
-    if not specs:
-        print("no runs in this grid")
-        return 0
-    if args.dry_run:
-        for s in specs:
-            state = check_run(Path(s.root) / s.campaign / s.run_id, config_hash=s.config_hash, seed=s.seed)
-            word = {"incomplete": "todo", "damaged": "damaged"}.get(state.state, "done")
-            if state.failed and state.summary is not None:
-                word = f"failed:{state.summary.status}"
-            print(f"{word:<16} {s.run_id}")
-        return 0
-    if launcher == "slurm":
-        res = run_sweep_slurm(specs, slurm, resume=not args.no_resume, retry_failed=args.retry_failed)
-        if res.unrun:
-            print(f"{len(res.unrun)} run(s) submitted, {len(res.skipped)} already complete; rerun this command to "
-                  "resume: it resubmits the runs not done and reports the finished ones")
-            return 0
-    else:
-        res = run_sweep(specs, resume=not args.no_resume, jobs=args.jobs, progress=not args.no_progress,
-                        retry_failed=args.retry_failed)
-    places = sorted({f"{s.root}/{s.campaign}" for s in specs})
-    campaign, root = specs[0].campaign, specs[0].root
-    failed = res.all_failed
-    print(f"{len(res.ran)} run(s) done, {len(res.skipped)} already complete, {len(res.damaged)} damaged record(s) "
-          f"redone, {len(failed)} failed; records in {', '.join(places)}; report: dcp-bench report "
-          f"campaign={campaign} root={root}")
-    if failed:
-        print(f"failed runs ({len(res.failed)} now, {len(res.kept_failed)} kept from before"
-              f"{'; rerun with --retry-failed to redo them' if res.kept_failed else ''}):")
-        for bad in failed:
-            print(f"  {bad.status}: {bad.run_id}: {bad.error}")
-        return EXIT_RUN_FAILED
-    return 0
+    return launch_sweep(list(args.overrides), jobs=args.jobs, resume=not args.no_resume,
+                        retry_failed=args.retry_failed, progress=not args.no_progress, dry_run=args.dry_run)

@@ -109,11 +109,11 @@ def _device(spec: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.campaign.sweep import check_run_places
     from dcp_bench.records import executing
     from dcp_bench.run.memory_precheck import check_memory_fits
     from dcp_bench.run.spec import parse_run_spec
     from dcp_bench.run.torch_run import check_local_ranks, launch_torch_run
-    from dcp_bench.runner import check_run_places
 
     notes: list[str] = []
     spec = parse_run_spec(resolve_train_config(list(args.overrides), notes))

@@ -1,12 +1,12 @@
 """`dcp-bench sweep ... launcher=slurm`: a sweep's runs as Slurm jobs, through submitit.
 
-The grid, the resume rules and the records are the local sweep's (`dcp_bench.runner`): the runs
-whose folder holds no complete record (incomplete and damaged ones, and failed ones with
+The grid, the resume rules and the records are the local sweep's (`dcp_bench.campaign.sweep`):
+the runs whose folder holds no complete record (incomplete and damaged ones, and failed ones with
 ``--retry-failed``) go out as one job array, one run per array task; each task runs
-`dcp_bench.runner.run_one` on its node and writes the same run folder a local sweep writes
-(``run.root``/``run.campaign``/run id: the root must be a file system the nodes share). A task
-that Slurm stops leaves its run incomplete, so the same command again resubmits exactly the runs
-that are not done. ``launcher=local`` (the default) keeps every run on this machine.
+`dcp_bench.campaign.sweep.run_one` on its node and writes the same run folder a local sweep
+writes (``run.root``/``run.campaign``/run id: the root must be a file system the nodes share).
+A task that Slurm stops leaves its run incomplete, so the same command again resubmits exactly
+the runs that are not done. ``launcher=local`` (the default) keeps every run on this machine.
 
 Settings (``slurm.KEY=VALUE`` beside the grid): ``executor`` (``slurm``, or ``local``: submitit's
 local executor, subprocesses on this machine, for trying a campaign out), ``partition``,
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dcp_bench.campaign.sweep import SweepResult, _warn, pending, run_one
 from dcp_bench.errors import ConfigError
 from dcp_bench.records import RunSummary
 from dcp_bench.run.loop import record_unfinished
 from dcp_bench.run.spec import RunSpec
-from dcp_bench.runner import SweepResult, _warn, pending, run_one
 
 LAUNCHERS = ("local", "slurm")
 EXECUTORS = ("slurm", "local")
@@ -104,7 +104,7 @@ def split_launcher(overrides: Sequence[str]) -> tuple[str, SlurmSettings, list[s
 
 
 def _executor(settings: SlurmSettings, folder: Path, specs: Sequence[RunSpec]) -> Any:
-    try:
+    try:  # an optional dependency (the slurm extra): imported only when a sweep uses it
         import submitit
     except ImportError:
         raise ConfigError("launcher=slurm needs the submitit package: pip install 'dcp-bench[slurm]' "

@@ -1,4 +1,4 @@
-"""The runner: sweeps of methods x workloads x clusters x models x repeats, simulated or real,
+"""Sweeps: methods x workloads x clusters x models x repeats, simulated or real,
 each run through the one run path (`dcp_bench.run`) and written as run records.
 
 A sweep is a list of hydra-style overrides where a value may list alternatives separated by
@@ -39,6 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from dcp_bench.config import load_config, to_container
 from dcp_bench.envinfo import collect_env
@@ -210,8 +212,6 @@ class Progress:
     otherwise (``"lines"``: logs and pipes see progress as it happens), or nothing (``"none"``)."""
 
     def __init__(self, mode: str, total: int) -> None:
-        from tqdm import tqdm
-
         self.mode, self.total, self.count = mode, total, 0
         self.bar = tqdm(total=total, desc="runs", unit="run", disable=mode != "bar", leave=False)
 

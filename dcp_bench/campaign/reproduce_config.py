@@ -1,0 +1,242 @@
+"""The reproduce config, typed: a YAML file (``dcp_bench/conf/reproduce/<preset>.yaml`` or
+``config=PATH``) read into `ReproduceConfig` and its `ReproduceSection` s, then the command
+line's ``key=value`` applied.
+
+Every default is written once, in the dataclasses below; a YAML file that leaves a key out gets
+it. A key the dataclasses do not know is a `ConfigError` naming it, where it stands
+(``sections.claim.repeatz``) and the keys expected there; a value of the wrong type names the
+type expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dcp_bench.errors import ConfigError
+from dcp_bench.paths import CONF_DIR
+
+# Command-line keys: `config` and `preset` choose the file, `sections` picks some of its
+# sections; every other one replaces the YAML's top-level key of that name.
+OVERRIDE_KEYS = ("config", "campaign", "root", "out", "claims", "budget_s", "report_reserve_s", "jobs",
+                 "repeats", "real", "sections", "retry_failed", "seed_base", "preset", "cluster", "nnodes",
+                 "rdzv_endpoint")
+# Run keys a preset leaves open (e.g. `preset=real cluster=h200x32`): added to every grid when set.
+GRID_KEYS = ("cluster", "nnodes", "rdzv_endpoint")
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+# A field with this metadata is set by the loader or the command line, never by the YAML file.
+NOT_IN_YAML = {"yaml": False}
+
+
+@dataclass(frozen=True)
+class ReproduceSection:
+    """One section: sweep grids run in order under the section's own time budget."""
+
+    name: str
+    title: str = ""
+    grids: tuple[tuple[str, ...], ...] = ()  # hydra overrides each; a,b = alternatives
+    common: tuple[str, ...] | None = None  # added to every grid; None: the top's sim_common
+    repeats: int | None = None  # seeds per cell; None: the top's repeats
+    budget_s: float | None = None  # None: the whole command's budget
+    reserve_s: float = 20.0  # kept for this section out of every earlier section's budget
+    real: bool = False  # real (torch executor) runs of every grid as well
+    simulate: bool = True  # simulated runs of every grid (false: a measured-only section)
+
+    def repeats_in(self, cfg: ReproduceConfig) -> int:
+        return self.repeats if self.repeats is not None else cfg.repeats
+
+    def common_in(self, cfg: ReproduceConfig) -> tuple[str, ...]:
+        return self.common if self.common is not None else cfg.sim_common
+
+
+@dataclass(frozen=True)
+class ReproduceConfig:
+    """The whole reproduction: where it writes, its budget, and its sections."""
+
+    path: str = field(default="", metadata=NOT_IN_YAML)  # the YAML file read
+    title: str = "dcp-bench: reproducing the DCP claim"
+    campaign: str = "reproduce"
+    root: str = "runs"
+    out: str = "reports/reproduce"
+    claims: str = "results/reference/claims.yaml"
+    budget_s: float = 560.0  # the whole command, report included
+    report_reserve_s: float = 60.0  # kept for writing the report
+    jobs: int = 2  # simulated runs in parallel (real runs always run alone)
+    repeats: int = 5  # seeds seed_base .. seed_base + repeats - 1 of every grid
+    real: bool = True  # run the sections marked real
+    retry_failed: bool = False  # redo runs whose record is a failure
+    seed_base: int = 0
+    cluster: str | None = None  # GRID_KEYS: added to every grid when set
+    nnodes: int | str | None = None
+    rdzv_endpoint: str | None = None
+    sim_common: tuple[str, ...] = ()  # a section's common overrides unless it names its own
+    epoch_common: tuple[str, ...] = ()  # a YAML anchor the sections name; read by none itself
+    sections: tuple[ReproduceSection, ...] = ()
+    only_sections: tuple[str, ...] = field(default=(), metadata=NOT_IN_YAML)  # sections=a,b
+
+    def grid_keys(self) -> list[str]:
+        """``key=value`` of every `GRID_KEYS` key set."""
+        return [f"{k}={getattr(self, k)}" for k in GRID_KEYS if getattr(self, k) is not None]
+
+    def chosen_sections(self) -> list[ReproduceSection]:
+        """The sections to run (all, or those named by ``sections=``), in the file's order."""
+        return [s for s in self.sections if not self.only_sections or s.name in self.only_sections]
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the YAML
+
+
+def _type_name(hint: Any) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
+    if hint in names:
+        return names[hint]
+    if typing.get_origin(hint) is tuple:
+        return f"a list (each {_type_name(typing.get_args(hint)[0])})"
+    return " or ".join(_type_name(a) for a in typing.get_args(hint))
+
+
+def _typed(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as the type ``hint`` names, or a `ConfigError` naming ``where`` and the type."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _typed(value, option, where)
+            except ConfigError:
+                continue
+    elif origin is tuple and isinstance(value, list):
+        item = typing.get_args(hint)[0]
+        return tuple(_typed(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    elif hint is type(None) and value is None:
+        return None
+    elif hint in (int, float) and isinstance(value, int) and not isinstance(value, bool):
+        return hint(value)
+    elif hint is float and isinstance(value, float) or hint in (str, bool) and isinstance(value, hint):
+        return value
+    raise ConfigError(f"{where}: {value!r} ({type(value).__name__}): expected {_type_name(hint)}")
+
+
+def _from_mapping(cls: type, data: Any, where: str, source: str) -> Any:
+    """An instance of the dataclass ``cls`` from a YAML mapping; ``where`` is its path in the file."""
+    hints = typing.get_type_hints(cls)
+    keys = [f.name for f in dataclasses.fields(cls) if f.metadata.get("yaml", True)]
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config={source!r}: {where or 'the file'}: expected a mapping of {', '.join(keys)}")
+    for key in data:
+        if key not in keys:
+            at = f"{where}.{key}" if where else str(key)
+            raise ConfigError(f"config={source!r}: {at}: unknown key; expected one of {', '.join(keys)}")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        at = f"{where}.{f.name}" if where else f.name
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"config={source!r}: {at}: missing (a required key)")
+            continue
+        if f.name == "sections":
+            values[f.name] = _sections(data[f.name], source)
+        else:
+            try:
+                values[f.name] = _typed(data[f.name], hints[f.name], at)
+            except ConfigError as exc:
+                raise ConfigError(f"config={source!r}: {exc}") from None
+    return cls(**values)
+
+
+def _sections(data: Any, source: str) -> tuple[ReproduceSection, ...]:
+    if not isinstance(data, list):
+        raise ConfigError(f"config={source!r}: sections: expected a list of sections")
+    out = []
+    for index, item in enumerate(data):
+        name = item.get("name") if isinstance(item, Mapping) else None
+        where = f"sections.{name}" if isinstance(name, str) and name else f"sections[{index}]"
+        out.append(_from_mapping(ReproduceSection, item, where, source))
+    return tuple(out)
+
+
+def read_reproduce_yaml(path: Path) -> ReproduceConfig:
+    """The typed config of one reproduce YAML file (no command-line keys applied)."""
+    if not path.is_file():
+        raise ConfigError(f"config={str(path)!r}: reproduce config not found (expected a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config={str(path)!r}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("sections", []), list):
+        raise ConfigError(f"config={str(path)!r}: expected a mapping with a list of sections")
+    cfg: ReproduceConfig = _from_mapping(ReproduceConfig, data, "", str(path))
+    return dataclasses.replace(cfg, path=str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# The command line
+
+
+def _number(key: str, value: str, integer: bool, minimum: float) -> float:
+    expected = f"expected {'an integer' if integer else 'a finite number'} >= {minimum:g}"
+    try:
+        out = float(int(value)) if integer else float(value)
+    except ValueError:
+        raise ConfigError(f"{key}={value!r}: {expected}") from None
+    if not minimum <= out < float("inf"):  # also refuses nan
+        raise ConfigError(f"{key}={value!r}: {expected}")
+    return out
+
+
+def _override(cfg: ReproduceConfig, key: str, value: str) -> dict[str, Any]:
+    """The fields one command-line ``key=value`` sets."""
+    if key == "budget_s":
+        return {key: _number(key, value, integer=False, minimum=1.0)}
+    if key == "report_reserve_s":
+        return {key: _number(key, value, integer=False, minimum=0.0)}
+    if key in ("jobs", "repeats"):
+        return {key: int(_number(key, value, integer=True, minimum=1))}
+    if key == "seed_base":
+        return {key: int(_number(key, value, integer=True, minimum=0))}
+    if key in ("real", "retry_failed"):
+        if value.lower() not in BOOLEANS:
+            raise ConfigError(f"{key}={value!r}: expected true or false")
+        return {key: BOOLEANS[value.lower()]}
+    if key == "sections":
+        names = [s.name for s in cfg.sections]
+        wanted = [s for s in value.split(",") if s]
+        unknown = [s for s in wanted if s not in names]
+        if not wanted or unknown:
+            raise ConfigError(f"sections={value!r}: unknown section {(unknown or [''])[0]!r}; expected names "
+                              f"from {', '.join(names)} (comma-separated)")
+        return {"only_sections": tuple(wanted)}
+    if not value:
+        raise ConfigError(f"{key}=: expected a value")
+    return {key: value}
+
+
+def load_reproduce_config(overrides: Sequence[str]) -> ReproduceConfig:
+    """The reproduce config (``config=PATH``, ``preset=NAME`` or the packaged default) with the
+    command line's ``key=value`` applied; every bad key or value is a `ConfigError` naming it."""
+    kv: dict[str, str] = {}
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        if not sep or key not in OVERRIDE_KEYS:
+            raise ConfigError(f"bad reproduce argument {ov!r}: expected key=value with key one of "
+                              f"{', '.join(OVERRIDE_KEYS)}")
+        kv[key] = value
+    # preset=NAME: the packaged config dcp_bench/conf/reproduce/NAME.yaml (default: default)
+    preset = kv.pop("preset", "default")
+    presets = sorted(p.stem for p in (CONF_DIR / "reproduce").glob("*.yaml") if not p.stem.endswith("_claims"))
+    if preset not in presets:
+        raise ConfigError(f"preset={preset!r}: no such reproduce preset; expected one of {', '.join(presets)}")
+    cfg = read_reproduce_yaml(Path(kv.pop("config", str(CONF_DIR / "reproduce" / f"{preset}.yaml"))))
+    for key, value in kv.items():
+        cfg = dataclasses.replace(cfg, **_override(cfg, key, value))
+    if cfg.report_reserve_s >= cfg.budget_s:
+        raise ConfigError(f"report_reserve_s={cfg.report_reserve_s:g}: expected less than budget_s={cfg.budget_s:g} "
+                          "(the time kept for the report out of the whole budget)")
+    return cfg

@@ -1,0 +1,106 @@
+"""The typed reproduce config: every packaged file loads and means what its YAML says, a bad key
+is named with its path and the keys expected there, a wrong type is named with the type
+expected, and a key left out gets the dataclass's default (written once, there)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dcp_bench.campaign.reproduce_config import (
+    ReproduceConfig,
+    ReproduceSection,
+    load_reproduce_config,
+    read_reproduce_yaml,
+)
+from dcp_bench.errors import ConfigError
+from dcp_bench.paths import CONF_DIR
+
+PRESETS = sorted(p for p in (CONF_DIR / "reproduce").glob("*.yaml") if not p.stem.endswith("_claims"))
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "reproduce.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=[p.stem for p in PRESETS])
+def test_packaged_configs_load_as_their_yaml_says(path: Path) -> None:
+    raw = yaml.safe_load(path.read_text())
+    cfg = load_reproduce_config([f"preset={path.stem}"])
+    assert cfg.path == str(path)
+    for key, value in raw.items():
+        if key != "sections":
+            got = getattr(cfg, key)
+            assert (list(got) if isinstance(got, tuple) else got) == value, key
+    assert [s.name for s in cfg.sections] == [s["name"] for s in raw["sections"]]
+    for sec, raw_sec in zip(cfg.sections, raw["sections"]):
+        assert [list(g) for g in sec.grids] == raw_sec["grids"]
+        for key in set(raw_sec) - {"grids"}:
+            got = getattr(sec, key)
+            assert (list(got) if isinstance(got, tuple) else got) == raw_sec[key], (sec.name, key)
+
+
+def test_a_key_left_out_gets_the_dataclass_default(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"campaign": "c", "sections": [{"name": "only", "grids": [["method=dcp"]]}]})
+    cfg = read_reproduce_yaml(path)
+    defaults = ReproduceConfig()
+    for f in dataclasses.fields(ReproduceConfig):
+        if f.name not in ("campaign", "sections", "path"):
+            assert getattr(cfg, f.name) == getattr(defaults, f.name), f.name
+    assert cfg.campaign == "c" and cfg.budget_s == 560.0 and cfg.jobs == 2 and cfg.repeats == 5
+    (sec,) = cfg.sections
+    assert sec == ReproduceSection(name="only", grids=(("method=dcp",),))
+    # the section's open keys fall back to the top's
+    assert sec.repeats_in(cfg) == 5 and sec.common_in(cfg) == ()
+    assert sec.repeats_in(dataclasses.replace(cfg, repeats=7)) == 7
+    assert dataclasses.replace(sec, common=("a=1",)).common_in(cfg) == ("a=1",)
+
+
+def test_an_unknown_key_is_named_with_its_path_and_the_valid_keys(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"sections": [{"name": "claim", "repeatz": 3, "grids": []}]})
+    with pytest.raises(ConfigError) as err:
+        read_reproduce_yaml(path)
+    msg = str(err.value)
+    assert "sections.claim.repeatz" in msg and "unknown key" in msg
+    assert all(k in msg for k in ("name", "grids", "common", "repeats", "budget_s", "reserve_s", "simulate"))
+    path = _write(tmp_path, {"budget": 100, "sections": []})
+    with pytest.raises(ConfigError, match=r"budget: unknown key; expected one of .*budget_s"):
+        read_reproduce_yaml(path)
+    # set by the command line only, never by the file
+    path = _write(tmp_path, {"only_sections": ["a"], "sections": []})
+    with pytest.raises(ConfigError, match="only_sections: unknown key"):
+        read_reproduce_yaml(path)
+
+
+@pytest.mark.parametrize(("data", "where", "expected"), [
+    ({"budget_s": "fast"}, "budget_s", "a number"),
+    ({"jobs": 1.5}, "jobs", "an integer"),
+    ({"jobs": True}, "jobs", "an integer"),
+    ({"real": "yes"}, "real", "true or false"),
+    ({"sim_common": "seed=0"}, "sim_common", "a list"),
+    ({"sections": [{"name": "s", "grids": [["a=1", 2]]}]}, "sections.s.grids[0][1]", "a string"),
+    ({"sections": [{"name": "s", "repeats": "3"}]}, "sections.s.repeats", "an integer or null"),
+    ({"sections": [{"title": "no name"}]}, "sections[0].name", "missing"),
+])
+def test_a_wrong_type_is_named_with_the_type_expected(tmp_path: Path, data: dict[str, Any], where: str,
+                                                      expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        read_reproduce_yaml(_write(tmp_path, {"sections": [], **data}))
+    assert f"{where}:" in str(err.value) and expected in str(err.value)
+
+
+def test_the_command_line_replaces_top_keys(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"budget_s": 300, "jobs": 1, "sections": [{"name": "a"}, {"name": "b"}]})
+    cfg = load_reproduce_config([f"config={path}", "jobs=3", "seed_base=10", "cluster=h200x8", "nnodes=2",
+                                 "sections=b"])
+    assert (cfg.budget_s, cfg.jobs, cfg.seed_base) == (300.0, 3, 10)
+    assert cfg.grid_keys() == ["cluster=h200x8", "nnodes=2"]
+    assert [s.name for s in cfg.chosen_sections()] == ["b"]
+    with pytest.raises(ConfigError, match="report_reserve_s=60: expected less than budget_s=50"):
+        load_reproduce_config([f"config={path}", "budget_s=50"])
