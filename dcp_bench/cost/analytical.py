@@ -476,7 +476,7 @@ class AnalyticalCostModel(CostModel):
         comm = comm_layer * (2 * L + k) + self.fsdp_pass_time()
         act = np.bincount(idx, weights=self.activation_bytes(tokens, s[idx], k[idx]), minlength=m)
         flops = 3.0 * per_mb(fl["layer_gemm"] + fl["head_gemm"] + fl["attn"])
-        return {
+        own = {
             "fwd_s": fwd,
             "bwd_s": bwd,
             "recompute_s": recompute,
@@ -484,6 +484,7 @@ class AnalyticalCostModel(CostModel):
             "mem_bytes": act * (1.0 + self.allocator_fragmentation) + self.static_memory_bytes(),
             "model_flops": flops,
         }
+        return self.with_added_costs(own, tokens, frames, idx, sp, ckpt_layers)
 
     def microbatch_cost(
         self,
@@ -503,7 +504,7 @@ class AnalyticalCostModel(CostModel):
         c = self.microbatch_costs(
             tokens, frames, np.zeros(len(tokens), dtype=np.int64), np.array([sp]), np.array([ckpt_layers])
         )
-        return MicroBatchCost(**{key: float(v[0]) for key, v in c.items()})
+        return MicroBatchCost.from_terms({key: float(v[0]) for key, v in c.items()})
 
     def _batch_split_cost(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt: int) -> MicroBatchCost:
         """Whole samples dealt to the group's ranks as the runtime deals them (by tokens, largest
@@ -513,23 +514,18 @@ class AnalyticalCostModel(CostModel):
         used = np.unique(owner)
         c = self.microbatch_costs(tokens, frames, np.searchsorted(used, owner),
                                   np.ones(len(used)), np.full(len(used), ckpt))
-        total = c["fwd_s"] + c["bwd_s"] + c["recompute_s"]
-        slow = int(np.argmax(total))
-        return MicroBatchCost(
-            fwd_s=float(c["fwd_s"][slow]),
-            bwd_s=float(c["bwd_s"][slow]),
-            recompute_s=float(c["recompute_s"][slow]),
-            comm_s=0.0,
-            mem_bytes=float(c["mem_bytes"].max()),
-            model_flops=float(c["model_flops"].sum()),
-        )
+        times = {t.name: np.zeros(len(used)) if t.sequence_split_only else c[t.name] for t in self.time_terms}
+        slow = int(np.argmax(self.total_time(times)))
+        return MicroBatchCost.from_terms({**{k: float(v[slow]) for k, v in times.items()},
+                                          "mem_bytes": float(c["mem_bytes"].max()),
+                                          "model_flops": float(c["model_flops"].sum())})
 
     def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
         n = len(tokens)
         c = self.microbatch_costs(
             tokens, frames, np.arange(n), np.full(n, sp), np.full(n, ckpt_layers)
         )
-        return c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+        return self.total_time(c)
 
     def sample_time_packed(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int

@@ -320,7 +320,7 @@ def predicted_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> 
     c = cost.microbatch_costs(
         batch.tokens[pos], batch.frames[pos], mb_index, np.asarray(mb_sizes), np.asarray(mb_ckpt)
     )
-    dur = (c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]).tolist()
+    dur = cost.total_time(c).tolist()
     free = np.zeros(plan.world_size)
     k = 0
     for rnd in plan.rounds:
@@ -697,7 +697,7 @@ class DCPPlanner(Planner):
             batch.tokens[pos], batch.frames[pos], mb_index, np.full(len(mbs), size),
             np.asarray([mb.ckpt_layers for mb in mbs]),
         )
-        dur = c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+        dur = cost.total_time(c)
         members = balance_items(dur.tolist(), W // size)
         groups = [
             Group(start=g * size, size=size, micro_batches=[mbs[m] for m in ms])
