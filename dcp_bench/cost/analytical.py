@@ -46,7 +46,17 @@ from dcp_bench.train_policy import (
     static_state_bytes,
 )
 
-SCALE_KEYS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff", "elementwise")
+# The sensitivity multipliers of the uncertain constants (`AnalyticalCostModel.scales`) and their
+# defaults: the one place both are defined. `cost.scales` in conf/config.yaml lists them, and the
+# run spec validates against them (`dcp_bench.run.spec`).
+SCALE_DEFAULTS: dict[str, float] = {
+    "act_bytes": 1.0,
+    "attn_eff": 1.0,
+    "small_kernel_eff": 1.0,
+    "a2a_eff": 1.0,
+    "elementwise": 1.0,
+}
+SCALE_KEYS = tuple(SCALE_DEFAULTS)
 
 # Adam step traffic per parameter, bytes: read+write fp32 master (8), two fp32 moments (16), read
 # the gradient (2-4) and write the bf16 copy (2): ~30; rounded up to 32 for the non-fused tail.
@@ -195,7 +205,7 @@ class AnalyticalCostModel(CostModel):
         return sources
 
     def _scale(self, key: str) -> float:
-        return float(self.scales.get(key, 1.0))
+        return float(self.scales.get(key, SCALE_DEFAULTS[key]))
 
     def _derive(self) -> None:
         """Per-token and per-sample constants of the model (FLOPs, bytes), computed once."""
