@@ -235,7 +235,7 @@ def estimate_step_time(
             batch.tokens[pos], batch.frames[pos], np.asarray(mb_index, dtype=np.int64),
             np.asarray(sps), np.asarray(ckpts),
         )
-        total = c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+        total = cost.total_time(c)  # every declared time term, in declaration order
         for slot, t in zip(seq_slots, total):
             times[slot] = float(t)
     per_group: dict[tuple[int, int], float] = {}

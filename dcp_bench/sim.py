@@ -23,12 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dcp_bench.cost.base import (
+    MICROBATCH_TIME_TERMS,
+    SYNC_PART,
+    CostModel,
+    add_in_order,
+    time_parts,
+)
 from dcp_bench.errors import ClusterError, InfeasibleError
 from dcp_bench.execution import PlanFn, StepOutcome
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
-    from dcp_bench.cost.base import CostModel
     from dcp_bench.plan import StepPlan
 
 
@@ -99,11 +105,11 @@ class SimStepResult:
         }
 
 
-def _sync_comm_s(cost: CostModel, sync_s: float) -> float:
-    breakdown = getattr(cost, "step_sync_breakdown", None)
-    if breakdown is None:
-        return sync_s  # no breakdown: the whole sync counts as communication
-    return float(breakdown().get("grad_sync_s", sync_s))
+def _sync_comm_s(cost: CostModel) -> float:
+    """The communication share of the once-per-step time: its declared communication terms."""
+    breakdown = cost.step_sync_breakdown()
+    comm = [float(breakdown[t.name]) for t in cost.step_terms if t.communication and t.name in breakdown]
+    return add_in_order(comm) if comm else 0.0
 
 
 @dataclass
@@ -162,9 +168,9 @@ class _Priced:
     """Per micro-batch costs of a flattened plan (seconds, bytes), and per micro-batch sample
     counts and tokens."""
 
-    compute: np.ndarray  # forward + backward
-    recompute: np.ndarray
-    comm: np.ndarray
+    times: dict[str, np.ndarray]  # per declared time term (`CostModel.time_terms`), in its order
+    parts: dict[str, str]  # term -> the part of the step account it is booked to
+    communication: tuple[str, ...]  # the terms that count as communication
     mem: np.ndarray
     samples: np.ndarray
     tokens: np.ndarray
@@ -172,15 +178,28 @@ class _Priced:
 
     @property
     def dur(self) -> np.ndarray:
-        return self.compute + self.recompute + self.comm
+        return add_in_order(list(self.times.values()))
+
+    @property
+    def comm(self) -> np.ndarray:
+        return add_in_order([self.times[k] for k in self.communication])
+
+    def by_part(self) -> dict[str, np.ndarray]:
+        """Per micro-batch seconds of each part (its terms added in declaration order)."""
+        out: dict[str, np.ndarray] = {}
+        for name, t in self.times.items():
+            part = self.parts[name]
+            out[part] = out[part] + t if part in out else t
+        return out
 
 
 def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> _Priced:
     """Every micro-batch's costs: sequence-split micro-batches in one vectorised call, batch-split
     ones one by one."""
     n = arr.n_mb
-    out = _Priced(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64),
-                  np.zeros(n, dtype=np.int64), 0.0)
+    out = _Priced({t.name: np.zeros(n) for t in cost.time_terms}, {t.name: t.part for t in cost.time_terms},
+                  tuple(t.name for t in cost.time_terms if t.communication), np.zeros(n),
+                  np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), 0.0)
     if arr.seq_mb:
         lens = np.fromiter((len(p) for p in arr.seq_pos), dtype=np.int64, count=len(arr.seq_pos))
         pos = np.fromiter((s for p in arr.seq_pos for s in p), dtype=np.int64, count=int(lens.sum()))
@@ -189,9 +208,8 @@ def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> _Priced:
             batch.tokens[pos], batch.frames[pos], local, np.asarray(arr.seq_sp), np.asarray(arr.seq_ckpt)
         )
         idx = np.asarray(arr.seq_mb)
-        out.compute[idx] = c["fwd_s"] + c["bwd_s"]
-        out.recompute[idx] = c["recompute_s"]
-        out.comm[idx] = c["comm_s"]
+        for name, t in out.times.items():
+            t[idx] = c[name]
         out.mem[idx] = c["mem_bytes"]
         out.samples[idx] = lens
         out.tokens[idx] = np.bincount(local, weights=batch.tokens[pos], minlength=len(lens)).astype(np.int64)
@@ -199,7 +217,9 @@ def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> _Priced:
     for j, samples, size, ckpt in arr.batch_split:
         sel = np.asarray(samples, dtype=np.int64)
         mc = cost.microbatch_cost(batch.tokens[sel], batch.frames[sel], size, ckpt, "batch")
-        out.compute[j], out.recompute[j], out.comm[j], out.mem[j] = mc.fwd_s + mc.bwd_s, mc.recompute_s, mc.comm_s, mc.mem_bytes
+        for name, value in mc.times().items():
+            out.times[name][j] = value
+        out.mem[j] = mc.mem_bytes
         out.samples[j] = len(sel)
         out.tokens[j] = int(batch.tokens[sel].sum())
         out.flops += mc.model_flops
@@ -283,7 +303,7 @@ def simulate_step(
     busy = _per_rank_sum(arr, g_dur, W) + sync
     idle = step_time - busy
     total_busy = float(busy.sum())
-    comm_total = float(_per_rank_sum(arr, g_comm, W).sum()) + W * _sync_comm_s(cost, sync)
+    comm_total = float(_per_rank_sum(arr, g_comm, W).sum()) + W * _sync_comm_s(cost)
     return SimStepResult(
         step=batch.step,
         step_time_s=step_time,
@@ -505,8 +525,6 @@ BOUND_ASSUMPTIONS = (
 def with_memory_cap(cost: CostModel, fraction: float) -> CostModel:
     """The same cost model with the memory cap at ``fraction`` of usable GPU memory (a shallow
     copy: the cap is read through `CostModel.memory_cap_bytes`)."""
-    from dcp_bench.cost.base import CostModel
-
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction={fraction}; expected 0 < fraction <= 1")
     out = copy.copy(cost)
@@ -532,14 +550,13 @@ def physical_lower_bound(batch: GlobalBatch, cost: CostModel, include_sync: bool
 
 @dataclass
 class StepAccount:
-    """Where one step's time goes, averaged over ranks (seconds): forward+backward compute,
-    recomputation, sequence-parallel communication, gradient sync + optimizer, and the rest of the
-    step time (ranks waiting for the slowest: imbalance)."""
+    """Where one step's time goes, averaged over ranks (seconds): ``parts``, one per part the cost
+    model's declared time terms are booked to (`TimeTerm.part`: forward+backward compute,
+    recomputation, sequence-parallel communication, and any a cost model adds) and the once-per-step
+    gradient sync + optimizer (``sync_s``); and the rest of the step time (ranks waiting for the
+    slowest: imbalance)."""
 
-    compute_s: float
-    recompute_s: float
-    comm_s: float
-    sync_s: float
+    parts: dict[str, float]  # part -> seconds, micro-batch parts in declaration order, then sync_s
     idle_s: float
     sp_samples: dict[int, int] = field(default_factory=dict)  # SP degree -> samples
     ckpt_samples: dict[str, int] = field(default_factory=dict)  # checkpointed fraction -> samples
@@ -558,9 +575,8 @@ def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_
 def _account(arr: _PlanArrays, priced: _Priced, world: int, cost: CostModel, step_time_s: float) -> StepAccount:
     # A micro-batch occupies every rank of its group: its rank-seconds are its time x group size.
     size = arr.g_size[arr.mb_group].astype(float) if arr.n_mb else np.zeros(0)
-    compute = float((priced.compute * size).sum()) / world
-    recompute = float((priced.recompute * size).sum()) / world
-    comm = float((priced.comm * size).sum()) / world
+    parts = {part: float((t * size).sum()) / world for part, t in priced.by_part().items()}
+    parts[SYNC_PART] = float(cost.step_sync_time())
     layers = max(1, int(cost.model.num_layers))
     ckpt = np.zeros(arr.n_mb, dtype=np.int64)
     ckpt[np.asarray(arr.seq_mb, dtype=np.int64)] = arr.seq_ckpt
@@ -577,13 +593,9 @@ def _account(arr: _PlanArrays, priced: _Priced, world: int, cost: CostModel, ste
         sp_tok[sp] = sp_tok.get(sp, 0) + int(priced.tokens[j])
         ckpt_hist[frac] = ckpt_hist.get(frac, 0) + int(priced.samples[j])
         ckpt_tok[frac] = ckpt_tok.get(frac, 0) + int(priced.tokens[j])
-    sync = float(cost.step_sync_time())
     return StepAccount(
-        compute_s=compute,
-        recompute_s=recompute,
-        comm_s=comm,
-        sync_s=sync,
-        idle_s=float(step_time_s - (compute + recompute + comm + sync)),
+        parts=parts,
+        idle_s=float(step_time_s - add_in_order(list(parts.values()))),
         sp_samples=sp_hist,
         ckpt_samples=ckpt_hist,
         sp_tokens=sp_tok,
@@ -617,7 +629,7 @@ class SimExecutor:
         res = simulate_step(plan, batch, self.cost, noise=self.noise)
         acct = res.account
         assert acct is not None
-        return StepOutcome(
+        out = StepOutcome(
             step_time_s=res.step_time_s,
             busy_s=res.busy_s.tolist(),
             peak_mem_bytes=res.peak_mem_bytes.tolist(),
@@ -628,10 +640,7 @@ class SimExecutor:
             model_flops=res.model_flops,
             extra={
                 "sim_step_time_s": res.step_time_s,
-                "compute_s": acct.compute_s,
-                "recompute_s": acct.recompute_s,
-                "comm_s": acct.comm_s,
-                "sync_s": acct.sync_s,
+                **acct.parts,
                 "idle_s": acct.idle_s,
                 "sp_samples": {str(k): v for k, v in acct.sp_samples.items()},
                 "ckpt_samples": acct.ckpt_samples,
@@ -639,3 +648,6 @@ class SimExecutor:
                 "ckpt_tokens": acct.ckpt_tokens,
             },
         )
+        if self.cost.time_terms != MICROBATCH_TIME_TERMS:  # what the report names the added parts
+            out.extra["added_parts"] = time_parts(self.cost.time_terms[len(MICROBATCH_TIME_TERMS):])
+        return out

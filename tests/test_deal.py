@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dcp_bench.config import load_config, to_container
-from dcp_bench.cost.analytical import SCALE_KEYS
+from dcp_bench.cost.analytical import SCALE_DEFAULTS
 from dcp_bench.errors import ConfigError
 from dcp_bench.run.assemble import RunParts, assemble
 from dcp_bench.run.capabilities import EpochSampler, FixedDataset, LatentTokens, StepWorkload
@@ -163,14 +163,11 @@ def test_the_runs_zero_stage_is_a_field_of_the_spec() -> None:
 
 def test_config_defaults_are_the_parsers_defaults() -> None:
     """What the packaged config writes and what the parser assumes for a missing key agree, key
-    by key. (The cost scales list 4 of the analytical model's 5 constants: ``elementwise`` is left
-    out on purpose, as adding it would change every run's config hash and so every run id;
-    a missing scale is 1.)"""
+    by key (the cost scales: `SCALE_DEFAULTS`, and tests/test_scale_defaults.py)."""
     cfg = to_container(load_config([]))
     assert {k: cfg["run"][k] for k in RUN_DEFAULTS} == RUN_DEFAULTS
     assert cfg["mem_cap_fraction"] == MEM_CAP_DEFAULT
-    assert set(cfg["cost"]["scales"]) | {"elementwise"} == set(SCALE_KEYS)
-    assert all(v == 1.0 for v in cfg["cost"]["scales"].values())
+    assert cfg["cost"]["scales"] == SCALE_DEFAULTS
     assert cfg["train"] == dataclasses.asdict(TrainSettings())
     assert cfg["run"]["noise"] == dataclasses.asdict(NoiseSettings())
     bare = parse_run_spec({"method": cfg["method"], "workload": cfg["workload"], "cluster": cfg["cluster"],

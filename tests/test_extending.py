@@ -290,3 +290,24 @@ def test_torchrun_ranks_import_user_code_from_another_folder(tmp_path: Path) -> 
     assert res.returncode == 0, res.stdout + res.stderr
     (summary,) = iter_summaries(elsewhere / "runs", "train")
     assert summary.method == "by_length" and summary.status == "ok" and summary.executor == "torch"
+
+
+def test_follow_the_cost_term_recipe(tmp_path: Path) -> None:
+    """The cost-term recipe, literally, in an empty folder: its script records a simulated run
+    priced with the new term and prints the steps' time parts, the new one by name among them;
+    the record's parts add up to the simulated step time."""
+    env = user_env(PYTHONPATH=str(REPO_ROOT))
+    follow_section("## A new cost term", tmp_path, env)
+    (summary,) = iter_summaries(tmp_path / "runs", "cost_terms")
+    assert summary.status == "ok" and summary.method == "dcp"
+    steps = [json.loads(ln) for ln in (tmp_path / "runs" / "cost_terms" / summary.run_id / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 2
+    for st in steps:
+        ex = st["extra"]
+        assert ex["added_parts"] == {"checkpoint_io_s": "checkpoint offload I/O"}
+        parts = [ex[k] for k in ("compute_s", "recompute_s", "comm_s", "checkpoint_io_s", "sync_s", "idle_s")]
+        assert sum(parts) == pytest.approx(ex["sim_step_time_s"], rel=1e-9)
+    # what the script prints: the new column beside the others, as the report reads the records
+    out = subprocess.run([sys.executable, "try_cost_term.py", "runs", "cost_terms"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0].split() == ["step", "compute_s", "recompute_s", "comm_s", "checkpoint_io_s", "sync_s", "idle_s"]

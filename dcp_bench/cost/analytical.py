@@ -46,7 +46,17 @@ from dcp_bench.train_policy import (
     static_state_bytes,
 )
 
-SCALE_KEYS = ("act_bytes", "attn_eff", "small_kernel_eff", "a2a_eff", "elementwise")
+# The sensitivity multipliers of the uncertain constants (`AnalyticalCostModel.scales`) and their
+# defaults: the one place both are defined. `cost.scales` in conf/config.yaml lists them, and the
+# run spec validates against them (`dcp_bench.run.spec`).
+SCALE_DEFAULTS: dict[str, float] = {
+    "act_bytes": 1.0,
+    "attn_eff": 1.0,
+    "small_kernel_eff": 1.0,
+    "a2a_eff": 1.0,
+    "elementwise": 1.0,
+}
+SCALE_KEYS = tuple(SCALE_DEFAULTS)
 
 # Adam step traffic per parameter, bytes: read+write fp32 master (8), two fp32 moments (16), read
 # the gradient (2-4) and write the bf16 copy (2): ~30; rounded up to 32 for the non-fused tail.
@@ -195,7 +205,7 @@ class AnalyticalCostModel(CostModel):
         return sources
 
     def _scale(self, key: str) -> float:
-        return float(self.scales.get(key, 1.0))
+        return float(self.scales.get(key, SCALE_DEFAULTS[key]))
 
     def _derive(self) -> None:
         """Per-token and per-sample constants of the model (FLOPs, bytes), computed once."""
@@ -476,7 +486,7 @@ class AnalyticalCostModel(CostModel):
         comm = comm_layer * (2 * L + k) + self.fsdp_pass_time()
         act = np.bincount(idx, weights=self.activation_bytes(tokens, s[idx], k[idx]), minlength=m)
         flops = 3.0 * per_mb(fl["layer_gemm"] + fl["head_gemm"] + fl["attn"])
-        return {
+        own = {
             "fwd_s": fwd,
             "bwd_s": bwd,
             "recompute_s": recompute,
@@ -484,6 +494,7 @@ class AnalyticalCostModel(CostModel):
             "mem_bytes": act * (1.0 + self.allocator_fragmentation) + self.static_memory_bytes(),
             "model_flops": flops,
         }
+        return self.with_added_costs(own, tokens, frames, idx, sp, ckpt_layers)
 
     def microbatch_cost(
         self,
@@ -503,7 +514,7 @@ class AnalyticalCostModel(CostModel):
         c = self.microbatch_costs(
             tokens, frames, np.zeros(len(tokens), dtype=np.int64), np.array([sp]), np.array([ckpt_layers])
         )
-        return MicroBatchCost(**{key: float(v[0]) for key, v in c.items()})
+        return MicroBatchCost.from_terms({key: float(v[0]) for key, v in c.items()})
 
     def _batch_split_cost(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt: int) -> MicroBatchCost:
         """Whole samples dealt to the group's ranks as the runtime deals them (by tokens, largest
@@ -513,23 +524,18 @@ class AnalyticalCostModel(CostModel):
         used = np.unique(owner)
         c = self.microbatch_costs(tokens, frames, np.searchsorted(used, owner),
                                   np.ones(len(used)), np.full(len(used), ckpt))
-        total = c["fwd_s"] + c["bwd_s"] + c["recompute_s"]
-        slow = int(np.argmax(total))
-        return MicroBatchCost(
-            fwd_s=float(c["fwd_s"][slow]),
-            bwd_s=float(c["bwd_s"][slow]),
-            recompute_s=float(c["recompute_s"][slow]),
-            comm_s=0.0,
-            mem_bytes=float(c["mem_bytes"].max()),
-            model_flops=float(c["model_flops"].sum()),
-        )
+        times = {t.name: np.zeros(len(used)) if t.sequence_split_only else c[t.name] for t in self.time_terms}
+        slow = int(np.argmax(self.total_time(times)))
+        return MicroBatchCost.from_terms({**{k: float(v[slow]) for k, v in times.items()},
+                                          "mem_bytes": float(c["mem_bytes"].max()),
+                                          "model_flops": float(c["model_flops"].sum())})
 
     def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
         n = len(tokens)
         c = self.microbatch_costs(
             tokens, frames, np.arange(n), np.full(n, sp), np.full(n, ckpt_layers)
         )
-        return c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+        return self.total_time(c)
 
     def sample_time_packed(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int

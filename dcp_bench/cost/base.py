@@ -11,9 +11,12 @@ of GPUs (any number of nodes), so an SP group of size ``sp`` spans nodes exactly
 
 from __future__ import annotations
 
+import functools
+import operator
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -40,9 +43,55 @@ def deal_by_tokens(tokens: np.ndarray, size: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class TimeTerm:
+    """One declared time term of a cost model: seconds per rank, named ``name`` in
+    `CostModel.microbatch_costs` (per micro-batch) or `CostModel.step_sync_breakdown` (once per
+    step). Everything that sums, books or reports time iterates the declared terms
+    (`CostModel.time_terms`, `CostModel.step_terms`) instead of naming them."""
+
+    name: str  # the key, e.g. "comm_s"
+    part: str  # the part of a step's time it is booked to: a step record's column, a report row
+    label: str  # what the report calls that part
+    communication: bool = False  # counted in a step's communication share
+    sequence_split_only: bool = False  # zero in a batch-split micro-batch (sequence-parallel collectives)
+
+
+# The micro-batch time terms every cost source prices, in the order every total adds them.
+MICROBATCH_TIME_TERMS: tuple[TimeTerm, ...] = (
+    TimeTerm("fwd_s", "compute_s", "forward + backward compute"),
+    TimeTerm("bwd_s", "compute_s", "forward + backward compute"),
+    TimeTerm("recompute_s", "recompute_s", "activation recomputation"),
+    TimeTerm("comm_s", "comm_s", "sequence-parallel communication", communication=True, sequence_split_only=True),
+)
+# The once-per-step terms (`CostModel.step_sync_breakdown`); a step account books them together.
+SYNC_PART = "sync_s"
+STEP_TIME_TERMS: tuple[TimeTerm, ...] = (
+    TimeTerm("grad_sync_s", SYNC_PART, "gradient sync + optimizer step", communication=True),
+    TimeTerm("optimizer_s", SYNC_PART, "gradient sync + optimizer step"),
+)
+# What a micro-batch's cost holds besides its time terms (the other keys of `microbatch_costs`).
+MICROBATCH_OTHER_KEYS = ("mem_bytes", "model_flops")
+
+_T = TypeVar("_T", float, np.ndarray)
+
+
+def add_in_order(values: list[_T]) -> _T:
+    """The sum of ``values`` left to right (every total of time terms adds them in declaration
+    order this way, so a total is bit-identical wherever it is computed; from Python 3.12 `sum`
+    of floats compensates rounding and can differ in the last bit)."""
+    return functools.reduce(operator.add, values)
+
+
+def time_parts(terms: tuple[TimeTerm, ...]) -> dict[str, str]:
+    """The parts ``terms`` are booked to, in declaration order, with their labels."""
+    return {t.part: t.label for t in terms}
+
+
+@dataclass(frozen=True)
 class MicroBatchCost:
     """Predicted cost of one micro-batch on one SP group (per rank; all ranks of a group are
-    symmetric)."""
+    symmetric). The time terms are `MICROBATCH_TIME_TERMS` and, in ``added_s``, the ones a cost
+    model declares beyond them (`CostModel.time_terms`), in declaration order."""
 
     fwd_s: float
     bwd_s: float
@@ -50,10 +99,23 @@ class MicroBatchCost:
     comm_s: float  # sequence-parallel communication (all-to-all), forward + backward
     mem_bytes: float  # peak memory per rank while this micro-batch runs (static memory included)
     model_flops: float  # model FLOPs of the micro-batch over the whole group, recompute excluded
+    added_s: tuple[tuple[str, float], ...] = ()  # (name, seconds) of the added time terms
+
+    @classmethod
+    def from_terms(cls, values: Mapping[str, float]) -> MicroBatchCost:
+        """From every time term and `MICROBATCH_OTHER_KEYS` by name (as `microbatch_costs` keys
+        them); names beyond `MICROBATCH_TIME_TERMS` become ``added_s`` in the order given."""
+        base = {t.name for t in MICROBATCH_TIME_TERMS} | set(MICROBATCH_OTHER_KEYS)
+        return cls(**{k: float(values[k]) for k in base},
+                   added_s=tuple((k, float(v)) for k, v in values.items() if k not in base))
+
+    def times(self) -> dict[str, float]:
+        """Every time term by name, in declaration order."""
+        return {**{t.name: float(getattr(self, t.name)) for t in MICROBATCH_TIME_TERMS}, **dict(self.added_s)}
 
     @property
     def total_s(self) -> float:
-        return self.fwd_s + self.bwd_s + self.recompute_s + self.comm_s
+        return add_in_order(list(self.times().values()))
 
 
 @dataclass
@@ -64,6 +126,11 @@ class CostModel(ABC):
     provenance: dict[str, Any] = field(default_factory=dict)
 
     source: str = "abstract"  # "analytical" or "profiled"
+    # The declared time terms (`TimeTerm`): per micro-batch (`microbatch_costs`) and once per step
+    # (`step_sync_breakdown`). A cost model that adds a term declares it here and prices it in
+    # `added_costs` (docs/extending.md, "A new cost term"); nothing else names it.
+    time_terms: ClassVar[tuple[TimeTerm, ...]] = MICROBATCH_TIME_TERMS
+    step_terms: ClassVar[tuple[TimeTerm, ...]] = STEP_TIME_TERMS
 
     @property
     def memory_cap_bytes(self) -> float:
@@ -99,6 +166,55 @@ class CostModel(ABC):
     @abstractmethod
     def step_sync_time(self) -> float:
         """Gradient all-reduce / reduce-scatter plus optimizer step, once per global batch."""
+
+    def step_sync_breakdown(self) -> dict[str, float]:
+        """`step_sync_time` by declared step term (`step_terms`). Sources that cannot separate
+        it book the whole of it to the gradient sync (communication)."""
+        return {"grad_sync_s": self.step_sync_time()}
+
+    def added_costs(
+        self,
+        tokens: np.ndarray,
+        frames: np.ndarray,
+        mb_index: np.ndarray,
+        sp: np.ndarray,
+        ckpt_layers: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """Seconds per rank of every time term this model declares beyond
+        `MICROBATCH_TIME_TERMS` (the rest of `time_terms`, in that order), for the micro-batches
+        `microbatch_costs` describes (same arguments: sample ``i`` in micro-batch
+        ``mb_index[i]``; ``sp`` and ``ckpt_layers`` one entry per micro-batch). Every source adds
+        them to `microbatch_costs`, `microbatch_cost` and `sample_time`, so the planners, the
+        simulator and the records see them. The bounds (`sample_time_packed`,
+        `microbatch_overhead`) leave them out, which keeps them bounds. Default: none."""
+        del tokens, frames, mb_index, sp, ckpt_layers
+        return {}
+
+    def with_added_costs(
+        self,
+        costs: dict[str, np.ndarray],
+        tokens: np.ndarray,
+        frames: np.ndarray,
+        mb_index: np.ndarray,
+        sp: np.ndarray,
+        ckpt_layers: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """A source's own costs (`MICROBATCH_TIME_TERMS` and `MICROBATCH_OTHER_KEYS`) with the
+        terms this model adds (`added_costs`), each checked against its declaration."""
+        declared = [t.name for t in self.time_terms]
+        if declared[: len(MICROBATCH_TIME_TERMS)] != [t.name for t in MICROBATCH_TIME_TERMS]:
+            raise TypeError(f"{type(self).__name__}.time_terms must start with MICROBATCH_TIME_TERMS; got {declared}")
+        added = self.added_costs(tokens, frames, mb_index, sp, ckpt_layers)
+        if list(added) != declared[len(MICROBATCH_TIME_TERMS):]:
+            raise TypeError(f"{type(self).__name__}.added_costs priced {list(added)}; its time_terms declare "
+                            f"{declared[len(MICROBATCH_TIME_TERMS):]} beyond MICROBATCH_TIME_TERMS")
+        m = len(sp)
+        return {**costs, **{k: np.broadcast_to(np.asarray(v, dtype=float), (m,)).copy() for k, v in added.items()}}
+
+    def total_time(self, costs: Mapping[str, _T]) -> _T:
+        """The sum of the declared time terms (`time_terms`) of ``costs`` (`microbatch_costs`'s
+        arrays or one micro-batch's floats), in declaration order."""
+        return add_in_order([costs[t.name] for t in self.time_terms])
 
     def microbatch_memory(
         self,
@@ -160,17 +276,19 @@ class CostModel(ABC):
     ) -> dict[str, np.ndarray]:
         """Vectorised over many sequence-split micro-batches: sample ``i`` belongs to micro-batch
         ``mb_index[i]`` (0..m-1, every micro-batch non-empty); ``sp`` and ``ckpt_layers`` have one
-        entry per micro-batch. Returns arrays of length m keyed by the `MicroBatchCost` field
-        names. The default loops over `microbatch_cost`; sources override it for speed."""
+        entry per micro-batch. Returns arrays of length m keyed by the declared time terms
+        (`time_terms`) and `MICROBATCH_OTHER_KEYS`. The default loops over `microbatch_cost`;
+        sources override it for speed."""
         m = len(sp)
         order = np.argsort(mb_index, kind="stable")
         bounds = np.searchsorted(mb_index[order], np.arange(m + 1))
-        out = {k: np.zeros(m) for k in ("fwd_s", "bwd_s", "recompute_s", "comm_s", "mem_bytes", "model_flops")}
+        out = {k: np.zeros(m) for k in (*(t.name for t in self.time_terms), *MICROBATCH_OTHER_KEYS)}
         for j in range(m):
             sel = order[bounds[j] : bounds[j + 1]]
             c = self.microbatch_cost(tokens[sel], frames[sel], int(sp[j]), int(ckpt_layers[j]))
+            values = {**c.times(), "mem_bytes": c.mem_bytes, "model_flops": c.model_flops}
             for k in out:
-                out[k][j] = getattr(c, k)
+                out[k][j] = values[k]
         return out
 
     def spans_nodes(self, sp: int) -> bool:

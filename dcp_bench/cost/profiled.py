@@ -400,18 +400,27 @@ class ProfiledCostModel(CostModel):
                      for r in range(sp) if np.any(owner == r)]
             slow = max(parts, key=lambda c: c.total_s)
             mem = max(c.mem_bytes for c in parts)
-            return MicroBatchCost(slow.fwd_s, slow.bwd_s, slow.recompute_s, 0.0, mem, flops)
+            ss_only = {t.name for t in self.time_terms if t.sequence_split_only}
+            return MicroBatchCost.from_terms({**{k: 0.0 if k in ss_only else v for k, v in slow.times().items()},
+                                              "mem_bytes": mem, "model_flops": flops})
         tpr, ppr, n = self._sizes(tokens, frames, sp)
         fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, n, sp, ckpt_layers)
         mem = float(self._activation_bytes(tpr, ppr, n, sp, ckpt_layers)[0]) + self.static_memory_bytes()
-        return MicroBatchCost(float(fwd[0]), float(bwd[0]), float(rec[0]), float(comm[0]), mem, flops)
+        own = {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": rec, "comm_s": comm,
+               "mem_bytes": np.array([mem]), "model_flops": np.array([flops])}
+        c = self.with_added_costs(own, tokens, frames, np.zeros(len(tokens), dtype=np.int64), np.array([sp]),
+                                  np.array([ckpt_layers]))
+        return MicroBatchCost.from_terms({k: float(v[0]) for k, v in c.items()})
 
     def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=float)
         tpr = tokens / sp
         ppr = attention_pairs(tokens, np.asarray(frames, dtype=float), self.model.arch) / sp
         fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, np.ones_like(tpr), sp, ckpt_layers)
-        return fwd + bwd + rec + comm
+        n = len(tokens)
+        own = {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": rec, "comm_s": comm}
+        return self.total_time(self.with_added_costs(own, tokens, np.asarray(frames), np.arange(n), np.full(n, sp),
+                                                     np.full(n, ckpt_layers)))
 
     def sample_time_packed(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
+from dcp_bench.cost.library_specs import library_spec_fields
 from dcp_bench.errors import ClusterError, ConfigError
 from dcp_bench.layout import aligned_sp_degrees
 from dcp_bench.paths import CONF_DIR
@@ -204,8 +205,6 @@ def model_spec(name: str, **fields: Any) -> ModelSpec:
     data = {"name": name, **fields} if fields else _read_yaml("model", name)
     data = {k: v for k, v in data.items() if not k.startswith("_")}
     if "config" in data or "config_file" in data:  # a library's own config (model=hf)
-        from dcp_bench.cost.library_specs import library_spec_fields
-
         return _build(ModelSpec, library_spec_fields(data))
     if "patch" in data:
         data["patch"] = tuple(data["patch"])

@@ -320,7 +320,7 @@ def predicted_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> 
     c = cost.microbatch_costs(
         batch.tokens[pos], batch.frames[pos], mb_index, np.asarray(mb_sizes), np.asarray(mb_ckpt)
     )
-    dur = (c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]).tolist()
+    dur = cost.total_time(c).tolist()
     free = np.zeros(plan.world_size)
     k = 0
     for rnd in plan.rounds:
@@ -350,10 +350,9 @@ def pack_groups(
     largest first (ties in order), each into the first micro-batch with room for its memory
     and tokens, else a new one. The k-th item of every group is placed in one vectorised step,
     with the same float additions in the same order as the one-group loop."""
-    out: dict[int, list[MicroBatch]] = {}
     groups = np.flatnonzero(chosen)
     if not len(groups):
-        return out
+        return {}
     counts = (bounds[1:] - bounds[:-1])[groups]
     # Positions (into by_group) of the chosen groups' samples, and their group slot.
     slot = np.repeat(np.arange(len(groups)), counts)
@@ -361,28 +360,45 @@ def pack_groups(
     pos = bounds[groups][slot] + (np.arange(len(slot)) - first_of_slot[slot])
     sample = by_group[pos]
     tok = tokens[sample]
-    lim = limits[groups][slot]
-    alone = (ckpt[sample] > 0) | (tok >= lim)
+    alone = (ckpt[sample] > 0) | (tok >= limits[groups][slot])
     # Packable items of each group: memory descending, ties in the group's order (stable).
     items = np.flatnonzero(~alone)
     items = items[np.lexsort((pos[items], -mem0[sample[items]], slot[items]))]
     it_slot = slot[items]
     starts = np.searchsorted(it_slot, np.arange(len(groups) + 1))
+    bin_of = _first_fit_bins(mem0[sample[items]], tok[items], starts, limits[groups], budget)
+    # Micro-batches per group: the alone samples in order, then the bins in order of creation,
+    # each holding its items in the order they arrived.
+    al = np.flatnonzero(alone)
+    al = al[np.lexsort((pos[al], slot[al]))]
+    lists: list[list[MicroBatch]] = [[] for _ in range(len(groups))]
+    for i, k, sl in zip(sample[al].tolist(), ckpt[sample[al]].tolist(), slot[al].tolist()):
+        lists[sl].append(MicroBatch(samples=(i,), ckpt_layers=k))
+    if len(items):
+        rank_in_group = np.arange(len(items)) - starts[it_slot]
+        order = np.lexsort((rank_in_group, bin_of, it_slot))
+        _append_bins(lists, sample[items[order]].tolist(), it_slot[order], bin_of[order])
+    return {g: lists[j] for j, g in enumerate(groups.tolist())}
+
+
+def _first_fit_bins(
+    it_mem: np.ndarray, it_tok: np.ndarray, starts: np.ndarray, lim: np.ndarray, budget: float
+) -> np.ndarray:
+    """`pack_groups`'s first fit: the bin (0, 1, ... in order of creation) of every packable item,
+    the items of group j being ``starts[j]:starts[j+1]`` in the order they are placed and
+    ``lim[j]`` its token limit. The k-th item of every group is placed in one vectorised step."""
     n_items = np.diff(starts)
-    rank_in_group = np.arange(len(items)) - starts[it_slot]
-    bin_of = np.zeros(len(items), dtype=np.int64)
-    width = int(n_items.max()) if len(items) else 0
+    bin_of = np.zeros(len(it_mem), dtype=np.int64)
+    width = int(n_items.max()) if len(it_mem) else 0
     # Work rows ordered by item count, most first: the groups that still place a k-th item are
     # then the first rows (views, no gathers).
     row_slot = np.argsort(-n_items, kind="stable")
-    row_starts = starts[row_slot]
+    row_starts = starts[:-1][row_slot]
     active = np.searchsorted(-n_items[row_slot], -np.arange(width), side="left")  # rows with > k items
-    bin_mem = np.zeros((len(groups), max(width, 1)))
-    bin_tok = np.zeros((len(groups), max(width, 1)), dtype=np.int64)
-    n_bins = np.zeros(len(groups), dtype=np.int64)
-    lim_rows = limits[groups][row_slot]
-    it_mem = mem0[sample[items]]
-    it_tok = tok[items]
+    bin_mem = np.zeros((len(n_items), max(width, 1)))
+    bin_tok = np.zeros((len(n_items), max(width, 1)), dtype=np.int64)
+    n_bins = np.zeros(len(n_items), dtype=np.int64)
+    lim_rows = lim[row_slot]
     for k in range(width):
         cnt = int(active[k])
         at = row_starts[:cnt] + k  # the k-th item of every row that has one
@@ -402,28 +418,70 @@ def pack_groups(
         bin_tok[rows, first] = np.where(fresh, t, bin_tok[rows, first] + t)
         n_bins[:cnt] = np.maximum(nb, first + 1)
         bin_of[at] = first
-    # Micro-batches per group: the alone samples in order, then the bins in order of creation,
-    # each holding its items in the order they arrived.
-    al = np.flatnonzero(alone)
-    al = al[np.lexsort((pos[al], slot[al]))]
-    lists: list[list[MicroBatch]] = [[] for _ in range(len(groups))]
-    for i, k, sl in zip(sample[al].tolist(), ckpt[sample[al]].tolist(), slot[al].tolist()):
-        lists[sl].append(MicroBatch(samples=(i,), ckpt_layers=k))
-    if not len(items):
-        return {g: lists[j] for j, g in enumerate(groups.tolist())}
-    order = np.lexsort((rank_in_group, bin_of, it_slot))
-    p_ids = sample[items[order]].tolist()
-    p_slot = it_slot[order]
-    p_bin = bin_of[order]
-    # where a new (group, bin) run starts
-    cut = np.flatnonzero(np.r_[True, (p_slot[1:] != p_slot[:-1]) | (p_bin[1:] != p_bin[:-1])]).tolist()
-    cut.append(len(p_ids))
-    p_slot_l = p_slot.tolist()
+    return bin_of
+
+
+def _append_bins(lists: list[list[MicroBatch]], ids: list[int], slots: np.ndarray, bins: np.ndarray) -> None:
+    """Append to ``lists[slot]`` one micro-batch per run of equal (slot, bin) in ``ids``."""
+    cut = np.flatnonzero(np.r_[True, (slots[1:] != slots[:-1]) | (bins[1:] != bins[:-1])]).tolist()
+    cut.append(len(ids))
+    slots_l = slots.tolist()
     for a, b in zip(cut[:-1], cut[1:]):
-        lists[p_slot_l[a]].append(MicroBatch(samples=tuple(p_ids[a:b]), ckpt_layers=0))
-    for j, g in enumerate(groups.tolist()):
-        out[g] = lists[j]
-    return out
+        lists[slots_l[a]].append(MicroBatch(samples=tuple(ids[a:b]), ckpt_layers=0))
+
+
+def schedule_groups(sched: Schedule, W: int) -> tuple[list[Round], list[Group], np.ndarray]:
+    """The rounds and groups (no micro-batches yet) a schedule becomes, and each sample's group
+    (an index into the groups): each group at the level after the last group its ranks used;
+    consecutive tasks of one aligned block share a group; every rank's single-rank tasks one group
+    after its last multi-rank group (module docstring, step 5)."""
+    rounds: list[Round] = []
+    groups: list[Group] = []
+    gid = np.full(len(sched.size), -1, dtype=np.int64)  # sample -> index into groups
+    # Per rank: round index and group index of the last group it joined.
+    last_round = np.full(W, -1, dtype=np.int64)
+    last_group = [-1] * W
+    # Per group: how many ranks still have it as their last group (all of them, size, means
+    # no rank of its block has joined another group since).
+    holding: list[int] = []
+    big = np.flatnonzero(sched.size > 1)
+    order = big[np.lexsort((sched.block_start[big], sched.start[big]))]
+    for i, b, s in zip(order.tolist(), sched.block_start[order].tolist(), sched.size[order].tolist()):
+        g0 = last_group[b]
+        if g0 >= 0 and groups[g0].start == b and groups[g0].size == s and holding[g0] == s:
+            gid[i] = g0  # consecutive tasks of one block share its group
+            continue
+        level = int(last_round[b : b + s].max()) + 1
+        while len(rounds) <= level:
+            rounds.append(Round())
+        g = Group(start=b, size=s)
+        rounds[level].groups.append(g)
+        new = len(groups)
+        gid[i] = new
+        for r in range(b, b + s):
+            old = last_group[r]
+            if old >= 0:
+                holding[old] -= 1
+            last_group[r] = new
+        groups.append(g)
+        holding.append(s)
+        last_round[b : b + s] = level
+    # Single-rank tasks start after every multi-rank task of their rank (list_schedule places
+    # them last), so each rank runs them as one group after its last multi-rank group.
+    small = np.flatnonzero(sched.size == 1)
+    if len(small):
+        ranks = np.unique(sched.block_start[small])
+        rank_gid = np.empty(W, dtype=np.int64)
+        for r in ranks.tolist():
+            level = int(last_round[r]) + 1
+            while len(rounds) <= level:
+                rounds.append(Round())
+            g = Group(start=r, size=1)
+            rounds[level].groups.append(g)
+            rank_gid[r] = len(groups)
+            groups.append(g)
+        gid[small] = rank_gid[sched.block_start[small]]
+    return rounds, groups, gid
 
 
 class DCPPlanner(Planner):
@@ -611,52 +669,7 @@ class DCPPlanner(Planner):
         budget = cost.memory_cap_bytes - cost.static_memory_bytes()
         ckpt_l: list[int] = ckpt.tolist()
         mem0_l: list[float] = mem0.tolist()
-        rounds: list[Round] = []
-        groups: list[Group] = []
-        gid = np.full(len(sample_choice), -1, dtype=np.int64)  # sample -> index into groups
-        # Per rank: round index and group index of the last group it joined.
-        last_round = np.full(W, -1, dtype=np.int64)
-        last_group = [-1] * W
-        # Per group: how many ranks still have it as their last group (all of them, size, means
-        # no rank of its block has joined another group since).
-        holding: list[int] = []
-        big = np.flatnonzero(sched.size > 1)
-        order = big[np.lexsort((sched.block_start[big], sched.start[big]))]
-        for i, b, s in zip(order.tolist(), sched.block_start[order].tolist(), sched.size[order].tolist()):
-            g0 = last_group[b]
-            if g0 >= 0 and groups[g0].start == b and groups[g0].size == s and holding[g0] == s:
-                gid[i] = g0  # consecutive tasks of one block share its group
-                continue
-            level = int(last_round[b : b + s].max()) + 1
-            while len(rounds) <= level:
-                rounds.append(Round())
-            g = Group(start=b, size=s)
-            rounds[level].groups.append(g)
-            new = len(groups)
-            gid[i] = new
-            for r in range(b, b + s):
-                old = last_group[r]
-                if old >= 0:
-                    holding[old] -= 1
-                last_group[r] = new
-            groups.append(g)
-            holding.append(s)
-            last_round[b : b + s] = level
-        # Single-rank tasks start after every multi-rank task of their rank (list_schedule places
-        # them last), so each rank runs them as one group after its last multi-rank group.
-        small = np.flatnonzero(sched.size == 1)
-        if len(small):
-            ranks = np.unique(sched.block_start[small])
-            rank_gid = np.empty(W, dtype=np.int64)
-            for r in ranks.tolist():
-                level = int(last_round[r]) + 1
-                while len(rounds) <= level:
-                    rounds.append(Round())
-                g = Group(start=r, size=1)
-                rounds[level].groups.append(g)
-                rank_gid[r] = len(groups)
-                groups.append(g)
-            gid[small] = rank_gid[sched.block_start[small]]
+        rounds, groups, gid = schedule_groups(sched, W)
         # Every group's samples, shortest first, from one sort.
         by_group = np.lexsort((batch.tokens, gid))
         bounds = np.searchsorted(gid[by_group], np.arange(len(groups) + 1))
@@ -697,7 +710,7 @@ class DCPPlanner(Planner):
             batch.tokens[pos], batch.frames[pos], mb_index, np.full(len(mbs), size),
             np.asarray([mb.ckpt_layers for mb in mbs]),
         )
-        dur = c["fwd_s"] + c["bwd_s"] + c["recompute_s"] + c["comm_s"]
+        dur = cost.total_time(c)
         members = balance_items(dur.tolist(), W // size)
         groups = [
             Group(start=g * size, size=size, micro_batches=[mbs[m] for m in ms])

@@ -23,7 +23,13 @@ import pandas as pd
 import yaml
 
 from dcp_bench.config import load_config, to_container
-from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION
+from dcp_bench.cost.base import (
+    DEFAULT_MEM_CAP_FRACTION,
+    MICROBATCH_TIME_TERMS,
+    STEP_TIME_TERMS,
+    SYNC_PART,
+    time_parts,
+)
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.planners.base import method_label
 from dcp_bench.reference import unit_of_label
@@ -529,6 +535,8 @@ def evaluate_comparisons(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any
 def _cell_parts(c: Campaign, cell: str) -> dict[str, float]:
     st = c.steps[c.steps["config_hash"] == cell]
     out = {k: float(st[k].astype(float).mean()) for k in STEP_PARTS}
+    # a part some runs' cost models did not have is 0 in theirs
+    out.update({k: float(st[k].astype(float).fillna(0.0).mean()) for k in c.added_parts})
     sim_total = sum(out.values())
     out["planner_s"] = max(0.0, float(st["step_time_s"].astype(float).mean()) - sim_total)
     return out
@@ -540,14 +548,13 @@ def _median_thr(c: Campaign, cell: str) -> float:
     return float(np.median(vals)) if vals else math.nan
 
 
-PART_NAMES = {
-    "idle_s": "load imbalance (ranks waiting)",
-    "comm_s": "sequence-parallel communication",
-    "recompute_s": "activation recomputation",
-    "compute_s": "forward + backward compute",
-    "sync_s": "gradient sync + optimizer step",
-    "planner_s": "planner time not hidden",
-}
+def part_names(c: Campaign) -> dict[str, str]:
+    """The decomposition's rows: each part of step time with its label, idle first, then the
+    micro-batch parts last declared first (the added ones, communication, recomputation, compute),
+    the once-per-step sync and the planner."""
+    micro = {**time_parts(MICROBATCH_TIME_TERMS), **c.added_parts}
+    return {"idle_s": "load imbalance (ranks waiting)", **{k: micro[k] for k in reversed(micro)},
+            SYNC_PART: STEP_TIME_TERMS[0].label, "planner_s": "planner time not hidden"}
 
 
 def decompose(c: Campaign, cells: pd.DataFrame, claim: dict[str, Any]) -> pd.DataFrame | None:
@@ -580,7 +587,7 @@ def decompose(c: Campaign, cells: pd.DataFrame, claim: dict[str, Any]) -> pd.Dat
              "log_share": math.log(thr[("baseline", "fair")] / thr[("baseline", "paper")])}]
     fair_log = math.log(thr[("method", "fair")] / thr[("baseline", "fair")])
     acct_log = math.log(T_b / T_m) if T_m > 0 and T_b > 0 else 0.0
-    for key, name in PART_NAMES.items():
+    for key, name in part_names(c).items():
         saving = parts_b[key] - parts_m[key]
         share = acct_log * saving / (T_b - T_m) if T_b != T_m else 0.0
         rows.append({"factor": f"fair mode: {name}", "log_share": share,

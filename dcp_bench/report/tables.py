@@ -20,13 +20,18 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from dcp_bench.cost.base import MICROBATCH_TIME_TERMS, SYNC_PART, time_parts
 from dcp_bench.files import atomic_write_text
 from dcp_bench.records import iter_run_dirs, read_steps, read_summary
 from dcp_bench.report.stats import cell_stats, paired_speedup
 
 # The config nodes the report reads as mappings.
 CONFIG_GROUPS = ("workload", "method", "cluster", "model", "run", "cost", "train", "names")
-STEP_PARTS = ("compute_s", "recompute_s", "comm_s", "sync_s", "idle_s")
+# The parts of a simulated step's time, as its record's extra names them (`dcp_bench.sim.StepAccount`):
+# those of the micro-batch time terms every cost source prices, the once-per-step sync, and the idle
+# rest. A cost model that declares more terms adds parts; its records name them (``added_parts``).
+MICROBATCH_PARTS = tuple(time_parts(MICROBATCH_TIME_TERMS))
+STEP_PARTS = (*MICROBATCH_PARTS, SYNC_PART, "idle_s")
 # Planning cost and the machine's bound, from the run summary's extra (`dcp_bench.run.loop`).
 RUN_PLANNING_KEYS = ("planner_clock", "offline_tune_total_s", "retunes", "planner_max_ms",
                      "planner_over_budget_steps", "lower_bound_physical_s")
@@ -50,6 +55,14 @@ class Campaign:
     # Runs a sweep's time budget cut short (status timeout, extra.limit "budget"): the harness
     # ran out of time, the method did not fail, so they are left out like unrun runs and named.
     cut_by_budget: list[str] = field(default_factory=list)
+    # Parts of step time beyond STEP_PARTS that the runs' cost models added (part -> label).
+    added_parts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def step_parts(self) -> tuple[str, ...]:
+        """Every part of a simulated step's time in this campaign: STEP_PARTS with the added parts
+        after the micro-batch ones."""
+        return (*MICROBATCH_PARTS, *self.added_parts, SYNC_PART, "idle_s")
 
 
 def _is_baseline(target: Any) -> bool:
@@ -98,6 +111,7 @@ def load_campaign(
     cut_by_budget: list[str] = []
     skipped: list[tuple[str, str]] = []
     workloads: dict[str, dict[str, Any]] = {}
+    added_parts: dict[str, str] = {}
     for run_dir in iter_run_dirs(root, campaign):
         try:
             read = _read_run(run_dir)
@@ -168,6 +182,7 @@ def load_campaign(
             if st.warmup:
                 continue
             ex = st.extra or {}
+            added_parts.update(ex.get("added_parts") or {})
             step_rows.append(
                 {
                     "run_id": summary.run_id,
@@ -188,12 +203,14 @@ def load_campaign(
                     "sp_tokens": ex.get("sp_tokens") or {},
                     "ckpt_tokens": ex.get("ckpt_tokens") or {},
                     **{k: ex.get(k) for k in STEP_PARTS},
+                    **{k: ex.get(k) for k in ex.get("added_parts") or {}},
                 }
             )
     runs = pd.DataFrame(rows)
     if not runs.empty:
         runs["label"] = distinct_labels(runs)
-    return Campaign(campaign, runs, pd.DataFrame(step_rows), envs, incomplete, skipped, workloads, cut_by_budget)
+    return Campaign(campaign, runs, pd.DataFrame(step_rows), envs, incomplete, skipped, workloads, cut_by_budget,
+                    added_parts)
 
 
 PAPER_SUFFIX = " (paper mode)"

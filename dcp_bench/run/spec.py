@@ -24,7 +24,7 @@ from typing import Any
 
 from dcp_bench.config import config_hash
 from dcp_bench.cost import SOURCES, resolve_cluster, resolve_model
-from dcp_bench.cost.analytical import SCALE_KEYS
+from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec
 from dcp_bench.errors import ClusterError, ConfigError, DcpBenchError
 from dcp_bench.reference import run_label
@@ -345,7 +345,7 @@ def _cost_settings(node: dict[str, Any]) -> CostSettings:
         if key not in SCALE_KEYS:
             raise ConfigError(f"cost.scales.{key}: unknown constant; expected one of {', '.join(SCALE_KEYS)}")
         factor = _float(val, f"cost.scales.{key}", positive=True)
-        if factor != 1.0:
+        if factor != SCALE_DEFAULTS[key]:
             scales.append((str(key), factor))
     return CostSettings(
         source=source,
@@ -447,6 +447,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
 
 
+# Config keys the packaged config came to list after run ids were fixed, each with the value every
+# earlier run had by leaving it out: a run's hash leaves the key out at that value, so listing it
+# changes no run id (a run that sets another value hashes it, as it always did).
+HASH_OMITTED_AT_DEFAULT: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("cost", "scales", "elementwise"), SCALE_DEFAULTS["elementwise"]),
+)
+
+
 def _hashable(cfg: Mapping[str, Any]) -> dict[str, Any]:
     data = copy.deepcopy(dict(cfg))
     data.pop("seed", None)
@@ -459,6 +467,13 @@ def _hashable(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(run, dict):
         for key in BOOKKEEPING_KEYS:
             run.pop(key, None)
+    for path, default in HASH_OMITTED_AT_DEFAULT:
+        node: Any = data
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get(path[-1]) if isinstance(node, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == default:
+            del node[path[-1]]
     return data
 
 

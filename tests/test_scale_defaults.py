@@ -1,0 +1,67 @@
+"""The cost scales' keys and defaults have one source (`SCALE_DEFAULTS`), the packaged config lists
+all of them, and listing the last of them (``elementwise``) changed no run id: the ids of the
+committed reproduction (reports/reproduce/tables/runs.csv) are planned again from its config and
+found unchanged."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pandas as pd
+import pytest
+
+from dcp_bench.commands.reproduce import GRID_KEYS, load_reproduce_config
+from dcp_bench.config import load_config, to_container
+from dcp_bench.cost import make_cost_model
+from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
+from dcp_bench.paths import REPO_ROOT
+from dcp_bench.run.spec import cell_hashes
+from dcp_bench.runner import plan_sweep
+
+
+def test_the_config_lists_every_scale_at_its_one_default() -> None:
+    cfg = to_container(load_config([]))
+    assert cfg["cost"]["scales"] == SCALE_DEFAULTS
+    assert tuple(SCALE_DEFAULTS) == SCALE_KEYS
+    # a model built without scales and one built with every default price alike
+    plain = make_cost_model("llama3_8b", "h200x8")
+    listed = make_cost_model("llama3_8b", "h200x8", scales=dict(SCALE_DEFAULTS))
+    assert plain.provenance["scales"] == listed.provenance["scales"] == SCALE_DEFAULTS
+    assert plain.sample_time([4096], [1], 2, 3) == listed.sample_time([4096], [1], 2, 3)
+
+
+def test_listing_elementwise_at_its_default_leaves_the_hash_as_it_was() -> None:
+    """The hash of a config with ``elementwise: 1.0`` is the hash of the same config without the
+    key (what every run before it was listed hashed); another value is hashed as before."""
+    cfg = to_container(load_config(["method=dcp", "workload=sharegpt"]))
+    without = copy.deepcopy(cfg)
+    del without["cost"]["scales"]["elementwise"]
+    assert cell_hashes(cfg) == cell_hashes(without)
+    halved = copy.deepcopy(cfg)
+    halved["cost"]["scales"]["elementwise"] = 0.5
+    assert cell_hashes(halved) != cell_hashes(cfg)
+    # the other scales were listed from the start: hashed at their default too, as they always were
+    no_act = copy.deepcopy(cfg)
+    del no_act["cost"]["scales"]["act_bytes"]
+    assert cell_hashes(no_act) != cell_hashes(cfg)
+
+
+@pytest.mark.parametrize("section", ["claim", "sensitivity"])
+def test_committed_reproduce_run_ids_are_unchanged(section: str) -> None:
+    """The runs `dcp-bench reproduce` plans for a section (the headline and the sensitivity
+    sweep, ``elementwise`` halved and doubled among them) have the ids its committed report
+    lists."""
+    committed = pd.read_csv(REPO_ROOT / "reports" / "reproduce" / "tables" / "runs.csv")
+    cfg = load_reproduce_config([])
+    sec = next(s for s in cfg["sections"] if s["name"] == section)
+    ids = set()
+    for grid in sec["grids"]:
+        base = [*sec["common"], *[str(g) for g in grid], f"run.campaign={cfg['campaign']}", f"run.root={cfg['root']}",
+                *[f"{k}={cfg[k]}" for k in GRID_KEYS if cfg.get(k) is not None], f"seed={cfg['seed_base']}"]
+        ids |= {s.run_id for s in plan_sweep([*base, "run.executor=sim"], repeats=int(sec.get("repeats", cfg["repeats"])),
+                                             sweep=section)}
+    listed = set(committed.loc[committed["sweep"] == section, "run_id"])
+    assert listed and listed <= ids
+    if section == "sensitivity":
+        assert any("elementwise" in json.loads(s) for s in committed.loc[committed["run_id"].isin(ids), "scales"])
