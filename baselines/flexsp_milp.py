@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import highspy
 import numpy as np
 
 from baselines.scheduling import (
@@ -213,8 +214,6 @@ def quiet_highs() -> Any:
     """A HiGHS instance with logging off. HiGHS prints a banner from its C++ constructor (once
     per process) straight to file descriptor 1, which would corrupt JSON a command writes to
     stdout; the descriptor is pointed at /dev/null just for the construction."""
-    import highspy
-
     sys.stdout.flush()
     saved = os.dup(1)
     null = os.open(os.devnull, os.O_WRONLY)
@@ -248,8 +247,6 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
     length), and a bucket may only use degrees where that memory fits. Raises `InfeasibleError`
     when a bucket fits no degree.
     """
-    import highspy
-
     inf = highspy.kHighsInf
     degrees, W = model.degrees, model.world_size
     slots = [di for di, d in enumerate(degrees) for _ in range(W // d)]
@@ -338,8 +335,6 @@ def extract_solution(program: RoundProgram, model: RoundModel, solve_s: float) -
     """The groups of HiGHS's incumbent, or None when it has none. The program fixes how many
     sequences of each bucket a slot runs; the concrete sequences are dealt longest first to the
     least-loaded slot with quota left, so realised times track the program's."""
-    import highspy
-
     h = program.highs
     info = h.getInfo()
     if info.primal_solution_status != 2:  # 2 = a feasible point exists
