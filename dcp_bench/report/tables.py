@@ -8,6 +8,8 @@ their repeats by seed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import io
 import json
 import math
 import os
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from dcp_bench.files import atomic_write_text
+from dcp_bench.files import atomic_write_bytes, atomic_write_text, json_default
 from dcp_bench.records import iter_run_dirs, read_steps, read_summary
 from dcp_bench.report.stats import cell_stats, paired_speedup
 
@@ -50,6 +52,43 @@ class Campaign:
     # Runs a sweep's time budget cut short (status timeout, extra.limit "budget"): the harness
     # ran out of time, the method did not fail, so they are left out like unrun runs and named.
     cut_by_budget: list[str] = field(default_factory=list)
+
+
+# The run fields repeated on every row of a per-step index.
+STEP_INDEX_KEYS = ("run_id", "campaign", "status", "executor", "method", "workload", "cluster",
+                   "model", "seed", "config_hash")
+
+
+def build_index(
+    root: str | os.PathLike[str],
+    campaign: str | None = None,
+    out: str | os.PathLike[str] | None = None,
+    steps: bool = False,
+) -> pd.DataFrame:
+    """Gather complete runs into one pandas table (one row per run, or per step with
+    ``steps=True``); written atomically as Parquet when ``out`` is given."""
+    rows: list[dict[str, Any]] = []
+    for run in iter_run_dirs(root, campaign):
+        summary = read_summary(run)
+        if summary is None:
+            continue
+        base = dataclasses.asdict(summary)
+        base["extra"] = json.dumps(base["extra"], sort_keys=True, default=json_default)
+        base["profile"] = json.dumps(base["profile"], sort_keys=True) if base["profile"] else None
+        if not steps:
+            rows.append(base)
+            continue
+        ident = {k: base[k] for k in STEP_INDEX_KEYS}
+        for rec in read_steps(run):
+            rec_d = dataclasses.asdict(rec)
+            rec_d["extra"] = json.dumps(rec_d["extra"], sort_keys=True, default=json_default)
+            rows.append({**ident, **rec_d})
+    table = pd.DataFrame(rows)
+    if out is not None:
+        buf = io.BytesIO()
+        table.to_parquet(buf, index=False)
+        atomic_write_bytes(out, buf.getvalue())
+    return table
 
 
 def _is_baseline(target: Any) -> bool:
