@@ -23,7 +23,7 @@ import pandas as pd
 import yaml
 
 from dcp_bench.files import atomic_write_bytes, atomic_write_text, json_default
-from dcp_bench.records import iter_run_dirs, read_steps, read_summary
+from dcp_bench.records import RunSummary, StepRecord, iter_run_dirs, read_steps, read_summary
 from dcp_bench.report.stats import cell_stats, paired_speedup
 
 # The config nodes the report reads as mappings.
@@ -124,6 +124,87 @@ def _read_run(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]] | None:
     return summary, cfg, steps
 
 
+def _run_row(summary: RunSummary, cfg: dict[str, Any], baselines: list[str] | None) -> dict[str, Any]:
+    """One run's row of `Campaign.runs`, from its summary and config (see `load_campaign`)."""
+    extra = summary.extra or {}
+    method_cfg = dict(cfg.get("method") or {})
+    params = {k: v for k, v in method_cfg.items() if k not in ("name", "_target_", "mode")}
+    cluster_cfg: dict[str, Any] = cfg["cluster"] if isinstance(cfg.get("cluster"), dict) else {}
+    return {
+        "run_id": summary.run_id,
+        "status": summary.status,
+        "executor": summary.executor,
+        "method": summary.method,
+        "label": with_overrides(str(extra.get("label", summary.method)), extra.get("overrides") or []),
+        "mode": extra.get("mode", method_cfg.get("mode", "fair")),
+        "params": json.dumps(params, sort_keys=True, default=str),
+        "workload": summary.workload,
+        "cluster": summary.cluster,
+        "gpu": str(cluster_cfg.get("gpu") or summary.cluster),
+        "model": summary.model,
+        "seed": summary.seed,
+        "config_hash": summary.config_hash,
+        "context_hash": extra.get("context_hash", ""),
+        "sweep": extra.get("sweep", ""),
+        "world_size": extra.get("world_size"),
+        "scales": json.dumps(extra.get("scales") or {}, sort_keys=True),
+        "mem_cap_fraction": extra.get("mem_cap_fraction", cfg.get("mem_cap_fraction")),
+        "is_baseline": (summary.method in baselines) if baselines is not None
+        else _is_baseline(extra.get("target", method_cfg.get("_target_"))),
+        "step_time_s": summary.step_time_s,
+        "tokens_per_s": summary.tokens_per_s,
+        "samples_per_s": extra.get("samples_per_s"),
+        "imbalance": summary.imbalance,
+        "peak_mem_gib": summary.peak_mem_gib,
+        "mfu": summary.mfu,
+        "planner_ms": summary.planner_ms,
+        "lower_bound_s": summary.lower_bound_s,
+        **{k: extra.get(k) for k in RUN_PLANNING_KEYS},
+        "n_steps": summary.n_steps,
+        "unit": extra.get("unit", "step"),
+        "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,
+        # the epoch's accounting (paper mode: dataset / trained / dropped samples, the
+        # reference profile's per-bucket settings), JSON; "" when the run has none
+        "epoch_info": json.dumps(extra["epoch_info"], sort_keys=True, default=str) if extra.get("epoch_info") else "",
+        "cost_source": summary.cost_source,
+        "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
+        "hardware": summary.hardware,
+        "error": summary.error,
+    }
+
+
+def _step_rows(summary: RunSummary, steps: list[StepRecord]) -> list[dict[str, Any]]:
+    """A run's rows of `Campaign.steps`: its measured (non-warm-up) steps."""
+    out: list[dict[str, Any]] = []
+    for st in steps:
+        if st.warmup:
+            continue
+        ex = st.extra or {}
+        out.append(
+            {
+                "run_id": summary.run_id,
+                "config_hash": summary.config_hash,
+                "step": st.step,
+                "step_time_s": st.step_time_s,
+                "lower_bound_s": st.lower_bound_s,
+                "tokens": st.tokens,
+                "samples": st.samples,
+                "planner_ms": st.planner_ms,
+                "peak_mem_gib": st.peak_mem_gib,
+                "peak_mem_per_rank_gib": st.peak_mem_per_rank_gib,
+                "mem_cap_gib": ex.get("mem_cap_gib"),
+                "loss": st.loss,
+                "imbalance": st.imbalance,
+                "sp_samples": ex.get("sp_samples") or {},
+                "ckpt_samples": ex.get("ckpt_samples") or {},
+                "sp_tokens": ex.get("sp_tokens") or {},
+                "ckpt_tokens": ex.get("ckpt_tokens") or {},
+                **{k: ex.get(k) for k in STEP_PARTS},
+            }
+        )
+    return out
+
+
 def load_campaign(
     root: str | os.PathLike[str], campaign: str, baselines: list[str] | None = None
 ) -> Campaign:
@@ -151,51 +232,7 @@ def load_campaign(
         if summary.status == "timeout" and extra.get("limit") == "budget":
             cut_by_budget.append(run_dir.name)
             continue
-        method_cfg = dict(cfg.get("method") or {})
-        params = {k: v for k, v in method_cfg.items() if k not in ("name", "_target_", "mode")}
-        cluster_cfg: dict[str, Any] = cfg["cluster"] if isinstance(cfg.get("cluster"), dict) else {}
-        row = {
-            "run_id": summary.run_id,
-            "status": summary.status,
-            "executor": summary.executor,
-            "method": summary.method,
-            "label": with_overrides(str(extra.get("label", summary.method)), extra.get("overrides") or []),
-            "mode": extra.get("mode", method_cfg.get("mode", "fair")),
-            "params": json.dumps(params, sort_keys=True, default=str),
-            "workload": summary.workload,
-            "cluster": summary.cluster,
-            "gpu": str(cluster_cfg.get("gpu") or summary.cluster),
-            "model": summary.model,
-            "seed": summary.seed,
-            "config_hash": summary.config_hash,
-            "context_hash": extra.get("context_hash", ""),
-            "sweep": extra.get("sweep", ""),
-            "world_size": extra.get("world_size"),
-            "scales": json.dumps(extra.get("scales") or {}, sort_keys=True),
-            "mem_cap_fraction": extra.get("mem_cap_fraction", cfg.get("mem_cap_fraction")),
-            "is_baseline": (summary.method in baselines) if baselines is not None
-            else _is_baseline(extra.get("target", method_cfg.get("_target_"))),
-            "step_time_s": summary.step_time_s,
-            "tokens_per_s": summary.tokens_per_s,
-            "samples_per_s": extra.get("samples_per_s"),
-            "imbalance": summary.imbalance,
-            "peak_mem_gib": summary.peak_mem_gib,
-            "mfu": summary.mfu,
-            "planner_ms": summary.planner_ms,
-            "lower_bound_s": summary.lower_bound_s,
-            **{k: extra.get(k) for k in RUN_PLANNING_KEYS},
-            "n_steps": summary.n_steps,
-            "unit": extra.get("unit", "step"),
-            "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,
-            # the epoch's accounting (paper mode: dataset / trained / dropped samples, the
-            # reference profile's per-bucket settings), JSON; "" when the run has none
-            "epoch_info": json.dumps(extra["epoch_info"], sort_keys=True, default=str) if extra.get("epoch_info") else "",
-            "cost_source": summary.cost_source,
-            "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
-            "hardware": summary.hardware,
-            "error": summary.error,
-        }
-        rows.append(row)
+        rows.append(_run_row(summary, cfg, baselines))
         if isinstance(extra.get("workload"), dict) and summary.workload not in workloads:
             workloads[summary.workload] = dict(extra["workload"])
         env_path = run_dir / "env.json"
@@ -203,32 +240,7 @@ def load_campaign(
             # the system description is context, not a number: a damaged one is left out
             with contextlib.suppress(OSError, ValueError):
                 envs[summary.run_id] = json.loads(env_path.read_text())
-        for st in steps:
-            if st.warmup:
-                continue
-            ex = st.extra or {}
-            step_rows.append(
-                {
-                    "run_id": summary.run_id,
-                    "config_hash": summary.config_hash,
-                    "step": st.step,
-                    "step_time_s": st.step_time_s,
-                    "lower_bound_s": st.lower_bound_s,
-                    "tokens": st.tokens,
-                    "samples": st.samples,
-                    "planner_ms": st.planner_ms,
-                    "peak_mem_gib": st.peak_mem_gib,
-                    "peak_mem_per_rank_gib": st.peak_mem_per_rank_gib,
-                    "mem_cap_gib": ex.get("mem_cap_gib"),
-                    "loss": st.loss,
-                    "imbalance": st.imbalance,
-                    "sp_samples": ex.get("sp_samples") or {},
-                    "ckpt_samples": ex.get("ckpt_samples") or {},
-                    "sp_tokens": ex.get("sp_tokens") or {},
-                    "ckpt_tokens": ex.get("ckpt_tokens") or {},
-                    **{k: ex.get(k) for k in STEP_PARTS},
-                }
-            )
+        step_rows += _step_rows(summary, steps)
     runs = pd.DataFrame(rows)
     if not runs.empty:
         runs["label"] = distinct_labels(runs)
