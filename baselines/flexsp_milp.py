@@ -228,6 +228,38 @@ def quiet_highs() -> Any:
     return h
 
 
+def _highs_program(
+    n_cols: int,
+    col_ub: np.ndarray,
+    integrality: np.ndarray,
+    cost: np.ndarray,
+    rows: list[tuple[float, float, list[int], list[float]]],
+) -> Any:
+    """A quiet, single-threaded, deterministic HiGHS instance holding the program: columns with
+    their upper bounds, costs and integrality, and ``rows`` as (lower, upper, columns, values)."""
+    h = quiet_highs()
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    # No presolve: HiGHS 1.x's MIP presolve does not check time_limit, and on some rounds it ran
+    # for more than 15 minutes (prolong, llama3_8b, 64 GPUs, step 0's second round: 519 rows,
+    # 2,160 integer columns); without it the solve stops at its limit. On the steps compared
+    # (prolong at 32, wikipedia at 8, videosys_zipf at 32, sharegpt at 64 GPUs) the plans' gaps
+    # to the lower bound were the same with and without presolve.
+    h.setOptionValue("presolve", "off")
+    h.addVars(n_cols, np.zeros(n_cols), col_ub)
+    idx = np.arange(n_cols, dtype=np.int32)
+    h.changeColsCost(n_cols, idx, cost)
+    h.changeColsIntegrality(n_cols, idx, integrality)
+    starts = np.cumsum([0] + [len(r[2]) for r in rows[:-1]]).astype(np.int32)
+    index = np.array([c for r in rows for c in r[2]], dtype=np.int32)
+    value = np.array([v for r in rows for v in r[3]], dtype=np.float64)
+    h.addRows(
+        len(rows), np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), len(index), starts, index, value
+    )
+    return h
+
+
 def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundProgram:
     """The FlexSP program over group slots (W/d slots of each degree d):
 
@@ -299,26 +331,7 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
     work_vals += [degrees[di] * float(over[di]) / t_scale for di in slots]
     rows.append((-inf, 0.0, [*x_col.values(), *y_col, 0], work_vals + [-float(W)]))
 
-    h = quiet_highs()
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("random_seed", 0)
-    h.setOptionValue("mip_rel_gap", 1e-6)
-    # No presolve: HiGHS 1.x's MIP presolve does not check time_limit, and on some rounds it ran
-    # for more than 15 minutes (prolong, llama3_8b, 64 GPUs, step 0's second round: 519 rows,
-    # 2,160 integer columns); without it the solve stops at its limit. On the steps compared
-    # (prolong at 32, wikipedia at 8, videosys_zipf at 32, sharegpt at 64 GPUs) the plans' gaps
-    # to the lower bound were the same with and without presolve.
-    h.setOptionValue("presolve", "off")
-    h.addVars(n_cols, np.zeros(n_cols), col_ub)
-    idx = np.arange(n_cols, dtype=np.int32)
-    h.changeColsCost(n_cols, idx, cost)
-    h.changeColsIntegrality(n_cols, idx, integrality)
-    starts = np.cumsum([0] + [len(r[2]) for r in rows[:-1]]).astype(np.int32)
-    index = np.array([c for r in rows for c in r[2]], dtype=np.int32)
-    value = np.array([v for r in rows for v in r[3]], dtype=np.float64)
-    h.addRows(
-        len(rows), np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), len(index), starts, index, value
-    )
+    h = _highs_program(n_cols, col_ub, integrality, cost, rows)
     return RoundProgram(h, buckets, slots, x_col, y_col, t_scale)
 
 
