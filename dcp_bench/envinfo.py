@@ -93,7 +93,7 @@ def git_state(cwd: str | os.PathLike[str] = REPO_ROOT) -> dict[str, Any]:
 def gpu_driver_version() -> str | None:
     """The NVIDIA driver's version (NVML, else nvidia-smi); None without either."""
     try:
-        import pynvml  # nvidia-ml-py
+        import pynvml  # lazy: optional (nvidia-ml-py), absent on most machines
 
         pynvml.nvmlInit()
         try:
@@ -114,6 +114,7 @@ def gpu_driver_version() -> str | None:
 
 def collect_env() -> dict[str, Any]:
     """One JSON-serialisable dict: software versions, accelerator, CPU, memory, host, git."""
+    # lazy: keeps the report path (git_state) and the runner's import free of torch
     import torch
 
     cuda = torch.cuda.is_available()

@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dcp_bench.errors import ConfigError
+
 FILE_MODE = 0o644
 NAME_MAX = 255  # bytes in one file or folder name (Linux, macOS)
 
@@ -64,8 +66,6 @@ def _writable(folder: Path) -> bool:
 
 def check_output(path: str | os.PathLike[str], key: str, folder: bool = True, value: Any = None) -> None:
     """`output_problem` as a `ConfigError` naming ``key=value`` (the path when no value)."""
-    from dcp_bench.errors import ConfigError
-
     problem = output_problem(path, folder)
     if problem is not None:
         raise ConfigError(f"{key}={str(path) if value is None else value!r}: {problem}; expected a "

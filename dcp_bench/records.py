@@ -60,7 +60,6 @@ import yaml
 from dcp_bench.errors import DcpBenchError
 from dcp_bench.files import (
     FILE_MODE,
-    atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     json_default,
@@ -611,47 +610,6 @@ def list_runs(root: str | os.PathLike[str], campaign: str | None = None) -> dict
     for run in iter_run_dirs(root, campaign):
         out[check_run(run).state].append(run.name)
     return out
-
-
-# The run fields repeated on every row of a per-step index.
-STEP_INDEX_KEYS = ("run_id", "campaign", "status", "executor", "method", "workload", "cluster",
-                   "model", "seed", "config_hash")
-
-
-def build_index(
-    root: str | os.PathLike[str],
-    campaign: str | None = None,
-    out: str | os.PathLike[str] | None = None,
-    steps: bool = False,
-) -> Any:
-    """Gather complete runs into one pandas table (one row per run, or per step with
-    ``steps=True``); written atomically as Parquet when ``out`` is given."""
-    import pandas as pd
-
-    rows: list[dict[str, Any]] = []
-    for run in iter_run_dirs(root, campaign):
-        summary = read_summary(run)
-        if summary is None:
-            continue
-        base = dataclasses.asdict(summary)
-        base["extra"] = json.dumps(base["extra"], sort_keys=True, default=json_default)
-        base["profile"] = json.dumps(base["profile"], sort_keys=True) if base["profile"] else None
-        if not steps:
-            rows.append(base)
-            continue
-        ident = {k: base[k] for k in STEP_INDEX_KEYS}
-        for rec in read_steps(run):
-            rec_d = dataclasses.asdict(rec)
-            rec_d["extra"] = json.dumps(rec_d["extra"], sort_keys=True, default=json_default)
-            rows.append({**ident, **rec_d})
-    table = pd.DataFrame(rows)
-    if out is not None:
-        import io
-
-        buf = io.BytesIO()
-        table.to_parquet(buf, index=False)
-        atomic_write_bytes(out, buf.getvalue())
-    return table
 
 
 def iter_summaries(root: str | os.PathLike[str], campaign: str | None = None) -> Iterable[RunSummary]:

@@ -19,11 +19,11 @@ from dcp_bench.records import (
     RunWriter,
     StepRecord,
     atomic_write_text,
-    build_index,
     list_runs,
     read_steps,
     read_summary,
 )
+from dcp_bench.report.tables import build_index
 
 
 def _summary(run_id: str, status: str = "ok", **kw) -> RunSummary:

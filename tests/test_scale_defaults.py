@@ -11,13 +11,13 @@ import json
 import pandas as pd
 import pytest
 
-from dcp_bench.commands.reproduce import GRID_KEYS, load_reproduce_config
+from dcp_bench.campaign.reproduce import plan_section
+from dcp_bench.campaign.reproduce_config import load_reproduce_config
 from dcp_bench.config import load_config, to_container
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.run.spec import cell_hashes
-from dcp_bench.runner import plan_sweep
 
 
 def test_the_config_lists_every_scale_at_its_one_default() -> None:
@@ -54,13 +54,9 @@ def test_committed_reproduce_run_ids_are_unchanged(section: str) -> None:
     lists."""
     committed = pd.read_csv(REPO_ROOT / "reports" / "reproduce" / "tables" / "runs.csv")
     cfg = load_reproduce_config([])
-    sec = next(s for s in cfg["sections"] if s["name"] == section)
-    ids = set()
-    for grid in sec["grids"]:
-        base = [*sec["common"], *[str(g) for g in grid], f"run.campaign={cfg['campaign']}", f"run.root={cfg['root']}",
-                *[f"{k}={cfg[k]}" for k in GRID_KEYS if cfg.get(k) is not None], f"seed={cfg['seed_base']}"]
-        ids |= {s.run_id for s in plan_sweep([*base, "run.executor=sim"], repeats=int(sec.get("repeats", cfg["repeats"])),
-                                             sweep=section)}
+    sec = next(s for s in cfg.sections if s.name == section)
+    sim_specs, _ = plan_section(cfg, sec)
+    ids = {s.run_id for s in sim_specs}
     listed = set(committed.loc[committed["sweep"] == section, "run_id"])
     assert listed and listed <= ids
     if section == "sensitivity":

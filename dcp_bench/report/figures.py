@@ -8,6 +8,7 @@ measured. Lines join points of one series only: the same workload, method, model
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import math
@@ -16,23 +17,27 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib import ticker
+from matplotlib.transforms import blended_transform_factory
 
 from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION
 
+# pyplot and seaborn (which imports pyplot) load when a figure is drawn, after the Agg backend is
+# chosen: importing the report must not switch the plotting backend of a process that embeds it.
+
 
 def _plt() -> Any:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen (above)
 
     return plt
 
 
 def _sns() -> Any:
-    import seaborn as sns
+    import seaborn as sns  # lazy: imports pyplot (above)
 
     sns.set_theme(style="whitegrid", context="paper")
     return sns
@@ -156,8 +161,6 @@ def draw_speedup_bars(sp: pd.DataFrame, title: str, colors: Colors) -> Any:
     if sp.empty:
         return None
     plt, _ = _plt(), _sns()
-    from matplotlib.transforms import blended_transform_factory
-
     panels = speedup_panels(sp)
     several = sp["workload"].nunique() > 1
     ok = sp[np.isfinite(sp["speedup"].astype(float)) & ~sp["outcome"].str.contains("failed")]
@@ -238,8 +241,6 @@ def tick_label(v: float, _pos: Any = None) -> str:
 def readable_log_axis(axis: Any, lo: float, hi: float) -> None:
     """Ticks on a log axis that never overlap: 1-2-5 steps per decade (at most ~8 labels), or
     four evenly spaced ticks when the data spans less than a factor of 3; no minor labels."""
-    from matplotlib import ticker
-
     if lo > 0 and hi / lo < 3:
         axis.set_major_locator(ticker.MaxNLocator(4))
     else:
@@ -253,8 +254,6 @@ def readable_log_axis(axis: Any, lo: float, hi: float) -> None:
 
 def _horizontal(ax: Any) -> dict[str, Any]:
     # matplotlib 3.10 renamed boxplot's vert=False to orientation="horizontal" (and deprecated vert)
-    import inspect
-
     return {"orientation": "horizontal"} if "orientation" in inspect.signature(ax.boxplot).parameters else {"vert": False}
 
 
@@ -456,7 +455,6 @@ def draw_versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, 
     if df.empty:
         return None
     plt, _ = _plt(), _sns()
-    from matplotlib.transforms import blended_transform_factory
     series = df.groupby(["model", "gpu"])[["workload", "label", "executor"]].apply(lambda g: len(g.drop_duplicates()))
     by_workload = bool((series > MAX_SERIES).any())  # too many lines for one axis: one panel per workload too
     keys = ["model", "gpu", "workload"] if by_workload else ["model", "gpu"]

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dcp_bench.report import figures as fig
+from dcp_bench.report.claims import verdict as verdict_of
 from dcp_bench.report.document import Document
 
 # The sections read a `dcp_bench.report.writer.ReportData`; typed ``Any`` here because the writer
@@ -215,7 +216,6 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
     if not sens.empty:
         sub = sens[(sens["comparison"] == claim["id"]) & np.isfinite(sens["speedup"].astype(float))]
         if len(sub):
-            from dcp_bench.report.claims import verdict as verdict_of
             changed = [(r["constant"], float(r["factor"]), float(r["speedup"]),
                         verdict_of(float(claim["claimed"]), float(claim["tolerance"]), float(r["ci_low"]), float(r["ci_high"])))
                        for _, r in sub.iterrows()]

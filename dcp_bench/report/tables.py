@@ -8,6 +8,8 @@ their repeats by seed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import io
 import json
 import math
 import os
@@ -21,8 +23,8 @@ import pandas as pd
 import yaml
 
 from dcp_bench.cost.base import MICROBATCH_TIME_TERMS, SYNC_PART, time_parts
-from dcp_bench.files import atomic_write_text
-from dcp_bench.records import iter_run_dirs, read_steps, read_summary
+from dcp_bench.files import atomic_write_bytes, atomic_write_text, json_default
+from dcp_bench.records import RunSummary, StepRecord, iter_run_dirs, read_steps, read_summary
 from dcp_bench.report.stats import cell_stats, paired_speedup
 
 # The config nodes the report reads as mappings.
@@ -65,6 +67,43 @@ class Campaign:
         return (*MICROBATCH_PARTS, *self.added_parts, SYNC_PART, "idle_s")
 
 
+# The run fields repeated on every row of a per-step index.
+STEP_INDEX_KEYS = ("run_id", "campaign", "status", "executor", "method", "workload", "cluster",
+                   "model", "seed", "config_hash")
+
+
+def build_index(
+    root: str | os.PathLike[str],
+    campaign: str | None = None,
+    out: str | os.PathLike[str] | None = None,
+    steps: bool = False,
+) -> pd.DataFrame:
+    """Gather complete runs into one pandas table (one row per run, or per step with
+    ``steps=True``); written atomically as Parquet when ``out`` is given."""
+    rows: list[dict[str, Any]] = []
+    for run in iter_run_dirs(root, campaign):
+        summary = read_summary(run)
+        if summary is None:
+            continue
+        base = dataclasses.asdict(summary)
+        base["extra"] = json.dumps(base["extra"], sort_keys=True, default=json_default)
+        base["profile"] = json.dumps(base["profile"], sort_keys=True) if base["profile"] else None
+        if not steps:
+            rows.append(base)
+            continue
+        ident = {k: base[k] for k in STEP_INDEX_KEYS}
+        for rec in read_steps(run):
+            rec_d = dataclasses.asdict(rec)
+            rec_d["extra"] = json.dumps(rec_d["extra"], sort_keys=True, default=json_default)
+            rows.append({**ident, **rec_d})
+    table = pd.DataFrame(rows)
+    if out is not None:
+        buf = io.BytesIO()
+        table.to_parquet(buf, index=False)
+        atomic_write_bytes(out, buf.getvalue())
+    return table
+
+
 def _is_baseline(target: Any) -> bool:
     # Baselines live in the top-level `baselines` package (baselines/README.md; README.md,
     # "Layout"): the report tells them apart by where their class lives, never by their name.
@@ -98,6 +137,88 @@ def _read_run(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]] | None:
     return summary, cfg, steps
 
 
+def _run_row(summary: RunSummary, cfg: dict[str, Any], baselines: list[str] | None) -> dict[str, Any]:
+    """One run's row of `Campaign.runs`, from its summary and config (see `load_campaign`)."""
+    extra = summary.extra or {}
+    method_cfg = dict(cfg.get("method") or {})
+    params = {k: v for k, v in method_cfg.items() if k not in ("name", "_target_", "mode")}
+    cluster_cfg: dict[str, Any] = cfg["cluster"] if isinstance(cfg.get("cluster"), dict) else {}
+    return {
+        "run_id": summary.run_id,
+        "status": summary.status,
+        "executor": summary.executor,
+        "method": summary.method,
+        "label": with_overrides(str(extra.get("label", summary.method)), extra.get("overrides") or []),
+        "mode": extra.get("mode", method_cfg.get("mode", "fair")),
+        "params": json.dumps(params, sort_keys=True, default=str),
+        "workload": summary.workload,
+        "cluster": summary.cluster,
+        "gpu": str(cluster_cfg.get("gpu") or summary.cluster),
+        "model": summary.model,
+        "seed": summary.seed,
+        "config_hash": summary.config_hash,
+        "context_hash": extra.get("context_hash", ""),
+        "sweep": extra.get("sweep", ""),
+        "world_size": extra.get("world_size"),
+        "scales": json.dumps(extra.get("scales") or {}, sort_keys=True),
+        "mem_cap_fraction": extra.get("mem_cap_fraction", cfg.get("mem_cap_fraction")),
+        "is_baseline": (summary.method in baselines) if baselines is not None
+        else _is_baseline(extra.get("target", method_cfg.get("_target_"))),
+        "step_time_s": summary.step_time_s,
+        "tokens_per_s": summary.tokens_per_s,
+        "samples_per_s": extra.get("samples_per_s"),
+        "imbalance": summary.imbalance,
+        "peak_mem_gib": summary.peak_mem_gib,
+        "mfu": summary.mfu,
+        "planner_ms": summary.planner_ms,
+        "lower_bound_s": summary.lower_bound_s,
+        **{k: extra.get(k) for k in RUN_PLANNING_KEYS},
+        "n_steps": summary.n_steps,
+        "unit": extra.get("unit", "step"),
+        "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,
+        # the epoch's accounting (paper mode: dataset / trained / dropped samples, the
+        # reference profile's per-bucket settings), JSON; "" when the run has none
+        "epoch_info": json.dumps(extra["epoch_info"], sort_keys=True, default=str) if extra.get("epoch_info") else "",
+        "cost_source": summary.cost_source,
+        "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
+        "hardware": summary.hardware,
+        "error": summary.error,
+    }
+
+
+def _step_rows(summary: RunSummary, steps: list[StepRecord]) -> list[dict[str, Any]]:
+    """A run's rows of `Campaign.steps`: its measured (non-warm-up) steps."""
+    out: list[dict[str, Any]] = []
+    for st in steps:
+        if st.warmup:
+            continue
+        ex = st.extra or {}
+        out.append(
+            {
+                "run_id": summary.run_id,
+                "config_hash": summary.config_hash,
+                "step": st.step,
+                "step_time_s": st.step_time_s,
+                "lower_bound_s": st.lower_bound_s,
+                "tokens": st.tokens,
+                "samples": st.samples,
+                "planner_ms": st.planner_ms,
+                "peak_mem_gib": st.peak_mem_gib,
+                "peak_mem_per_rank_gib": st.peak_mem_per_rank_gib,
+                "mem_cap_gib": ex.get("mem_cap_gib"),
+                "loss": st.loss,
+                "imbalance": st.imbalance,
+                "sp_samples": ex.get("sp_samples") or {},
+                "ckpt_samples": ex.get("ckpt_samples") or {},
+                "sp_tokens": ex.get("sp_tokens") or {},
+                "ckpt_tokens": ex.get("ckpt_tokens") or {},
+                **{k: ex.get(k) for k in STEP_PARTS},
+                **{k: ex.get(k) for k in ex.get("added_parts") or {}},
+            }
+        )
+    return out
+
+
 def load_campaign(
     root: str | os.PathLike[str], campaign: str, baselines: list[str] | None = None
 ) -> Campaign:
@@ -126,51 +247,7 @@ def load_campaign(
         if summary.status == "timeout" and extra.get("limit") == "budget":
             cut_by_budget.append(run_dir.name)
             continue
-        method_cfg = dict(cfg.get("method") or {})
-        params = {k: v for k, v in method_cfg.items() if k not in ("name", "_target_", "mode")}
-        cluster_cfg: dict[str, Any] = cfg["cluster"] if isinstance(cfg.get("cluster"), dict) else {}
-        row = {
-            "run_id": summary.run_id,
-            "status": summary.status,
-            "executor": summary.executor,
-            "method": summary.method,
-            "label": with_overrides(str(extra.get("label", summary.method)), extra.get("overrides") or []),
-            "mode": extra.get("mode", method_cfg.get("mode", "fair")),
-            "params": json.dumps(params, sort_keys=True, default=str),
-            "workload": summary.workload,
-            "cluster": summary.cluster,
-            "gpu": str(cluster_cfg.get("gpu") or summary.cluster),
-            "model": summary.model,
-            "seed": summary.seed,
-            "config_hash": summary.config_hash,
-            "context_hash": extra.get("context_hash", ""),
-            "sweep": extra.get("sweep", ""),
-            "world_size": extra.get("world_size"),
-            "scales": json.dumps(extra.get("scales") or {}, sort_keys=True),
-            "mem_cap_fraction": extra.get("mem_cap_fraction", cfg.get("mem_cap_fraction")),
-            "is_baseline": (summary.method in baselines) if baselines is not None
-            else _is_baseline(extra.get("target", method_cfg.get("_target_"))),
-            "step_time_s": summary.step_time_s,
-            "tokens_per_s": summary.tokens_per_s,
-            "samples_per_s": extra.get("samples_per_s"),
-            "imbalance": summary.imbalance,
-            "peak_mem_gib": summary.peak_mem_gib,
-            "mfu": summary.mfu,
-            "planner_ms": summary.planner_ms,
-            "lower_bound_s": summary.lower_bound_s,
-            **{k: extra.get(k) for k in RUN_PLANNING_KEYS},
-            "n_steps": summary.n_steps,
-            "unit": extra.get("unit", "step"),
-            "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,
-            # the epoch's accounting (paper mode: dataset / trained / dropped samples, the
-            # reference profile's per-bucket settings), JSON; "" when the run has none
-            "epoch_info": json.dumps(extra["epoch_info"], sort_keys=True, default=str) if extra.get("epoch_info") else "",
-            "cost_source": summary.cost_source,
-            "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
-            "hardware": summary.hardware,
-            "error": summary.error,
-        }
-        rows.append(row)
+        rows.append(_run_row(summary, cfg, baselines))
         if isinstance(extra.get("workload"), dict) and summary.workload not in workloads:
             workloads[summary.workload] = dict(extra["workload"])
         env_path = run_dir / "env.json"
@@ -178,34 +255,8 @@ def load_campaign(
             # the system description is context, not a number: a damaged one is left out
             with contextlib.suppress(OSError, ValueError):
                 envs[summary.run_id] = json.loads(env_path.read_text())
-        for st in steps:
-            if st.warmup:
-                continue
-            ex = st.extra or {}
-            added_parts.update(ex.get("added_parts") or {})
-            step_rows.append(
-                {
-                    "run_id": summary.run_id,
-                    "config_hash": summary.config_hash,
-                    "step": st.step,
-                    "step_time_s": st.step_time_s,
-                    "lower_bound_s": st.lower_bound_s,
-                    "tokens": st.tokens,
-                    "samples": st.samples,
-                    "planner_ms": st.planner_ms,
-                    "peak_mem_gib": st.peak_mem_gib,
-                    "peak_mem_per_rank_gib": st.peak_mem_per_rank_gib,
-                    "mem_cap_gib": ex.get("mem_cap_gib"),
-                    "loss": st.loss,
-                    "imbalance": st.imbalance,
-                    "sp_samples": ex.get("sp_samples") or {},
-                    "ckpt_samples": ex.get("ckpt_samples") or {},
-                    "sp_tokens": ex.get("sp_tokens") or {},
-                    "ckpt_tokens": ex.get("ckpt_tokens") or {},
-                    **{k: ex.get(k) for k in STEP_PARTS},
-                    **{k: ex.get(k) for k in ex.get("added_parts") or {}},
-                }
-            )
+        added_parts.update(part for st in steps if not st.warmup for part in ((st.extra or {}).get("added_parts") or {}).items())
+        step_rows += _step_rows(summary, steps)
     runs = pd.DataFrame(rows)
     if not runs.empty:
         runs["label"] = distinct_labels(runs)

@@ -217,28 +217,21 @@ def _epoch_summary(spec: RunSpec, measured: list[StepRecord], ok: bool) -> dict[
     return out
 
 
-def summarise(
+def _summary_extra(
     spec: RunSpec,
     steps: list[StepRecord],
+    measured: list[StepRecord],
+    ok: bool,
     status: str,
-    error: str | None,
     executor: ExecutorInfo,
-    cost: CostModel | None,
-    started: float,
-    workload: Any = None,
-) -> RunSummary:
-    """The run summary: medians over measured steps; step time and throughput only for a run
-    that finished ``ok`` with measured steps (a failed run has no step time: statistics count it
-    as infinitely slow). ``workload``: the run's workload, whose description and provenance (data
-    file and its SHA-256, source, licence) the summary keeps."""
-    measured = [s for s in steps if not s.warmup and s.step_time_s is not None]
-    ok = status == "ok" and bool(measured)
-    if status == "ok" and not measured:
-        status, error = "error", error or "no measured steps"
+    cost_desc: dict[str, Any],
+    workload: Any,
+) -> dict[str, Any]:
+    """The summary's ``extra``: what the run was (label, mode, scales, noise), rates and medians
+    beyond the summary's fields, the epoch unit's accounting, the workload's provenance, the
+    per-step losses, the planning cost and, on a measured executor, the cost model's predictions."""
     total_time = sum(s.step_time_s or 0.0 for s in measured)
-    total_tokens = sum(s.tokens for s in measured)
     total_samples = sum(s.samples for s in measured)
-    cost_desc = dict(cost.describe()) if cost is not None else {}
     losses = [s.loss for s in steps]
     extra: dict[str, Any] = {
         "label": spec.label,
@@ -280,6 +273,31 @@ def summarise(
             (s.extra["predicted_peak_mem_gib"] for s in steps if s.extra.get("predicted_peak_mem_gib") is not None),
             default=None,
         )
+    return extra
+
+
+def summarise(
+    spec: RunSpec,
+    steps: list[StepRecord],
+    status: str,
+    error: str | None,
+    executor: ExecutorInfo,
+    cost: CostModel | None,
+    started: float,
+    workload: Any = None,
+) -> RunSummary:
+    """The run summary: medians over measured steps; step time and throughput only for a run
+    that finished ``ok`` with measured steps (a failed run has no step time: statistics count it
+    as infinitely slow). ``workload``: the run's workload, whose description and provenance (data
+    file and its SHA-256, source, licence) the summary keeps."""
+    measured = [s for s in steps if not s.warmup and s.step_time_s is not None]
+    ok = status == "ok" and bool(measured)
+    if status == "ok" and not measured:
+        status, error = "error", error or "no measured steps"
+    total_time = sum(s.step_time_s or 0.0 for s in measured)
+    total_tokens = sum(s.tokens for s in measured)
+    cost_desc = dict(cost.describe()) if cost is not None else {}
+    extra = _summary_extra(spec, steps, measured, ok, status, executor, cost_desc, workload)
     return RunSummary(
         run_id=spec.run_id,
         campaign=spec.campaign,

@@ -490,6 +490,55 @@ def cell_hashes(cfg: Mapping[str, Any]) -> tuple[str, str]:
 # Parsing
 
 
+def _check_run_keys(run: Mapping[str, Any]) -> None:
+    known_run = {"steps", "warmup_steps", "repeats", "root", "campaign", "executor", "nproc", "timeout_s",
+                 "kill_grace_s", "planner_clock", "noise", "jobs", "progress", "unit", "epochs"}
+    unknown = sorted(set(run) - known_run)
+    if unknown:
+        raise ConfigError(f"run.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known_run))}")
+
+
+def _run_unit(run: Mapping[str, Any], method: MethodSpec, workload: WorkloadSpec) -> str:
+    """``run.unit`` resolved: ``auto`` is the reference's epoch loop for a paper-mode method that
+    has one on this workload, else steps; ``epoch`` where that loop cannot run is a `ConfigError`."""
+    mode = method.mode
+    unit = _choice(run.get("unit", RUN_DEFAULTS["unit"]), "run.unit", UNITS)
+    missing = _epoch_missing(method, workload)
+    if unit == "auto":
+        unit = "epoch" if mode == "paper" and not missing else "step"
+    if unit == "epoch" and mode != "paper":
+        raise ConfigError("run.unit=epoch runs the reference runtime's epoch loop, which is paper mode; "
+                          "expected method.mode=paper (or run.unit=step)")
+    if unit == "epoch" and missing:
+        raise ConfigError(f"run.unit=epoch: {missing}; expected run.unit=step")
+    return unit
+
+
+def _resized(cluster: ClusterSpec, run: Mapping[str, Any]) -> ClusterSpec:
+    """``cluster`` resized to ``run.nproc`` ranks when that is set."""
+    nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
+    if nproc is not None:
+        try:
+            cluster = cluster.resized(nproc)
+        except ClusterError as exc:
+            raise ConfigError(f"run.nproc (nproc, or cluster=NAME@N)={nproc}: {exc}") from None
+    return cluster
+
+
+def _check_ranks(cluster: ClusterSpec, train: TrainSettings, total_steps: int) -> None:
+    """The run's ranks split evenly over its nodes, and an injected failure names a rank and a
+    step (of ``total_steps``, warm-up included) the run has."""
+    if cluster.world_size % train.nnodes:
+        raise ConfigError(f"train.nnodes (nnodes)={train.nnodes}: the run's {cluster.world_size} ranks do not "
+                          "split evenly over the nodes")
+    if train.fail_rank >= cluster.world_size:
+        raise ConfigError(f"train.fail_rank={train.fail_rank}: expected -1 (no injected failure) or a rank "
+                          f"< {cluster.world_size} (the run's world size)")
+    if train.fail_rank >= 0 and train.fail_step >= total_steps:
+        raise ConfigError(f"train.fail_step={train.fail_step}: expected a step < {total_steps} "
+                          f"(warmup_steps + steps), or the injected failure never happens")
+
+
 def parse_run_spec(
     cfg: Mapping[str, Any],
     seed: int | None = None,
@@ -504,11 +553,7 @@ def parse_run_spec(
     resolved["seed"] = seed
     cfg = resolved
     run = _node(cfg, "run")
-    known_run = {"steps", "warmup_steps", "repeats", "root", "campaign", "executor", "nproc", "timeout_s",
-                 "kill_grace_s", "planner_clock", "noise", "jobs", "progress", "unit", "epochs"}
-    unknown = sorted(set(run) - known_run)
-    if unknown:
-        raise ConfigError(f"run.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known_run))}")
+    _check_run_keys(run)
     steps = _int(run.get("steps", RUN_DEFAULTS["steps"]), "run.steps (steps)", minimum=1)
     warmup = _int(run.get("warmup_steps", RUN_DEFAULTS["warmup_steps"]), "run.warmup_steps", minimum=0)
     executor = _choice(run.get("executor", RUN_DEFAULTS["executor"]), "run.executor", EXECUTORS)
@@ -523,35 +568,14 @@ def parse_run_spec(
     workload = _workload_spec(_node(cfg, "workload"))
     method = _method_spec(_node(cfg, "method"))
     mode = method.mode
-    unit = _choice(run.get("unit", RUN_DEFAULTS["unit"]), "run.unit", UNITS)
-    missing = _epoch_missing(method, workload)
-    if unit == "auto":
-        unit = "epoch" if mode == "paper" and not missing else "step"
-    if unit == "epoch" and mode != "paper":
-        raise ConfigError("run.unit=epoch runs the reference runtime's epoch loop, which is paper mode; "
-                          "expected method.mode=paper (or run.unit=step)")
-    if unit == "epoch" and missing:
-        raise ConfigError(f"run.unit=epoch: {missing}; expected run.unit=step")
+    unit = _run_unit(run, method, workload)
     epochs = _int(run.get("epochs", RUN_DEFAULTS["epochs"]), "run.epochs", minimum=1)
     cluster = _resolve_group(_node(cfg, "cluster"), "cluster", resolve_cluster)
     model = _resolve_group(_node(cfg, "model"), "model", resolve_model)
     if getattr(model, "num_layers", 1) < 1:
         raise ConfigError(f"model.num_layers={model.num_layers} (model {model.name!r}): expected an integer >= 1")
-    nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
-    if nproc is not None:
-        try:
-            cluster = cluster.resized(nproc)
-        except ClusterError as exc:
-            raise ConfigError(f"run.nproc (nproc, or cluster=NAME@N)={nproc}: {exc}") from None
-    if cluster.world_size % train.nnodes:
-        raise ConfigError(f"train.nnodes (nnodes)={train.nnodes}: the run's {cluster.world_size} ranks do not "
-                          "split evenly over the nodes")
-    if train.fail_rank >= cluster.world_size:
-        raise ConfigError(f"train.fail_rank={train.fail_rank}: expected -1 (no injected failure) or a rank "
-                          f"< {cluster.world_size} (the run's world size)")
-    if train.fail_rank >= 0 and train.fail_step >= warmup + steps:
-        raise ConfigError(f"train.fail_step={train.fail_step}: expected a step < {warmup + steps} "
-                          f"(warmup_steps + steps), or the injected failure never happens")
+    cluster = _resized(cluster, run)
+    _check_ranks(cluster, train, warmup + steps)
 
     names = {str(k): str(v) for k, v in _node(cfg, "names").items()}
     workload_name = names.get("workload") or workload.name

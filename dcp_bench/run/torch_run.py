@@ -3,17 +3,15 @@
 `launch_torch_run` (what ``dcp-bench train`` and torch sweeps call) checks that this machine can
 run the ranks it asks for (`check_local_ranks`), claims the run folder (`dcp_bench.records`
 ownership), writes the run's config to a file and starts ``python -m torch.distributed.run
---nproc-per-node N ... -m dcp_bench.run.torch_run`` in a process session of its own. Every process
+--nproc-per-node N ... -m dcp_bench.run.torch_rank`` in a process session of its own. Every process
 of the run (torchrun and every rank, which torchrun starts in sessions of their own) carries a
 mark in its environment; on a timeout (``run.timeout_s`` plus grace), an interrupt, any error,
 and after a normal exit, the launcher signals every process that carries the mark and waits until
 none is alive (`kill_run_tree`), so nothing it started outlives it. It then takes the run folder
 over, so no late writer can change the record it returns.
 
-Every rank runs `worker_main`: it initialises the process group (with ``train.pg_timeout_s``),
-parses the same `RunSpec`, assembles the same parts, builds the runtime's `TorchExecutor` (model,
-optimizer, process-group pool) and runs `execute_run`; rank 0 writes the records, as the owner
-the launcher named.
+Every rank runs `dcp_bench.run.torch_rank.worker_main` (the one module of a real run that
+imports torch; this one never does, so the runner can import it for simulated runs too).
 
 A rank that raises exits non-zero; torchrun then stops the other ranks (no restarts), and ranks
 blocked in a collective fail at the process-group timeout, so a crash never hangs. Multi-node:
@@ -22,7 +20,6 @@ blocked in a collective fail at the process-group timeout, so a crash never hang
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -32,18 +29,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.files import atomic_write_text
 from dcp_bench.records import RunSummary, RunWriter, claim_run, read_steps, read_summary, take_over
-from dcp_bench.run.assemble import assemble
-from dcp_bench.run.loop import described, execute_run, record_unfinished, summarise
+from dcp_bench.run.loop import described, record_unfinished, summarise
 from dcp_bench.run.spec import RunSpec, parse_run_spec
 
 # A rank's failure is summarised on one stderr line after this mark, for the launcher's message.
@@ -71,13 +64,15 @@ class TrainError(DcpBenchError):
     """A training run that failed to start or to report (its ranks crashed before a summary)."""
 
 
-def _spec_payload(spec: RunSpec, owner: str | None) -> dict[str, Any]:
+def spec_payload(spec: RunSpec, owner: str | None) -> dict[str, Any]:
+    """What the launcher hands every rank (as JSON in a file): the run's spec and the owner token."""
     return {"config": dict(spec.config), "seed": spec.seed, "sweep": spec.sweep, "overrides": list(spec.overrides),
             "timeout_s": spec.timeout_s, "limit_source": spec.limit_source, "kill_grace_s": spec.kill_grace_s,
             "owner": owner}
 
 
-def _spec_from_payload(data: dict[str, Any]) -> RunSpec:
+def spec_from_payload(data: dict[str, Any]) -> RunSpec:
+    """The `RunSpec` a rank parses from `spec_payload`'s dict (the same spec the launcher ran)."""
     spec = parse_run_spec(data["config"], seed=data["seed"], sweep=data.get("sweep", ""),
                           overrides=data.get("overrides", ()))
     return spec.with_timeout(data.get("timeout_s"), data.get("limit_source", ""), data.get("kill_grace_s"))
@@ -105,6 +100,7 @@ def local_rank_limit(spec: RunSpec) -> tuple[int, str]:
         return int(override), MAX_LOCAL_RANKS_ENV
     device = spec.train.device
     if device in ("auto", "cuda"):
+        # lazy: this module stays free of torch (see the module docstring)
         import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -125,64 +121,6 @@ def check_local_ranks(spec: RunSpec) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# One rank
-
-
-def worker_main(spec: RunSpec, owner: str | None = None, previous_attempt: str | None = None) -> int:
-    """One rank of a real run (started by torchrun: RANK, WORLD_SIZE, LOCAL_RANK set). ``owner``:
-    the token the launcher claimed the run folder with; rank 0 writes only while it holds."""
-    import torch
-    import torch.distributed as dist
-
-    from dcp_bench.runtime.device import backend_for, pick_device
-    from dcp_bench.runtime.executor import TorchExecutor
-    from dcp_bench.runtime.groups import ProcessGroupPool
-    from dcp_bench.runtime.training import build_training_state
-
-    torch.set_num_threads(spec.train.threads)
-    device = pick_device(spec.train.device)
-    backend = backend_for(spec.train.backend, device)
-    dist.init_process_group(backend, timeout=timedelta(seconds=spec.train.pg_timeout_s))
-    started = time.time()
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        if world != spec.world_size:
-            raise TrainError(f"{world} ranks launched for a run of {spec.world_size} (cluster {spec.cluster.name})")
-        writer = RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config),
-                           env=collect_env() if rank == 0 else None, enabled=rank == 0, owner=owner)
-        pool = ProcessGroupPool(timeout_s=spec.train.pg_timeout_s)
-        # The run's ZeRO stage, the one its cost model prices.
-        state = build_training_state(spec.model, spec.seed, device, spec.train.lr, zero_stage=spec.zero_stage)
-        executor = TorchExecutor(state, None, pool, seed=spec.seed, grad_clip=spec.train.grad_clip,
-                                 fail_rank=spec.train.fail_rank, fail_step=spec.train.fail_step, backend=backend)
-        executor.info.update({"lr": spec.train.lr})
-        if previous_attempt:  # the launcher's first attempt died without a rank's exception
-            executor.info["previous_attempt"] = previous_attempt
-        summary = execute_run(spec, assemble(spec), executor, writer, started)
-        # Every rank reaches the teardown together: a rank tearing its process group down while a
-        # peer still uses it can abort in gloo's destructor ("terminate called without an active
-        # exception"), after the run is complete and recorded.
-        dist.barrier()
-        return 0 if summary.status == "ok" else 3
-    finally:
-        dist.destroy_process_group()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="one rank of a dcp-bench real run (started by torchrun)")
-    parser.add_argument("--spec", required=True)
-    args = parser.parse_args(argv)
-    try:
-        payload = json.loads(Path(args.spec).read_text())
-        return worker_main(_spec_from_payload(payload), owner=payload.get("owner"),
-                           previous_attempt=payload.get("previous_attempt"))
-    except Exception as exc:
-        rank = os.environ.get("RANK", "?")
-        sys.stderr.write(f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n")
-        return 1
-
-
-# ------------------------------------------------------------------------------------------------
 # The launcher
 
 
@@ -192,7 +130,7 @@ def torchrun_command(spec: RunSpec, spec_path: str) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", *spec.train.torchrun_args,
         "--nproc-per-node", str(spec.world_size // spec.train.nnodes), "--max-restarts", "0",
-        "-m", "dcp_bench.run.torch_run", "--spec", spec_path,
+        "-m", "dcp_bench.run.torch_rank", "--spec", spec_path,
     ]  # fmt: skip
 
 
@@ -299,7 +237,7 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
             (run_dir / name).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="dcp-bench-run-") as tmp:
         spec_path = str(Path(tmp) / "spec.json")
-        payload = _spec_payload(spec, owner)
+        payload = spec_payload(spec, owner)
         Path(spec_path).write_text(json.dumps(payload, default=str))
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(spec.train.threads))
@@ -405,7 +343,3 @@ def _error_tail(stderr: str) -> str:
             if any(sign in ln for sign in signs):
                 return ln[:500]
     return (own or lines or ["no output"])[-1][:500]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

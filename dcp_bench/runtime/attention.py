@@ -39,6 +39,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # not in older torch releases; the torch_varlen kernel is then unavailable
+    varlen_attn = None  # type: ignore[assignment]
 
 from dcp_bench.errors import ConfigError
 
@@ -71,8 +77,6 @@ def _fused_only(on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
     if hasattr(SDPBackend, "CUDNN_ATTENTION"):
         backends.append(SDPBackend.CUDNN_ATTENTION)
@@ -141,7 +145,7 @@ def _real_rows(seg_lens: list[int], valid: list[int], device: torch.device) -> t
 
 
 def _flash_attn_func() -> Any:
-    try:
+    try:  # lazy: flash-attn is optional (the gpu extra) and loads CUDA code when imported
         from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
     except ImportError:
         return None
@@ -149,10 +153,6 @@ def _flash_attn_func() -> Any:
 
 
 def _torch_varlen_func() -> Any:
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
     return varlen_attn
 
 

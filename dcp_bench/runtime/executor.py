@@ -134,6 +134,18 @@ def step_token_count(plan: StepPlan, batch: GlobalBatch) -> int:
     return int(sum(int(batch.tokens[p]) for p in plan.sample_positions()))
 
 
+def _training_state(
+    model: RuntimeModel | TrainingState, optimizer: torch.optim.Optimizer | None, bucket_elements: int
+) -> TrainingState:
+    """``model`` itself when it is a `TrainingState` (which brings its own optimizer), else the
+    bare model with the caller's ``optimizer`` (`UserOptimizerState`)."""
+    if isinstance(model, TrainingState):
+        if optimizer is not None:
+            raise ValueError("a TrainingState brings its own optimizer; pass optimizer=None")
+        return model
+    return UserOptimizerState(model, optimizer, bucket_elements)
+
+
 def execute_step(
     plan: StepPlan,
     batch: GlobalBatch,
@@ -152,12 +164,7 @@ def execute_step(
     gradients without an optimizer step (tests read them with ``state.gradients()``)."""
     if plan.world_size != pool.world_size:
         raise ValueError(f"plan for {plan.world_size} ranks run on a world of {pool.world_size}")
-    if isinstance(model, TrainingState):
-        if optimizer is not None:
-            raise ValueError("a TrainingState brings its own optimizer; pass optimizer=None")
-        state: TrainingState = model
-    else:
-        state = UserOptimizerState(model, optimizer, bucket_elements)
+    state = _training_state(model, optimizer, bucket_elements)
     net = state.model
     device = net.device()
     rank = pool.rank

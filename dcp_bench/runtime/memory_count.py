@@ -35,9 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from dcp_bench.cost.specs import ModelSpec
+from dcp_bench.cost import make_cost_model
+from dcp_bench.cost.specs import ModelSpec, model_spec
 from dcp_bench.errors import ConfigError
+from dcp_bench.runtime.attention import SINGLE, AttentionKernel
+from dcp_bench.runtime.models import LlamaModel, STDiTModel, build_empty_model
 
 # sub-module name (last component) -> section of a layer
 _STDIT_SECTIONS = {
@@ -217,11 +221,6 @@ def count_activations(
     """Count what autograd keeps for one micro-batch of samples of ``tokens`` (and ``frames`` per
     sample for video) on a ``layers``-layer model of ``spec``'s width, every layer checkpointed
     or none. See the module docstring."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from dcp_bench.runtime.attention import SINGLE, AttentionKernel
-    from dcp_bench.runtime.models import LlamaModel, STDiTModel, build_empty_model
-
     if layers < 1:
         raise ConfigError(f"layers={layers}: expected >= 1")
     if not tokens or min(tokens) < 1:
@@ -319,9 +318,6 @@ def memory_table(cases: Any = DEFAULT_CASES, layers: int = 2, cluster: str = "h2
     rel_err): for each case and checkpoint setting, the bytes counted from the runtime's model
     (`count_activations`, ``layers`` full-width layers) beside the analytical cost model's
     (`AnalyticalCostModel.activation_breakdown`) for the full-depth model."""
-    from dcp_bench.cost import make_cost_model
-    from dcp_bench.cost.specs import model_spec
-
     rows: list[dict[str, Any]] = []
     for name, toks, frs in cases:
         spec = model_spec(name)

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
@@ -423,9 +425,6 @@ class FSDPState(TrainingState):
 
 
 def _shard_fsdp(model: RuntimeModel, zero_stage: int, policy: PrecisionPolicy, device: torch.device) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[policy.compute], reduce_dtype=DTYPES[policy.grad],
                               cast_forward_inputs=False)

@@ -11,6 +11,8 @@ from torch import Tensor, nn
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
 from dcp_bench.runtime.attention import SINGLE, SPContext
+from dcp_bench.runtime.integrations.diffusers_video import WanAdapter
+from dcp_bench.runtime.integrations.transformers_lm import CausalLMAdapter, TransformersCausalLM
 from dcp_bench.runtime.models import RuntimeModel
 
 
@@ -20,8 +22,6 @@ def library_empty_model(spec: ModelSpec) -> RuntimeModel | None:
     if not spec.library:
         return None
     if spec.library == "transformers":
-        from dcp_bench.runtime.integrations.transformers_lm import TransformersCausalLM
-
         with torch.device("meta"):
             return TransformersCausalLM(spec)
     raise ConfigError(f"model {spec.name!r}: library {spec.library!r}; expected transformers")
@@ -33,12 +33,8 @@ def adapter_for(model: nn.Module) -> Any | None:
     known library that it cannot serve."""
     modules = {c.__module__.split(".", 1)[0] for c in type(model).__mro__}
     if "transformers" in modules:
-        from dcp_bench.runtime.integrations.transformers_lm import CausalLMAdapter
-
         return CausalLMAdapter(model)
     if "diffusers" in modules:
-        from dcp_bench.runtime.integrations.diffusers_video import WanAdapter
-
         return WanAdapter(model)
     return None
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dcp_bench.cost.specs import ModelSpec
+from dcp_bench.cost.specs import ModelSpec, model_spec
 from dcp_bench.errors import ConfigError
 from dcp_bench.runtime.attention import (
     PORTABLE,
@@ -152,8 +152,6 @@ def set_checkpointing(model: Any, on: bool) -> None:
 
 def spec_of(model: Any, name: str | None = None, dtype: str = "bf16") -> ModelSpec:
     """The cost model's spec of a transformers model (from its config)."""
-    from dcp_bench.cost.specs import model_spec
-
     config = model.config.to_dict()
     return model_spec(name or str(config.get("model_type")), library="transformers", config=config, dtype=dtype)
 
