@@ -114,7 +114,7 @@ def gpu_driver_version() -> str | None:
 
 def collect_env() -> dict[str, Any]:
     """One JSON-serialisable dict: software versions, accelerator, CPU, memory, host, git."""
-    # lazy: keeps the report path (git_state) and the runner's import free of torch
+    # lazy: keeps the report path (git_state) and the sweep's (campaign.sweep) import free of torch
     import torch
 
     cuda = torch.cuda.is_available()

