@@ -52,6 +52,7 @@ from dcp_bench.errors import ConfigError, WorkloadError
 from dcp_bench.plan import StepPlan
 from dcp_bench.planners.base import make_planner
 from dcp_bench.run.assemble import RunParts, build_cost_model
+from dcp_bench.run.capabilities import StepWorkload
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.runtime.attention import SPContext
 from dcp_bench.runtime.executor import TorchExecutor, rank_work, step_token_count
@@ -147,7 +148,7 @@ def _as_global_batch(item: Any, step: int) -> GlobalBatch:
 
 
 def _batches(data: Any, world_size: int) -> Iterator[GlobalBatch]:
-    if hasattr(data, "global_batch"):  # a dcp_bench Workload: endless, one batch per step
+    if isinstance(data, StepWorkload):  # a dcp_bench Workload: endless, one batch per step
         step = 0
         while True:
             yield data.global_batch(step, world_size)
