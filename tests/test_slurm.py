@@ -45,8 +45,8 @@ def test_script_is_valid_bash_and_names_the_rendezvous(tmp_path: Path) -> None:
 def test_script_runs_the_train_command_it_was_checked_with(tmp_path: Path) -> None:
     # The node command, with the rendezvous filled in, is a run spec of 4 nodes x 8 ranks whose
     # torchrun arguments name the c10d rendezvous.
-    from dcp_bench.commands.train import resolve_train_config
     from dcp_bench.run.spec import parse_run_spec
+    from dcp_bench.run.train_config import resolve_train_config
 
     text = _script(tmp_path, "cluster=h200x32", "--port", "29611")
     cmd = " ".join(text.replace("\\\n", " ").split()).split("dcp_bench.cli train", 1)[1].split()
