@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from dcp_bench.commands.train import resolve_train_config
 from dcp_bench.records import RunWriter, StepRecord
 from dcp_bench.report.memory_error import (
     memory_prediction_error,
@@ -26,6 +25,7 @@ from dcp_bench.report.memory_error import (
 )
 from dcp_bench.run.memory_precheck import GIB, MemoryPrecheckError, check_memory_fits
 from dcp_bench.run.spec import parse_run_spec
+from dcp_bench.run.train_config import resolve_train_config
 
 SMALL = ["workload=synthetic_uniform", "workload.low=16", "workload.high=200", "workload.tokens_per_gpu=400",
          "method=bucket_static", "model=tiny_llama", "nproc=2", "steps=2", "warmup_steps=1"]

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from dcp_bench.commands.train import resolve_train_config
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.records import read_summary
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.run.torch_run import launch_torch_run
+from dcp_bench.run.train_config import resolve_train_config
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(900)]  # three torchrun launches
 

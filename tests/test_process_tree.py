@@ -122,9 +122,9 @@ def test_timed_out_torch_run_is_killed_whole_and_stays_timeout(tmp_path: Path, m
     """The issue's reproduction, small: steps far longer than the time limit. When the launcher
     returns, no process of the run is alive, the record says timeout, and it still says so (byte
     for byte) a few seconds later."""
-    from dcp_bench.commands.train import resolve_train_config
     from dcp_bench.run.spec import parse_run_spec
     from dcp_bench.run.torch_run import launch_torch_run
+    from dcp_bench.run.train_config import resolve_train_config
 
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG, tag)

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from dcp_bench.cli import main
-from dcp_bench.commands.train import resolve_train_config
 from dcp_bench.records import read_steps, read_summary
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.run.torch_run import (
@@ -26,6 +25,7 @@ from dcp_bench.run.torch_run import (
     _retryable,
     launch_torch_run,
 )
+from dcp_bench.run.train_config import resolve_train_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from processes import HAS_PROC, TAG, kill_tagged, tagged  # noqa: E402

@@ -45,8 +45,8 @@ def test_script_is_valid_bash_and_names_the_rendezvous(tmp_path: Path) -> None:
 def test_script_runs_the_train_command_it_was_checked_with(tmp_path: Path) -> None:
     # The node command, with the rendezvous filled in, is a run spec of 4 nodes x 8 ranks whose
     # torchrun arguments name the c10d rendezvous.
-    from dcp_bench.commands.train import resolve_train_config
     from dcp_bench.run.spec import parse_run_spec
+    from dcp_bench.run.train_config import resolve_train_config
 
     text = _script(tmp_path, "cluster=h200x32", "--port", "29611")
     cmd = " ".join(text.replace("\\\n", " ").split()).split("dcp_bench.cli train", 1)[1].split()
@@ -74,3 +74,20 @@ def test_bad_input_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "x.sbatch").exists()
+
+
+def test_core_writes_the_script_the_command_writes(tmp_path: Path) -> None:
+    # `dcp-bench slurm` is argument parsing around `write_sbatch_script`: the same options give the
+    # same bytes, and a bad option is refused before anything is written.
+    from dcp_bench.campaign.sbatch import SbatchOptions, write_sbatch_script
+    from dcp_bench.errors import ConfigError
+    from dcp_bench.paths import REPO_ROOT
+
+    text = _script(tmp_path, "cluster=h200x32")
+    options = SbatchOptions(partition="gpu", setup=("module load cuda",))
+    out, spec = write_sbatch_script([*RUN, "cluster=h200x32"], options, Path(REPO_ROOT), out=str(tmp_path / "core.sbatch"))
+    assert out.read_text() == text and spec.world_size == 32 and spec.train.nnodes == 4
+    with pytest.raises(ConfigError, match="--time '2 hours'"):
+        write_sbatch_script([*RUN, "cluster=h200x32"], SbatchOptions(time="2 hours"), Path(REPO_ROOT),
+                            out=str(tmp_path / "bad.sbatch"))
+    assert not (tmp_path / "bad.sbatch").exists()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dcp_bench.commands.train import CPU_MAX_LEN, CPU_TOKENS_PER_RANK, cpu_sizing
+from dcp_bench.run.train_config import CPU_MAX_LEN, CPU_TOKENS_PER_RANK, cpu_sizing
 
 
 def _cfg(model: str = "tiny_llama", cluster: str = "cpu", **workload: Any) -> dict[str, Any]:

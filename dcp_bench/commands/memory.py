@@ -4,16 +4,14 @@ Counts, per unit, what autograd keeps for the backward in STDiT3-XL/2 and Llama-
 width (`dcp_bench.runtime.memory_count`: fake tensors, no data, seconds on a CPU), with and without
 checkpointing, and writes ``table.csv``, ``table.md`` and ``summary.json`` to ``--out`` (default
 ``results/memory``): every unit's counted bytes, the analytical cost model's bytes and their
-relative error. Exits 1 when any unit is more than ``--tolerance`` (default 5%) off.
+relative error (`dcp_bench.report.activation_memory.write_activation_table`, which the command
+calls after checking its flags). Exits 1 when any unit is more than ``--tolerance`` (default 5%) off.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 from pathlib import Path
-from typing import Any
 
 NAME = "memory"
 HELP = (
@@ -29,68 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float, default=0.05, help="largest |relative error| accepted (default 0.05)")
 
 
-def _mib(x: float) -> str:
-    return f"{x / 2**20:,.2f}"
-
-
-def render_markdown(rows: list[dict[str, Any]], layers: int, tolerance: float, worst: float) -> str:
-    lines = [
-        "# Activation memory: counted from the runtime's models vs the cost model",
-        "",
-        "Rebuild: `dcp-bench memory --out results/memory` (seconds on a CPU; no GPU).",
-        "",
-        f"Counted: `dcp_bench.runtime.memory_count.count_activations` builds the model at full width with {layers} "
-        "layer units (the rest of the depth is the same layers), runs one forward under "
-        "`FakeTensorMode` on the CPU device (real shapes, dtypes, storages and operator dispatch; no data), "
-        "and adds up every storage handed to a `saved_tensors_hooks` pack hook once (parameters excluded), plus "
-        "the inputs each checkpointed unit holds. Attention runs SDPA restricted to its fused kernels: the CPU "
-        "flash kernel keeps q, k, v, the output and an fp32 log-sum-exp per head and row (the `attention` column "
-        "names the backward node seen); a saved square attention-length tensor fails the count.",
-        "",
-        "Model: `AnalyticalCostModel.activation_breakdown` (closed form, `dcp_bench.cost.activations`) for the "
-        "full-depth model. Per-layer units are one layer's bytes; `shared` is what every layer reads and is "
-        "kept once (caption features, RoPE tables; with checkpointing also the per-row timestep modulation); "
-        "`total` is the full-depth micro-batch (per-layer units x layers), without the recomputation peak of "
-        "one block that the cost model adds when every layer is checkpointed. Tokens per rank at SP degree 1, "
-        "compute dtype bf16. Checkpointing: every layer unit, each STDiT3 block its own checkpoint "
-        "(cross-attention inside), as the reference checkpoints it.",
-        "",
-        f"Largest |relative error| over all rows: {worst:.2%} (tolerance {tolerance:.0%}).",
-        "",
-        "| model | tokens | samples | frames | checkpoint | unit | counted MiB | model MiB | error |",
-        "|---|---:|---:|---:|---|---|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['samples']} | {r['frames']} | {r['checkpoint']} | "
-                     f"{r['unit']} | {_mib(r['counted_bytes'])} | {_mib(r['model_bytes'])} | {r['rel_err']:+.2%} |")
-    return "\n".join(lines) + "\n"
-
-
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.errors import ConfigError
-    from dcp_bench.files import atomic_write_json, atomic_write_text
-    from dcp_bench.runtime.memory_count import memory_table
+    from dcp_bench.report.activation_memory import write_activation_table
 
     if args.layers < 1:
         raise ConfigError(f"--layers {args.layers}: expected an integer >= 1")
     if not args.tolerance > 0:
         raise ConfigError(f"--tolerance {args.tolerance}: expected a positive fraction, e.g. 0.05")
-    rows = memory_table(layers=args.layers, cluster=args.cluster)
-    worst = max(abs(r["rel_err"]) for r in rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(out / "table.csv", buf.getvalue())
-    atomic_write_text(out / "table.md", render_markdown(rows, args.layers, args.tolerance, worst))
-    atomic_write_json(out / "summary.json", {
-        "command": f"dcp-bench memory --out {args.out} --layers {args.layers} --cluster {args.cluster}",
-        "method": "saved_tensors_hooks under FakeTensorMode (CPU device, fused SDPA), storages deduplicated, "
-                  "parameters excluded; checkpointed units add the inputs they hold",
-        "cost_model": f"analytical, cluster {args.cluster}",
-        "max_abs_rel_err": worst, "tolerance": args.tolerance, "rows": len(rows),
-    })
-    print(f"dcp-bench memory: {len(rows)} rows, largest |error| {worst:.2%}; wrote {out}/table.md, table.csv, summary.json")
+    table = write_activation_table(args.out, args.layers, args.cluster, args.tolerance)
+    out, worst = Path(args.out), table.worst
+    print(f"dcp-bench memory: {len(table.rows)} rows, largest |error| {worst:.2%}; wrote {out}/table.md, table.csv, summary.json")
     return 0 if worst <= args.tolerance else 1

@@ -1,11 +1,10 @@
-"""`dcp-bench plan`: one step's plan, summarised or as JSON, for inspection."""
+"""`dcp-bench plan`: one step's plan, summarised or as JSON, for inspection. The command parses its
+arguments, calls `dcp_bench.run.plan_inspection` (the step's batch, the plan, its summary figures
+or its check against every plan rule) and prints."""
 
 from __future__ import annotations
 
 import argparse
-import time
-from collections import Counter
-from typing import Any
 
 NAME = "plan"
 HELP = (
@@ -29,13 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp_bench.config import load_config, to_container
     from dcp_bench.errors import ConfigError
     from dcp_bench.files import atomic_write_text, check_output
-    from dcp_bench.plan import check_is_plan, validate_plan
-    from dcp_bench.run.assemble import assemble
-    from dcp_bench.run.spec import parse_run_spec
-    from dcp_bench.sim import lower_bound, simulate_step
+    from dcp_bench.run.plan_inspection import check_step_plan, digest, load_step, plan_step
 
     step, overrides = 0, []
     for ov in args.overrides:
@@ -51,61 +46,37 @@ def run(args: argparse.Namespace) -> int:
             overrides.append(ov)
     if args.out:
         check_output(args.out, "--out", folder=False)
-    spec = parse_run_spec(to_container(load_config(overrides)))
-    parts = assemble(spec)
-    batch = parts.workload.global_batch(step, spec.world_size, spec.model.max_seq_len)
+    inp = load_step(overrides, step)
+    spec, batch, cost = inp.spec, inp.batch, inp.parts.cost
     if args.validate:
-        return check_plan(spec, parts, batch, step)
-    t0 = time.perf_counter()
-    plan = check_is_plan(parts.planner.plan(batch, parts.plan_cost), f"planner {type(parts.planner).__name__}.plan")
-    planner_ms = (time.perf_counter() - t0) * 1e3
-    if not args.no_validate:
-        validate_plan(plan, batch, parts.cost)
-    plan.info = {
-        **plan.info,
-        "planner_ms": planner_ms,
-        "batch": {"step": batch.step, "sample_ids": batch.sample_ids.tolist(), "tokens": batch.tokens.tolist(),
-                  "frames": batch.frames.tolist()},
-        "cost_model": parts.cost.describe(),
-    }
+        check = check_step_plan(inp)
+        head = (f"{spec.label} on step {step} of {spec.workload_name} ({batch.n} samples), {spec.cluster.name}, "
+                f"{spec.model.name}")
+        if check.raised is not None:
+            print(f"{head}: the planner raised {check.raised}")
+            return 1
+        if not check.offences:
+            print(f"{head}: valid plan ({check.rules} rules checked, memory against the "
+                  f"{check.memory_cap_gib:.1f} GiB cap of the {cost.source} cost model)")
+            return 0
+        print(f"{head}: {len(check.offences)} offence(s) against the plan rules (docs/extending.md):")
+        for line in check.offences:
+            print(f"  - {line}")
+        return 1
+    planned = plan_step(inp, validate=not args.no_validate)
+    plan = planned.plan
     if args.out:
         atomic_write_text(args.out, plan.to_json())
     if args.json:
         print(plan.to_json())
         return 0
-    sim = simulate_step(plan, batch, parts.cost)
-    sp = Counter(g.size for _, g, _ in plan.micro_batches())
+    d = digest(planned)
     print(f"plan of {spec.label} for step {step} of {spec.workload_name} (seed {spec.seed}) on {spec.cluster.name} "
           f"({spec.world_size} ranks), {spec.model.name}")
-    print(f"  batch: {batch.n} samples, {batch.total_tokens} tokens; plan covers {len(set(plan.sample_positions()))}")
-    print(f"  rounds {len(plan.rounds)}, groups {sum(len(r.groups) for r in plan.rounds)}, micro-batches "
-          f"{sum(1 for _ in plan.micro_batches())}; micro-batches per SP degree {dict(sorted(sp.items()))}")
-    print(f"  simulated step {sim.step_time_s:.4g} s (lower bound {lower_bound(batch, parts.cost, infeasible='skip'):.4g} s), "
-          f"peak memory {sim.peak_mem_gib:.3g} GiB, planner {planner_ms:.1f} ms ({parts.cost.source} cost model)")
+    print(f"  batch: {batch.n} samples, {batch.total_tokens} tokens; plan covers {d.covered_samples}")
+    print(f"  rounds {d.rounds}, groups {d.groups}, micro-batches {d.micro_batches}; micro-batches per SP degree "
+          f"{d.micro_batches_per_sp}")
+    print(f"  simulated step {d.step_time_s:.4g} s (lower bound {d.lower_bound_s:.4g} s), "
+          f"peak memory {d.peak_mem_gib:.3g} GiB, planner {planned.planner_ms:.1f} ms ({cost.source} cost model)")
     print("  whole plan: --json (stdout) or --out PATH" + (f"; written to {args.out}" if args.out else ""))
     return 0
-
-
-def check_plan(spec: Any, parts: Any, batch: Any, step: int) -> int:
-    """`plan --validate`: the plan's offences against every rule, in words; 0 when it has none,
-    1 when it has some or the planner raised."""
-    import traceback
-
-    from dcp_bench.plan import PLAN_RULES, check_is_plan, plan_offences
-
-    head = f"{spec.label} on step {step} of {spec.workload_name} ({batch.n} samples), {spec.cluster.name}, {spec.model.name}"
-    try:
-        plan = check_is_plan(parts.planner.plan(batch, parts.plan_cost), f"planner {type(parts.planner).__name__}.plan")
-    except Exception as exc:  # the check reports a planner that fails instead of crashing with it
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        print(f"{head}: the planner raised {type(exc).__name__}: {exc} ({where.filename}:{where.lineno})")
-        return 1
-    offences = plan_offences(plan, batch, parts.cost)
-    if not offences:
-        print(f"{head}: valid plan ({len(PLAN_RULES)} rules checked, memory against the "
-              f"{parts.cost.memory_cap_bytes / 2**30:.1f} GiB cap of the {parts.cost.source} cost model)")
-        return 0
-    print(f"{head}: {len(offences)} offence(s) against the plan rules (docs/extending.md):")
-    for line in offences:
-        print(f"  - {line}")
-    return 1

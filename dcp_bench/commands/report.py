@@ -1,5 +1,6 @@
 """`dcp-bench report`: a campaign's run records -> reports/<campaign>/ (report.md, report.html,
-CSV tables, figures, summary.json)."""
+CSV tables, figures, summary.json). The command parses its key=value arguments and calls
+`dcp_bench.report.campaign_report.report_campaign`."""
 
 from __future__ import annotations
 
@@ -49,57 +50,22 @@ def _n_boot(value: str) -> int:
     return n
 
 
-def _check_baselines(baselines: list[str], root: str, campaign: str) -> None:
-    """Every name in ``baselines=`` is a method the campaign ran (else the report would hold no
-    comparison and say nothing)."""
-    from dcp_bench.errors import ConfigError
-    from dcp_bench.records import RecordError, iter_run_dirs, read_summary
-
-    methods: set[str] = set()
-    for run_dir in iter_run_dirs(root, campaign):
-        try:
-            summary = read_summary(run_dir)
-        except RecordError:
-            continue  # named by the report
-        if summary is not None:
-            methods.add(summary.method)
-    unknown = [b for b in baselines if b not in methods]
-    if unknown:
-        raise ConfigError(f"baselines={','.join(baselines)}: campaign {campaign!r} has no runs of method "
-                          f"{unknown[0]!r}; expected methods from {', '.join(sorted(methods)) or '-'}")
-
-
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.errors import ConfigError
-    from dcp_bench.files import check_output
-    from dcp_bench.paths import RESULTS_DIR
-    from dcp_bench.records import list_runs
-    from dcp_bench.report.writer import ReportInputs, build_report, default_out_dir
+    from dcp_bench.report.campaign_report import report_campaign
 
     kv = parse_keys(list(args.overrides))
     campaign = kv.get("campaign", "default")
-    root = kv.get("root", "runs")
     pairs = kv.get("baseline_pairs", "false").lower()
     if pairs not in ("true", "false"):
         raise ConfigError(f"baseline_pairs={kv['baseline_pairs']!r}: expected true or false")
     n_boot = _n_boot(kv.get("n_boot", "2000"))
-    out = kv.get("out", str(default_out_dir(campaign)))
-    check_output(out, "out")
-    runs = list_runs(root, campaign)
-    if not runs["complete"]:
-        raise ConfigError(f"campaign {campaign!r} under {root!r} has no complete runs; run `dcp-bench sweep "
-                          f"run.campaign={campaign}` first")
-    baselines = kv["baselines"].split(",") if kv.get("baselines") else None
-    if baselines is not None:
-        _check_baselines(baselines, root, campaign)
-    summary = build_report(ReportInputs(
-        root=root, campaign=campaign, out_dir=out,
-        claims_path=kv.get("claims", str(RESULTS_DIR / "reference" / "claims.yaml")),
-        command="dcp-bench report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else f"dcp-bench report campaign={campaign}",
-        baselines=baselines,
-        baseline_pairs=pairs == "true",
-        n_boot=n_boot,
-    ))
+    summary = report_campaign(
+        campaign=campaign, root=kv.get("root", "runs"), out=kv.get("out"), claims=kv.get("claims"),
+        baselines=kv["baselines"].split(",") if kv.get("baselines") else None,
+        baseline_pairs=pairs == "true", n_boot=n_boot,
+        command="dcp-bench report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else None,
+    )
     for c in summary["claims"]:
         if c["verdict"] == "no data":
             continue

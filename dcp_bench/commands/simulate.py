@@ -1,15 +1,12 @@
-"""`dcp-bench simulate`: simulate a method on a workload, cluster and model; print the medians."""
+"""`dcp-bench simulate`: simulate a method on a workload, cluster and model; print the medians.
+The command parses its arguments and calls `dcp_bench.campaign.one_run.simulate_one`."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import sys
-from pathlib import Path
-
-from dcp_bench.records import executing
 
 NAME = "simulate"
 HELP = (
@@ -44,23 +41,9 @@ def _note(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp_bench.campaign.sweep import check_run_places
-    from dcp_bench.config import load_config, to_container
-    from dcp_bench.errors import ConfigError
-    from dcp_bench.run.assemble import assemble
-    from dcp_bench.run.simulated import run_simulated
-    from dcp_bench.run.spec import parse_run_spec
+    from dcp_bench.campaign.one_run import simulate_one
 
-    spec = parse_run_spec(to_container(load_config(list(args.overrides))))
-    if args.record:
-        check_run_places([spec])
-    if spec.executor != "sim":
-        raise ConfigError(f"run.executor={spec.executor!r}: simulate runs the simulator; use `dcp-bench train` for real runs")
-    parts = assemble(spec)  # a bad config fails here, on one line, before anything runs
-    with contextlib.ExitStack() as stack:
-        if args.record:  # one process at a time executes a run id (records.executing)
-            stack.enter_context(executing(Path(spec.root) / spec.campaign / spec.run_id, say=_note))
-        summary = run_simulated(spec, build=lambda _: parts, write=args.record)
+    spec, summary = simulate_one(list(args.overrides), record=args.record, say=_note)
     if summary.status == "error" and not args.json:
         sys.stderr.write(f"dcp-bench simulate: error: the run failed after {len(summary.extra.get('losses') or [])} "
                          f"step(s): {summary.error}\n")

@@ -11,7 +11,8 @@ Modules, by source kind:
 - `lengths`: a finite length list (a derived fixture, a user's lengths file or text dataset);
 - `synthetic`: labelled synthetic length distributions;
 - `workload`: `Workload`, a size source plus the batch policy (how a step's batch is dealt);
-- `registry`: the named workloads, `load_workload` and `make_workload`.
+- `registry`: the named workloads, `load_workload` and `make_workload`;
+- `catalog`: the workload configs as ``dcp-bench workloads`` lists, loads and deals them.
 
 ``from dcp_bench.workloads import load_workload`` is the usual entry point.
 """
