@@ -40,7 +40,8 @@ bench: setup
 	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only -p no:cacheprovider
 
 lint: setup
-	$(VENV)/bin/ruff check dcp_bench baselines tests
+	$(VENV)/bin/ruff check dcp_bench baselines tests scripts
+	$(VENV)/bin/ruff format --check dcp_bench baselines tests scripts
 	$(VENV)/bin/mypy dcp_bench baselines
 
 reproduce: setup

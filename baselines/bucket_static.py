@@ -62,7 +62,9 @@ def bucket_key(tokens: int, frames: int, arch: str) -> BucketKey:
     return (1, 1 << max(0, (tokens - 1).bit_length()))
 
 
-def damp_batch_sizes(bs: dict[BucketKey, int], times: dict[BucketKey, float]) -> dict[BucketKey, int]:
+def damp_batch_sizes(
+    bs: dict[BucketKey, int], times: dict[BucketKey, float]
+) -> dict[BucketKey, int]:
     """The reference benchmark's rule: for every bucket slower than the median bucket time
     t_med, bs := max(1, floor(bs * t_med / t)). Buckets at or below the median keep their size."""
     if not times:
@@ -109,12 +111,16 @@ class BucketStatic(Planner):
         self.seed = seed
         self.max_batch_size = max_batch_size
         if int(deals_per_iteration) < 0:
-            raise ConfigError(f"bucket_static: deals_per_iteration={deals_per_iteration}; expected 0 (all deals of "
-                              "the epoch in one plan) or a count >= 1")
+            raise ConfigError(
+                f"bucket_static: deals_per_iteration={deals_per_iteration}; expected 0 (all deals of "
+                "the epoch in one plan) or a count >= 1"
+            )
         self.deals_per_iteration = int(deals_per_iteration)
         self._auto_sp = 1  # the smallest fitting degree of the longest sample seen so far
         ckpt_layers_for(recompute, 1)  # reject an unknown policy at construction
-        self._ref_profiles: dict[int, tuple[Any, dict[tuple[int, int, int, int], BucketProfile | None]]] = {}
+        self._ref_profiles: dict[
+            int, tuple[Any, dict[tuple[int, int, int, int], BucketProfile | None]]
+        ] = {}
 
     def fixed_sp(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
         W = cost.cluster.world_size
@@ -132,7 +138,9 @@ class BucketStatic(Planner):
 
         buckets: dict[BucketKey, list[int]] = defaultdict(list)
         for p in range(batch.n):
-            buckets[bucket_key(int(batch.tokens[p]), int(batch.frames[p]), cost.model.arch)].append(p)
+            buckets[bucket_key(int(batch.tokens[p]), int(batch.frames[p]), cost.model.arch)].append(
+                p
+            )
         keys = sorted(buckets)
 
         bs: dict[BucketKey, int] = {}
@@ -141,7 +149,9 @@ class BucketStatic(Planner):
             pos = buckets[k]
             rep = max(pos, key=lambda p: int(batch.tokens[p]))  # the bucket's largest sample
             splits[k] = split_for(batch, pos, cost)
-            limit = self.max_batch_size if self.mode == "paper" else min(self.max_batch_size, len(pos))
+            limit = (
+                self.max_batch_size if self.mode == "paper" else min(self.max_batch_size, len(pos))
+            )
             bs[k] = largest_batch_size(
                 int(batch.tokens[rep]), int(batch.frames[rep]), cost, sp, ckpt, splits[k], limit
             )
@@ -167,7 +177,9 @@ class BucketStatic(Planner):
         for k in live:
             pos = buckets[k]
             for i in range(0, len(pos), bs[k]):
-                micro.append(MicroBatch(tuple(pos[i : i + bs[k]]), ckpt_layers=ckpt, split=splits[k]))
+                micro.append(
+                    MicroBatch(tuple(pos[i : i + bs[k]]), ckpt_layers=ckpt, split=splits[k])
+                )
         rng = np.random.default_rng([self.seed, batch.step])
         order = rng.permutation(len(micro))
         micro = [micro[i] for i in order]
@@ -201,15 +213,18 @@ class BucketStatic(Planner):
             info=info,
         )
 
-
     # -- the reference runtime: an epoch (run.unit=epoch) ---------------------------------------
 
-    def reference_profile(self, cost: CostModel, tokens: int, frames: int, sp: int, ckpt: int) -> BucketProfile | None:
+    def reference_profile(
+        self, cost: CostModel, tokens: int, frames: int, sp: int, ckpt: int
+    ) -> BucketProfile | None:
         """The reference baseline profile of one bucket shape at the fixed degree (cached)."""
         entry = self._ref_profiles.setdefault(id(cost), (cost, {}))
         key = (tokens, frames, sp, ckpt)
         if key not in entry[1]:
-            entry[1][key] = baseline_search(cost_measure(cost, tokens, frames, pac=False, ckpt_layers=ckpt), sp)
+            entry[1][key] = baseline_search(
+                cost_measure(cost, tokens, frames, pac=False, ckpt_layers=ckpt), sp
+            )
         return entry[1][key]
 
     def plan_epoch(self, dataset: GlobalBatch, cost: CostModel, epoch: int = 0) -> EpochPlan:
@@ -223,15 +238,20 @@ class BucketStatic(Planner):
         profile: dict[Any, BucketProfile | None] = {k: damped.get(k) for k in raw}
         deal = bucket_epoch(buckets, profile, sp, W // sp, np.random.default_rng(self.seed + epoch))
         if self.deals_per_iteration == 1:
-            iterations = [iteration_plan(it, W, self.name, i) for i, it in enumerate(deal.iterations)]
+            iterations = [
+                iteration_plan(it, W, self.name, i) for i, it in enumerate(deal.iterations)
+            ]
         else:
             chunks = merge_iterations(deal, self.deals_per_iteration)
             iterations = [packed_plan(chunk, W, self.name, i) for i, chunk in enumerate(chunks)]
         info = deal_summary(deal)
         info["optimizer_steps"] = len(iterations)
-        info["profile"] = {bucket_label(k): None if p is None else {"sp": p.sp, "bs": p.bs, "time_s": p.time_s,
-                                                                    "undamped_bs": raw[k].bs}  # type: ignore[union-attr]
-                           for k, p in profile.items()}
+        info["profile"] = {
+            bucket_label(k): None
+            if p is None
+            else {"sp": p.sp, "bs": p.bs, "time_s": p.time_s, "undamped_bs": raw[k].bs}  # type: ignore[union-attr]
+            for k, p in profile.items()
+        }
         return EpochPlan(iterations, info)
 
 

@@ -91,10 +91,16 @@ class RoundModel:
         return self.mem <= self.room
 
     def group_overhead(self) -> np.ndarray:
-        return np.zeros(len(self.degrees)) if self.overhead is None else np.asarray(self.overhead, float)
+        return (
+            np.zeros(len(self.degrees))
+            if self.overhead is None
+            else np.asarray(self.overhead, float)
+        )
 
     def lengths(self) -> np.ndarray:
-        return np.asarray(self.tokens if self.tokens is not None else self.time[:, 0], dtype=np.float64)
+        return np.asarray(
+            self.tokens if self.tokens is not None else self.time[:, 0], dtype=np.float64
+        )
 
     def footprint(self) -> np.ndarray:
         """Each sequence's smallest cluster-wide activation memory (per-rank bytes x ranks)."""
@@ -119,7 +125,9 @@ def round_lower_bound(model: RoundModel) -> float:
 # ---------------------------------------------------------------- bucketing (FlexSP's DP)
 
 
-def padding_partitions(length: np.ndarray, count: np.ndarray, max_buckets: int) -> Iterator[list[tuple[int, int]]]:
+def padding_partitions(
+    length: np.ndarray, count: np.ndarray, max_buckets: int
+) -> Iterator[list[tuple[int, int]]]:
     """FlexSP's bucketing dynamic program over distinct lengths sorted ascending, each with its
     count: yields, for b = 1 .. min(max_buckets, len(length)), the partition into b contiguous
     buckets (unit ranges [start, end)) with the least padding, sum over sequences of (the
@@ -129,7 +137,9 @@ def padding_partitions(length: np.ndarray, count: np.ndarray, max_buckets: int) 
         return
     csum = np.concatenate([[0.0], np.cumsum(count, dtype=np.float64)])
     lsum = np.concatenate([[0.0], np.cumsum(length * count, dtype=np.float64)])
-    top = np.concatenate([[0.0], np.asarray(length, dtype=np.float64)])  # top[i]: longest of units < i
+    top = np.concatenate(
+        [[0.0], np.asarray(length, dtype=np.float64)]
+    )  # top[i]: longest of units < i
     # pad[j, i - lo] of a column block [lo, hi): the padding of the bucket of units j .. i-1,
     # whose longest is unit i-1 (inf unless j < i). Only rows j < hi can start such a bucket, so
     # the blocks hold half the (U+1)^2 matrix; computed once, they serve every bucket count.
@@ -205,7 +215,9 @@ class RoundProgram:
     highs: Any
     buckets: list[list[int]]
     slots: list[int]  # degree index of every group slot (W/d slots of degree d)
-    x_col: dict[tuple[int, int], int]  # (bucket, slot) -> column: sequences of the bucket in the slot
+    x_col: dict[
+        tuple[int, int], int
+    ]  # (bucket, slot) -> column: sequences of the bucket in the slot
     y_col: list[int]  # slot -> column: the slot is a group
     t_scale: float  # seconds per unit of the program's time
 
@@ -255,7 +267,13 @@ def _highs_program(
     index = np.array([c for r in rows for c in r[2]], dtype=np.int32)
     value = np.array([v for r in rows for v in r[3]], dtype=np.float64)
     h.addRows(
-        len(rows), np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), len(index), starts, index, value
+        len(rows),
+        np.array([r[0] for r in rows]),
+        np.array([r[1] for r in rows]),
+        len(index),
+        starts,
+        index,
+        value,
     )
     return h
 
@@ -291,7 +309,9 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
                 f"sample {model.positions[b[-1]]} does not fit the memory cap even on {degrees[-1]} ranks"
             )
     over = model.group_overhead()
-    t_scale = max(float(t_b.max()), float(over.max()), 1e-12)  # keep coefficients near 1 for the solver
+    t_scale = max(
+        float(t_b.max()), float(over.max()), 1e-12
+    )  # keep coefficients near 1 for the solver
 
     # Columns: C, y_g, then x[b,g] for allowed pairs.
     y_col = list(range(1, 1 + len(slots)))
@@ -301,7 +321,9 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
             if ok[bi, di]:
                 x_col[bi, g] = 1 + len(slots) + len(x_col)
     n_cols = 1 + len(slots) + len(x_col)
-    col_ub = np.concatenate([[inf], np.ones(len(slots)), [float(len(buckets[bi])) for bi, _ in x_col]])
+    col_ub = np.concatenate(
+        [[inf], np.ones(len(slots)), [float(len(buckets[bi])) for bi, _ in x_col]]
+    )
     integrality = np.array([0] + [1] * (n_cols - 1), dtype=np.uint8)
     cost = np.zeros(n_cols)
     cost[0] = 1.0
@@ -313,11 +335,17 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
     for g, di in enumerate(slots):
         bs = [bi for bi in range(len(buckets)) if (bi, g) in x_col]
         cols = [x_col[bi, g] for bi in bs]
-        rows.append((
-            -inf, 0.0, cols + [y_col[g], 0],
-            [float(t_b[bi, di]) / t_scale for bi in bs] + [float(over[di]) / t_scale, -1.0],
-        ))
-        rows.append((-inf, 0.0, cols + [y_col[g]], [float(m_b[bi, di]) / model.room for bi in bs] + [-1.0]))
+        rows.append(
+            (
+                -inf,
+                0.0,
+                cols + [y_col[g], 0],
+                [float(t_b[bi, di]) / t_scale for bi in bs] + [float(over[di]) / t_scale, -1.0],
+            )
+        )
+        rows.append(
+            (-inf, 0.0, cols + [y_col[g]], [float(m_b[bi, di]) / model.room for bi in bs] + [-1.0])
+        )
         # A slot holds sequences only when it is counted as used. The memory row above cannot
         # carry this: a short sequence's memory share is below HiGHS's feasibility tolerance
         # (1 token at SP 8 is 3e-8 of a rank), and a memory-free cost model has no row at all.
@@ -344,7 +372,9 @@ def solve_program(program: RoundProgram, time_limit_s: float | None) -> float:
     return time.perf_counter() - t0
 
 
-def extract_solution(program: RoundProgram, model: RoundModel, solve_s: float) -> RoundSolution | None:
+def extract_solution(
+    program: RoundProgram, model: RoundModel, solve_s: float
+) -> RoundSolution | None:
     """The groups of HiGHS's incumbent, or None when it has none. The program fixes how many
     sequences of each bucket a slot runs; the concrete sequences are dealt longest first to the
     least-loaded slot with quota left, so realised times track the program's."""
@@ -372,14 +402,21 @@ def extract_solution(program: RoundProgram, model: RoundModel, solve_s: float) -
             targets[g] -= 1
             if targets[g] > 0:
                 heapq.heappush(heap, (load[g], g))
-    groups = [(model.degrees[program.slots[g]], [model.positions[i] for i in m]) for g, m in members.items()]
+    groups = [
+        (model.degrees[program.slots[g]], [model.positions[i] for i in m])
+        for g, m in members.items()
+    ]
     used = sum(size for size, _ in groups)
     if used > model.world_size:  # the program's world row forbids this; a violation is a bug here
         raise RuntimeError(f"HiGHS layout uses {used} ranks of {model.world_size}")
     status = h.getModelStatus()
-    name = "optimal" if status == highspy.HighsModelStatus.kOptimal else h.modelStatusToString(status)
+    name = (
+        "optimal" if status == highspy.HighsModelStatus.kOptimal else h.modelStatusToString(status)
+    )
     gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else None
-    bound = float(info.mip_dual_bound) * program.t_scale if math.isfinite(info.mip_dual_bound) else None
+    bound = (
+        float(info.mip_dual_bound) * program.t_scale if math.isfinite(info.mip_dual_bound) else None
+    )
     return RoundSolution(groups, max(load.values(), default=0.0), "milp", name, solve_s, gap, bound)
 
 
@@ -420,7 +457,9 @@ def solve_round_heuristic(model: RoundModel) -> RoundSolution:
     if mixed is not None and (best is None or mixed.objective < best.objective):
         best = mixed
     if best is None:
-        raise InfeasibleError("no homogeneous or mixed SP layout fits this round under the memory cap")
+        raise InfeasibleError(
+            "no homogeneous or mixed SP layout fits this round under the memory cap"
+        )
     best.solve_s = time.perf_counter() - t0
     return best
 
@@ -476,7 +515,9 @@ def packed_round_time(batch: GlobalBatch, sol: RoundSolution, cost: CostModel, c
     micro-batch: the slowest group's micro-batch cost."""
     worst = 0.0
     for size, members in sol.groups:
-        c = cost.microbatch_cost(batch.tokens[members], batch.frames[members], size, ckpt, "sequence")
+        c = cost.microbatch_cost(
+            batch.tokens[members], batch.frames[members], size, ckpt, "sequence"
+        )
         worst = max(worst, c.total_s)
     return worst
 
@@ -548,7 +589,9 @@ class FlexSPMILP(Planner):
         super().__init__(mode)
         ckpt_layers_for(recompute, 1)
         if step_time_limit_s <= 0:
-            raise ConfigError(f"step_time_limit_s={step_time_limit_s}; expected a positive number of seconds")
+            raise ConfigError(
+                f"step_time_limit_s={step_time_limit_s}; expected a positive number of seconds"
+            )
         if buckets < 1:
             raise ConfigError(f"buckets={buckets}; expected >= 1")
         if max_buckets < buckets:
@@ -562,7 +605,9 @@ class FlexSPMILP(Planner):
         self.fill = fill
         self.clock = clock
 
-    def round_model(self, batch: GlobalBatch, positions: list[int], cost: CostModel, ckpt: int) -> RoundModel:
+    def round_model(
+        self, batch: GlobalBatch, positions: list[int], cost: CostModel, ckpt: int
+    ) -> RoundModel:
         W = cost.cluster.world_size
         degrees = sp_degrees(W)
         t = batch.tokens[positions]
@@ -578,8 +623,14 @@ class FlexSPMILP(Planner):
         mem = np.stack([cost.sample_memory(t, f, d, ckpt) for d in degrees], axis=1)
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
         return RoundModel(
-            list(positions), degrees, np.asarray(share, float), np.asarray(mem, float), room, W,
-            tokens=np.asarray(t), overhead=overhead,
+            list(positions),
+            degrees,
+            np.asarray(share, float),
+            np.asarray(mem, float),
+            room,
+            W,
+            tokens=np.asarray(t),
+            overhead=overhead,
         )
 
     def chunk(self, batch: GlobalBatch, num_rounds: int) -> list[list[int]]:
@@ -593,8 +644,13 @@ class FlexSPMILP(Planner):
         return [c for c in chunks if c]
 
     def solve_round(
-        self, batch: GlobalBatch, positions: list[int], cost: CostModel, ckpt: int,
-        budget: PlanningBudget, rounds_left: int,
+        self,
+        batch: GlobalBatch,
+        positions: list[int],
+        cost: CostModel,
+        ckpt: int,
+        budget: PlanningBudget,
+        rounds_left: int,
     ) -> tuple[RoundSolution, dict[str, Any]]:
         """One round within the step's budget: the heuristic, then HiGHS on the bucketed program
         for this round's share of the time left; the faster layout on the packed micro-batch
@@ -612,7 +668,11 @@ class FlexSPMILP(Planner):
                 cand.objective = packed_round_time(batch, cand, cost, ckpt)
         sol = milp
         if heur is not None and (milp is None or heur.objective < milp.objective):
-            reason = "no time left" if limit is None else (milp.status if milp is not None else "no incumbent")
+            reason = (
+                "no time left"
+                if limit is None
+                else (milp.status if milp is not None else "no incumbent")
+            )
             heur.status = f"fallback ({reason})"
             sol = heur
         if sol is None:
@@ -629,7 +689,11 @@ class FlexSPMILP(Planner):
         return sol, record
 
     def solve_within_budget(
-        self, model: RoundModel, buckets: list[list[int]], budget: PlanningBudget, rounds_left: int,
+        self,
+        model: RoundModel,
+        buckets: list[list[int]],
+        budget: PlanningBudget,
+        rounds_left: int,
         round_start: float,
     ) -> tuple[RoundSolution | None, float | None, float]:
         """Build the round's program and run HiGHS for the round's share of the budget. Returns
@@ -656,7 +720,9 @@ class FlexSPMILP(Planner):
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
         if room <= 0:
             raise InfeasibleError("static memory alone exceeds the memory cap")
-        per_rank_w = cost.sample_memory(batch.tokens, batch.frames, W, ckpt) if batch.n else np.zeros(0)
+        per_rank_w = (
+            cost.sample_memory(batch.tokens, batch.frames, W, ckpt) if batch.n else np.zeros(0)
+        )
         if batch.n and float(per_rank_w.max()) > room:
             p = int(np.argmax(per_rank_w))
             raise InfeasibleError(
@@ -666,17 +732,28 @@ class FlexSPMILP(Planner):
         # the cluster-wide activation footprint of a sequence is smallest on few ranks (per-sample
         # buffers repeat on every rank), so size the rounds by each sequence's smallest footprint
         footprint = (
-            np.min([cost.sample_memory(batch.tokens, batch.frames, d, ckpt) * d for d in sp_degrees(W)], axis=0)
-            if batch.n else np.zeros(0)
+            np.min(
+                [
+                    cost.sample_memory(batch.tokens, batch.frames, d, ckpt) * d
+                    for d in sp_degrees(W)
+                ],
+                axis=0,
+            )
+            if batch.n
+            else np.zeros(0)
         )
-        num_rounds = max(1, math.ceil(float(footprint.sum()) / (self.fill * room * W))) if batch.n else 0
+        num_rounds = (
+            max(1, math.ceil(float(footprint.sum()) / (self.fill * room * W))) if batch.n else 0
+        )
         while True:
             chunks = self.chunk(batch, num_rounds) if batch.n else []
             sols: list[RoundSolution] = []
             records: list[dict[str, Any]] = []
             try:
                 for r, positions in enumerate(chunks):
-                    sol, record = self.solve_round(batch, positions, cost, ckpt, budget, len(chunks) - r)
+                    sol, record = self.solve_round(
+                        batch, positions, cost, ckpt, budget, len(chunks) - r
+                    )
                     sols.append(sol)
                     records.append(record)
                 break
@@ -695,13 +772,29 @@ class FlexSPMILP(Planner):
             "solver": [s.method for s in sols],
             "status": [s.status for s in sols],
             "objective_s": objective,  # slowest packed group per round
-            **{key: [rec[key] for rec in records] for key in
-               ("buckets", "time_limit_s", "solve_s", "mip_gap", "bound_s", "lower_bound_s")},
+            **{
+                key: [rec[key] for rec in records]
+                for key in (
+                    "buckets",
+                    "time_limit_s",
+                    "solve_s",
+                    "mip_gap",
+                    "bound_s",
+                    "lower_bound_s",
+                )
+            },
             "lb_gap": [gap_to(o, lb) for o, lb in zip(objective, lower)],
             "step_lb_gap": gap_to(sum(objective), sum(lower)),
         }
         info["plan_s"] = budget.elapsed()
-        return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step, info=info)
+        return StepPlan(
+            world_size=W,
+            rounds=rounds,
+            method=self.name,
+            mode=self.mode,
+            step=batch.step,
+            info=info,
+        )
 
     def lay_out(self, batch: GlobalBatch, sol: RoundSolution, cost: CostModel, ckpt: int) -> Round:
         """Aligned groups, largest first from rank 0 (powers of two in decreasing size stay

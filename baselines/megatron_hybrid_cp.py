@@ -214,6 +214,7 @@ def max_tokens_per_rank_ladder(cost: CostModel, limit: int) -> list[int]:
     one = np.ones(1, dtype=np.int64)
     out: list[int] = []
     for k in range(cost.model.num_layers + 1):
+
         def fits(n: int, k: int = k) -> bool:
             t = np.array([n], dtype=np.int64)
             return bool(cost.microbatch_memory(t, one, 1, k, "sequence") <= cost.memory_cap_bytes)
@@ -296,7 +297,9 @@ def hybrid_cp_plan(
         "sequences_on_expanded_groups": expanded,
         "pack_sequences": pack_sequences,
     }
-    return StepPlan(world_size=W, rounds=rounds, method=method, mode=mode, step=batch.step, info=info)
+    return StepPlan(
+        world_size=W, rounds=rounds, method=method, mode=mode, step=batch.step, info=info
+    )
 
 
 def candidate_configs(
@@ -378,7 +381,9 @@ class MegatronHybridCP(Planner):
     ) -> None:
         super().__init__(mode)
         if max_tokens_per_rank is not None and max_tokens_per_rank < 1:
-            raise ConfigError(f"max_tokens_per_rank={max_tokens_per_rank}; expected a positive token count or null")
+            raise ConfigError(
+                f"max_tokens_per_rank={max_tokens_per_rank}; expected a positive token count or null"
+            )
         if not 0.0 <= delta < 1.0:
             raise ConfigError(f"delta={delta}; expected a fraction in [0, 1)")
         if recompute == "block":
@@ -387,7 +392,9 @@ class MegatronHybridCP(Planner):
                     f"recompute=block needs recompute_num_layers >= 0 (got {recompute_num_layers})"
                 )
         elif recompute_num_layers is not None:
-            raise ConfigError(f"recompute_num_layers is for recompute=block only (recompute={recompute!r})")
+            raise ConfigError(
+                f"recompute_num_layers is for recompute=block only (recompute={recompute!r})"
+            )
         elif recompute != "auto":
             ckpt_layers_for(recompute, 1)  # ConfigError naming the choices
         if tune_batches < 1:
@@ -426,7 +433,9 @@ class MegatronHybridCP(Planner):
 
     def fixed_plan(self, batch: GlobalBatch, cost: CostModel, config: LaunchConfig) -> StepPlan:
         """The plan under one launch configuration (no tuning)."""
-        plan = hybrid_cp_plan(batch, cost, config, self.delta, self.pack_sequences, self.name, self.mode)
+        plan = hybrid_cp_plan(
+            batch, cost, config, self.delta, self.pack_sequences, self.name, self.mode
+        )
         plan.round_barrier = self.round_barrier
         return plan
 
@@ -459,7 +468,9 @@ class MegatronHybridCP(Planner):
             )
         return cands
 
-    def tune(self, batches: list[GlobalBatch], cost: CostModel, use_shortlist: bool = True) -> LaunchConfig:
+    def tune(
+        self, batches: list[GlobalBatch], cost: CostModel, use_shortlist: bool = True
+    ) -> LaunchConfig:
         """The fastest configuration over ``batches`` (summed predicted step time).
 
         On the first batch every candidate is priced and the ``shortlist`` fastest are kept; the
@@ -471,7 +482,9 @@ class MegatronHybridCP(Planner):
         cands = self.candidates(batches, cost)
         best: LaunchConfig | None = None
         if use_shortlist and len(batches) > 1 and self._shortlist:
-            best, results, error = self.fastest([c for c in cands if c in self._shortlist], batches, cost)
+            best, results, error = self.fastest(
+                [c for c in cands if c in self._shortlist], batches, cost
+            )
         if best is None:
             best, results, error = self.fastest(cands, batches, cost)
         if best is None:
@@ -486,7 +499,9 @@ class MegatronHybridCP(Planner):
 
     def fastest(
         self, cands: list[LaunchConfig], batches: list[GlobalBatch], cost: CostModel
-    ) -> tuple[LaunchConfig | None, list[tuple[LaunchConfig, float | None]], InfeasibleError | None]:
+    ) -> tuple[
+        LaunchConfig | None, list[tuple[LaunchConfig, float | None]], InfeasibleError | None
+    ]:
         """The candidate with the least summed price over ``batches`` (None when none runs them
         all), every candidate's sum (None where it cannot run), and the first error met."""
         results: list[tuple[LaunchConfig, float | None]] = []
@@ -506,7 +521,9 @@ class MegatronHybridCP(Planner):
                 best = (t, c)
         return (best[1] if best else None), results, first_error
 
-    def price(self, index: int, batch: GlobalBatch, cost: CostModel, config: LaunchConfig) -> float | InfeasibleError:
+    def price(
+        self, index: int, batch: GlobalBatch, cost: CostModel, config: LaunchConfig
+    ) -> float | InfeasibleError:
         """Predicted step time of tuning batch ``index`` under ``config`` (kept: a trial run
         measured once), or the error that stops it. Priced as the executors run the plan (with the
         barrier between rounds when the plan has one), so the winner is the fastest
@@ -515,7 +532,9 @@ class MegatronHybridCP(Planner):
         if key not in self._prices:
             try:
                 plan = self.fixed_plan(batch, cost, config)
-                self._prices[key] = estimate_step_time(plan, batch, cost, round_barrier=plan.round_barrier)
+                self._prices[key] = estimate_step_time(
+                    plan, batch, cost, round_barrier=plan.round_barrier
+                )
             except InfeasibleError as exc:
                 self._prices[key] = exc
         return self._prices[key]

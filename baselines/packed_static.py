@@ -43,7 +43,9 @@ def packed_static_plan(
     W = cost.cluster.world_size
     check_sp_degree(sp, W)
     dp = W // sp
-    times: list[float] = cost.sample_time(batch.tokens, batch.frames, sp, ckpt).tolist() if batch.n else []
+    times: list[float] = (
+        cost.sample_time(batch.tokens, batch.frames, sp, ckpt).tolist() if batch.n else []
+    )
     owners = lpt_assign(times, dp)
     per_group: list[list[MicroBatch]] = []
     for members in owners:
@@ -83,7 +85,9 @@ class PackedStatic(Planner):
     ) -> None:
         super().__init__(mode)
         if token_budget is not None and token_budget < 1:
-            raise ConfigError(f"token_budget={token_budget}; expected a positive token count or null")
+            raise ConfigError(
+                f"token_budget={token_budget}; expected a positive token count or null"
+            )
         ckpt_layers_for(recompute, 1)
         self.sp = sp
         self.recompute = recompute

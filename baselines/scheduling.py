@@ -34,7 +34,9 @@ def ckpt_layers_for(policy: str, num_layers: int) -> int:
         return num_layers // 2
     if policy == "none":
         return 0
-    raise ConfigError(f"recompute policy {policy!r}; expected one of {', '.join(RECOMPUTE_POLICIES)}")
+    raise ConfigError(
+        f"recompute policy {policy!r}; expected one of {', '.join(RECOMPUTE_POLICIES)}"
+    )
 
 
 def check_sp_degree(sp: int, world_size: int) -> None:
@@ -101,6 +103,7 @@ def largest_batch_size(
     """The largest number (<= ``limit``) of copies of one sample shape that fit as one
     micro-batch; 0 when even one does not fit. Memory grows with the batch size, so a binary
     search finds it."""
+
     def fits(bs: int) -> bool:
         t = np.full(bs, tokens, dtype=np.int64)
         f = np.full(bs, frames, dtype=np.int64)
@@ -126,7 +129,9 @@ def pack_under_budget(
     """
     order = sorted(positions, key=lambda p: -int(batch.tokens[p]))
     act: list[float] = (
-        cost.sample_memory(batch.tokens[order], batch.frames[order], sp, ckpt).tolist() if order else []
+        cost.sample_memory(batch.tokens[order], batch.frames[order], sp, ckpt).tolist()
+        if order
+        else []
     )
     room = cost.memory_cap_bytes - cost.static_memory_bytes()
     bins: list[list[int]] = []
@@ -139,14 +144,18 @@ def pack_under_budget(
                 f"token budget {token_budget} is below the sequence of {L} tokens (sample {p}) and "
                 f"the fixed SP degree {sp} cannot split it further"
             )
-        if m > room or (split != "sequence" and not microbatch_fits(batch, [p], cost, sp, ckpt, split)):
+        if m > room or (
+            split != "sequence" and not microbatch_fits(batch, [p], cost, sp, ckpt, split)
+        ):
             raise InfeasibleError(
                 f"sample {p} ({L} tokens) does not fit the memory cap "
                 f"{cost.memory_cap_bytes / 2**30:.1f} GiB at SP degree {sp} with {ckpt} "
                 "checkpointed layers"
             )
         for i in range(len(bins)):
-            if (token_budget is None or bin_tokens[i] + L <= token_budget) and bin_mem[i] + m <= room:
+            if (token_budget is None or bin_tokens[i] + L <= token_budget) and bin_mem[
+                i
+            ] + m <= room:
                 bins[i].append(p)
                 bin_tokens[i] += L
                 bin_mem[i] += float(m)
@@ -228,12 +237,17 @@ def estimate_step_time(
                     ckpts.append(mb.ckpt_layers)
                     times.append(0.0)
                 else:
-                    times.append(microbatch_time(batch, mb.samples, cost, g.size, mb.ckpt_layers, mb.split))
+                    times.append(
+                        microbatch_time(batch, mb.samples, cost, g.size, mb.ckpt_layers, mb.split)
+                    )
     if seq_slots:
         assert batched is not None
         c = batched(
-            batch.tokens[pos], batch.frames[pos], np.asarray(mb_index, dtype=np.int64),
-            np.asarray(sps), np.asarray(ckpts),
+            batch.tokens[pos],
+            batch.frames[pos],
+            np.asarray(mb_index, dtype=np.int64),
+            np.asarray(sps),
+            np.asarray(ckpts),
         )
         total = cost.total_time(c)  # every declared time term, in declaration order
         for slot, t in zip(seq_slots, total):
@@ -275,6 +289,7 @@ def max_tokens_fitting_one_rank(cost: CostModel, ckpt: int, frames: int = 1) -> 
     """The longest single sequence (tokens) that fits one GPU under the cap with ``ckpt``
     checkpointed layers; 0 when not even one token fits. Memory grows with length: binary
     search up to the model's maximum length."""
+
     def fits(n: int) -> bool:
         t = np.array([n * frames], dtype=np.int64)
         f = np.array([frames], dtype=np.int64)

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
     from dcp_bench.cost.base import CostModel
 
-Config = tuple[int, str, int | None]  # (sp, recompute, token-budget multiple of the longest sequence)
+Config = tuple[
+    int, str, int | None
+]  # (sp, recompute, token-budget multiple of the longest sequence)
 
 
 class StaticTuned(Planner):
@@ -82,7 +84,9 @@ class StaticTuned(Planner):
         sps = self.sp_choices if self.sp_choices is not None else sp_degrees(world_size)
         for sp in sps:
             if sp > world_size:
-                raise ConfigError(f"sp={sp} in sp_choices is larger than the world ({world_size} ranks)")
+                raise ConfigError(
+                    f"sp={sp} in sp_choices is larger than the world ({world_size} ranks)"
+                )
         multiples = [None if m is None else int(m) for m in self.budget_multiples]
         return list(itertools.product(sps, self.recompute_choices, multiples))
 
@@ -99,7 +103,9 @@ class StaticTuned(Planner):
         results: list[dict[str, Any]] = []
         best: tuple[float, Config] | None = None
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
-        longest_shape = max(((int(t), int(f)) for b in batches for t, f in zip(b.tokens, b.frames)), default=(1, 1))
+        longest_shape = max(
+            ((int(t), int(f)) for b in batches for t, f in zip(b.tokens, b.frames)), default=(1, 1)
+        )
         # Two shortcuts that change no score: a setting the longest sequence does not fit alone
         # is infeasible whatever the budget; and a budget at or above what the memory cap lets a
         # micro-batch hold never binds, so it packs exactly as the memory-limited candidate does
@@ -108,7 +114,12 @@ class StaticTuned(Planner):
         for sp, rec, multiple in self.candidates(W):
             budget = self.token_budget(multiple, longest)
             ckpt = ckpt_layers_for(rec, cost.model.num_layers)
-            fits = cost.sample_memory(np.array([longest_shape[0]]), np.array([longest_shape[1]]), sp, ckpt)[0] <= room
+            fits = (
+                cost.sample_memory(
+                    np.array([longest_shape[0]]), np.array([longest_shape[1]]), sp, ckpt
+                )[0]
+                <= room
+            )
             holds = sp * cost.microbatch_token_capacity(sp, ckpt)
             t: float | None = None
             if fits and (budget is None or budget >= holds) and (sp, rec) in unbound:

@@ -95,7 +95,9 @@ class WLBLLM(Planner):
         super().__init__(mode)
         ckpt_layers_for(recompute, 1)
         if token_capacity is not None and token_capacity < 1:
-            raise ConfigError(f"token_capacity={token_capacity}; expected a positive token count or null")
+            raise ConfigError(
+                f"token_capacity={token_capacity}; expected a positive token count or null"
+            )
         if outlier_factor <= 1:
             raise ConfigError(f"outlier_factor={outlier_factor}; expected > 1")
         self.sp = sp
@@ -157,7 +159,11 @@ class WLBLLM(Planner):
             )
         # micro-batches per replica: the fewest the tokens and the memory allow, then more until
         # the greedy packing places every sequence
-        k = max(1, math.ceil(float(tok.sum()) / (capacity * dp)), math.ceil(float(act.sum()) / (room * dp)))
+        k = max(
+            1,
+            math.ceil(float(tok.sum()) / (capacity * dp)),
+            math.ceil(float(act.sum()) / (room * dp)),
+        )
         bins = None
         while positions and bins is None:
             bins = workload_balanced_bins(work, tok, act, k * dp, capacity, room)

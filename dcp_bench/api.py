@@ -104,8 +104,11 @@ class StepWork:
 
 def has_sp_interface(model: Any) -> bool:
     """Whether ``model`` has ``make_inputs`` and ``loss_sum`` that take an ``sp`` group."""
-    return all(callable(getattr(model, m, None)) and "sp" in inspect.signature(getattr(model, m)).parameters
-               for m in ("make_inputs", "loss_sum"))
+    return all(
+        callable(getattr(model, m, None))
+        and "sp" in inspect.signature(getattr(model, m)).parameters
+        for m in ("make_inputs", "loss_sum")
+    )
 
 
 def check_model(model: Any) -> None:
@@ -211,13 +214,21 @@ class DataCentricParallel:
         # The same run path as every command: a config composed and parsed into a RunSpec, the
         # cost model and the planner built by the assembly, the runtime's executor planning on
         # rank 0 and broadcasting.
-        overrides = [f"method={method}", f"seed={seed}", f"run.nproc={self.world_size}", *(method_overrides or [])]
+        overrides = [
+            f"method={method}",
+            f"seed={seed}",
+            f"run.nproc={self.world_size}",
+            *(method_overrides or []),
+        ]
         if isinstance(cluster, str):
             overrides.append(f"cluster={cluster}")
         spec = parse_run_spec(to_container(load_config(overrides)))
         spec = dataclasses.replace(
-            spec, model=self.adapter.spec,
-            cluster=cluster.resized(self.world_size) if isinstance(cluster, ClusterSpec) else spec.cluster,
+            spec,
+            model=self.adapter.spec,
+            cluster=cluster.resized(self.world_size)
+            if isinstance(cluster, ClusterSpec)
+            else spec.cluster,
         )
         if cost is None:
             cost = build_cost_model(spec)
@@ -229,7 +240,9 @@ class DataCentricParallel:
         self.planner = make_planner(spec.method, seed=seed)
         self._parts = RunParts(workload=data, cost=cost, plan_cost=cost, planner=self.planner)
         runtime_model = model if adapter is None else AdaptedModel(model, adapter)
-        self._executor = TorchExecutor(runtime_model, optimizer, self.pool, seed=seed, grad_clip=grad_clip)
+        self._executor = TorchExecutor(
+            runtime_model, optimizer, self.pool, seed=seed, grad_clip=grad_clip
+        )
         self._data = _batches(data, self.world_size)
 
     def plan(self, batch: GlobalBatch) -> StepPlan:
@@ -242,14 +255,21 @@ class DataCentricParallel:
         t0 = time.perf_counter()
         plan = self.plan(batch)
         planner_s = time.perf_counter() - t0
-        out = StepWork(step=batch.step, batch=batch, plan=plan, tokens=step_token_count(plan, batch),
-                       planner_s=planner_s)
+        out = StepWork(
+            step=batch.step,
+            batch=batch,
+            plan=plan,
+            tokens=step_token_count(plan, batch),
+            planner_s=planner_s,
+        )
         for r, mb, ctx, positions in rank_work(plan, batch, self.rank, self.pool):
             pos = np.asarray(positions, dtype=np.int64)
             inputs = self.adapter.make_inputs(
                 batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, self.seed
             )
-            out.micro_batches.append(RankMicroBatch(inputs, ctx, mb.ckpt_layers, tuple(positions), r))
+            out.micro_batches.append(
+                RankMicroBatch(inputs, ctx, mb.ckpt_layers, tuple(positions), r)
+            )
         return out
 
     def loss_sum(self, mb: RankMicroBatch) -> torch.Tensor:

@@ -36,7 +36,9 @@ class GlobalBatch:
     def from_lengths(cls, lengths: Any, step: int = 0, frames: Any = None) -> GlobalBatch:
         tokens = np.asarray(lengths, dtype=np.int64)
         fr = np.ones_like(tokens) if frames is None else np.asarray(frames, dtype=np.int64)
-        return cls(step=step, sample_ids=np.arange(len(tokens), dtype=np.int64), tokens=tokens, frames=fr)
+        return cls(
+            step=step, sample_ids=np.arange(len(tokens), dtype=np.int64), tokens=tokens, frames=fr
+        )
 
     @property
     def n(self) -> int:

@@ -60,7 +60,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated(f"signal {signum}")
 
 
-def parse_anywhere(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_anywhere(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
     """Parse with flags anywhere on the line: ``--record root=R campaign=C`` as well as
     ``root=R --record campaign=C`` (argparse alone takes one run of positional ``key=value``)."""
     args, extra = parser.parse_known_args(argv)

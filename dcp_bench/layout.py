@@ -34,7 +34,9 @@ def aligned_blocks(world_size: int) -> list[tuple[int, ...]]:
     if world_size < 1:
         raise ClusterError(f"world size {world_size}; expected >= 1")
     return [
-        tuple(range(s, s + size)) for size in aligned_sp_degrees(world_size) for s in range(0, world_size, size)
+        tuple(range(s, s + size))
+        for size in aligned_sp_degrees(world_size)
+        for s in range(0, world_size, size)
     ]
 
 

@@ -157,8 +157,10 @@ def check_is_plan(plan: Any, who: str = "the planner") -> StepPlan:
     """``plan`` itself when it is a `StepPlan`; else a `PlanError` saying what ``who`` returned."""
     if not isinstance(plan, StepPlan):
         shown = repr(plan)
-        raise PlanError(f"{who} returned {type(plan).__name__} {shown[:60]}{'...' if len(shown) > 60 else ''}, "
-                        "not a StepPlan")
+        raise PlanError(
+            f"{who} returned {type(plan).__name__} {shown[:60]}{'...' if len(shown) > 60 else ''}, "
+            "not a StepPlan"
+        )
     return plan
 
 
@@ -224,9 +226,13 @@ def _offences(
                 placed = False
             elif g.start % g.size != 0:
                 yield f"{where}: group not aligned (start must be a multiple of {g.size})"
-            elif cost is not None and not spans_nodes_cleanly(g.start, g.size, cost.cluster.gpus_per_node):
-                yield (f"{where}: group crosses a node boundary (nodes of {cost.cluster.gpus_per_node} "
-                       "GPUs; a group lies inside one node or is made of whole nodes)")
+            elif cost is not None and not spans_nodes_cleanly(
+                g.start, g.size, cost.cluster.gpus_per_node
+            ):
+                yield (
+                    f"{where}: group crosses a node boundary (nodes of {cost.cluster.gpus_per_node} "
+                    "GPUs; a group lies inside one node or is made of whole nodes)"
+                )
             if g.start < 0 or g.start + g.size > W:
                 yield f"{where}: ranks {g.start}..{g.start + g.size - 1} outside world of {W}"
                 placed = False
@@ -252,18 +258,29 @@ def _offences(
                         in_range = False
                         continue
                     if s in seen:
-                        yield (f"sample {s} repeated (round {seen[s][0]}, rank {seen[s][1]} and "
-                               f"round {r}, rank {g.start})")
+                        yield (
+                            f"sample {s} repeated (round {seen[s][0]}, rank {seen[s][1]} and "
+                            f"round {r}, rank {g.start})"
+                        )
                     else:
                         seen[s] = (r, g.start)
-                if cost is not None and not isinstance(batch, int) and in_range and placed \
-                        and mb.split in ("sequence", "batch"):
+                if (
+                    cost is not None
+                    and not isinstance(batch, int)
+                    and in_range
+                    and placed
+                    and mb.split in ("sequence", "batch")
+                ):
                     sub = batch.subset(list(mb.samples))
-                    mem = cost.microbatch_memory(sub.tokens, sub.frames, g.size, mb.ckpt_layers, mb.split)
+                    mem = cost.microbatch_memory(
+                        sub.tokens, sub.frames, g.size, mb.ckpt_layers, mb.split
+                    )
                     cap = cost.memory_cap_bytes
                     if mem > cap:
-                        yield (f"{where}, micro-batch {m}: predicted {mem / 2**30:.2f} GiB per rank "
-                               f"over the memory cap {cap / 2**30:.2f} GiB")
+                        yield (
+                            f"{where}, micro-batch {m}: predicted {mem / 2**30:.2f} GiB per rank "
+                            f"over the memory cap {cap / 2**30:.2f} GiB"
+                        )
     if plan.mode == "fair" and len(seen) != n:
         missing = sorted(set(range(n)) - set(seen))
         yield f"fair mode: {len(missing)} sample(s) missing from the plan, e.g. {missing[:5]}"

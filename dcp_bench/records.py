@@ -215,7 +215,9 @@ def _check_types(cls: type, data: dict[str, Any]) -> None:
         if hint is not None and not _type_ok(value, hint):
             shown = repr(value)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise TypeError(f"field {key!r} is {shown} ({type(value).__name__}); expected {_hint_text(hint)}")
+            raise TypeError(
+                f"field {key!r} is {shown} ({type(value).__name__}); expected {_hint_text(hint)}"
+            )
 
 
 def _hint_text(hint: Any) -> str:
@@ -231,7 +233,11 @@ def _hint_text(hint: Any) -> str:
     if typing.get_origin(hint) is dict or hint is dict:
         return "an object"
     if typing.get_origin(hint) is list:
-        return "a list of " + _hint_text(typing.get_args(hint)[0]).removeprefix("a ").removeprefix("an ") + "s"
+        return (
+            "a list of "
+            + _hint_text(typing.get_args(hint)[0]).removeprefix("a ").removeprefix("an ")
+            + "s"
+        )
     return str(hint)
 
 
@@ -299,8 +305,10 @@ def owning(run_dir: str | os.PathLike[str], token: str) -> Iterator[None]:
     with _owner_lock(Path(run_dir)) as fd:
         current = _read_token(fd)
         if current != token:
-            raise RunOwnershipLost(f"{run_dir}: the run folder was taken over (owner {current or 'none'}, "
-                                   f"this writer {token}); not writing")
+            raise RunOwnershipLost(
+                f"{run_dir}: the run folder was taken over (owner {current or 'none'}, "
+                f"this writer {token}); not writing"
+            )
         yield
 
 
@@ -400,7 +408,9 @@ def restore_previous(run_dir: str | os.PathLike[str]) -> bool:
     if fd is None:
         return False  # the re-run is still under way
     try:
-        if (run_dir / "run.json").exists() or check_run(prev, restore=False, run_id=run_dir.name).state != "complete":
+        if (run_dir / "run.json").exists() or check_run(
+            prev, restore=False, run_id=run_dir.name
+        ).state != "complete":
             return False
         for name in RECORD_FILES:
             target = run_dir / name
@@ -518,7 +528,9 @@ def read_summary(run_dir: str | os.PathLike[str]) -> RunSummary | None:
             raise TypeError(f"a JSON {type(data).__name__}, not an object")
         return RunSummary.from_dict(data)
     except json.JSONDecodeError as exc:
-        raise RecordError(path, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise RecordError(
+            path, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise RecordError(path, f"not a run summary ({exc})") from None
 
@@ -567,7 +579,9 @@ def check_run(
                 try:
                     data = yaml.safe_load(text) if name == "config.yaml" else json.loads(text)
                 except (yaml.YAMLError, json.JSONDecodeError) as exc:
-                    raise RecordError(path, f"does not parse ({str(exc).splitlines()[0]})") from None
+                    raise RecordError(
+                        path, f"does not parse ({str(exc).splitlines()[0]})"
+                    ) from None
                 if not isinstance(data, dict):
                     raise RecordError(path, "not a mapping")
     except RecordError as exc:
@@ -575,12 +589,26 @@ def check_run(
     measured = sum(1 for s in steps if not s.warmup and s.step_time_s is not None)
     warmup = sum(1 for s in steps if s.warmup)
     checks = [
-        (summary.run_id == (run_id or run_dir.name), f"run.json names run {summary.run_id!r}, not this folder's"),
-        (summary.n_steps == measured, f"run.json counts {summary.n_steps} measured step(s), steps.jsonl holds {measured}"),
-        (summary.n_warmup == warmup, f"run.json counts {summary.n_warmup} warm-up step(s), steps.jsonl holds {warmup}"),
-        (config_hash is None or summary.config_hash == config_hash,
-         f"run.json has config hash {summary.config_hash}, the run's config hashes to {config_hash}"),
-        (seed is None or summary.seed == seed, f"run.json has seed {summary.seed}, the run's is {seed}"),
+        (
+            summary.run_id == (run_id or run_dir.name),
+            f"run.json names run {summary.run_id!r}, not this folder's",
+        ),
+        (
+            summary.n_steps == measured,
+            f"run.json counts {summary.n_steps} measured step(s), steps.jsonl holds {measured}",
+        ),
+        (
+            summary.n_warmup == warmup,
+            f"run.json counts {summary.n_warmup} warm-up step(s), steps.jsonl holds {warmup}",
+        ),
+        (
+            config_hash is None or summary.config_hash == config_hash,
+            f"run.json has config hash {summary.config_hash}, the run's config hashes to {config_hash}",
+        ),
+        (
+            seed is None or summary.seed == seed,
+            f"run.json has seed {summary.seed}, the run's is {seed}",
+        ),
     ]
     for ok, problem in checks:
         if not ok:
@@ -612,7 +640,9 @@ def list_runs(root: str | os.PathLike[str], campaign: str | None = None) -> dict
     return out
 
 
-def iter_summaries(root: str | os.PathLike[str], campaign: str | None = None) -> Iterable[RunSummary]:
+def iter_summaries(
+    root: str | os.PathLike[str], campaign: str | None = None
+) -> Iterable[RunSummary]:
     for run in iter_run_dirs(root, campaign):
         s = read_summary(run)
         if s is not None:

@@ -55,7 +55,11 @@ class NoiseModel:
     straggler_slowdown: float = 1.5
 
     def __post_init__(self) -> None:
-        if self.jitter_sigma < 0 or not 0 <= self.straggler_prob <= 1 or self.straggler_slowdown < 1:
+        if (
+            self.jitter_sigma < 0
+            or not 0 <= self.straggler_prob <= 1
+            or self.straggler_slowdown < 1
+        ):
             raise ValueError(
                 f"NoiseModel: need jitter_sigma >= 0, 0 <= straggler_prob <= 1, straggler_slowdown >= 1; "
                 f"got {self.jitter_sigma}, {self.straggler_prob}, {self.straggler_slowdown}"
@@ -83,7 +87,9 @@ class SimStepResult:
     compute_end_s: float  # when the last rank finished its micro-batches
     sync_s: float
     info: dict[str, Any] = field(default_factory=dict)
-    account: StepAccount | None = None  # where the time goes (noise-free costs, averaged over ranks)
+    account: StepAccount | None = (
+        None  # where the time goes (noise-free costs, averaged over ranks)
+    )
 
     @property
     def peak_mem_gib(self) -> float:
@@ -108,7 +114,9 @@ class SimStepResult:
 def _sync_comm_s(cost: CostModel) -> float:
     """The communication share of the once-per-step time: its declared communication terms."""
     breakdown = cost.step_sync_breakdown()
-    comm = [float(breakdown[t.name]) for t in cost.step_terms if t.communication and t.name in breakdown]
+    comm = [
+        float(breakdown[t.name]) for t in cost.step_terms if t.communication and t.name in breakdown
+    ]
     return add_in_order(comm) if comm else 0.0
 
 
@@ -197,22 +205,36 @@ def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> _Priced:
     """Every micro-batch's costs: sequence-split micro-batches in one vectorised call, batch-split
     ones one by one."""
     n = arr.n_mb
-    out = _Priced({t.name: np.zeros(n) for t in cost.time_terms}, {t.name: t.part for t in cost.time_terms},
-                  tuple(t.name for t in cost.time_terms if t.communication), np.zeros(n),
-                  np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), 0.0)
+    out = _Priced(
+        {t.name: np.zeros(n) for t in cost.time_terms},
+        {t.name: t.part for t in cost.time_terms},
+        tuple(t.name for t in cost.time_terms if t.communication),
+        np.zeros(n),
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        0.0,
+    )
     if arr.seq_mb:
         lens = np.fromiter((len(p) for p in arr.seq_pos), dtype=np.int64, count=len(arr.seq_pos))
-        pos = np.fromiter((s for p in arr.seq_pos for s in p), dtype=np.int64, count=int(lens.sum()))
+        pos = np.fromiter(
+            (s for p in arr.seq_pos for s in p), dtype=np.int64, count=int(lens.sum())
+        )
         local = np.repeat(np.arange(len(arr.seq_pos)), lens)
         c = cost.microbatch_costs(
-            batch.tokens[pos], batch.frames[pos], local, np.asarray(arr.seq_sp), np.asarray(arr.seq_ckpt)
+            batch.tokens[pos],
+            batch.frames[pos],
+            local,
+            np.asarray(arr.seq_sp),
+            np.asarray(arr.seq_ckpt),
         )
         idx = np.asarray(arr.seq_mb)
         for name, t in out.times.items():
             t[idx] = c[name]
         out.mem[idx] = c["mem_bytes"]
         out.samples[idx] = lens
-        out.tokens[idx] = np.bincount(local, weights=batch.tokens[pos], minlength=len(lens)).astype(np.int64)
+        out.tokens[idx] = np.bincount(local, weights=batch.tokens[pos], minlength=len(lens)).astype(
+            np.int64
+        )
         out.flops += float(c["model_flops"].sum())
     for j, samples, size, ckpt in arr.batch_split:
         sel = np.asarray(samples, dtype=np.int64)
@@ -226,7 +248,9 @@ def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> _Priced:
     return out
 
 
-def _with_noise(dur: np.ndarray, arr: _PlanArrays, noise: NoiseModel, step: int, world: int) -> np.ndarray:
+def _with_noise(
+    dur: np.ndarray, arr: _PlanArrays, noise: NoiseModel, step: int, world: int
+) -> np.ndarray:
     """Micro-batch durations under seeded kernel jitter (the group waits for its slowest rank) and
     straggler ranks (a group runs at its slowest member's pace)."""
     rng = noise.rng(step)
@@ -337,7 +361,9 @@ class SampleBounds:
         return ~np.isfinite(self.fastest_s)
 
 
-def distinct_shapes(tokens: np.ndarray, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def distinct_shapes(
+    tokens: np.ndarray, frames: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The distinct (tokens, frames) pairs, sorted by tokens then frames, and each sample's index
     into them (one sort of a combined integer key)."""
     t = np.asarray(tokens, dtype=np.int64)
@@ -397,7 +423,9 @@ def _min_over_ckpt(
     out = np.full(n, np.inf)
     ks = np.arange(K)
     if not affine:
-        vals = np.where(ks[None, :] >= kmin[:, None], share + weight[:, None] * curve[None, :], np.inf)
+        vals = np.where(
+            ks[None, :] >= kmin[:, None], share + weight[:, None] * curve[None, :], np.inf
+        )
         return vals.min(axis=1) if K else out
     for v in np.unique(kmin).tolist():
         sel = np.flatnonzero(kmin == v)
@@ -473,7 +501,9 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
         better = t < fastest[ok]
         best_sp[ok[better]] = sp
         fastest[ok] = np.where(better, t, fastest[ok])
-    return SampleBounds(gpu_seconds=gpu_s[inverse], fastest_s=fastest[inverse], best_sp=best_sp[inverse])
+    return SampleBounds(
+        gpu_seconds=gpu_s[inverse], fastest_s=fastest[inverse], best_sp=best_sp[inverse]
+    )
 
 
 def lower_bound(
@@ -564,7 +594,9 @@ class StepAccount:
     ckpt_tokens: dict[str, int] = field(default_factory=dict)  # checkpointed fraction -> tokens
 
 
-def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_s: float) -> StepAccount:
+def account_step(
+    plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_s: float
+) -> StepAccount:
     """Attribute a simulated step's time to its parts using the cost model's per-micro-batch
     costs (noise-free), averaged over ranks; the idle part is the remainder, so the parts add up
     to the step time exactly."""
@@ -572,7 +604,9 @@ def account_step(plan: StepPlan, batch: GlobalBatch, cost: CostModel, step_time_
     return _account(arr, _price(arr, batch, cost), plan.world_size, cost, step_time_s)
 
 
-def _account(arr: _PlanArrays, priced: _Priced, world: int, cost: CostModel, step_time_s: float) -> StepAccount:
+def _account(
+    arr: _PlanArrays, priced: _Priced, world: int, cost: CostModel, step_time_s: float
+) -> StepAccount:
     # A micro-batch occupies every rank of its group: its rank-seconds are its time x group size.
     size = arr.g_size[arr.mb_group].astype(float) if arr.n_mb else np.zeros(0)
     parts = {part: float((t * size).sum()) / world for part, t in priced.by_part().items()}
@@ -649,5 +683,7 @@ class SimExecutor:
             },
         )
         if self.cost.time_terms != MICROBATCH_TIME_TERMS:  # what the report names the added parts
-            out.extra["added_parts"] = time_parts(self.cost.time_terms[len(MICROBATCH_TIME_TERMS):])
+            out.extra["added_parts"] = time_parts(
+                self.cost.time_terms[len(MICROBATCH_TIME_TERMS) :]
+            )
         return out

@@ -58,7 +58,9 @@ class PrecisionPolicy:
         for name in ("compute", "master", "grad", "optimizer_state"):
             value = getattr(self, name)
             if value not in DTYPE_BYTES:
-                raise ConfigError(f"precision {name}={value!r}; expected one of {', '.join(DTYPE_BYTES)}")
+                raise ConfigError(
+                    f"precision {name}={value!r}; expected one of {', '.join(DTYPE_BYTES)}"
+                )
 
     @property
     def separate_master(self) -> bool:
@@ -79,7 +81,9 @@ def precision_policy(model_dtype: str) -> PrecisionPolicy:
 
 def check_zero_stage(stage: int) -> int:
     if stage not in ZERO_STAGES:
-        raise ConfigError(f"zero_stage={stage!r}; expected one of {', '.join(map(str, ZERO_STAGES))}")
+        raise ConfigError(
+            f"zero_stage={stage!r}; expected one of {', '.join(map(str, ZERO_STAGES))}"
+        )
     return stage
 
 

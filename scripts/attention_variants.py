@@ -39,7 +39,9 @@ def lengths(total: int, median: int, seed: int) -> list[int]:
     return [n for n in out if n > 0]
 
 
-def loop(q: Tensor, k: Tensor, v: Tensor, lens: list[int], causal: bool, four_d: bool, gqa: bool) -> Tensor:
+def loop(
+    q: Tensor, k: Tensor, v: Tensor, lens: list[int], causal: bool, four_d: bool, gqa: bool
+) -> Tensor:
     rep = q.shape[1] // k.shape[1]
     if not gqa and rep > 1:
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -47,7 +49,9 @@ def loop(q: Tensor, k: Tensor, v: Tensor, lens: list[int], causal: bool, four_d:
     for n in lens:
         qs, ks, vs = (t[start : start + n].transpose(0, 1) for t in (q, k, v))
         if four_d:
-            o = F.scaled_dot_product_attention(qs[None], ks[None], vs[None], is_causal=causal, enable_gqa=gqa)[0]
+            o = F.scaled_dot_product_attention(
+                qs[None], ks[None], vs[None], is_causal=causal, enable_gqa=gqa
+            )[0]
         else:
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
         outs.append(o.transpose(0, 1))
@@ -60,19 +64,30 @@ def padded_causal(q: Tensor, k: Tensor, v: Tensor, lens: list[int]) -> Tensor:
 
     def pad(t: Tensor) -> Tensor:
         parts = torch.split(t, lens)
-        return torch.stack([F.pad(p, (0, 0, 0, 0, 0, m - p.shape[0])) for p in parts]).transpose(1, 2)
+        return torch.stack([F.pad(p, (0, 0, 0, 0, 0, m - p.shape[0])) for p in parts]).transpose(
+            1, 2
+        )
 
-    o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), is_causal=True, enable_gqa=True).transpose(1, 2)
+    o = F.scaled_dot_product_attention(
+        pad(q), pad(k), pad(v), is_causal=True, enable_gqa=True
+    ).transpose(1, 2)
     return torch.cat([o[i, :n] for i, n in enumerate(lens)])
 
 
 def block_mask(q: Tensor, k: Tensor, v: Tensor, lens: list[int], causal: bool) -> Tensor:
-    doc = torch.repeat_interleave(torch.arange(len(lens), device=q.device), torch.tensor(lens, device=q.device))
+    doc = torch.repeat_interleave(
+        torch.arange(len(lens), device=q.device), torch.tensor(lens, device=q.device)
+    )
     mask = doc[:, None] == doc[None, :]
     if causal:
         mask &= torch.ones_like(mask).tril()
-    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                       attn_mask=mask, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        attn_mask=mask,
+        enable_gqa=True,
+    )
     return o[0].transpose(0, 1)
 
 
@@ -80,17 +95,23 @@ def nested(q: Tensor, k: Tensor, v: Tensor, lens: list[int]) -> Tensor:
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     offs = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=q.device)
-    qn, kn, vn = (torch.nested.nested_tensor_from_jagged(t, offs).transpose(1, 2) for t in (q, k, v))
+    qn, kn, vn = (
+        torch.nested.nested_tensor_from_jagged(t, offs).transpose(1, 2) for t in (q, k, v)
+    )
     return F.scaled_dot_product_attention(qn, kn, vn).transpose(1, 2).values()
 
 
 def varlen(q: Tensor, k: Tensor, v: Tensor, lens: list[int], causal: bool) -> Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
-    cu = F.pad(torch.tensor(lens, device=q.device, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+    cu = F.pad(
+        torch.tensor(lens, device=q.device, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0)
+    )
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    return varlen_attn(q, k, v, cu, cu, max(lens), max(lens), window_size=(-1, 0) if causal else (-1, -1))
+    return varlen_attn(
+        q, k, v, cu, cu, max(lens), max(lens), window_size=(-1, 0) if causal else (-1, -1)
+    )
 
 
 def make_variants(
@@ -139,8 +160,10 @@ def main() -> None:
     device = torch.device(args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     H, KV, D = (int(x) for x in args.heads.split(","))
-    print(f"device {device}, {args.dtype}, heads {H}/{KV}, head dim {D}, threads {torch.get_num_threads()}, "
-          f"torch {torch.__version__}; median of {args.reps} fwd+bwd after 1 warm-up, seconds")
+    print(
+        f"device {device}, {args.dtype}, heads {H}/{KV}, head dim {D}, threads {torch.get_num_threads()}, "
+        f"torch {torch.__version__}; median of {args.reps} fwd+bwd after 1 warm-up, seconds"
+    )
     print("| kind | tokens | segments | variant | seconds | x fastest |")
     print("|---|---|---|---|---|---|")
     for kind in ("causal", "noncausal"):

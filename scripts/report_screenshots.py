@@ -31,19 +31,30 @@ from dcp_bench.report.browser import (
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("report_dirs", nargs="*", default=[str(REPORTS_DIR / "reproduce")],
-                    help="folders holding report.html (default: reports/reproduce)")
-    ap.add_argument("--full", action="store_true", help="also a screenshot of the whole page (full_page.png)")
+    ap.add_argument(
+        "report_dirs",
+        nargs="*",
+        default=[str(REPORTS_DIR / "reproduce")],
+        help="folders holding report.html (default: reports/reproduce)",
+    )
+    ap.add_argument(
+        "--full", action="store_true", help="also a screenshot of the whole page (full_page.png)"
+    )
     args = ap.parse_args(argv)
     if find_chromium() is None:
-        print("error: no Chromium found (Debian: apt-get install chromium; or set CHROMIUM=/path/to/chrome)",
-              file=sys.stderr)
+        print(
+            "error: no Chromium found (Debian: apt-get install chromium; or set CHROMIUM=/path/to/chrome)",
+            file=sys.stderr,
+        )
         return 2
     bad = 0
     for folder in map(Path, args.report_dirs):
         page = folder / "report.html"
         if not page.is_file():
-            print(f"error: {page} not found (expected a report folder holding report.html)", file=sys.stderr)
+            print(
+                f"error: {page} not found (expected a report folder holding report.html)",
+                file=sys.stderr,
+            )
             return 2
         try:
             shot = screenshot(page, folder / "first_screen.png", PAGE_WIDTH, FIRST_SCREEN)
@@ -51,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{shot}: first {FIRST_SCREEN} px at {PAGE_WIDTH} px wide")
             if args.full:
                 height = int(max(FIRST_SCREEN, m["page_height"]))
-                print(f"{screenshot(page, folder / 'full_page.png', PAGE_WIDTH, height)}: the whole page ({height} px)")
+                print(
+                    f"{screenshot(page, folder / 'full_page.png', PAGE_WIDTH, height)}: the whole page ({height} px)"
+                )
         except DcpBenchError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -59,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(f"{page}: {p}", file=sys.stderr)
         if not problems:
-            print(f"{page}: verdict at {m['verdict']['top']:.0f}-{m['verdict']['bottom']:.0f} px, forest plot at "
-                  f"{m['forest']['top']:.0f}-{m['forest']['bottom']:.0f} px, {len(m['images'])} images fit, no overflow")
+            print(
+                f"{page}: verdict at {m['verdict']['top']:.0f}-{m['verdict']['bottom']:.0f} px, forest plot at "
+                f"{m['forest']['top']:.0f}-{m['forest']['bottom']:.0f} px, {len(m['images'])} images fit, no overflow"
+            )
         bad += bool(problems)
     return 1 if bad else 0
 

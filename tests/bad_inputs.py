@@ -14,8 +14,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-SIM = ["simulate", "workload=videosys_zipf", "method=dcp", "cluster=h200x8", "model=stdit3_xl2", "steps=1",
-       "warmup_steps=0"]
+SIM = [
+    "simulate",
+    "workload=videosys_zipf",
+    "method=dcp",
+    "cluster=h200x8",
+    "model=stdit3_xl2",
+    "steps=1",
+    "warmup_steps=0",
+]
 TEXT = ["simulate", "method=dcp", "cluster=h200x8", "model=llama3_8b", "steps=1", "warmup_steps=0"]
 TRAIN = ["train", "workload=sharegpt", "method=dcp", "model=tiny_llama"]
 
@@ -41,10 +48,28 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
     ([*SIM, "seed=1.5"], ["seed", "1.5", "integer"]),
     ([*SIM, "warmup_steps=-1"], ["warmup_steps", "-1", ">= 0"]),
     ([*SIM, "nproc=20"], ["nproc", "20", "whole nodes of 8"]),
-    (["simulate", "workload=videosys_zipf", "method=dcp", "cluster=h200x8@20", "model=stdit3_xl2", "steps=1"],
-     ["cluster=NAME@N", "20", "whole nodes of 8"]),
-    (["simulate", "workload=videosys_zipf", "method=dcp", "cluster=h200x8@0", "model=stdit3_xl2", "steps=1"],
-     ["cluster=h200x8@0", "GPU count"]),
+    (
+        [
+            "simulate",
+            "workload=videosys_zipf",
+            "method=dcp",
+            "cluster=h200x8@20",
+            "model=stdit3_xl2",
+            "steps=1",
+        ],
+        ["cluster=NAME@N", "20", "whole nodes of 8"],
+    ),
+    (
+        [
+            "simulate",
+            "workload=videosys_zipf",
+            "method=dcp",
+            "cluster=h200x8@0",
+            "model=stdit3_xl2",
+            "steps=1",
+        ],
+        ["cluster=h200x8@0", "GPU count"],
+    ),
     ([*SIM, "nproc=0"], ["nproc", "0", ">= 1"]),
     ([*SIM, "timeout_s=-5"], ["timeout_s", "-5", "> 0"]),
     ([*SIM, "timeout_s=abc"], ["timeout_s", "abc", "number"]),
@@ -61,26 +86,61 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
     ([*SIM, "method.mode=weird"], ["mode", "weird", "fair"]),
     # workloads and their lengths
     ([*TEXT, "workload=lengths_file"], ["lengths_file", "workload.lengths_file=PATH"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/missing.txt"], ["missing.txt", "does not exist"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/big.txt"], ["big.txt", "1000000000000", "1,073,741,824"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/huge.txt"],
-     ["huge.txt", "100000000000000000000", "1,073,741,824"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/negative.txt"], ["negative.txt", "-5", "positive"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/words.txt"], ["words.txt", "abc", "integer"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/fraction.txt"], ["fraction.txt", "3.5", "integer"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/empty.txt"], ["empty.txt", "no lengths"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={data}/bad.json"], ["bad.json", "JSON"]),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/missing.txt"],
+        ["missing.txt", "does not exist"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/big.txt"],
+        ["big.txt", "1000000000000", "1,073,741,824"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/huge.txt"],
+        ["huge.txt", "100000000000000000000", "1,073,741,824"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/negative.txt"],
+        ["negative.txt", "-5", "positive"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/words.txt"],
+        ["words.txt", "abc", "integer"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/fraction.txt"],
+        ["fraction.txt", "3.5", "integer"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/empty.txt"],
+        ["empty.txt", "no lengths"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/bad.json"],
+        ["bad.json", "JSON"],
+    ),
     ([*TEXT, "workload=synthetic_fixed", "workload.length=0"], ["length", "0", "positive"]),
-    ([*TEXT, "workload=synthetic_fixed", "workload.length=2000000000"], ["length", "2000000000", "1,073,741,824"]),
-    ([*TEXT, "workload=synthetic_uniform", "workload.low=100", "workload.high=10"], ["low=100", "high=10"]),
+    (
+        [*TEXT, "workload=synthetic_fixed", "workload.length=2000000000"],
+        ["length", "2000000000", "1,073,741,824"],
+    ),
+    (
+        [*TEXT, "workload=synthetic_uniform", "workload.low=100", "workload.high=10"],
+        ["low=100", "high=10"],
+    ),
     ([*SIM, "workload.length_scale=0.5"], ["length_scale", "0.5", ">= 1"]),
     ([*SIM, "workload.tokens_per_gpu=0"], ["tokens_per_gpu", "0"]),
-    ([*SIM, "workload.tokens_per_gpu=100000000000000000000"], ["tokens_per_gpu", "100000000000000000000"]),
+    (
+        [*SIM, "workload.tokens_per_gpu=100000000000000000000"],
+        ["tokens_per_gpu", "100000000000000000000"],
+    ),
     ([*SIM, "workload.max_len_policy=chop"], ["max_len_policy", "chop", "truncate"]),
     # real training: refused before anything is launched
     ([*TRAIN, "nproc={too_many}"], ["(nproc)={too_many}", "at most", "ranks"]),
     ([*TRAIN, "nproc=2", "train.fail_rank=5"], ["fail_rank=5", "< 2"]),
-    ([*TRAIN, "nproc=2", "train.fail_rank=0", "train.fail_step=100", "steps=2"], ["fail_step=100", "< 4"]),
+    (
+        [*TRAIN, "nproc=2", "train.fail_rank=0", "train.fail_step=100", "steps=2"],
+        ["fail_step=100", "< 4"],
+    ),
     ([*TRAIN, "nproc=2", "lr=-1"], ["train.lr", "-1", "> 0"]),
     ([*TRAIN, "nproc=2", "threads=0"], ["train.threads", "0", ">= 1"]),
     ([*TRAIN, "nproc=2", "nnodes=2"], ["nnodes", "rdzv_endpoint=HOST:PORT"]),
@@ -112,8 +172,14 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
     (["frobnicate"], ["frobnicate", "invalid choice"]),
     # issue 27: values that parse as YAML collections, campaign names, output places
     ([*SIM, "run.campaign={a: 1}"], ["run.campaign", "mapping", "single value"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file={a: 1}"], ["workload.lengths_file", "mapping"]),
-    ([*TEXT, "workload=lengths_file", "workload.lengths_file=[1,2,3]"], ["workload.lengths_file", "list"]),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={a: 1}"],
+        ["workload.lengths_file", "mapping"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file=[1,2,3]"],
+        ["workload.lengths_file", "list"],
+    ),
     ([*SIM[:2], "method=bucket_static", *SIM[3:], "method.sp={x: 1}"], ["method.sp", "mapping"]),
     ([*SIM, "run.campaign=../../x"], ["run.campaign", "../../x", "one folder name"]),
     ([*SIM, "run.campaign=/tmp/x"], ["run.campaign", "/tmp/x", "one folder name"]),
@@ -122,25 +188,63 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
     ([*SIM, "--record", "root={data}/big.txt"], ["run.root", "big.txt", "not a folder"]),
     ([*SIM, "--record", "root={data}/big.txt/runs"], ["run.root", "big.txt", "not a folder"]),
     (["sweep", *SIM[1:], "root={data}/big.txt"], ["run.root", "big.txt", "not a folder"]),
-    (["report", "campaign=nothing", "root={data}", "out={data}/big.txt"], ["out=", "big.txt", "not a folder"]),
-    (["report", "campaign=nothing", "root={data}", "n_boot=99999999999999999999"], ["n_boot", "99999999999999999999"]),
+    (
+        ["report", "campaign=nothing", "root={data}", "out={data}/big.txt"],
+        ["out=", "big.txt", "not a folder"],
+    ),
+    (
+        ["report", "campaign=nothing", "root={data}", "n_boot=99999999999999999999"],
+        ["n_boot", "99999999999999999999"],
+    ),
     (["report", "campaign=nothing", "root={data}", "n_boot=0"], ["n_boot", "'0'", "from 1"]),
-    (["plan", *SIM[1:5], "--out", "{data}/big.txt/plan.json"], ["--out", "big.txt", "not a folder"]),
-    (["workloads", "show", "prolong", "--plot", "{data}/big.txt/x.png"], ["--plot", "big.txt", "not a folder"]),
-    (["slurm", "workload=sharegpt", "method=dcp", "cluster=h200x32", "--time", "2 hours"], ["--time", "2 hours"]),
-    (["slurm", "workload=sharegpt", "method=dcp", "cluster=h200x32", "--partition", "a b"], ["--partition", "a b"]),
-    (["slurm", "workload=sharegpt", "method=dcp", "cluster=h200x32", "--out", "{data}/big.txt/job.sbatch"],
-     ["--out", "big.txt", "not a folder"]),
+    (
+        ["plan", *SIM[1:5], "--out", "{data}/big.txt/plan.json"],
+        ["--out", "big.txt", "not a folder"],
+    ),
+    (
+        ["workloads", "show", "prolong", "--plot", "{data}/big.txt/x.png"],
+        ["--plot", "big.txt", "not a folder"],
+    ),
+    (
+        ["slurm", "workload=sharegpt", "method=dcp", "cluster=h200x32", "--time", "2 hours"],
+        ["--time", "2 hours"],
+    ),
+    (
+        ["slurm", "workload=sharegpt", "method=dcp", "cluster=h200x32", "--partition", "a b"],
+        ["--partition", "a b"],
+    ),
+    (
+        [
+            "slurm",
+            "workload=sharegpt",
+            "method=dcp",
+            "cluster=h200x32",
+            "--out",
+            "{data}/big.txt/job.sbatch",
+        ],
+        ["--out", "big.txt", "not a folder"],
+    ),
     (["reproduce", "out={data}/big.txt"], ["out=", "big.txt", "not a folder"]),
     (["reproduce", "root={data}/big.txt"], ["root=", "big.txt", "not a folder"]),
     (["reproduce", "campaign=../x"], ["campaign", "../x", "one folder name"]),
     # user config and user code
     ([*SIM, "extra_conf={data}/big.txt"], ["big.txt", "is a file, not a folder"]),
-    ([*SIM[:2], "method=broken_yaml", *SIM[3:], "extra_conf={data}/conf"], ["broken_yaml.yaml", "line 2", "YAML"]),
-    ([*SIM[:2], "method=dcp", *SIM[3:], "extra_conf={data}/shadow"], ["shadow/method/dcp.yaml", "conf/method/dcp.yaml"]),
-    ([*SIM[:2], "method=raises_at_import", *SIM[3:], "extra_conf={data}/conf"],
-     ["raises_at_import_planner", "RuntimeError", "raises_at_import_planner.py:1"]),
-    (["plan", *SIM[1:2], "method=returns_none", *SIM[3:5], "extra_conf={data}/conf"], ["returned NoneType", "StepPlan"]),
+    (
+        [*SIM[:2], "method=broken_yaml", *SIM[3:], "extra_conf={data}/conf"],
+        ["broken_yaml.yaml", "line 2", "YAML"],
+    ),
+    (
+        [*SIM[:2], "method=dcp", *SIM[3:], "extra_conf={data}/shadow"],
+        ["shadow/method/dcp.yaml", "conf/method/dcp.yaml"],
+    ),
+    (
+        [*SIM[:2], "method=raises_at_import", *SIM[3:], "extra_conf={data}/conf"],
+        ["raises_at_import_planner", "RuntimeError", "raises_at_import_planner.py:1"],
+    ),
+    (
+        ["plan", *SIM[1:2], "method=returns_none", *SIM[3:5], "extra_conf={data}/conf"],
+        ["returned NoneType", "StepPlan"],
+    ),
     # numbers checked before anything runs
     ([*TEXT, "workload=prolong", "model.num_layers=0"], ["model.num_layers=0", ">= 1"]),
     ([*TEXT, "workload=prolong", "model.heads=-8"], ["model.heads=-8", ">= 1"]),
@@ -154,9 +258,15 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
 def write_data(folder: Path) -> Path:
     """The small lengths files the table names."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"big.txt": "100\n1000000000000\n", "huge.txt": "100\n100000000000000000000\n",
-             "negative.txt": "100\n-5\n", "words.txt": "100\nabc\n", "fraction.txt": "3.5\n", "empty.txt": "# none\n",
-             "bad.json": "[1, 2,"}
+    files = {
+        "big.txt": "100\n1000000000000\n",
+        "huge.txt": "100\n100000000000000000000\n",
+        "negative.txt": "100\n-5\n",
+        "words.txt": "100\nabc\n",
+        "fraction.txt": "3.5\n",
+        "empty.txt": "# none\n",
+        "bad.json": "[1, 2,",
+    }
     for name, text in files.items():
         (folder / name).write_text(text)
     # user config folders: a malformed YAML file, planners that break, one shadowing a packaged name
@@ -164,13 +274,19 @@ def write_data(folder: Path) -> Path:
     methods.mkdir(parents=True, exist_ok=True)
     (methods / "broken_yaml.yaml").write_text("name: [\n")
     (methods / "raises_at_import.yaml").write_text(
-        "name: raises_at_import\n_target_: raises_at_import_planner.Planner\nmode: fair\n")
-    (folder / "conf" / "raises_at_import_planner.py").write_text("raise RuntimeError('broken on purpose')\n")
-    (methods / "returns_none.yaml").write_text("name: returns_none\n_target_: returns_none_planner.NonePlanner\nmode: fair\n")
+        "name: raises_at_import\n_target_: raises_at_import_planner.Planner\nmode: fair\n"
+    )
+    (folder / "conf" / "raises_at_import_planner.py").write_text(
+        "raise RuntimeError('broken on purpose')\n"
+    )
+    (methods / "returns_none.yaml").write_text(
+        "name: returns_none\n_target_: returns_none_planner.NonePlanner\nmode: fair\n"
+    )
     (folder / "conf" / "returns_none_planner.py").write_text(
         "from dcp_bench.planners.base import Planner\n\n\nclass NonePlanner(Planner):\n"
         "    name = 'returns_none'\n\n    def __init__(self, mode='fair', **kw):\n        self.mode = mode\n\n"
-        "    def plan(self, batch, cost):\n        return None\n")
+        "    def plan(self, batch, cost):\n        return None\n"
+    )
     (folder / "shadow" / "method").mkdir(parents=True, exist_ok=True)
     (folder / "shadow" / "method" / "dcp.yaml").write_text("name: dcp\n_target_: nowhere.Planner\n")
     return folder
@@ -180,7 +296,9 @@ def too_many_ranks() -> int:
     """A power of two above 4 ranks per usable core (docs/runtime.md: what one CPU node may start)."""
     import os
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     n = 1
     while n <= 4 * cores:
         n *= 2
@@ -188,7 +306,9 @@ def too_many_ranks() -> int:
 
 
 def fill(args: list[str], data: Path) -> list[str]:
-    return [a.replace("{data}", str(data)).replace("{too_many}", str(too_many_ranks())) for a in args]
+    return [
+        a.replace("{data}", str(data)).replace("{too_many}", str(too_many_ranks())) for a in args
+    ]
 
 
 def run_one(args: list[str]) -> tuple[int, str]:
@@ -218,6 +338,12 @@ if __name__ == "__main__":
             code, err = run_one(real)
             shown = " ".join(args).replace("|", "\\|")
             repo = str(Path(__file__).resolve().parents[1])
-            msg = err.strip().replace(str(data), "{data}").replace(repo + "/", "").replace(repo, ".").replace("|", "\\|")
+            msg = (
+                err.strip()
+                .replace(str(data), "{data}")
+                .replace(repo + "/", "")
+                .replace(repo, ".")
+                .replace("|", "\\|")
+            )
             print(f"| {i} | `dcp-bench {shown}` | {code} | {msg} |")
             sys.stdout.flush()

@@ -21,7 +21,9 @@ SEED = 7
 
 
 def flat_grads(params: Any) -> torch.Tensor:
-    return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in params])
+    return torch.cat(
+        [(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in params]
+    )
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -49,8 +51,14 @@ def group_sizes(plan: StepPlan) -> list[int]:
     return sorted({g.size for r in plan.rounds for g in r.groups if g.micro_batches})
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, build: Callable[[int], Any],
-            cases: list[tuple[str, GlobalBatch, Any]]) -> None:
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    out_dir: str,
+    build: Callable[[int], Any],
+    cases: list[tuple[str, GlobalBatch, Any]],
+) -> None:
     """``build(seed)`` -> (library model, adapter). A case runs a hand-built `StepPlan` through the
     runtime's executor, or ``(method, cost overrides)`` through DataCentricParallel."""
     import torch.distributed as dist
@@ -73,24 +81,42 @@ def _worker(rank: int, world: int, port: int, out_dir: str, build: Callable[[int
             model, adapter = build(SEED)
             if isinstance(how, StepPlan):
                 res = execute_step(how, batch, AdaptedModel(model, adapter), None, pool, seed=SEED)
-                results.append({"loss": res.loss, "grads": flat_grads(model.parameters()), "sizes": group_sizes(how)})
+                results.append(
+                    {
+                        "loss": res.loss,
+                        "grads": flat_grads(model.parameters()),
+                        "sizes": group_sizes(how),
+                    }
+                )
                 continue
             method, cap = how
-            cost = make_cost_model(adapter.spec, cluster_spec("cpu").resized(world), mem_cap_fraction=cap)
+            cost = make_cost_model(
+                adapter.spec, cluster_spec("cpu").resized(world), mem_cap_fraction=cap
+            )
             capture = GradCapture(model.parameters())
-            dcp = DataCentricParallel(model, capture, [batch], method=method, cost=cost, seed=SEED, adapter=adapter)
+            dcp = DataCentricParallel(
+                model, capture, [batch], method=method, cost=cost, seed=SEED, adapter=adapter
+            )
             work = next(iter(dcp))
             for mb in work:
                 work.backward(dcp.loss_sum(mb) / work.tokens)
             loss = dcp.step(work)
-            results.append({"loss": loss, "grads": capture.grads, "sizes": group_sizes(work.plan),
-                            "ckpt": sorted({mb.ckpt_layers for _, _, mb in work.plan.micro_batches()})})
+            results.append(
+                {
+                    "loss": loss,
+                    "grads": capture.grads,
+                    "sizes": group_sizes(work.plan),
+                    "ckpt": sorted({mb.ckpt_layers for _, _, mb in work.plan.micro_batches()}),
+                }
+            )
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def run_cases(world: int, build: Callable[[int], Any], cases: list[tuple[str, GlobalBatch, Any]]) -> list[list[dict[str, Any]]]:
+def run_cases(
+    world: int, build: Callable[[int], Any], cases: list[tuple[str, GlobalBatch, Any]]
+) -> list[list[dict[str, Any]]]:
     """Every case on one set of ``world`` spawned gloo processes; results per rank, per case."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(world, free_port(), tmp, build, cases), nprocs=world, join=True)

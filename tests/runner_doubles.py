@@ -28,15 +28,21 @@ class ToyWorkload:
     def __init__(self, name: str = "toy", seed: int = 0, lo: int = 64, hi: int = 8192) -> None:
         self.name, self.seed, self.lo, self.hi = name, seed, lo, hi
 
-    def global_batch(self, step: int, world_size: int, max_seq_len: int | None = None) -> GlobalBatch:
+    def global_batch(
+        self, step: int, world_size: int, max_seq_len: int | None = None
+    ) -> GlobalBatch:
         rng = np.random.default_rng([self.seed, step])
         n = 4 * world_size
         lengths = np.exp(rng.uniform(np.log(self.lo), np.log(self.hi), size=n)).astype(np.int64)
         if max_seq_len:
             lengths = np.minimum(lengths, max_seq_len)
         b = GlobalBatch.from_lengths(lengths, step=step)
-        return GlobalBatch(step=step, sample_ids=b.sample_ids + 1_000_000 * self.seed + 1000 * step,
-                           tokens=b.tokens, frames=b.frames)
+        return GlobalBatch(
+            step=step,
+            sample_ids=b.sample_ids + 1_000_000 * self.seed + 1000 * step,
+            tokens=b.tokens,
+            frames=b.frames,
+        )
 
 
 @dataclass
@@ -48,10 +54,14 @@ class ToyCost(CostModel):
     b: float = 1e-10
     c: float = 2e-7
     act: float = 1e5
-    slowdown: float = 1.0  # every time multiplied by this (a "measured" machine slower than predicted)
+    slowdown: float = (
+        1.0  # every time multiplied by this (a "measured" machine slower than predicted)
+    )
     source: str = "toy"
 
-    def microbatch_cost(self, tokens: Any, frames: Any, sp: int, ckpt_layers: int, split: str = "sequence") -> MicroBatchCost:
+    def microbatch_cost(
+        self, tokens: Any, frames: Any, sp: int, ckpt_layers: int, split: str = "sequence"
+    ) -> MicroBatchCost:
         t = np.asarray(tokens, dtype=float)
         work = self.slowdown * float(np.sum(self.a * t + self.b * t * t)) / sp
         frac = ckpt_layers / self.model.num_layers
@@ -60,8 +70,12 @@ class ToyCost(CostModel):
         return MicroBatchCost(work / 3, 2 * work / 3, frac * work / 3, comm, mem, 6.0 * t.sum())
 
     def sample_time(self, tokens: Any, frames: Any, sp: int, ckpt_layers: int) -> np.ndarray:
-        return np.array([self.microbatch_cost(np.array([t]), np.array([1]), sp, ckpt_layers).total_s
-                         for t in np.atleast_1d(tokens)])
+        return np.array(
+            [
+                self.microbatch_cost(np.array([t]), np.array([1]), sp, ckpt_layers).total_s
+                for t in np.atleast_1d(tokens)
+            ]
+        )
 
     def sample_memory(self, tokens: Any, frames: Any, sp: int, ckpt_layers: int) -> np.ndarray:
         frac = ckpt_layers / self.model.num_layers
@@ -83,8 +97,14 @@ class ToyPlanner(Planner):
 
     name = "toy"
 
-    def __init__(self, mode: str = "fair", kind: str = "static", sp: int = 2, sleep_s: float = 0.0,
-                 fail_flag: str = "") -> None:
+    def __init__(
+        self,
+        mode: str = "fair",
+        kind: str = "static",
+        sp: int = 2,
+        sleep_s: float = 0.0,
+        fail_flag: str = "",
+    ) -> None:
         super().__init__(mode)  # type: ignore[arg-type]
         self.kind, self.sp, self.sleep_s, self.fail_flag = kind, sp, sleep_s, fail_flag
 
@@ -109,15 +129,26 @@ class ToyPlanner(Planner):
                 groups[r].micro_batches.append(MicroBatch(samples=(int(i),), ckpt_layers=0))
                 load[r] += t[i]
         groups = [g for g in groups if g.micro_batches]
-        return StepPlan(world_size=W, rounds=[Round(groups=groups)], method=self.name, mode=self.mode)
+        return StepPlan(
+            world_size=W, rounds=[Round(groups=groups)], method=self.name, mode=self.mode
+        )
 
 
 def toy_assemble(spec: RunSpec, slowdown: float = 1.0) -> RunParts:
     """The real assembly with the closed-form `ToyCost` in place of the cost model."""
-    cost = ToyCost(model=spec.model, cluster=spec.cluster, mem_cap_fraction=spec.mem_cap_fraction,
-                   act=1e5 * spec.cost.scale_map.get("act_bytes", 1.0), slowdown=slowdown)
-    return RunParts(workload=make_workload(spec.workload, seed=spec.seed), cost=cost, plan_cost=cost,
-                    planner=make_planner(spec.method, seed=spec.seed))
+    cost = ToyCost(
+        model=spec.model,
+        cluster=spec.cluster,
+        mem_cap_fraction=spec.mem_cap_fraction,
+        act=1e5 * spec.cost.scale_map.get("act_bytes", 1.0),
+        slowdown=slowdown,
+    )
+    return RunParts(
+        workload=make_workload(spec.workload, seed=spec.seed),
+        cost=cost,
+        plan_cost=cost,
+        planner=make_planner(spec.method, seed=spec.seed),
+    )
 
 
 def write_toy_conf(root: Path, sleep_s: float = 0.0, fail_flag: Path | None = None) -> Path:
@@ -126,13 +157,16 @@ def write_toy_conf(root: Path, sleep_s: float = 0.0, fail_flag: Path | None = No
     (root / "method").mkdir(parents=True, exist_ok=True)
     (root / "workload").mkdir(parents=True, exist_ok=True)
     (root / "workload" / "toy.yaml").write_text(
-        "name: toy\n_target_: runner_doubles.ToyWorkload\nseed: 0\nlo: 64\nhi: 8192\n")
+        "name: toy\n_target_: runner_doubles.ToyWorkload\nseed: 0\nlo: 64\nhi: 8192\n"
+    )
     for kind in ("static", "greedy", "fail"):
         (root / "method" / f"toy_{kind}.yaml").write_text(
             f"name: toy_{kind}\n_target_: runner_doubles.ToyPlanner\nmode: fair\nkind: {kind}\n"
-            f"sp: 2\nsleep_s: {sleep_s}\n")
+            f"sp: 2\nsleep_s: {sleep_s}\n"
+        )
     if fail_flag is not None:
         (root / "method" / "toy_flaky.yaml").write_text(
             "name: toy_flaky\n_target_: runner_doubles.ToyPlanner\nmode: fair\nkind: static\n"
-            f"sp: 2\nsleep_s: {sleep_s}\nfail_flag: {fail_flag}\n")
+            f"sp: 2\nsleep_s: {sleep_s}\nfail_flag: {fail_flag}\n"
+        )
     return root

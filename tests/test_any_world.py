@@ -76,30 +76,61 @@ def test_impossible_shapes_are_one_line_errors() -> None:
     with pytest.raises(ClusterError, match="20 GPUs do not fill whole nodes of 8"):
         cluster_spec("h200x8").resized(20)
     with pytest.raises(ClusterError, match="gpus_per_node=6 on 2 nodes"):
-        cluster_spec("h200x8", gpu="h200", num_nodes=2, gpus_per_node=6, intra_node_bw=1.0, inter_node_bw=1.0,
-                     intra_node_latency_s=0.0, inter_node_latency_s=0.0)
+        cluster_spec(
+            "h200x8",
+            gpu="h200",
+            num_nodes=2,
+            gpus_per_node=6,
+            intra_node_bw=1.0,
+            inter_node_bw=1.0,
+            intra_node_latency_s=0.0,
+            inter_node_latency_s=0.0,
+        )
     # one node of any size is fine (a 6-rank gloo machine)
     assert cluster_spec("cpu").resized(6).sp_degrees() == [1, 2]
 
 
 def test_cluster_size_override() -> None:
-    assert expand_cluster_size(["cluster=h200x8@12288", "steps=2"]) == ["cluster=h200x8", "steps=2",
-                                                                        "run.nproc=12288"]
+    assert expand_cluster_size(["cluster=h200x8@12288", "steps=2"]) == [
+        "cluster=h200x8",
+        "steps=2",
+        "run.nproc=12288",
+    ]
     assert expand_cluster_size(["cluster=h200x8"]) == ["cluster=h200x8"]
     with pytest.raises(ConfigError, match="'x' is not a GPU count"):
         expand_cluster_size(["cluster=h200x8@x"])
     with pytest.raises(ConfigError, match="run.nproc=16 contradicts"):
         expand_cluster_size(["cluster=h200x8@24", "run.nproc=16"])
-    spec = parse_run_spec(to_container(load_config(["cluster=h200x8@96", "workload=prolong", "model=llama3_8b"])))
-    assert spec.cluster.world_size == 96 and spec.cluster.num_nodes == 12 and spec.cluster.name == "h200x8@96"
+    spec = parse_run_spec(
+        to_container(load_config(["cluster=h200x8@96", "workload=prolong", "model=llama3_8b"]))
+    )
+    assert (
+        spec.cluster.world_size == 96
+        and spec.cluster.num_nodes == 12
+        and spec.cluster.name == "h200x8@96"
+    )
     with pytest.raises(ConfigError, match=r"nproc.*=20: .*20 GPUs do not fill whole nodes"):
         parse_run_spec(to_container(load_config(["cluster=h200x8@20"])))
 
 
 def test_cli_names_the_impossible_size_in_one_line() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "dcp_bench.cli", "plan", "cluster=h200x8@20", "workload=prolong",
-                          "model=llama3_8b"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dcp_bench.cli",
+            "plan",
+            "cluster=h200x8@20",
+            "workload=prolong",
+            "model=llama3_8b",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "20" in lines[0] and "whole nodes of 8" in lines[0]
@@ -108,21 +139,65 @@ def test_cli_names_the_impossible_size_in_one_line() -> None:
 def test_validator_refuses_groups_that_do_not_divide_the_world_or_straddle_nodes() -> None:
     cost = make_cost_model("llama3_8b", cluster_spec("h200x8").resized(24))
     batch = GlobalBatch.from_lengths([1000, 2000])
-    ok = StepPlan(world_size=24, rounds=[Round(groups=[
-        Group(start=8, size=8, micro_batches=[MicroBatch(samples=(0,), ckpt_layers=0)]),
-        Group(start=16, size=4, micro_batches=[MicroBatch(samples=(1,), ckpt_layers=0)])])])
+    ok = StepPlan(
+        world_size=24,
+        rounds=[
+            Round(
+                groups=[
+                    Group(start=8, size=8, micro_batches=[MicroBatch(samples=(0,), ckpt_layers=0)]),
+                    Group(
+                        start=16, size=4, micro_batches=[MicroBatch(samples=(1,), ckpt_layers=0)]
+                    ),
+                ]
+            )
+        ],
+    )
     validate_plan(ok, batch, cost)
-    sixteen = StepPlan(world_size=24, rounds=[Round(groups=[
-        Group(start=0, size=16, micro_batches=[MicroBatch(samples=(0, 1), ckpt_layers=0)])])])
+    sixteen = StepPlan(
+        world_size=24,
+        rounds=[
+            Round(
+                groups=[
+                    Group(
+                        start=0, size=16, micro_batches=[MicroBatch(samples=(0, 1), ckpt_layers=0)]
+                    )
+                ]
+            )
+        ],
+    )
     with pytest.raises(PlanError, match="must divide the world size 24"):
         validate_plan(sixteen, batch, cost)
     # 3 nodes of 2 GPUs: a pair lies inside one node when aligned
-    cost2 = make_cost_model("llama3_8b", cluster_spec("h200x8", gpu="h200", num_nodes=3, gpus_per_node=2,
-                                                      intra_node_bw=1e11, inter_node_bw=1e10,
-                                                      intra_node_latency_s=1e-5, inter_node_latency_s=1e-5))
-    assert not spans_nodes_cleanly(1, 2, 2) and spans_nodes_cleanly(2, 2, 2) and not spans_nodes_cleanly(2, 4, 4)
-    pairs = StepPlan(world_size=6, rounds=[Round(groups=[
-        Group(start=2, size=2, micro_batches=[MicroBatch(samples=(0, 1), ckpt_layers=0)])])])
+    cost2 = make_cost_model(
+        "llama3_8b",
+        cluster_spec(
+            "h200x8",
+            gpu="h200",
+            num_nodes=3,
+            gpus_per_node=2,
+            intra_node_bw=1e11,
+            inter_node_bw=1e10,
+            intra_node_latency_s=1e-5,
+            inter_node_latency_s=1e-5,
+        ),
+    )
+    assert (
+        not spans_nodes_cleanly(1, 2, 2)
+        and spans_nodes_cleanly(2, 2, 2)
+        and not spans_nodes_cleanly(2, 4, 4)
+    )
+    pairs = StepPlan(
+        world_size=6,
+        rounds=[
+            Round(
+                groups=[
+                    Group(
+                        start=2, size=2, micro_batches=[MicroBatch(samples=(0, 1), ckpt_layers=0)]
+                    )
+                ]
+            )
+        ],
+    )
     validate_plan(pairs, batch, cost2)
 
 
@@ -175,7 +250,9 @@ def test_dcp_within_one_percent_of_the_bound_on_three_nodes(workload: str) -> No
 # gloo: 3 and 6 ranks on one machine, gradients against single-process training.
 
 
-def _world_worker(rank: int, world: int, port: int, out_dir: str, cases: list[tuple[Any, ...]]) -> None:
+def _world_worker(
+    rank: int, world: int, port: int, out_dir: str, cases: list[tuple[Any, ...]]
+) -> None:
     import torch
     import torch.distributed as dist
     from test_runtime_dist import SEED, flat_grads
@@ -220,17 +297,39 @@ def test_odd_worlds_train_like_one_process(world: int) -> None:
     from test_runtime_dist import _free_port, reference, rel_l2
 
     lengths = [37, 121, 64, 9, 203, 50, 18, 90, 140, 33, 75, 12][: 2 * world]
-    batch = GlobalBatch(step=0, sample_ids=np.arange(100, 100 + len(lengths)), tokens=np.asarray(lengths),
-                        frames=np.ones(len(lengths), dtype=np.int64))
+    batch = GlobalBatch(
+        step=0,
+        sample_ids=np.arange(100, 100 + len(lengths)),
+        tokens=np.asarray(lengths),
+        frames=np.ones(len(lengths), dtype=np.int64),
+    )
     mbs = [MicroBatch(samples=(i,), ckpt_layers=0) for i in range(batch.n)]
     if world == 6:  # pairs and singletons in one round, then the pairs regrouped
-        hand = StepPlan(world_size=6, rounds=[
-            Round(groups=[Group(0, 2, [mbs[4]]), Group(2, 1, [mbs[0], mbs[1]]), Group(3, 1, [mbs[2]]),
-                          Group(4, 2, [mbs[3], mbs[5]])]),
-            Round(groups=[Group(0, 2, [mbs[6], mbs[7]]), Group(2, 2, [mbs[8], mbs[9]]),
-                          Group(4, 1, [mbs[10]]), Group(5, 1, [mbs[11]])])])
+        hand = StepPlan(
+            world_size=6,
+            rounds=[
+                Round(
+                    groups=[
+                        Group(0, 2, [mbs[4]]),
+                        Group(2, 1, [mbs[0], mbs[1]]),
+                        Group(3, 1, [mbs[2]]),
+                        Group(4, 2, [mbs[3], mbs[5]]),
+                    ]
+                ),
+                Round(
+                    groups=[
+                        Group(0, 2, [mbs[6], mbs[7]]),
+                        Group(2, 2, [mbs[8], mbs[9]]),
+                        Group(4, 1, [mbs[10]]),
+                        Group(5, 1, [mbs[11]]),
+                    ]
+                ),
+            ],
+        )
     else:
-        hand = StepPlan(world_size=3, rounds=[Round(groups=[Group(r, 1, mbs[r::3]) for r in range(3)])])
+        hand = StepPlan(
+            world_size=3, rounds=[Round(groups=[Group(r, 1, mbs[r::3]) for r in range(3)])]
+        )
     validate_plan(hand, batch)
     planned = _dcp_plan(world, batch)
     if world == 6:  # the planner's own plan uses the pairs of a 6-rank world
@@ -255,7 +354,11 @@ def test_every_method_plans_valid_steps_on_six_ranks_of_one_machine(method: str)
     from dcp_bench.workloads import load_workload
 
     cost = make_cost_model("tiny_llama", cluster_spec("cpu").resized(6), mem_cap_fraction=0.068)
-    batch = load_workload("wikipedia", length_scale=8, tokens_per_gpu=6144).global_batch(0, 6, cost.model.max_seq_len)
-    plan = make_planner(dict(to_container(load_config([f"method={method}"]))["method"])).plan(batch, cost)
+    batch = load_workload("wikipedia", length_scale=8, tokens_per_gpu=6144).global_batch(
+        0, 6, cost.model.max_seq_len
+    )
+    plan = make_planner(dict(to_container(load_config([f"method={method}"]))["method"])).plan(
+        batch, cost
+    )
     validate_plan(plan, batch, cost)
     assert all(g.size in (1, 2) for rnd in plan.rounds for g in rnd.groups)

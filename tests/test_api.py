@@ -114,7 +114,12 @@ def _free_port() -> int:
 
 def _run_dcp_example(rank: int, world: int, port: int, steps: int, out: str) -> None:
     os.environ.update(
-        {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
     )
     torch.set_num_threads(1)
     sys.path.insert(0, str(REPO_ROOT))

@@ -19,9 +19,12 @@ def test_the_table_is_large_and_varied() -> None:
 
 
 @pytest.mark.parametrize("args,words", BAD_INPUTS, ids=[f"{a[0]} {a[-1]}" for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_line_naming_the_value(args: list[str], words: list[str], tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # reproduce reads its claims from the repository
+def test_bad_input_is_one_line_naming_the_value(
+    args: list[str], words: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(
+        Path(__file__).resolve().parents[1]
+    )  # reproduce reads its claims from the repository
     monkeypatch.delenv("DCP_BENCH_MAX_LOCAL_RANKS", raising=False)
     data = write_data(tmp_path / "data")
     before = sorted(p.name for p in (Path("reports")).glob("*")) if Path("reports").exists() else []
@@ -33,4 +36,6 @@ def test_bad_input_is_one_line_naming_the_value(args: list[str], words: list[str
     for word in fill(words, data):
         assert word in lines[0], (word, lines[0])
     # Nothing was written by a refused command (reproduce never touches reports/).
-    assert (sorted(p.name for p in Path("reports").glob("*")) if Path("reports").exists() else []) == before
+    assert (
+        sorted(p.name for p in Path("reports").glob("*")) if Path("reports").exists() else []
+    ) == before

@@ -69,8 +69,12 @@ def brute_force(model: RoundModel) -> float:
 
 def small_cost(gpus: int, **kw) -> ToyCost:
     cluster = cluster_spec("h200x8")
-    cluster = type(cluster)(**{**cluster.__dict__, "name": f"toy{gpus}", "num_nodes": 1, "gpus_per_node": gpus})
-    return ToyCost(model=model_spec("llama3_8b"), cluster=cluster, b=1e-10, act_ckpt_per_token=1.5e5, **kw)
+    cluster = type(cluster)(
+        **{**cluster.__dict__, "name": f"toy{gpus}", "num_nodes": 1, "gpus_per_node": gpus}
+    )
+    return ToyCost(
+        model=model_spec("llama3_8b"), cluster=cluster, b=1e-10, act_ckpt_per_token=1.5e5, **kw
+    )
 
 
 @dataclass
@@ -82,7 +86,9 @@ class FixedCostToy(ToyCost):
 
     def microbatch_cost(self, tokens, frames, sp, ckpt_layers, split="sequence"):
         c = super().microbatch_cost(tokens, frames, sp, ckpt_layers, split)
-        return MicroBatchCost(c.fwd_s, c.bwd_s, c.recompute_s, c.comm_s + self.fixed, c.mem_bytes, c.model_flops)
+        return MicroBatchCost(
+            c.fwd_s, c.bwd_s, c.recompute_s, c.comm_s + self.fixed, c.mem_bytes, c.model_flops
+        )
 
     def sample_time(self, tokens, frames, sp, ckpt_layers):
         return super().sample_time(tokens, frames, sp, ckpt_layers) + self.fixed
@@ -104,7 +110,11 @@ def tiny_model(seed: int, cost: ToyCost, n: int = 5) -> tuple[GlobalBatch, Round
 @pytest.mark.parametrize("fixed", [0.0, 0.05])
 @pytest.mark.parametrize("seed", range(6))
 def test_milp_matches_brute_force_on_tiny_instances(seed, fixed):
-    cost = small_cost(4) if fixed == 0.0 else FixedCostToy(**{**small_cost(4).__dict__, "fixed": fixed})
+    cost = (
+        small_cost(4)
+        if fixed == 0.0
+        else FixedCostToy(**{**small_cost(4).__dict__, "fixed": fixed})
+    )
     batch, model = tiny_model(seed, cost)
     # the cost model's fixed per-group cost is what the program charges once per group
     assert model.group_overhead() == pytest.approx(np.full(len(model.degrees), fixed), abs=1e-12)
@@ -201,7 +211,9 @@ class ShardingOverheadToy(ToyCost):
 
 
 def test_flexsp_uses_heterogeneous_groups_for_mixed_lengths():
-    cost = ShardingOverheadToy(model=model_spec("llama3_8b"), cluster=cluster_spec("h200x8"), comm=3e-7)
+    cost = ShardingOverheadToy(
+        model=model_spec("llama3_8b"), cluster=cluster_spec("h200x8"), comm=3e-7
+    )
     # one long sequence and many short ones: the optimum shards only the long one
     batch = GlobalBatch.from_lengths([100_000] + [3000] * 100)
     model = FlexSPMILP().round_model(batch, list(range(batch.n)), cost, 32)
@@ -269,8 +281,13 @@ def test_padding_dp_finds_the_least_padding(seed):
     for ranges in padding_partitions(length, count, 8):
         b = len(ranges)
         assert ranges[0][0] == 0 and ranges[-1][1] == 8
-        assert all(a < e for a, e in ranges) and all(e == a2 for (_, e), (a2, _) in zip(ranges, ranges[1:]))
-        pad = sum(float(length[e - 1] * count[a:e].sum() - (length[a:e] * count[a:e]).sum()) for a, e in ranges)
+        assert all(a < e for a, e in ranges) and all(
+            e == a2 for (_, e), (a2, _) in zip(ranges, ranges[1:])
+        )
+        pad = sum(
+            float(length[e - 1] * count[a:e].sum() - (length[a:e] * count[a:e]).sum())
+            for a, e in ranges
+        )
         assert pad == pytest.approx(least_padding(length, count, b), rel=1e-12, abs=1e-9)
         seen += 1
     assert seen == 8
@@ -309,7 +326,9 @@ def test_few_shapes_get_one_bucket_each():
 # ---------------------------------------------------------------- plans, budget and reporting
 
 
-@pytest.mark.parametrize("model_name,batch_fn", [("llama3_8b", text_batch), ("stdit3_xl2", video_batch)])
+@pytest.mark.parametrize(
+    "model_name,batch_fn", [("llama3_8b", text_batch), ("stdit3_xl2", video_batch)]
+)
 def test_flexsp_plans_validate_and_report_solver_stats(model_name, batch_fn):
     cost, batch = real_cost(model_name), batch_fn()
     plan = FlexSPMILP(step_time_limit_s=0.5).plan(batch, cost)
@@ -318,8 +337,18 @@ def test_flexsp_plans_validate_and_report_solver_stats(model_name, batch_fn):
     info = plan.info
     rounds = info["rounds"]
     assert len(plan.rounds) == rounds
-    for key in ("status", "solver", "objective_s", "buckets", "time_limit_s", "solve_s", "mip_gap",
-                "bound_s", "lower_bound_s", "lb_gap"):
+    for key in (
+        "status",
+        "solver",
+        "objective_s",
+        "buckets",
+        "time_limit_s",
+        "solve_s",
+        "mip_gap",
+        "bound_s",
+        "lower_bound_s",
+        "lb_gap",
+    ):
         assert len(info[key]) == rounds, key
     assert info["plan_s"] > 0
     for obj, lower, gap in zip(info["objective_s"], info["lower_bound_s"], info["lb_gap"]):
@@ -338,7 +367,9 @@ class SimulatedClock:
         return self.now
 
 
-def worst_case_solver(monkeypatch, clock: SimulatedClock, model_s: float, check_s: float) -> list[float]:
+def worst_case_solver(
+    monkeypatch, clock: SimulatedClock, model_s: float, check_s: float
+) -> list[float]:
     """HiGHS always runs its whole limit and overruns it by the most the planner allows for;
     evaluating the cost model for a round takes ``model_s`` before the solve and each check of
     a layout's packed time ``check_s`` after it. Returns the limits given to HiGHS."""
@@ -367,7 +398,9 @@ def worst_case_solver(monkeypatch, clock: SimulatedClock, model_s: float, check_
 
 
 @pytest.mark.parametrize(("model_s", "check_s"), [(0.0, 0.0), (0.1, 0.03)])
-def test_step_stays_within_its_budget_when_the_solver_always_runs_out(monkeypatch, model_s, check_s):
+def test_step_stays_within_its_budget_when_the_solver_always_runs_out(
+    monkeypatch, model_s, check_s
+):
     cost = toy()
     batch = GlobalBatch.from_lengths(np.r_[np.full(400, 400_000), np.full(200, 20_000)])
     clock = SimulatedClock()
@@ -414,5 +447,3 @@ def test_tiny_budget_still_plans_every_sample_once():
     validate_plan(plan, batch, cost)
     assert sorted(plan.sample_positions()) == list(range(batch.n))
     assert sum(plan.info["time_limit_s"]) <= 0.01
-
-

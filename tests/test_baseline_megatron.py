@@ -34,7 +34,17 @@ def group_size_of(plan):
 
 def test_gpus_needed_is_next_power_of_two_of_length_over_budget():
     m = 8192
-    cases = {1: 1, 8192: 1, 8193: 2, 16384: 2, 16385: 4, 20000: 4, 65536: 8, 70000: 16, 1_000_000: 128}
+    cases = {
+        1: 1,
+        8192: 1,
+        8193: 2,
+        16384: 2,
+        16385: 4,
+        20000: 4,
+        65536: 8,
+        70000: 16,
+        1_000_000: 128,
+    }
     for L, cp in cases.items():
         assert gpus_needed(L, m) == cp
         # closed form of the reference: max(1, 2^ceil(log2(L / m)))
@@ -82,7 +92,9 @@ def test_round_loads_are_balanced_on_the_l2_estimate():
 
 
 def test_sequence_needing_more_than_the_world_is_infeasible():
-    with pytest.raises(InfeasibleError, match=r"needs 64 context-parallel ranks at max_tokens_per_rank=1000"):
+    with pytest.raises(
+        InfeasibleError, match=r"needs 64 context-parallel ranks at max_tokens_per_rank=1000"
+    ):
         MegatronHybridCP(max_tokens_per_rank=1000).plan(GlobalBatch.from_lengths([50_000]), toy())
 
 
@@ -170,14 +182,18 @@ def tight_batches():
     rng = np.random.default_rng(11)
     for i in range(24):
         n = int(rng.integers(1, 9))
-        longest = int(np.exp(rng.uniform(np.log(2), np.log(360))))  # log-uniform: every recompute depth
+        longest = int(
+            np.exp(rng.uniform(np.log(2), np.log(360)))
+        )  # log-uniform: every recompute depth
         short = rng.integers(1, max(2, longest // 4), n - 1)
         yield i, GlobalBatch.from_lengths([longest, *short.tolist()])
 
 
 def test_tight_toy_has_the_intended_per_rank_limits():
     cost = tight_toy()
-    limits = [max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)]
+    limits = [
+        max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)
+    ]
     assert limits == [4, 5, 7, 12, 40]
 
 
@@ -188,7 +204,9 @@ def test_tuned_planner_is_infeasible_exactly_when_no_configuration_runs_the_batc
     feasible = {c: t for c, t in grid.items() if t is not None}
     if not feasible:
         longest = int(batch.tokens.max())
-        with pytest.raises(InfeasibleError, match=rf"sample 0 \({longest} tokens\).*at most 320 tokens"):
+        with pytest.raises(
+            InfeasibleError, match=rf"sample 0 \({longest} tokens\).*at most 320 tokens"
+        ):
             MegatronHybridCP().plan(batch, cost)
         return
     plan = MegatronHybridCP().plan(batch, cost)
@@ -199,7 +217,9 @@ def test_tuned_planner_is_infeasible_exactly_when_no_configuration_runs_the_batc
     assert grid[chosen] == pytest.approx(simulated(plan, batch, cost))
 
 
-@pytest.mark.parametrize("i,batch", [ib for ib in tight_batches() if int(ib[1].tokens.max()) <= 320])
+@pytest.mark.parametrize(
+    "i,batch", [ib for ib in tight_batches() if int(ib[1].tokens.max()) <= 320]
+)
 def test_tuned_configuration_is_the_fastest_of_the_configurations_a_user_tries(i, batch):
     """Independent reference: the documented ceilings (the most one rank holds at each recompute
     depth, found here by linear scan; ceil(longest / world); powers of two between), each at
@@ -209,9 +229,15 @@ def test_tuned_configuration_is_the_fastest_of_the_configurations_a_user_tries(i
     cost = tight_toy()
     grid = brute_force(batch, cost)
     longest = int(batch.tokens.max())
-    limits = [max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)]
+    limits = [
+        max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)
+    ]
     lo = -(-longest // TIGHT_WORLD)
-    tried = {lo, *[m for m in limits if m >= lo], *[2**j for j in range(10) if lo <= 2**j <= limits[-1]]}
+    tried = {
+        lo,
+        *[m for m in limits if m >= lo],
+        *[2**j for j in range(10) if lo <= 2**j <= limits[-1]],
+    }
     priced = [grid[(k, m)] for m in tried for k in range(TIGHT_LAYERS + 1)]
     best = min(t for t in priced if t is not None)
     plan = MegatronHybridCP().plan(batch, cost)
@@ -232,7 +258,9 @@ def test_recompute_is_the_least_that_fits_the_ceiling():
 def test_pinned_recompute_that_cannot_hold_the_longest_sequence_is_infeasible():
     cost = tight_toy()
     batch = GlobalBatch.from_lengths([300, 20])
-    with pytest.raises(InfeasibleError, match=r"sample 0 \(300 tokens\).*recompute none.*at most 32 tokens"):
+    with pytest.raises(
+        InfeasibleError, match=r"sample 0 \(300 tokens\).*recompute none.*at most 32 tokens"
+    ):
         MegatronHybridCP(recompute="none").plan(batch, cost)
     plan = MegatronHybridCP(recompute="block", recompute_num_layers=TIGHT_LAYERS).plan(batch, cost)
     validate_plan(plan, batch, cost)
@@ -260,7 +288,11 @@ def user_tries(longest: int, limits: list[int]) -> dict[int, int]:
     """The ceilings a user tries for ``longest`` tokens on the tight toy, each with the least
     recompute that holds it (independent of the planner: limits found by linear scan)."""
     lo = -(-longest // TIGHT_WORLD)
-    ceilings = {lo, *[m for m in limits if m >= lo], *[2**j for j in range(10) if lo <= 2**j <= limits[-1]]}
+    ceilings = {
+        lo,
+        *[m for m in limits if m >= lo],
+        *[2**j for j in range(10) if lo <= 2**j <= limits[-1]],
+    }
     return {m: next(k for k in range(TIGHT_LAYERS + 1) if limits[k] >= m) for m in ceilings}
 
 
@@ -277,12 +309,19 @@ def test_tuning_runs_over_the_first_batches_and_picks_the_summed_simulated_argmi
     plans = [planner.plan(b, cost) for b in batches]
     assert [p.info["tuned_on_batches"] for p in plans] == [1, 2, 3]
     grids = [brute_force(b, cost) for b in batches]
-    limits = [max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)]
-    first = sorted((grids[0][(k, m)], m) for m, k in user_tries(71, limits).items() if grids[0][(k, m)] is not None)
+    limits = [
+        max(m for m in range(1, 200) if fits_one_rank(cost, m, k)) for k in range(TIGHT_LAYERS + 1)
+    ]
+    first = sorted(
+        (grids[0][(k, m)], m)
+        for m, k in user_tries(71, limits).items()
+        if grids[0][(k, m)] is not None
+    )
     kept = {m for _, m in first[:shortlist]}
     total = {
         m: sum(g[(k, m)] for g in grids)
-        for m, k in user_tries(91, limits).items() if m in kept and all(g[(k, m)] is not None for g in grids)
+        for m, k in user_tries(91, limits).items()
+        if m in kept and all(g[(k, m)] is not None for g in grids)
     }
     assert total  # the shortlist runs all three here; else the tuning would widen to every ceiling
     chosen = plans[-1].info["max_tokens_per_rank"]
@@ -290,7 +329,9 @@ def test_tuning_runs_over_the_first_batches_and_picks_the_summed_simulated_argmi
     if shortlist == 1:  # the first batch's favourite, not the three-batch optimum
         assert chosen == first[0][1]
     later = planner.plan(GlobalBatch.from_lengths([100, 50, 3]), cost)
-    assert later.info["tuned_config"] == plans[-1].info["tuned_config"] and later.info["tune_s"] == 0.0
+    assert (
+        later.info["tuned_config"] == plans[-1].info["tuned_config"] and later.info["tune_s"] == 0.0
+    )
 
 
 def test_bad_recompute_settings_are_config_errors():
@@ -301,7 +342,9 @@ def test_bad_recompute_settings_are_config_errors():
     with pytest.raises(ConfigError, match="recompute policy 'some'"):
         MegatronHybridCP(recompute="some")
     with pytest.raises(ConfigError, match="exceeds the model's 4 layers"):
-        MegatronHybridCP(recompute="block", recompute_num_layers=5).plan(GlobalBatch.from_lengths([8]), tight_toy())
+        MegatronHybridCP(recompute="block", recompute_num_layers=5).plan(
+            GlobalBatch.from_lengths([8]), tight_toy()
+        )
 
 
 def test_long_documents_run_at_8_h200_with_the_recompute_they_need():
@@ -325,10 +368,14 @@ def test_tuning_prices_plans_as_the_simulator_runs_them():
     (no barrier), and the tuner's price is the simulator's step time, not the barrier bound."""
     cost = real_cost("llama3_8b", "h200x32")
     batch = text_batch(400, seed=5)
-    plan = hybrid_cp_plan(batch, cost, LaunchConfig(8192, 8))  # 8K tokens per rank fit the cap with 8 layers recomputed
+    plan = hybrid_cp_plan(
+        batch, cost, LaunchConfig(8192, 8)
+    )  # 8K tokens per rank fit the cap with 8 layers recomputed
     assert len(plan.rounds) > 1
     sim = simulated(plan, batch, cost)
-    assert estimate_step_time(plan, batch, cost, round_barrier=False) == pytest.approx(sim, rel=1e-9)
+    assert estimate_step_time(plan, batch, cost, round_barrier=False) == pytest.approx(
+        sim, rel=1e-9
+    )
     assert estimate_step_time(plan, batch, cost) > sim * (1 + 1e-6)
 
 
@@ -339,10 +386,14 @@ def test_tuned_launch_at_8_h200_is_the_simulated_fastest_of_those_tried():
     from dcp_bench.workloads import load_workload
 
     cost = real_cost("llama3_8b", "h200x8")
-    batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(0, 8, cost.model.max_seq_len)
+    batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(
+        0, 8, cost.model.max_seq_len
+    )
     plan = MegatronHybridCP().plan(batch, cost)
     ladder = max_tokens_per_rank_ladder(cost, cost.model.max_seq_len)
-    tried = candidate_configs(int(batch.tokens.max()), 8, ladder, list(range(cost.model.num_layers + 1)))
+    tried = candidate_configs(
+        int(batch.tokens.max()), 8, ladder, list(range(cost.model.num_layers + 1))
+    )
     assert plan.info["candidates"] == len(tried) > 1
     planner = MegatronHybridCP()
     times = [simulated(planner.fixed_plan(batch, cost, c), batch, cost) for c in tried]
@@ -356,7 +407,9 @@ def test_round_barrier_is_the_references_and_can_be_lifted():
     from dcp_bench.workloads import load_workload
 
     cost = real_cost("llama3_8b", "h200x8")
-    batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(0, 8, cost.model.max_seq_len)
+    batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(
+        0, 8, cost.model.max_seq_len
+    )
     with_barrier = MegatronHybridCP().plan(batch, cost)
     assert with_barrier.round_barrier and len(with_barrier.rounds) > 1
     lifted = dataclasses.replace(with_barrier, round_barrier=False)

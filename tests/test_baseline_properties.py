@@ -64,8 +64,13 @@ def test_every_baseline_plans_any_batch(lengths, video, frames_seed):
         assert sorted(plan.sample_positions()) == list(range(batch.n))
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     lengths=st.lists(st.integers(min_value=1, max_value=600_000), min_size=1, max_size=40),
     world=st.sampled_from(["h200x8", "h200x32"]),

@@ -12,7 +12,14 @@ from dcp_bench.plan import validate_plan
 from dcp_bench.planners.base import make_planner
 from dcp_bench.workloads import load_workload
 
-BASELINES = ["bucket_static", "static_tuned", "packed_static", "megatron_hybrid_cp", "flexsp_milp", "wlb_llm"]
+BASELINES = [
+    "bucket_static",
+    "static_tuned",
+    "packed_static",
+    "megatron_hybrid_cp",
+    "flexsp_milp",
+    "wlb_llm",
+]
 WORKLOADS = [w for w in group_choices("workload") if w != "lengths_file"]
 COSTS: dict[str, object] = {}
 

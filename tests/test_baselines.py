@@ -127,7 +127,10 @@ def test_largest_batch_size_matches_linear_scan():
             want = 0
             for bs in range(1, 200):
                 t = np.full(bs, L)
-                if cost.microbatch_memory(t, np.ones(bs, np.int64), sp, 32, "sequence") > cost.memory_cap_bytes:
+                if (
+                    cost.microbatch_memory(t, np.ones(bs, np.int64), sp, 32, "sequence")
+                    > cost.memory_cap_bytes
+                ):
                     break
                 want = bs
             assert largest_batch_size(L, 1, cost, sp, 32, "sequence", 199) == want
@@ -144,7 +147,10 @@ def test_lpt_assign_is_a_partition_within_the_list_scheduling_bound():
     # and on a tiny instance LPT is within 4/3 of the brute-force optimum (Graham's bound)
     small = [7.0, 5.0, 4.0, 4.0, 3.0, 3.0]
     best = min(
-        max(sum(small[i] for i in range(6) if (code >> i) & 1), sum(small[i] for i in range(6) if not (code >> i) & 1))
+        max(
+            sum(small[i] for i in range(6) if (code >> i) & 1),
+            sum(small[i] for i in range(6) if not (code >> i) & 1),
+        )
         for code in range(64)
     )
     got = max(sum(small[i] for i in b) for b in lpt_assign(small, 2))
@@ -157,7 +163,10 @@ def test_pack_under_budget_respects_budget_and_memory():
     assert sorted(p for mb in mbs for p in mb) == list(range(batch.n))
     for mb in mbs:
         assert batch.tokens[list(mb)].sum() <= 300_000
-        assert cost.microbatch_memory(batch.tokens[list(mb)], batch.frames[list(mb)], 4, 32) <= cost.memory_cap_bytes
+        assert (
+            cost.microbatch_memory(batch.tokens[list(mb)], batch.frames[list(mb)], 4, 32)
+            <= cost.memory_cap_bytes
+        )
 
 
 def test_pack_under_budget_rejects_sequence_longer_than_budget():
@@ -200,7 +209,10 @@ def test_bucket_static_fair_runs_every_sample_once_at_one_sp(model, batch_fn):
         assert cost.microbatch_memory(t, f, sp // 2, cost.model.num_layers) > cost.memory_cap_bytes
     # every micro-batch holds one bucket, full checkpointing
     for _, _, mb in plan.micro_batches():
-        keys = {bucket_key(int(batch.tokens[p]), int(batch.frames[p]), cost.model.arch) for p in mb.samples}
+        keys = {
+            bucket_key(int(batch.tokens[p]), int(batch.frames[p]), cost.model.arch)
+            for p in mb.samples
+        }
         assert len(keys) == 1 and mb.ckpt_layers == cost.model.num_layers
 
 
@@ -219,7 +231,10 @@ def test_bucket_static_paper_mode_deals_one_bucket_per_replica_and_drops_the_res
     validate_plan(plan, batch, cost)
     dp = 32 // 4
     k = plan.info["reference_steps"]
-    assert all(len(g.micro_batches) == k for g in plan.rounds[0].groups) and len(plan.rounds[0].groups) == dp
+    assert (
+        all(len(g.micro_batches) == k for g in plan.rounds[0].groups)
+        and len(plan.rounds[0].groups) == dp
+    )
     used = len(plan.sample_positions())
     assert used + plan.info["dropped_samples"] == batch.n
     # batch size per bucket: the damped largest-that-fits value (bounded by the bucket's samples)
@@ -257,7 +272,17 @@ def test_estimate_step_time_is_slowest_group_plus_sync():
     plan = BucketStatic(sp=8).plan(batch, cost)
     per_group = []
     for g in plan.rounds[0].groups:
-        per_group.append(sum(cost.microbatch_cost(batch.tokens[list(mb.samples)], batch.frames[list(mb.samples)], 8, mb.ckpt_layers).total_s for mb in g.micro_batches))
+        per_group.append(
+            sum(
+                cost.microbatch_cost(
+                    batch.tokens[list(mb.samples)],
+                    batch.frames[list(mb.samples)],
+                    8,
+                    mb.ckpt_layers,
+                ).total_s
+                for mb in g.micro_batches
+            )
+        )
     assert estimate_step_time(plan, batch, cost) == pytest.approx(max(per_group) + 0.05)
 
 
@@ -330,7 +355,11 @@ def test_static_tuned_budget_follows_a_longer_sequence_without_a_new_search():
     later = GlobalBatch.from_lengths([4000] * 63 + [30000], step=1)
     plan = planner.plan(later, cost)
     validate_plan(plan, later, cost)
-    assert not plan.info["retuned"] and plan.info["tuned_on_batches"] == 1 and plan.info["tune_s"] == 0.0
+    assert (
+        not plan.info["retuned"]
+        and plan.info["tuned_on_batches"] == 1
+        and plan.info["tune_s"] == 0.0
+    )
     assert plan.info["budget_multiple"] == 1 and plan.info["token_budget"] == 30000
     assert plan.info["tuned_config"] == "sp=1 recompute=full token_budget=4000"
     for _, _, mb in plan.micro_batches():

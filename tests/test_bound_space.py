@@ -42,11 +42,26 @@ def test_no_plan_under_any_cap_beats_the_physical_bound(workload: str, world: in
         validate_plan(plan, batch, cost)
         step = simulate_step(plan, batch, cost).step_time_s
         assert step >= at_cap * (1 - 1e-12) and step >= physical * (1 - 1e-12)
-    assert physical == pytest.approx(lower_bound(batch, with_memory_cap(base, 1.0), infeasible="skip"))
+    assert physical == pytest.approx(
+        lower_bound(batch, with_memory_cap(base, 1.0), infeasible="skip")
+    )
 
 
 def test_simulate_records_both_bounds(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "workload=wikipedia", "method=dcp", "cluster=h200x8", "model=llama3_8b", "steps=1",
-                 "warmup_steps=0", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "workload=wikipedia",
+                "method=dcp",
+                "cluster=h200x8",
+                "model=llama3_8b",
+                "steps=1",
+                "warmup_steps=0",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert 0 < out["extra"]["lower_bound_physical_s"] <= out["lower_bound_s"] * (1 + 1e-12)

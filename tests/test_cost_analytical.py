@@ -21,7 +21,13 @@ STDIT = model_spec("stdit3_xl2")
 
 def llama_forward_flops(n: int, spec=LLAMA) -> float:
     """Forward FLOPs of one causal sequence of n tokens, term by term (2 FLOPs per MAC)."""
-    h, f, kvd, V, L = spec.hidden, spec.ffn_hidden, spec.kv_heads * spec.head_dim, spec.vocab, spec.num_layers
+    h, f, kvd, V, L = (
+        spec.hidden,
+        spec.ffn_hidden,
+        spec.kv_heads * spec.head_dim,
+        spec.vocab,
+        spec.num_layers,
+    )
     qkv = 2 * n * h * (h + 2 * kvd)
     scores = 2 * n * n * h / 2  # QK^T over the causal half
     values = 2 * n * n * h / 2  # AV over the causal half
@@ -48,12 +54,16 @@ def test_one_sample_one_gpu_is_flops_over_rate():
     half = cm.gemm_half_flops / (2 * w)
     gemm_eff = (790e12 / 989e12) * n / (n + half)
     attn_eff = cm.attn_eff_max * n / (n + cm.attn_causal_half_len)
-    elementwise = n * L * cm.elementwise_bytes_factor * (2 * (6 * h + 2 * 1024 + 4 * 14336) + 4 * 32) / 4.3e12
+    elementwise = (
+        n * L * cm.elementwise_bytes_factor * (2 * (6 * h + 2 * 1024 + 4 * 14336) + 4 * 32) / 4.3e12
+    )
     t_attn = attn / (peak * attn_eff)
     expected_fwd = gemm / (peak * gemm_eff) + t_attn + elementwise
     c = cm.microbatch_cost(np.array([n]), np.array([1]), sp=1, ckpt_layers=0)
     assert c.fwd_s == pytest.approx(expected_fwd, rel=1e-12)
-    assert c.bwd_s == pytest.approx(2 * (expected_fwd - t_attn) + cm.attn_bwd_factor * t_attn, rel=1e-12)
+    assert c.bwd_s == pytest.approx(
+        2 * (expected_fwd - t_attn) + cm.attn_bwd_factor * t_attn, rel=1e-12
+    )
     assert c.recompute_s == 0 and c.comm_s == 0
     # Model FLOPs: forward + 2 x forward, no recomputation.
     assert c.model_flops == pytest.approx(3 * llama_forward_flops(n), rel=1e-12)
@@ -82,7 +92,8 @@ def test_gemm_half_point_scales_with_the_model_s_gemm_width():
     assert stdit.gemm_efficiency(n) == pytest.approx(llama.gemm_efficiency(n * ratio), rel=1e-12)
     f1 = 2 * 512 * 4096 * 4096.0
     assert llama.gemm_efficiency_flops(f1) == pytest.approx(
-        (790 / 989) * f1 / (f1 + llama.gemm_half_flops), rel=1e-12)
+        (790 / 989) * f1 / (f1 + llama.gemm_half_flops), rel=1e-12
+    )
 
 
 def test_stdit_attention_terms_closed_form():
@@ -121,7 +132,9 @@ def test_doubling_sp_halves_compute_and_adds_the_modelled_comm(s):
     gemm = fl["layer_gemm"][0] + fl["head_gemm"][0]
     attn_work = fl["attn_work"][0]
     elem = n * LLAMA.num_layers * cm._elem_tok_s
-    assert a.fwd_s == pytest.approx((gemm / (989e12 * gemm_a) + attn_work / 989e12 + elem) / (s // 2))
+    assert a.fwd_s == pytest.approx(
+        (gemm / (989e12 * gemm_a) + attn_work / 989e12 + elem) / (s // 2)
+    )
     assert b.fwd_s == pytest.approx((gemm / (989e12 * gemm_b) + attn_work / 989e12 + elem) / s)
     # With a flat efficiency curve (no small-kernel penalty) compute halves exactly.
     flat = make_cost_model("llama3_8b", "h200x32", gemm_half_flops=0.0)
@@ -204,8 +217,14 @@ def test_memory_formula_stored_and_checkpointed():
     # 1.5x the bytes of a bf16 all-reduce; FSDP stages move theirs inside every micro-batch
     ar = cm.allreduce_time(P * 2, W)
     assert cm.step_sync_breakdown()["grad_sync_s"] == pytest.approx(cm.allreduce_time(P * 3, W))
-    assert cm.step_sync_breakdown()["grad_sync_s"] > ar and z3.step_sync_breakdown()["grad_sync_s"] == 0
-    assert z3.fsdp_pass_time() == pytest.approx(z3.allreduce_time(P * 4, W)) and cm.fsdp_pass_time() == 0
+    assert (
+        cm.step_sync_breakdown()["grad_sync_s"] > ar
+        and z3.step_sync_breakdown()["grad_sync_s"] == 0
+    )
+    assert (
+        z3.fsdp_pass_time() == pytest.approx(z3.allreduce_time(P * 4, W))
+        and cm.fsdp_pass_time() == 0
+    )
 
 
 def test_step_sync_hierarchical_ring():
@@ -224,7 +243,9 @@ def test_step_sync_hierarchical_ring():
     br = cm.step_sync_breakdown()
     assert br["grad_sync_s"] == pytest.approx(expected)
     assert br["optimizer_s"] == pytest.approx(param_count(LLAMA) / 32 * 32 / 4.3e12)
-    one = make_cost_model("llama3_8b", dataclasses.replace(cluster_spec("h200x8"), num_nodes=1, gpus_per_node=1))
+    one = make_cost_model(
+        "llama3_8b", dataclasses.replace(cluster_spec("h200x8"), num_nodes=1, gpus_per_node=1)
+    )
     assert one.step_sync_breakdown()["grad_sync_s"] == 0
 
 
@@ -234,8 +255,13 @@ def test_calibrated_all_reduce_overlaps_its_phases():
     cm = make_cost_model("llama3_8b", "h200x32")
     B = 3 * param_count(LLAMA)  # ZeRO 1's fp32 reduce-scatter + bf16 all-gather
     g, nodes = 8, 4
-    intra = 2 * (g - 1) / g * B / (450e9 * cm.allreduce_eff) + 2 * (g - 1) * cm.allreduce_hop_latency_s
-    inter = 2 * (nodes - 1) / nodes * (B / g) / (50e9 * cm.allreduce_inter_eff) + 2 * (nodes - 1) * 25e-6
+    intra = (
+        2 * (g - 1) / g * B / (450e9 * cm.allreduce_eff) + 2 * (g - 1) * cm.allreduce_hop_latency_s
+    )
+    inter = (
+        2 * (nodes - 1) / nodes * (B / g) / (50e9 * cm.allreduce_inter_eff)
+        + 2 * (nodes - 1) * 25e-6
+    )
     expected = intra + inter - cm.allreduce_overlap * min(intra, inter)
     assert cm.step_sync_breakdown()["grad_sync_s"] == pytest.approx(expected)
     assert cm.allreduce_time(B, 8) == pytest.approx(intra)
@@ -246,7 +272,9 @@ def test_scales_move_the_uncertain_constants():
     tok, fr = np.array([1 << 16]), np.array([1])
     ref = base.microbatch_cost(tok, fr, 8, 0)
     act = make_cost_model("llama3_8b", "h200x32", scales={"act_bytes": 2.0})
-    assert act.sample_memory(tok, fr, 8, 0)[0] == pytest.approx(2 * base.sample_memory(tok, fr, 8, 0)[0])
+    assert act.sample_memory(tok, fr, 8, 0)[0] == pytest.approx(
+        2 * base.sample_memory(tok, fr, 8, 0)[0]
+    )
     a2a = make_cost_model("llama3_8b", "h200x32", scales={"a2a_eff": 0.5})
     lat = 2 * 2 * LLAMA.num_layers * base.a2a_latency_s
     assert a2a.microbatch_cost(tok, fr, 8, 0).comm_s - lat == pytest.approx(2 * (ref.comm_s - lat))
@@ -258,9 +286,9 @@ def test_scales_move_the_uncertain_constants():
     assert small.gemm_efficiency(512) > base.gemm_efficiency(512)
     with pytest.raises(ConfigError, match="unknown cost scale"):
         make_cost_model("llama3_8b", "h200x32", scales={"flops": 2.0})
-    assert make_cost_model("llama3_8b", "h200x32", mem_cap_fraction=0.5).memory_cap_bytes == pytest.approx(
-        0.5 * cluster_spec("h200x32").gpu.usable_mem_bytes
-    )
+    assert make_cost_model(
+        "llama3_8b", "h200x32", mem_cap_fraction=0.5
+    ).memory_cap_bytes == pytest.approx(0.5 * cluster_spec("h200x32").gpu.usable_mem_bytes)
 
 
 def test_packed_share_never_exceeds_a_packed_microbatch():
@@ -303,8 +331,14 @@ def test_vectorised_costs_equal_one_by_one():
 def test_memory_and_time_grow_with_tokens(n, extra, s, k):
     cm = make_cost_model("llama3_8b", "h200x32")
     fr = np.array([1])
-    assert cm.sample_memory(np.array([n + extra]), fr, s, k)[0] > cm.sample_memory(np.array([n]), fr, s, k)[0]
-    assert cm.sample_time(np.array([n + extra]), fr, s, k)[0] > cm.sample_time(np.array([n]), fr, s, k)[0]
+    assert (
+        cm.sample_memory(np.array([n + extra]), fr, s, k)[0]
+        > cm.sample_memory(np.array([n]), fr, s, k)[0]
+    )
+    assert (
+        cm.sample_time(np.array([n + extra]), fr, s, k)[0]
+        > cm.sample_time(np.array([n]), fr, s, k)[0]
+    )
 
 
 @settings(max_examples=50, deadline=None)
@@ -326,9 +360,13 @@ def test_bad_inputs_name_the_choices():
     with pytest.raises(ConfigError, match="needs a profile"):
         make_cost_model("llama3_8b", "h200x32", source="profiled")
     with pytest.raises(ConfigError, match="not found"):
-        make_cost_model("tiny_llama", "cpu", source="profiled", profile="results/calibration/missing.json")
+        make_cost_model(
+            "tiny_llama", "cpu", source="profiled", profile="results/calibration/missing.json"
+        )
     with pytest.raises(ConfigError, match="analytical source only"):
-        make_cost_model("tiny_llama", "cpu", source="profiled", profile="x.json", scales={"a2a_eff": 2})
+        make_cost_model(
+            "tiny_llama", "cpu", source="profiled", profile="x.json", scales={"a2a_eff": 2}
+        )
     cm = make_cost_model("llama3_8b", "h200x32")
     with pytest.raises(ConfigError, match="power of two"):
         cm.microbatch_cost(np.array([10]), np.array([1]), 3, 0)
@@ -342,10 +380,16 @@ def test_provenance_names_source_and_constants():
     assert d["source"] == "analytical" and d["cluster"] == "h200x32" and d["model"] == "stdit3_xl2"
     assert d["gpu_sources"]["peak_flops"]
     # calibrated constants name where they came from; the rest are the built-in assumptions
-    assert d["constants"]["attn_eff_max"] == cluster_spec("h200x32").gpu.cost_constants["attn_eff_max"]
+    assert (
+        d["constants"]["attn_eff_max"] == cluster_spec("h200x32").gpu.cost_constants["attn_eff_max"]
+    )
     assert d["constant_sources"]["attn_eff_max"].startswith("gpu h200: calibrated")
     old = make_cost_model("stdit3_xl2", "h200x32", use_config_constants=False).describe()
     assert old["constants"]["attn_eff_max"] == 0.45
     assert old["constant_sources"]["attn_eff_max"] == "assumption (built-in default)"
-    assert make_cost_model("stdit3_xl2", "h200x32", attn_eff_max=0.5).describe()["constant_sources"][
-        "attn_eff_max"] == "passed to the cost model"
+    assert (
+        make_cost_model("stdit3_xl2", "h200x32", attn_eff_max=0.5).describe()["constant_sources"][
+            "attn_eff_max"
+        ]
+        == "passed to the cost model"
+    )

@@ -31,12 +31,33 @@ from dcp_bench.run.spec import (
 from dcp_bench.sim import simulate_step
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE
 
-EPOCH = ["workload=videosys_zipf", "model=tiny_stdit", "method=bucket_static", "method.sp=4",
-         "method.recompute=full", "method.mode=paper", "nproc=4", "cluster=cpu", "workload.length_scale=64",
-         "workload.tokens_per_gpu=32768", "workload.data_size=40", "mem_cap_fraction=0.1", "run.root=unused"]
-STEP = ["workload=videosys_zipf", "model=tiny_stdit", "method=dcp", "nproc=4", "cluster=cpu",
-        "workload.length_scale=64", "workload.tokens_per_gpu=32768", "steps=3", "warmup_steps=1",
-        "run.root=unused"]
+EPOCH = [
+    "workload=videosys_zipf",
+    "model=tiny_stdit",
+    "method=bucket_static",
+    "method.sp=4",
+    "method.recompute=full",
+    "method.mode=paper",
+    "nproc=4",
+    "cluster=cpu",
+    "workload.length_scale=64",
+    "workload.tokens_per_gpu=32768",
+    "workload.data_size=40",
+    "mem_cap_fraction=0.1",
+    "run.root=unused",
+]
+STEP = [
+    "workload=videosys_zipf",
+    "model=tiny_stdit",
+    "method=dcp",
+    "nproc=4",
+    "cluster=cpu",
+    "workload.length_scale=64",
+    "workload.tokens_per_gpu=32768",
+    "steps=3",
+    "warmup_steps=1",
+    "run.root=unused",
+]
 
 
 def _spec(overrides: list[str]) -> RunSpec:
@@ -53,7 +74,9 @@ def test_step_unit_deals_the_workloads_batches_with_warmup_first() -> None:
     fresh = assemble(spec).workload  # an independent workload of the same seed
     for d in deals:
         ref = fresh.global_batch(d.step, 4, spec.model.max_seq_len)
-        assert np.array_equal(d.batch.sample_ids, ref.sample_ids) and np.array_equal(d.batch.tokens, ref.tokens)
+        assert np.array_equal(d.batch.sample_ids, ref.sample_ids) and np.array_equal(
+            d.batch.tokens, ref.tokens
+        )
         assert d.planner_s is None and d.epoch is None
         plan = d.plan_fn(d.batch)
         assert sorted(set(plan.sample_positions())) == list(range(d.batch.n))
@@ -94,9 +117,15 @@ def test_capabilities_are_protocols() -> None:
 def test_epoch_unit_without_an_epoch_sampler_is_refused() -> None:
     spec = _spec(EPOCH)
     parts = assemble(spec)
-    bare = RunParts(workload=parts.workload, cost=parts.cost, plan_cost=parts.plan_cost,
-                    planner=assemble(_spec(STEP)).planner)
-    with pytest.raises(ConfigError, match="run.unit=epoch needs a method with a reference epoch sampler"):
+    bare = RunParts(
+        workload=parts.workload,
+        cost=parts.cost,
+        plan_cost=parts.plan_cost,
+        planner=assemble(_spec(STEP)).planner,
+    )
+    with pytest.raises(
+        ConfigError, match="run.unit=epoch needs a method with a reference epoch sampler"
+    ):
         next(deal_steps(spec, bare, 4))
 
 
@@ -139,7 +168,11 @@ def test_a_budget_cut_names_the_budget_in_both_units() -> None:
 def test_method_and_workload_are_typed_specs_that_read_as_their_nodes() -> None:
     spec = _spec([*STEP, "method.mode=fair"])
     assert isinstance(spec.method, MethodSpec) and isinstance(spec.workload, WorkloadSpec)
-    assert (spec.method.name, spec.method.target, spec.method.mode) == ("dcp", "dcp_bench.planners.dcp.DCPPlanner", "fair")
+    assert (spec.method.name, spec.method.target, spec.method.mode) == (
+        "dcp",
+        "dcp_bench.planners.dcp.DCPPlanner",
+        "fair",
+    )
     cfg = spec.config["method"]
     assert dict(spec.method) == cfg and spec.method["_target_"] == cfg["_target_"]
     assert spec.method.options == {k: v for k, v in cfg.items() if k not in ("name", "_target_")}
@@ -170,9 +203,28 @@ def test_config_defaults_are_the_parsers_defaults() -> None:
     assert cfg["cost"]["scales"] == SCALE_DEFAULTS
     assert cfg["train"] == dataclasses.asdict(TrainSettings())
     assert cfg["run"]["noise"] == dataclasses.asdict(NoiseSettings())
-    bare = parse_run_spec({"method": cfg["method"], "workload": cfg["workload"], "cluster": cfg["cluster"],
-                           "model": cfg["model"]})
+    bare = parse_run_spec(
+        {
+            "method": cfg["method"],
+            "workload": cfg["workload"],
+            "cluster": cfg["cluster"],
+            "model": cfg["model"],
+        }
+    )
     full = parse_run_spec(cfg)
-    for f in ("steps", "warmup_steps", "planner_clock", "executor", "unit", "epochs", "train", "noise",
-              "mem_cap_fraction", "root", "campaign", "timeout_s", "zero_stage"):
+    for f in (
+        "steps",
+        "warmup_steps",
+        "planner_clock",
+        "executor",
+        "unit",
+        "epochs",
+        "train",
+        "noise",
+        "mem_cap_fraction",
+        "root",
+        "campaign",
+        "timeout_s",
+        "zero_stage",
+    ):
         assert getattr(bare, f) == getattr(full, f), f

@@ -24,7 +24,9 @@ def _train_once(state: FlatState) -> None:
 def test_a_dropped_training_state_is_freed_with_its_buffers() -> None:
     refs = []
     for seed in (0, 1):
-        state = build_training_state(model_spec("tiny_llama"), seed, torch.device("cpu"), lr=1e-3, zero_stage=0)
+        state = build_training_state(
+            model_spec("tiny_llama"), seed, torch.device("cpu"), lr=1e-3, zero_stage=0
+        )
         assert isinstance(state, FlatState)
         state.begin_step()
         _train_once(state)
@@ -55,7 +57,12 @@ def _kernels() -> dict[str, object]:
     def zeros(q, k, v, lens, valid, causal):  # type: ignore[no-untyped-def]
         return good(q, k, v, lens, valid, causal) * 0.0
 
-    return {"not_causal": not_causal, "one_segment": one_segment, "first_kv_group": first_kv_group, "zeros": zeros}
+    return {
+        "not_causal": not_causal,
+        "one_segment": one_segment,
+        "first_kv_group": first_kv_group,
+        "zeros": zeros,
+    }
 
 
 def test_the_attention_check_passes_the_runtime_kernel_and_fails_broken_ones() -> None:
@@ -86,7 +93,9 @@ def test_the_reference_equals_autograd_through_explicit_attention() -> None:
     allowed = (seg[:, None] == seg[None, :]) & (pos[None, :] <= pos[:, None])
     kf, vf = ka.repeat_interleave(H // KV, 1), va.repeat_interleave(H // KV, 1)
     s = torch.einsum("qhd,khd->hqk", qa, kf) / D**0.5
-    out = torch.einsum("hqk,khd->qhd", torch.softmax(s.masked_fill(~allowed, float("-inf")), -1), vf)
+    out = torch.einsum(
+        "hqk,khd->qhd", torch.softmax(s.masked_fill(~allowed, float("-inf")), -1), vf
+    )
     out.backward(dout)
     for name, want in (("out", out.detach()), ("dq", qa.grad), ("dk", ka.grad), ("dv", va.grad)):
         assert torch.allclose(ref[name], want, rtol=1e-10, atol=1e-12), name
@@ -100,7 +109,11 @@ def test_buckets_are_visited_ends_first() -> None:
         assert sorted(order) == list(range(n))
         assert order[: min(n, 2)] == [0, n - 1][: min(n, 2)]
     buckets = reference_buckets(tiny=False)
-    assert len(buckets) == 25 and buckets[0]["bucket"] == "144p image" and buckets[-1]["bucket"] == "720px408f"
+    assert (
+        len(buckets) == 25
+        and buckets[0]["bucket"] == "144p image"
+        and buckets[-1]["bucket"] == "720px408f"
+    )
     assert buckets[-1]["tokens"] == 432000
 
 
@@ -114,8 +127,10 @@ def test_phase_deadlines_keep_later_phases_their_share() -> None:
     d = clock.deadline("smoke")
     # smoke may not eat calibration's kept half
     assert d <= clock.end - clock.budget["calibration"] / 2 + 1e-6
-    assert clock.deadline("calibration") >= time.time() + clock.budget["calibration"] / 2 - 1.0 \
+    assert (
+        clock.deadline("calibration") >= time.time() + clock.budget["calibration"] / 2 - 1.0
         or clock.deadline("calibration") == clock.end
+    )
 
 
 def test_a_commit_passed_in_is_recorded_without_git(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -125,4 +140,8 @@ def test_a_commit_passed_in_is_recorded_without_git(tmp_path, monkeypatch) -> No
     assert git_state(tmp_path) == {"git_sha": None, "git_dirty": None}
     monkeypatch.setenv(COMMIT_ENV, "abc123")
     got = git_state(tmp_path)
-    assert got["git_sha"] == "abc123" and got["git_dirty"] is None and COMMIT_ENV in got["git_sha_source"]
+    assert (
+        got["git_sha"] == "abc123"
+        and got["git_dirty"] is None
+        and COMMIT_ENV in got["git_sha_source"]
+    )

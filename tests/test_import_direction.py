@@ -15,12 +15,20 @@ REPO = Path(__file__).resolve().parent.parent
 # other (except the pairs in SIBLING_IMPORTS).
 LAYERS: list[list[str]] = [
     ["dcp_bench.errors", "dcp_bench.paths"],
-    ["dcp_bench.files", "dcp_bench.layout", "dcp_bench.config", "dcp_bench.envinfo", "dcp_bench.batch",
-     "dcp_bench.train_policy"],
+    [
+        "dcp_bench.files",
+        "dcp_bench.layout",
+        "dcp_bench.config",
+        "dcp_bench.envinfo",
+        "dcp_bench.batch",
+        "dcp_bench.train_policy",
+    ],
     ["dcp_bench.records", "dcp_bench.corpora", "dcp_bench.cost"],
     ["dcp_bench.plan", "dcp_bench.workloads"],
     ["dcp_bench.execution"],
-    ["dcp_bench.reference"],  # the reference runtime's rules (profile, samplers, epoch), used by planners
+    [
+        "dcp_bench.reference"
+    ],  # the reference runtime's rules (profile, samplers, epoch), used by planners
     ["dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.runtime"],
     ["dcp_bench.report"],
     ["dcp_bench.run"],
@@ -31,9 +39,19 @@ LAYERS: list[list[str]] = [
     ["dcp_bench.cli", "dcp_bench"],
 ]
 SIBLING_IMPORTS = {("baselines", "dcp_bench.planners")}  # a baseline is a Planner subclass
-TORCH_FREE = ("dcp_bench.planners", "baselines", "dcp_bench.sim", "dcp_bench.plan", "dcp_bench.cost", "dcp_bench.reference",
-              "dcp_bench.workloads", "dcp_bench.execution", "dcp_bench.layout", "dcp_bench.batch",
-              "dcp_bench.train_policy")
+TORCH_FREE = (
+    "dcp_bench.planners",
+    "baselines",
+    "dcp_bench.sim",
+    "dcp_bench.plan",
+    "dcp_bench.cost",
+    "dcp_bench.reference",
+    "dcp_bench.workloads",
+    "dcp_bench.execution",
+    "dcp_bench.layout",
+    "dcp_bench.batch",
+    "dcp_bench.train_policy",
+)
 
 
 def unit_of(module: str) -> str:
@@ -82,16 +100,20 @@ def test_every_import_points_down() -> None:
             dst = unit_of(target)
             if dst == src or (src, dst) in SIBLING_IMPORTS or layer_of(dst) < layer_of(src):
                 continue
-            offences.append(f"{path.relative_to(REPO)}:{line}: {src} (layer {layer_of(src)}) imports "
-                            f"{target} ({dst}, layer {layer_of(dst)})")
+            offences.append(
+                f"{path.relative_to(REPO)}:{line}: {src} (layer {layer_of(src)}) imports "
+                f"{target} ({dst}, layer {layer_of(dst)})"
+            )
     assert not offences, "imports against the layer direction:\n" + "\n".join(offences)
 
 
 def test_pure_code_never_imports_torch() -> None:
     offences = [
         f"{path.relative_to(REPO)}:{line}: imports {target}"
-        for module, path in modules().items() if module.startswith(TORCH_FREE)
-        for target, line in imports(path) if target.split(".")[0] == "torch"
+        for module, path in modules().items()
+        if module.startswith(TORCH_FREE)
+        for target, line in imports(path)
+        if target.split(".")[0] == "torch"
     ]
     assert not offences, "\n".join(offences)
 
@@ -114,7 +136,7 @@ def test_no_module_imports_in_a_circle() -> None:
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if n not in state and (cycle := visit(n)):
                 return cycle
         state[m] = 2
@@ -144,11 +166,16 @@ def unreached_commands(cli: Path, package: Path) -> list[str]:
     reach by plain imports (CLI -> the package -> each command), so the checks above would not
     see their dependencies; a module loaded by a name string (``importlib``) counts as unreached."""
     mods = static_imports(cli)
-    if "dcp_bench.commands" not in mods and not any(m.startswith("dcp_bench.commands.") for m in mods):
+    if "dcp_bench.commands" not in mods and not any(
+        m.startswith("dcp_bench.commands.") for m in mods
+    ):
         return sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
     reached = mods | static_imports(package / "__init__.py")
-    return sorted(p.stem for p in package.glob("*.py")
-                  if p.stem != "__init__" and f"dcp_bench.commands.{p.stem}" not in reached)
+    return sorted(
+        p.stem
+        for p in package.glob("*.py")
+        if p.stem != "__init__" and f"dcp_bench.commands.{p.stem}" not in reached
+    )
 
 
 def test_every_command_is_imported_by_the_cli() -> None:
@@ -157,7 +184,9 @@ def test_every_command_is_imported_by_the_cli() -> None:
     assert not missing, f"commands the CLI loads without a plain import: {', '.join(missing)}"
     assert "importlib" not in static_imports(REPO / "dcp_bench" / "cli.py")
     for path in (REPO / "dcp_bench" / "commands").glob("*.py"):
-        assert unit_of(".".join(path.relative_to(REPO).with_suffix("").parts)) == "dcp_bench.commands"
+        assert (
+            unit_of(".".join(path.relative_to(REPO).with_suffix("").parts)) == "dcp_bench.commands"
+        )
 
 
 def test_the_command_check_can_fail(tmp_path: Path) -> None:
@@ -168,8 +197,10 @@ def test_the_command_check_can_fail(tmp_path: Path) -> None:
     (pkg / "env.py").write_text("")
     (pkg / "extra.py").write_text("")
     cli = tmp_path / "cli.py"
-    cli.write_text("import importlib\nfrom dcp_bench.commands import COMMANDS\n"
-                   "importlib.import_module('dcp_bench.commands.extra')\n")
+    cli.write_text(
+        "import importlib\nfrom dcp_bench.commands import COMMANDS\n"
+        "importlib.import_module('dcp_bench.commands.extra')\n"
+    )
     assert unreached_commands(cli, pkg) == ["extra"]
     cli.write_text("import importlib\n")
     assert unreached_commands(cli, pkg) == ["env", "extra"]

@@ -25,15 +25,31 @@ from dcp_bench.errors import ConfigError  # noqa: E402
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan  # noqa: E402
 from dcp_bench.runtime.attention import SINGLE  # noqa: E402
 
-METHODS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml"))
+METHODS = sorted(
+    p.stem
+    for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml")
+)
 # A small Wan: 4 heads (SP up to 4), 2 blocks, the library's default patch (1, 2, 2).
-CONFIG: dict[str, Any] = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4,
-                              out_channels=4, text_dim=32, freq_dim=32, ffn_dim=128, num_layers=2, rope_max_seq_len=256)
+CONFIG: dict[str, Any] = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=4,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=32,
+    freq_dim=32,
+    ffn_dim=128,
+    num_layers=2,
+    rope_max_seq_len=256,
+)
 # Clips: (latent frames, patches per frame); token counts 45, 18, 16, 42, 8, 30 (not all multiples of 4).
 CLIPS = [(5, 9), (3, 6), (1, 16), (7, 6), (2, 4), (3, 10)]
-VIDEO = GlobalBatch(step=0, sample_ids=np.arange(31, 31 + len(CLIPS), dtype=np.int64),
-                    tokens=np.array([f * s for f, s in CLIPS], dtype=np.int64),
-                    frames=np.array([f for f, _ in CLIPS], dtype=np.int64))
+VIDEO = GlobalBatch(
+    step=0,
+    sample_ids=np.arange(31, 31 + len(CLIPS), dtype=np.int64),
+    tokens=np.array([f * s for f, s in CLIPS], dtype=np.int64),
+    frames=np.array([f for f, _ in CLIPS], dtype=np.int64),
+)
 
 
 def build_plain(seed: int) -> Any:
@@ -60,13 +76,19 @@ def reference(batch: GlobalBatch) -> tuple[float, torch.Tensor]:
 
     key = tuple(batch.sample_ids.tolist()) + tuple(batch.tokens.tolist())
     if key not in _REF:
-        clips = WanAdapter(build_plain(SEED)).make_inputs(batch.sample_ids, batch.tokens, batch.frames, SINGLE, SEED)
+        clips = WanAdapter(build_plain(SEED)).make_inputs(
+            batch.sample_ids, batch.tokens, batch.frames, SINGLE, SEED
+        )
         model = build_plain(SEED)
         total = 0.0
         for clip in clips:
             s = clip.timestep.float() / NUM_TIMESTEPS
-            pred = model(hidden_states=(1 - s) * clip.latents + s * clip.noise, timestep=clip.timestep,
-                         encoder_hidden_states=clip.caption, return_dict=False)[0]
+            pred = model(
+                hidden_states=(1 - s) * clip.latents + s * clip.noise,
+                timestep=clip.timestep,
+                encoder_hidden_states=clip.caption,
+                return_dict=False,
+            )[0]
             loss = (pred - (clip.noise - clip.latents)).square().sum() / batch.total_tokens
             loss.backward()
             total += float(loss.detach())
@@ -74,18 +96,47 @@ def reference(batch: GlobalBatch) -> tuple[float, torch.Tensor]:
     return _REF[key]
 
 
-def _plan(world: int, rounds: list[list[tuple[int, int, list[tuple[tuple[int, ...], int]]]]]) -> StepPlan:
-    return StepPlan(world_size=world, rounds=[
-        Round(groups=[Group(start=s, size=z, micro_batches=[MicroBatch(samples=m, ckpt_layers=c) for m, c in mbs])
-                      for s, z, mbs in rnd]) for rnd in rounds])
+def _plan(
+    world: int, rounds: list[list[tuple[int, int, list[tuple[tuple[int, ...], int]]]]]
+) -> StepPlan:
+    return StepPlan(
+        world_size=world,
+        rounds=[
+            Round(
+                groups=[
+                    Group(
+                        start=s,
+                        size=z,
+                        micro_batches=[MicroBatch(samples=m, ckpt_layers=c) for m, c in mbs],
+                    )
+                    for s, z, mbs in rnd
+                ]
+            )
+            for rnd in rounds
+        ],
+    )
 
 
 CASES4 = [
-    ("sp4_sp2_sp1", VIDEO, _plan(4, [[(0, 4, [((0,), 0)])], [(0, 2, [((3, 1), 1)]), (2, 1, [((2,), 0)]), (3, 1, [((4, 5), 0)])]])),
+    (
+        "sp4_sp2_sp1",
+        VIDEO,
+        _plan(
+            4,
+            [
+                [(0, 4, [((0,), 0)])],
+                [(0, 2, [((3, 1), 1)]), (2, 1, [((2,), 0)]), (3, 1, [((4, 5), 0)])],
+            ],
+        ),
+    ),
     ("sp4_ckpt", VIDEO, _plan(4, [[(0, 4, [((0, 1, 2), 2), ((3, 4, 5), 0)])]])),
 ]
 CASES2 = [
-    ("sp2_then_single", VIDEO, _plan(2, [[(0, 2, [((0, 3), 0)])], [(0, 1, [((1, 2), 2)]), (1, 1, [((4, 5), 0)])]])),
+    (
+        "sp2_then_single",
+        VIDEO,
+        _plan(2, [[(0, 2, [((0, 3), 0)])], [(0, 1, [((1, 2), 2)]), (1, 1, [((4, 5), 0)])]]),
+    ),
     ("api-dcp", VIDEO, ("dcp", 0.066)),
 ]
 
@@ -99,7 +150,9 @@ def test_adapter_on_one_process_equals_the_library_model() -> None:
     assert abs(float(loss.detach()) - ref_loss) <= 1e-5 * abs(ref_loss)
     assert rel_l2(flat_grads(model.parameters()), ref_grads) <= 1e-5
     # outside loss_sum the model is the library's: the hooks pass through
-    assert type(model.attn_processors["blocks.0.attn2.processor"]).__module__.startswith("diffusers")
+    assert type(model.attn_processors["blocks.0.attn2.processor"]).__module__.startswith(
+        "diffusers"
+    )
 
 
 def test_models_the_adapter_cannot_serve_are_refused() -> None:
@@ -116,8 +169,17 @@ def _check(results: list[list[dict[str, Any]]], cases: list[tuple[str, GlobalBat
         ref_loss, ref_grads = reference(batch)
         for rank, per_rank in enumerate(results):
             got = per_rank[i]
-            assert abs(got["loss"] - ref_loss) <= 1e-5 * abs(ref_loss), (label, rank, got["loss"], ref_loss)
-            assert rel_l2(got["grads"], ref_grads) <= 1e-5, (label, rank, rel_l2(got["grads"], ref_grads))
+            assert abs(got["loss"] - ref_loss) <= 1e-5 * abs(ref_loss), (
+                label,
+                rank,
+                got["loss"],
+                ref_loss,
+            )
+            assert rel_l2(got["grads"], ref_grads) <= 1e-5, (
+                label,
+                rank,
+                rel_l2(got["grads"], ref_grads),
+            )
 
 
 @pytest.mark.dist

@@ -25,7 +25,12 @@ STEPS = 2
 
 def _run_example(rank: int, world: int, port: int, name: str, steps: int, out: str) -> None:
     os.environ.update(
-        {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
     )
     torch.set_num_threads(1)
     sys.path.insert(0, str(REPO_ROOT))
@@ -44,7 +49,9 @@ def _plain_and_dcp(library: str) -> tuple[list[float], list[float]]:
     plain = load_example(f"{library}_plain").train(STEPS)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "losses.json")
-        mp.spawn(_run_example, args=(2, _free_port(), f"{library}_dcp", STEPS, out), nprocs=2, join=True)
+        mp.spawn(
+            _run_example, args=(2, _free_port(), f"{library}_dcp", STEPS, out), nprocs=2, join=True
+        )
         return plain, json.loads(Path(out).read_text())
 
 
@@ -73,9 +80,15 @@ def test_docs_state_the_counted_lines() -> None:
     rows = {r["library"]: r for r in adoption_rows()}
     assert set(rows) == {e.library for e in EXAMPLES}
     for library, row in rows.items():
-        m = re.search(rf"<!-- count:{library} -->\*\*(\d+) code lines added or rewritten, (\d+) removed\*\*", doc)
+        m = re.search(
+            rf"<!-- count:{library} -->\*\*(\d+) code lines added or rewritten, (\d+) removed\*\*",
+            doc,
+        )
         assert m, f"docs/integration.md has no count line for {library}"
-        assert (int(m.group(1)), int(m.group(2))) == (row["lines added or rewritten"], row["lines removed"])
+        assert (int(m.group(1)), int(m.group(2))) == (
+            row["lines added or rewritten"],
+            row["lines removed"],
+        )
 
 
 def test_claim_reports_carry_the_lines_to_adopt_table() -> None:

@@ -29,7 +29,10 @@ from dcp_bench.errors import ConfigError  # noqa: E402
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan  # noqa: E402
 from dcp_bench.runtime.models import text_sample  # noqa: E402
 
-METHODS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml"))
+METHODS = sorted(
+    p.stem
+    for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml")
+)
 SPEC = model_spec("hf")  # the default model=hf config: a small Llama
 
 
@@ -69,11 +72,26 @@ def reference(batch: GlobalBatch) -> tuple[float, torch.Tensor]:
 
 def two_rank_plan() -> StepPlan:
     mb = MicroBatch
-    return StepPlan(world_size=2, rounds=[
-        Round(groups=[Group(start=0, size=2, micro_batches=[mb(samples=(4,), ckpt_layers=2), mb(samples=(0, 1))])]),
-        Round(groups=[Group(start=0, size=1, micro_batches=[mb(samples=(2, 3), ckpt_layers=4)]),
-                      Group(start=1, size=1, micro_batches=[mb(samples=(5, 6))])]),
-    ])
+    return StepPlan(
+        world_size=2,
+        rounds=[
+            Round(
+                groups=[
+                    Group(
+                        start=0,
+                        size=2,
+                        micro_batches=[mb(samples=(4,), ckpt_layers=2), mb(samples=(0, 1))],
+                    )
+                ]
+            ),
+            Round(
+                groups=[
+                    Group(start=0, size=1, micro_batches=[mb(samples=(2, 3), ckpt_layers=4)]),
+                    Group(start=1, size=1, micro_batches=[mb(samples=(5, 6))]),
+                ]
+            ),
+        ],
+    )
 
 
 HAND4 = [("multi_round", 0), ("inter_unequal", 2), ("split_batch", 0), ("static_sp4", 4)]
@@ -85,9 +103,20 @@ def test_spec_counts_the_library_models_parameters() -> None:
     # independent: the library's own module tree vs the cost model's closed-form count
     model = build_plain(0)
     assert sum(p.numel() for p in model.parameters()) == param_count(SPEC)
-    qwen = model_spec("hf", library="transformers", config={
-        "model_type": "qwen2", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 512, "tie_word_embeddings": True})
+    qwen = model_spec(
+        "hf",
+        library="transformers",
+        config={
+            "model_type": "qwen2",
+            "hidden_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 256,
+            "vocab_size": 512,
+            "tie_word_embeddings": True,
+        },
+    )
     from dcp_bench.runtime.integrations.transformers_lm import build_causal_lm
 
     assert qwen.qkv_bias and qwen.tie_embeddings
@@ -95,8 +124,14 @@ def test_spec_counts_the_library_models_parameters() -> None:
 
 
 def test_unsupported_configs_are_refused_by_name() -> None:
-    base = dict(model_type="llama", hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                intermediate_size=64, vocab_size=32)
+    base = dict(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=32,
+    )
     with pytest.raises(ConfigError, match="model_type='gemma'"):
         model_spec("hf", library="transformers", config={**base, "model_type": "gemma"})
     with pytest.raises(ConfigError, match="attention_bias=True"):
@@ -114,7 +149,9 @@ def test_a_model_the_registry_cannot_reach_is_refused() -> None:
         CausalLMAdapter(torch.nn.Linear(2, 2))
     from transformers import T5Config, T5ForConditionalGeneration
 
-    t5 = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=16, num_layers=1, num_heads=4))
+    t5 = T5ForConditionalGeneration(
+        T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=16, num_layers=1, num_heads=4)
+    )
     with pytest.raises(ConfigError, match="encoder-decoder"):
         CausalLMAdapter(t5)
 
@@ -136,8 +173,17 @@ def _check(results: list[list[dict[str, Any]]], cases: list[tuple[str, GlobalBat
         ref_loss, ref_grads = reference(batch)
         for rank, per_rank in enumerate(results):
             got = per_rank[i]
-            assert abs(got["loss"] - ref_loss) <= 1e-5 * abs(ref_loss), (label, rank, got["loss"], ref_loss)
-            assert rel_l2(got["grads"], ref_grads) <= 1e-5, (label, rank, rel_l2(got["grads"], ref_grads))
+            assert abs(got["loss"] - ref_loss) <= 1e-5 * abs(ref_loss), (
+                label,
+                rank,
+                got["loss"],
+                ref_loss,
+            )
+            assert rel_l2(got["grads"], ref_grads) <= 1e-5, (
+                label,
+                rank,
+                rel_l2(got["grads"], ref_grads),
+            )
 
 
 @pytest.mark.dist
@@ -174,7 +220,9 @@ def test_every_method_equals_single_process(world: int) -> None:
     results = run_cases(world, build_adapted, cases)
     _check(results, cases)
     sizes = {s for r in results[0] for s in r["sizes"]}
-    assert sizes == ({1, 2, 4} if world == 4 else {1, 2}), sizes  # sequences split over 1, 2 (and 4) ranks
+    assert sizes == ({1, 2, 4} if world == 4 else {1, 2}), (
+        sizes
+    )  # sequences split over 1, 2 (and 4) ranks
     if world == 4:
         assert any(r["sizes"] == [1, 2, 4] for r in results[0])  # one step over 1, 2 and 4 ranks
     assert len({tuple(r["sizes"]) + tuple(r["ckpt"]) for r in results[0]}) >= 3  # the plans differ
@@ -206,7 +254,10 @@ def test_library_llama_keeps_the_runtime_llamas_activations() -> None:
     from dcp_bench.runtime.integrations.models import library_empty_model
     from dcp_bench.runtime.models import build_model
 
-    ours, theirs = build_model(model_spec("tiny_llama")), build_model(SPEC, empty=library_empty_model(SPEC))
+    ours, theirs = (
+        build_model(model_spec("tiny_llama")),
+        build_model(SPEC, empty=library_empty_model(SPEC)),
+    )
     for tokens in (512, 1024):
         assert _saved_activation_bytes(theirs, tokens) == _saved_activation_bytes(ours, tokens)
 
@@ -216,22 +267,37 @@ def test_other_decoder_families_equal_their_library_forward(model_type: str) -> 
     from dcp_bench.runtime.attention import SINGLE
     from dcp_bench.runtime.integrations.transformers_lm import CausalLMAdapter, build_causal_lm
 
-    spec = model_spec("small", library="transformers", config={
-        "model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256})
+    spec = model_spec(
+        "small",
+        library="transformers",
+        config={
+            "model_type": model_type,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "vocab_size": 256,
+        },
+    )
     torch.manual_seed(0)
     ref = build_causal_lm(spec)
     torch.manual_seed(0)
     model = build_causal_lm(spec)
     adapter = CausalLMAdapter(model, spec=spec)
     ids, tokens = np.array([1, 2, 3]), np.array([40, 7, 25])
-    loss = adapter.loss_sum(adapter.make_inputs(ids, tokens, None, SINGLE, 0), SINGLE, ckpt_layers=2)
+    loss = adapter.loss_sum(
+        adapter.make_inputs(ids, tokens, None, SINGLE, 0), SINGLE, ckpt_layers=2
+    )
     loss.backward()
     ref_loss = torch.zeros(())
     for sid, n in zip(ids.tolist(), tokens.tolist()):
         seq = text_sample(0, sid, n, 256)
-        ref_loss = ref_loss + F.cross_entropy(ref(input_ids=seq[:n][None], use_cache=False).logits[0].float(), seq[1:],
-                                              reduction="sum")
+        ref_loss = ref_loss + F.cross_entropy(
+            ref(input_ids=seq[:n][None], use_cache=False).logits[0].float(),
+            seq[1:],
+            reduction="sum",
+        )
     ref_loss.backward()
     assert abs(float(loss.detach()) - float(ref_loss.detach())) <= 1e-5 * float(ref_loss.detach())
     assert rel_l2(flat_grads(model.parameters()), flat_grads(ref.parameters())) <= 1e-5

@@ -28,17 +28,26 @@ def _real_saved_bytes(name: str, tokens: list[int], frames: list[int], ckpt_laye
     pointers, real storages), parameters excluded."""
     spec = model_spec(name)
     model = build_model(spec, seed=0)
-    inputs = model.make_inputs(np.arange(len(tokens)), np.array(tokens), np.array(frames), SINGLE, 0)
+    inputs = model.make_inputs(
+        np.arange(len(tokens)), np.array(tokens), np.array(frames), SINGLE, 0
+    )
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return saved_activation_bytes(lambda _: model(inputs, SINGLE, ckpt_layers), torch.zeros(1), params)
+    return saved_activation_bytes(
+        lambda _: model(inputs, SINGLE, ckpt_layers), torch.zeros(1), params
+    )
 
 
-@pytest.mark.parametrize("name,tokens,frames", [
-    ("tiny_stdit", [64, 256], [1, 4]),
-    ("tiny_llama", [96, 160], [1, 1]),
-])
+@pytest.mark.parametrize(
+    "name,tokens,frames",
+    [
+        ("tiny_stdit", [64, 256], [1, 4]),
+        ("tiny_llama", [96, 160], [1, 1]),
+    ],
+)
 @pytest.mark.parametrize("ckpt", [False, True])
-def test_fake_count_equals_a_real_forward(name: str, tokens: list[int], frames: list[int], ckpt: bool) -> None:
+def test_fake_count_equals_a_real_forward(
+    name: str, tokens: list[int], frames: list[int], ckpt: bool
+) -> None:
     """The fake-tensor count of the whole model equals what a real fp32 forward saves."""
     spec = model_spec(name)
     counted = count_activations(spec, tokens, frames, checkpoint=ckpt, layers=spec.num_layers)
@@ -50,23 +59,30 @@ def test_fake_count_equals_a_real_forward(name: str, tokens: list[int], frames: 
     assert counted.total == pytest.approx(real, rel=1e-9)
 
 
-@pytest.mark.parametrize("name,tokens,frames", [
-    ("stdit3_xl2", [256], [1]),
-    ("stdit3_xl2", [256, 256, 512], [1, 1, 2]),
-    ("llama3_8b", [512], None),
-    ("llama3_8b", [256, 512], None),
-    ("tiny_stdit", [64, 256], [1, 4]),
-    ("tiny_llama", [96, 160], None),
-])
+@pytest.mark.parametrize(
+    "name,tokens,frames",
+    [
+        ("stdit3_xl2", [256], [1]),
+        ("stdit3_xl2", [256, 256, 512], [1, 1, 2]),
+        ("llama3_8b", [512], None),
+        ("llama3_8b", [256, 512], None),
+        ("tiny_stdit", [64, 256], [1, 4]),
+        ("tiny_llama", [96, 160], None),
+    ],
+)
 @pytest.mark.parametrize("ckpt", [False, True])
-def test_analytical_memory_agrees_with_the_count_per_unit(name: str, tokens: list[int], frames: list[int] | None,
-                                                          ckpt: bool) -> None:
+def test_analytical_memory_agrees_with_the_count_per_unit(
+    name: str, tokens: list[int], frames: list[int] | None, ckpt: bool
+) -> None:
     spec = model_spec(name)
     counted = count_activations(spec, tokens, frames, checkpoint=ckpt, layers=2)
     cost: Any = make_cost_model(spec, "h200x32", "analytical")
     k = spec.num_layers if ckpt else 0
-    rows = compare_units(counted, cost.activation_breakdown(float(sum(tokens)), float(len(tokens)), 1, k),
-                         spec.num_layers)
+    rows = compare_units(
+        counted,
+        cost.activation_breakdown(float(sum(tokens)), float(len(tokens)), 1, k),
+        spec.num_layers,
+    )
     assert "total" in rows and len(rows) >= (5 if ckpt else 6)
     for unit, (c, m) in rows.items():
         assert c > 0, unit
@@ -74,10 +90,16 @@ def test_analytical_memory_agrees_with_the_count_per_unit(name: str, tokens: lis
     # the cost model charges exactly its breakdown (one sample of all the tokens), plus one
     # recomputed block when every layer is checkpointed (the recomputation peak)
     n = float(sum(tokens))
-    charged = float(cost.sample_memory(np.array([sum(tokens)]), np.array([sum(frames or [1])]), 1, k)[0])
+    charged = float(
+        cost.sample_memory(np.array([sum(tokens)]), np.array([sum(frames or [1])]), 1, k)[0]
+    )
     kept = float(sum(cost.activation_breakdown(n, 1.0, 1, k).values()))
     t = cost._act_terms  # type: ignore[attr-defined]
-    peak = ((t.full_tok - t.checkpoint_input_tok) * n + t.full_sample) / t.blocks_per_layer if ckpt else 0.0
+    peak = (
+        ((t.full_tok - t.checkpoint_input_tok) * n + t.full_sample) / t.blocks_per_layer
+        if ckpt
+        else 0.0
+    )
     assert charged == pytest.approx(kept + peak, rel=1e-12)
 
 
@@ -119,7 +141,9 @@ def test_profiled_memory_agrees_with_the_count() -> None:
         spec = model_spec(name)
         cost = make_cost_model(name, "cpu", "profiled", profile=str(CALIBRATION))
         for k in (0, spec.num_layers):
-            counted = count_activations(spec, tokens, frames, checkpoint=k > 0, layers=spec.num_layers)
+            counted = count_activations(
+                spec, tokens, frames, checkpoint=k > 0, layers=spec.num_layers
+            )
             tpr, ppr, n = cost._sizes(np.array(tokens, float), np.array(frames, float), 1)  # type: ignore[attr-defined]
             model = float(cost._activation_bytes(tpr, ppr, n, 1, k, resident=False, peak=False)[0])  # type: ignore[attr-defined]
             assert abs(model / counted.total - 1) <= TOL, (name, k, model, counted.total)
@@ -133,7 +157,12 @@ def test_checkpointing_each_block_leaves_the_gradients_unchanged() -> None:
         inputs = model.make_inputs(np.arange(2), np.array([64, 128]), np.array([1, 2]), SINGLE, 5)
         loss = model(inputs, SINGLE, k)
         loss.backward()
-        grads.append((float(loss.detach()), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        grads.append(
+            (
+                float(loss.detach()),
+                [p.grad.clone() for p in model.parameters() if p.grad is not None],
+            )
+        )
     assert grads[0][0] == grads[1][0]
     for a, b in zip(grads[0][1], grads[1][1]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

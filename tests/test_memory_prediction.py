@@ -27,8 +27,17 @@ from dcp_bench.run.memory_precheck import GIB, MemoryPrecheckError, check_memory
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.run.train_config import resolve_train_config
 
-SMALL = ["workload=synthetic_uniform", "workload.low=16", "workload.high=200", "workload.tokens_per_gpu=400",
-         "method=bucket_static", "model=tiny_llama", "nproc=2", "steps=2", "warmup_steps=1"]
+SMALL = [
+    "workload=synthetic_uniform",
+    "workload.low=16",
+    "workload.high=200",
+    "workload.tokens_per_gpu=400",
+    "method=bucket_static",
+    "model=tiny_llama",
+    "nproc=2",
+    "steps=2",
+    "warmup_steps=1",
+]
 
 
 def test_precheck_refuses_a_run_larger_than_the_machine_naming_both_numbers() -> None:
@@ -40,7 +49,9 @@ def test_precheck_refuses_a_run_larger_than_the_machine_naming_both_numbers() ->
     with pytest.raises(MemoryPrecheckError) as err:
         check_memory_fits(spec, "cpu", available=(tight, 2 * tight))
     msg = str(err.value)
-    assert f"{fc.node_peak_bytes / GIB:.2f} GiB" in msg and f"{tight / GIB:.2f} GiB available" in msg
+    assert (
+        f"{fc.node_peak_bytes / GIB:.2f} GiB" in msg and f"{tight / GIB:.2f} GiB available" in msg
+    )
 
 
 def test_the_default_prolong_run_plans_and_passes_the_precheck() -> None:
@@ -49,8 +60,11 @@ def test_the_default_prolong_run_plans_and_passes_the_precheck() -> None:
     chunked loss and 4-D SDPA attention (the committed calibration measured their memory), and
     the node's predicted peak fits a 24 GiB machine; on a machine with less it is refused before
     launching, naming both numbers (the test above)."""
-    spec = parse_run_spec(resolve_train_config(["workload=prolong", "method=dcp", "model=tiny_llama", "nproc=2",
-                                                "steps=3"]))
+    spec = parse_run_spec(
+        resolve_train_config(
+            ["workload=prolong", "method=dcp", "model=tiny_llama", "nproc=2", "steps=3"]
+        )
+    )
     fc = check_memory_fits(spec, "cpu", available=(24 * GIB, 24 * GIB))
     assert 0 < fc.rank_peak_bytes <= spec.mem_cap_fraction * spec.cluster.gpu.usable_mem_bytes
     assert fc.node_peak_bytes <= 24 * GIB
@@ -58,11 +72,23 @@ def test_the_default_prolong_run_plans_and_passes_the_precheck() -> None:
 
 def test_memory_error_is_rank_by_rank_over_measured_steps(tmp_path: Path) -> None:
     w = RunWriter(str(tmp_path), "c", "r", {})
-    for step, meas, pred, warm in ((0, [3.0, 3.0], [1.0, 1.0], True), (1, [0.9, 0.8], [1.0, 1.0], False),
-                                   (2, [1.1, 0.5], [1.0, 1.0], False)):
-        w.add_step(StepRecord(step=step, step_time_s=1.0, warmup=warm, planner_ms=0.0, tokens=1, samples=1,
-                              peak_mem_per_rank_gib=meas,
-                              extra={"predicted_peak_mem_per_rank_gib": pred}))
+    for step, meas, pred, warm in (
+        (0, [3.0, 3.0], [1.0, 1.0], True),
+        (1, [0.9, 0.8], [1.0, 1.0], False),
+        (2, [1.1, 0.5], [1.0, 1.0], False),
+    ):
+        w.add_step(
+            StepRecord(
+                step=step,
+                step_time_s=1.0,
+                warmup=warm,
+                planner_ms=0.0,
+                tokens=1,
+                samples=1,
+                peak_mem_per_rank_gib=meas,
+                extra={"predicted_peak_mem_per_rank_gib": pred},
+            )
+        )
     pairs = step_memory_pairs(tmp_path / "c" / "r")
     assert pairs == [(0.9, 1.0), (0.8, 1.0), (1.1, 1.0), (0.5, 1.0)]  # warm-up left out
     s = summarize_memory_pairs(pairs)
@@ -76,11 +102,24 @@ def test_memory_error_is_rank_by_rank_over_measured_steps(tmp_path: Path) -> Non
 def test_a_plan_near_the_memory_cap_measures_at_most_what_was_predicted(tmp_path: Path) -> None:
     from dcp_bench.run.torch_run import launch_torch_run
 
-    cfg = resolve_train_config([
-        "workload=synthetic_fixed", "workload.length=768", "workload.tokens_per_gpu=6144", "method=dcp",
-        "model=tiny_llama", "nproc=2", "steps=2", "warmup_steps=1", "mem_cap_fraction=0.2", "seed=3",
-        f"root={tmp_path}", "campaign=mem", "train.pg_timeout_s=120", "timeout_s=500",
-    ])
+    cfg = resolve_train_config(
+        [
+            "workload=synthetic_fixed",
+            "workload.length=768",
+            "workload.tokens_per_gpu=6144",
+            "method=dcp",
+            "model=tiny_llama",
+            "nproc=2",
+            "steps=2",
+            "warmup_steps=1",
+            "mem_cap_fraction=0.2",
+            "seed=3",
+            f"root={tmp_path}",
+            "campaign=mem",
+            "train.pg_timeout_s=120",
+            "timeout_s=500",
+        ]
+    )
     spec = parse_run_spec(cfg)
     fc = check_memory_fits(spec, "cpu")
     cap = 0.2 * spec.cluster.gpu.usable_mem_bytes
@@ -93,4 +132,6 @@ def test_a_plan_near_the_memory_cap_measures_at_most_what_was_predicted(tmp_path
         assert 0.75 * predicted <= measured <= 1.05 * predicted
     err = memory_prediction_error(tmp_path, "mem")
     assert err["n"] == 4 and err["median_abs_error"] <= 0.25
-    assert dataclasses.asdict(summary)["extra"]["memory_measure"].startswith("cpu: process peak resident set")
+    assert dataclasses.asdict(summary)["extra"]["memory_measure"].startswith(
+        "cpu: process peak resident set"
+    )

@@ -21,11 +21,25 @@ from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.run.torch_run import launch_torch_run
 from dcp_bench.run.train_config import resolve_train_config
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(900)]  # three torchrun launches
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]  # three torchrun launches
 
-RUN = ["workload=synthetic_uniform", "workload.low=16", "workload.high=200", "workload.tokens_per_gpu=400",
-       "method=bucket_static", "model=tiny_llama", "steps=2", "warmup_steps=1", "seed=5", "train.pg_timeout_s=60",
-       "timeout_s=300"]
+RUN = [
+    "workload=synthetic_uniform",
+    "workload.low=16",
+    "workload.high=200",
+    "workload.tokens_per_gpu=400",
+    "method=bucket_static",
+    "model=tiny_llama",
+    "steps=2",
+    "warmup_steps=1",
+    "seed=5",
+    "train.pg_timeout_s=60",
+    "timeout_s=300",
+]
 
 SCONTROL = """#!/bin/sh
 # stand-in: every node of the allocation is this machine
@@ -56,8 +70,13 @@ def _free_port() -> int:
 
 
 def test_two_node_launchers_from_the_sbatch_script_equal_one_node(tmp_path: Path) -> None:
-    one = launch_torch_run(parse_run_spec(resolve_train_config(
-        [*RUN, "cluster=cpu", "nproc=2", f"root={tmp_path / 'one'}", "campaign=c"])))
+    one = launch_torch_run(
+        parse_run_spec(
+            resolve_train_config(
+                [*RUN, "cluster=cpu", "nproc=2", f"root={tmp_path / 'one'}", "campaign=c"]
+            )
+        )
+    )
     assert one.status == "ok", one.error
 
     bin_dir = tmp_path / "bin"
@@ -68,16 +87,44 @@ def test_two_node_launchers_from_the_sbatch_script_equal_one_node(tmp_path: Path
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     script = tmp_path / "job.sbatch"
     two_root = tmp_path / "two"
-    gen = subprocess.run([sys.executable, "-m", "dcp_bench.cli", "slurm", "cluster=cpu", "++cluster.num_nodes=2",
-                          "++cluster.gpus_per_node=1", *RUN, f"root={two_root}", "campaign=c",
-                          "--port", str(_free_port()), "--python", sys.executable, "--out", str(script)],
-                         capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dcp_bench.cli",
+            "slurm",
+            "cluster=cpu",
+            "++cluster.num_nodes=2",
+            "++cluster.gpus_per_node=1",
+            *RUN,
+            f"root={two_root}",
+            "campaign=c",
+            "--port",
+            str(_free_port()),
+            "--python",
+            sys.executable,
+            "--out",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
     assert gen.returncode == 0, gen.stderr
     text = script.read_text()
     assert "#SBATCH --nodes=2" in text and "nnodes=2" in text
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-2]",
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "4242", "OMP_NUM_THREADS": "1"}
-    job = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=900, env=env)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_ID": "4242",
+        "OMP_NUM_THREADS": "1",
+    }
+    job = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=900, env=env
+    )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "rendezvous 127.0.0.1:" in job.stdout
     two = read_summary(two_root / "c" / _run_id(two_root))

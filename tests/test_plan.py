@@ -12,11 +12,26 @@ from dcp_bench.errors import PlanError
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan, validate_plan
 
 
-def plan_of(world: int, groups: list[tuple[int, int, list[tuple[int, ...]]]], mode: str = "fair", ckpt: int = 0) -> StepPlan:
+def plan_of(
+    world: int,
+    groups: list[tuple[int, int, list[tuple[int, ...]]]],
+    mode: str = "fair",
+    ckpt: int = 0,
+) -> StepPlan:
     return StepPlan(
         world_size=world,
-        rounds=[Round(groups=[Group(start=s, size=z, micro_batches=[MicroBatch(samples=m, ckpt_layers=ckpt) for m in mbs])
-                              for s, z, mbs in groups])],
+        rounds=[
+            Round(
+                groups=[
+                    Group(
+                        start=s,
+                        size=z,
+                        micro_batches=[MicroBatch(samples=m, ckpt_layers=ckpt) for m in mbs],
+                    )
+                    for s, z, mbs in groups
+                ]
+            )
+        ],
         mode=mode,  # type: ignore[arg-type]
     )
 
@@ -59,7 +74,9 @@ def test_repeat_across_rounds_and_ckpt_range():
             Round(groups=[Group(0, 1, [MicroBatch((0,))]), Group(1, 1, [MicroBatch((1,))])]),
         ],
     )
-    with pytest.raises(PlanError, match=r"sample 0 repeated \(round 0, rank 0 and round 1, rank 0\)"):
+    with pytest.raises(
+        PlanError, match=r"sample 0 repeated \(round 0, rank 0 and round 1, rank 0\)"
+    ):
         validate_plan(plan, batch)
     with pytest.raises(PlanError, match="ckpt_layers=5 outside 0..4"):
         validate_plan(plan_of(2, [(0, 2, [(0, 1)])], ckpt=5), batch, num_layers=4)
@@ -71,12 +88,16 @@ def test_memory_cap_offence_uses_the_cost_model():
     batch = GlobalBatch.from_lengths([long, 1000])
     # Half a million tokens on one GPU without checkpointing exceeds the cap by far ...
     bad = plan_of(8, [(0, 1, [(0,)]), (1, 1, [(1,)])])
-    with pytest.raises(PlanError, match=r"micro-batch 0: predicted .* GiB per rank over the memory cap"):
+    with pytest.raises(
+        PlanError, match=r"micro-batch 0: predicted .* GiB per rank over the memory cap"
+    ):
         validate_plan(bad, batch, cost)
     # ... and its memory is exactly the cost model's figure; 8-way SP with full checkpointing fits.
     mem = cost.microbatch_memory(np.array([long]), np.array([1]), 8, 32)
     assert mem <= cost.memory_cap_bytes
-    ok = StepPlan(8, [Round([Group(0, 8, [MicroBatch((0,), 32)])]), Round([Group(0, 1, [MicroBatch((1,))])])])
+    ok = StepPlan(
+        8, [Round([Group(0, 8, [MicroBatch((0,), 32)])]), Round([Group(0, 1, [MicroBatch((1,))])])]
+    )
     validate_plan(ok, batch, cost)
 
 
@@ -84,7 +105,12 @@ def test_json_round_trip():
     plan = StepPlan(
         world_size=8,
         rounds=[
-            Round([Group(0, 4, [MicroBatch((0, 3), 2), MicroBatch((1,), 0, "batch")]), Group(4, 4, [MicroBatch((2,))])]),
+            Round(
+                [
+                    Group(0, 4, [MicroBatch((0, 3), 2), MicroBatch((1,), 0, "batch")]),
+                    Group(4, 4, [MicroBatch((2,))]),
+                ]
+            ),
             Round([Group(0, 8, [MicroBatch((4,), 8)])]),
         ],
         method="static",
@@ -105,11 +131,20 @@ def test_offences_are_all_listed_and_the_first_is_what_validate_raises():
     from dcp_bench.plan import plan_offences
 
     batch = GlobalBatch.from_lengths([100, 200, 300, 400, 500])
-    plan = StepPlan(world_size=4, rounds=[Round(groups=[
-        Group(0, 3, [MicroBatch((0,))]),            # size 3: not a power of two
-        Group(2, 2, [MicroBatch((1, 1))]),          # sample 1 twice
-        Group(2, 2, [MicroBatch((7,), ckpt_layers=9)]),  # overlaps the group at rank 2; sample 7 and ckpt out of range
-    ])])
+    plan = StepPlan(
+        world_size=4,
+        rounds=[
+            Round(
+                groups=[
+                    Group(0, 3, [MicroBatch((0,))]),  # size 3: not a power of two
+                    Group(2, 2, [MicroBatch((1, 1))]),  # sample 1 twice
+                    Group(
+                        2, 2, [MicroBatch((7,), ckpt_layers=9)]
+                    ),  # overlaps the group at rank 2; sample 7 and ckpt out of range
+                ]
+            )
+        ],
+    )
     offences = plan_offences(plan, batch, num_layers=4)
     assert offences == [
         "round 0, group at rank 0 (size 3): group size must be a power of two",
@@ -128,4 +163,6 @@ def test_valid_plan_has_no_offences():
     from dcp_bench.plan import plan_offences
 
     batch = GlobalBatch.from_lengths([100, 200, 300, 400])
-    assert plan_offences(plan_of(4, [(0, 2, [(0, 1)]), (2, 1, [(2,)]), (3, 1, [(3,)])]), batch) == []
+    assert (
+        plan_offences(plan_of(4, [(0, 2, [(0, 1)]), (2, 1, [(2,)]), (3, 1, [(3,)])]), batch) == []
+    )

@@ -33,7 +33,9 @@ def test_digest_counts_what_the_plan_holds(step_input: StepInput) -> None:
     assert d.groups == sum(len(r.groups) for r in plan.rounds)
     assert d.micro_batches == len(mbs)
     assert d.micro_batches_per_sp == dict(Counter(size for size, _ in mbs))
-    assert d.covered_samples == batch.n == len({s for _, mb in mbs for s in mb.samples})  # fair mode: every sample
+    assert (
+        d.covered_samples == batch.n == len({s for _, mb in mbs for s in mb.samples})
+    )  # fair mode: every sample
     assert 0 < d.lower_bound_s <= d.step_time_s * (1 + 1e-9)
     assert plan.info["batch"]["sample_ids"] == batch.sample_ids.tolist()
     assert plan.info["cost_model"] == step_input.parts.cost.describe()
@@ -46,11 +48,15 @@ class _Raises(Planner):
         raise ValueError("no plan today")
 
 
-def test_check_lists_no_offence_for_a_valid_plan_and_reports_a_raising_planner(step_input: StepInput) -> None:
+def test_check_lists_no_offence_for_a_valid_plan_and_reports_a_raising_planner(
+    step_input: StepInput,
+) -> None:
     ok = check_step_plan(step_input)
     assert ok.raised is None and ok.offences == []
     assert ok.memory_cap_gib == step_input.parts.cost.memory_cap_bytes / 2**30
-    broken = dataclasses.replace(step_input, parts=dataclasses.replace(step_input.parts, planner=_Raises()))
+    broken = dataclasses.replace(
+        step_input, parts=dataclasses.replace(step_input.parts, planner=_Raises())
+    )
     check = check_step_plan(broken)
     assert check.raised is not None and check.raised.startswith("ValueError: no plan today (")
     assert __file__ in check.raised and check.offences == [] and check.memory_cap_gib is None

@@ -34,7 +34,9 @@ def dataflow_makespan(plan: StepPlan, batch: GlobalBatch, cost) -> float:
             t = free[g.start : g.start + g.size].max()
             for mb in g.micro_batches:
                 sub = batch.subset(list(mb.samples))
-                t += cost.microbatch_cost(sub.tokens, sub.frames, g.size, mb.ckpt_layers, mb.split).total_s
+                t += cost.microbatch_cost(
+                    sub.tokens, sub.frames, g.size, mb.ckpt_layers, mb.split
+                ).total_s
             free[g.start : g.start + g.size] = t
     return float(free.max())
 
@@ -83,7 +85,10 @@ def test_paper_mode_never_repeats_and_reports_what_it_saw(lengths, world, which)
     validate_plan(plan, batch, cost)
     seen = plan.sample_positions()
     assert len(seen) == len(set(seen)) == plan.info["samples_seen"]
-    assert plan.info["samples_seen"] + plan.info["samples_skipped"] + plan.info["samples_deferred"] == batch.n
+    assert (
+        plan.info["samples_seen"] + plan.info["samples_skipped"] + plan.info["samples_deferred"]
+        == batch.n
+    )
     assert plan.mode == "paper" and "paper mode" in plan.info["label"]
 
 
@@ -141,7 +146,9 @@ def test_brute_force_optimality_on_tiny_instances() -> None:
         ours = dataflow_makespan(plan, batch, cost)
         gaps.append(ours / opt - 1)
     worst = max(gaps)
-    print(f"gap to the one-round brute-force optimum: worst {worst:+.2%}, mean {np.mean(gaps):+.2%}, best {min(gaps):+.2%}")
+    print(
+        f"gap to the one-round brute-force optimum: worst {worst:+.2%}, mean {np.mean(gaps):+.2%}, best {min(gaps):+.2%}"
+    )
     assert worst < 0.03
 
 
@@ -166,7 +173,11 @@ def test_fewest_ckpt_layers_matches_exhaustive_search() -> None:
     for sp in (1, 2, 8):
         got = fewest_ckpt_layers(cost, tokens, frames, sp, budget)
         for i, t in enumerate(tokens):
-            ks = [k for k in range(L + 1) if cost.sample_memory(np.array([t]), frames[:1], sp, k)[0] <= budget]
+            ks = [
+                k
+                for k in range(L + 1)
+                if cost.sample_memory(np.array([t]), frames[:1], sp, k)[0] <= budget
+            ]
             assert got[i] == (ks[0] if ks else -1)
 
 
@@ -196,7 +207,10 @@ def test_dcp_reaches_lower_bound_estimate_on_many_short_samples() -> None:
     plan = DCPPlanner().plan(batch, cost)
     table = build_shape_table(batch.tokens, batch.frames, cost, 16)
     counts = np.bincount(table.inverse)
-    lb = max(float((table.gpu_seconds.min(axis=1) * counts).sum()) / 16, float(table.time.min(axis=1).max()))
+    lb = max(
+        float((table.gpu_seconds.min(axis=1) * counts).sum()) / 16,
+        float(table.time.min(axis=1).max()),
+    )
     assert dataflow_makespan(plan, batch, cost) <= 1.05 * lb
 
 
@@ -217,7 +231,9 @@ def test_predicted_step_time_matches_the_simulator() -> None:
 
     cost = make_cost_model("llama3_8b", "h200x8")
     rng = np.random.default_rng(2)
-    batch = GlobalBatch.from_lengths(np.minimum(rng.lognormal(8.5, 1.3, 60).astype(int) + 16, 200_000))
+    batch = GlobalBatch.from_lengths(
+        np.minimum(rng.lognormal(8.5, 1.3, 60).astype(int) + 16, 200_000)
+    )
     plan = DCPPlanner().plan(batch, cost)
     validate_plan(plan, batch, cost)
     sim = simulate_step(plan, batch, cost)
@@ -231,7 +247,10 @@ def test_dcp_never_slower_than_faithful_dcp() -> None:
     for _ in range(30):
         world = int(rng.choice([1, 2, 4, 8, 16, 32]))
         cost = quad_cost(world)
-        lengths = np.minimum(rng.lognormal(8, 1.5, int(rng.integers(1, 150))).astype(int) + 1, largest_fitting_length(cost))
+        lengths = np.minimum(
+            rng.lognormal(8, 1.5, int(rng.integers(1, 150))).astype(int) + 1,
+            largest_fitting_length(cost),
+        )
         batch = GlobalBatch.from_lengths(lengths)
         ours = dataflow_makespan(DCPPlanner().plan(batch, cost), batch, cost)
         for planner in (DCPIntraPlanner(), DCPInterPlanner(), DCPInterPACPlanner()):
@@ -263,8 +282,17 @@ def test_dcp_plans_validate_under_the_analytical_model(lengths, cluster, model) 
 
 
 SHIPPED = [
-    "debian_docs", "prolong", "sharegpt", "wikipedia", "synthetic_fixed", "synthetic_uniform",
-    "synthetic_lognormal", "videosys_zipf", "videosys_balanced", "videosys_long", "opensora_v12_stage1",
+    "debian_docs",
+    "prolong",
+    "sharegpt",
+    "wikipedia",
+    "synthetic_fixed",
+    "synthetic_uniform",
+    "synthetic_lognormal",
+    "videosys_zipf",
+    "videosys_balanced",
+    "videosys_long",
+    "opensora_v12_stage1",
 ]
 
 

@@ -82,14 +82,19 @@ class QuadraticCost(CostModel):
             bwd_s=comp * L * 2 / 3,
             recompute_s=comp / 3 * ckpt_layers,
             comm_s=float(self._comm(tokens, sp).sum()),
-            mem_bytes=float(self.sample_memory(tokens, frames, sp, ckpt_layers).sum()) + self.static_b,
+            mem_bytes=float(self.sample_memory(tokens, frames, sp, ckpt_layers).sum())
+            + self.static_b,
             model_flops=float(6 * tokens.sum()),
         )
 
 
-def quad_cost(world_size: int, model: str = "tiny_llama", mem_cap_fraction: float = 0.7, **kw) -> QuadraticCost:
+def quad_cost(
+    world_size: int, model: str = "tiny_llama", mem_cap_fraction: float = 0.7, **kw
+) -> QuadraticCost:
     spec: ModelSpec = model_spec(model)
-    return QuadraticCost(model=spec, cluster=make_cluster(world_size), mem_cap_fraction=mem_cap_fraction, **kw)
+    return QuadraticCost(
+        model=spec, cluster=make_cluster(world_size), mem_cap_fraction=mem_cap_fraction, **kw
+    )
 
 
 def test_double_is_additive_and_affine_in_ckpt() -> None:

@@ -58,10 +58,18 @@ def test_accumulation_steps_match_brute_force() -> None:
         assert all(lo <= k <= hi for k in steps)
 
         def score(ks: tuple[int, ...], target: float, times: list[float] = times) -> float:
-            return sum(1.2 * (t * k - target) if t * k > target else target - t * k for t, k in zip(times, ks))
+            return sum(
+                1.2 * (t * k - target) if t * k > target else target - t * k
+                for t, k in zip(times, ks)
+            )
 
-        targets = [t * m for t in times for m in range(lo, hi + 1) if t * m <= max(times) * hi + 1e-12]
-        best = min(min(score(ks, tg) for ks in itertools.product(range(lo, hi + 1), repeat=len(times))) for tg in targets)
+        targets = [
+            t * m for t in times for m in range(lo, hi + 1) if t * m <= max(times) * hi + 1e-12
+        ]
+        best = min(
+            min(score(ks, tg) for ks in itertools.product(range(lo, hi + 1), repeat=len(times)))
+            for tg in targets
+        )
         got = min(score(tuple(steps), tg) for tg in targets)
         assert got <= best + 1e-9
 

@@ -37,16 +37,26 @@ def test_batched_lpt_is_the_heap(case: int) -> None:
     rng = np.random.default_rng(case)
     W = [256, 300, 1024, 3072][case % 4]
     n = int(rng.integers(1, 6 * W))
-    free = [np.zeros(W), rng.uniform(0, 10, W), np.round(rng.uniform(0, 3, W), 1),
-            np.where(rng.random(W) < 0.5, 0.0, rng.uniform(0, 100, W))][(case // 4) % 4]
+    free = [
+        np.zeros(W),
+        rng.uniform(0, 10, W),
+        np.round(rng.uniform(0, 3, W), 1),
+        np.where(rng.random(W) < 0.5, 0.0, rng.uniform(0, 100, W)),
+    ][(case // 4) % 4]
     times = np.sort(np.round(rng.lognormal(0, 1.5, n), int(rng.integers(1, 6))))[::-1].copy()
     want = heap_lpt(times, free)
     got_free = free.copy()
     ranks, starts = lpt(times, got_free)
-    assert np.array_equal(ranks, want[0]) and np.array_equal(starts, want[1]) and np.array_equal(got_free, want[2])
+    assert (
+        np.array_equal(ranks, want[0])
+        and np.array_equal(starts, want[1])
+        and np.array_equal(got_free, want[2])
+    )
 
 
-def direct_schedule(times: np.ndarray, sizes: np.ndarray, W: int, order: str) -> tuple[np.ndarray, np.ndarray]:
+def direct_schedule(
+    times: np.ndarray, sizes: np.ndarray, W: int, order: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Task by task: a multi-rank task goes to the aligned block of its size whose ranks are all
     free earliest (lowest block on ties); single-rank tasks after them, longest first, to the
     rank free earliest (lowest rank on ties)."""
@@ -54,14 +64,18 @@ def direct_schedule(times: np.ndarray, sizes: np.ndarray, W: int, order: str) ->
     bstart = np.zeros(len(times), dtype=np.int64)
     start = np.zeros(len(times))
     big = np.flatnonzero(sizes > 1)
-    key = (np.lexsort((-times[big], -sizes[big])) if order == "size" else np.argsort(-times[big], kind="stable"))
+    key = (
+        np.lexsort((-times[big], -sizes[big]))
+        if order == "size"
+        else np.argsort(-times[big], kind="stable")
+    )
     for i in big[key].tolist():
         s = int(sizes[i])
         ready = free.reshape(-1, s).max(axis=1)
         b = int(ready.argmin())
         start[i] = ready[b]
         bstart[i] = b * s
-        free[b * s:(b + 1) * s] = ready[b] + times[i]
+        free[b * s : (b + 1) * s] = ready[b] + times[i]
     for i in np.flatnonzero(sizes == 1)[np.argsort(-times[sizes == 1], kind="stable")].tolist():
         r = int(free.argmin())
         start[i], bstart[i] = free[r], r
@@ -75,7 +89,9 @@ def test_list_schedule_is_the_direct_search(world: int, order: str) -> None:
     rng = np.random.default_rng(world)
     degrees = np.asarray(aligned_sp_degrees(world))
     n = 6 * world
-    sizes = rng.choice(degrees, n, p=np.r_[0.7, np.full(len(degrees) - 1, 0.3 / (len(degrees) - 1))])
+    sizes = rng.choice(
+        degrees, n, p=np.r_[0.7, np.full(len(degrees) - 1, 0.3 / (len(degrees) - 1))]
+    )
     times = np.round(rng.lognormal(0, 1.0, n), 3)
     sched = list_schedule(times, sizes, world, order)
     bstart, start = direct_schedule(times, sizes, world, order)

@@ -51,7 +51,9 @@ def test_session_leaves_no_process_behind(how: str) -> None:
     tag = uuid.uuid4().hex
     env = {**os.environ, TAG: tag}
     try:
-        out = _run_session([sys.executable, "-c", FAKE_LAUNCHER, how], env, 3.0 if how == "stuck" else 30.0)
+        out = _run_session(
+            [sys.executable, "-c", FAKE_LAUNCHER, how], env, 3.0 if how == "stuck" else 30.0
+        )
         code = out[0]
         assert (code is None) == (how == "stuck")  # None: killed at its limit
         assert tagged(tag) == []  # the detached rank that ignores SIGTERM is gone too
@@ -61,9 +63,20 @@ def test_session_leaves_no_process_behind(how: str) -> None:
 
 def _spec(tmp_path: Path):  # type: ignore[no-untyped-def]
     conf = write_toy_conf(tmp_path / "conf")
-    return plan_sweep([f"extra_conf={conf}", "workload=toy", "method=toy_static", "cluster=h200x8",
-                       "model=tiny_llama", "run.steps=2", "run.warmup_steps=0", f"run.root={tmp_path / 'runs'}",
-                       "run.campaign=late"], repeats=1)[0]
+    return plan_sweep(
+        [
+            f"extra_conf={conf}",
+            "workload=toy",
+            "method=toy_static",
+            "cluster=h200x8",
+            "model=tiny_llama",
+            "run.steps=2",
+            "run.warmup_steps=0",
+            f"run.root={tmp_path / 'runs'}",
+            "run.campaign=late",
+        ],
+        repeats=1,
+    )[0]
 
 
 def test_late_writer_cannot_rewrite_a_final_record(tmp_path: Path) -> None:
@@ -95,16 +108,42 @@ def test_ownership_is_checked_before_every_write(tmp_path: Path) -> None:
     with pytest.raises(RunOwnershipLost):
         writer.add_step(StepRecord(step=1, step_time_s=1.0))
     with pytest.raises(RunOwnershipLost):
-        writer.finish(RunSummary(run_id="r", campaign="c", status="ok", executor="sim", method="m", workload="w",
-                                 cluster="c", model="m", seed=0, config_hash="h"))
+        writer.finish(
+            RunSummary(
+                run_id="r",
+                campaign="c",
+                status="ok",
+                executor="sim",
+                method="m",
+                workload="w",
+                cluster="c",
+                model="m",
+                seed=0,
+                config_hash="h",
+            )
+        )
     assert not (run_dir / "run.json").exists()
     # A writer handed a claim that is no longer current refuses to start (a rank that starts late).
     with pytest.raises(RunOwnershipLost):
         RunWriter(tmp_path, "c", "r", {"x": 1}, enabled=True, owner=token)
     # The new owner writes.
     mine = take_over(run_dir)
-    write_summary(run_dir, RunSummary(run_id="r", campaign="c", status="error", executor="sim", method="m",
-                                      workload="w", cluster="c", model="m", seed=0, config_hash="h"), mine)
+    write_summary(
+        run_dir,
+        RunSummary(
+            run_id="r",
+            campaign="c",
+            status="error",
+            executor="sim",
+            method="m",
+            workload="w",
+            cluster="c",
+            model="m",
+            seed=0,
+            config_hash="h",
+        ),
+        mine,
+    )
     summary = read_summary(run_dir)
     assert summary is not None and summary.status == "error"
 
@@ -112,13 +151,23 @@ def test_ownership_is_checked_before_every_write(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 # Real torchrun runs
 
-SLOW_STEPS = ["workload=sharegpt", "method=dcp", "model=tiny_llama", "workload.length_scale=2",
-              "workload.tokens_per_gpu=32768", "nproc=2", "steps=50", "warmup_steps=1"]
+SLOW_STEPS = [
+    "workload=sharegpt",
+    "method=dcp",
+    "model=tiny_llama",
+    "workload.length_scale=2",
+    "workload.tokens_per_gpu=32768",
+    "nproc=2",
+    "steps=50",
+    "warmup_steps=1",
+]
 
 
 @needs_proc
 @pytest.mark.dist
-def test_timed_out_torch_run_is_killed_whole_and_stays_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_timed_out_torch_run_is_killed_whole_and_stays_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The issue's reproduction, small: steps far longer than the time limit. When the launcher
     returns, no process of the run is alive, the record says timeout, and it still says so (byte
     for byte) a few seconds later."""
@@ -128,8 +177,17 @@ def test_timed_out_torch_run_is_killed_whole_and_stays_timeout(tmp_path: Path, m
 
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG, tag)
-    spec = parse_run_spec(resolve_train_config([*SLOW_STEPS, "timeout_s=2", "run.kill_grace_s=1",
-                                                f"root={tmp_path}", "campaign=orphans"]))
+    spec = parse_run_spec(
+        resolve_train_config(
+            [
+                *SLOW_STEPS,
+                "timeout_s=2",
+                "run.kill_grace_s=1",
+                f"root={tmp_path}",
+                "campaign=orphans",
+            ]
+        )
+    )
     try:
         summary = launch_torch_run(spec)
         assert tagged(tag) == []
@@ -148,7 +206,15 @@ def test_sigterm_to_train_stops_every_rank(tmp_path: Path) -> None:
     """`dcp-bench train` killed with SIGTERM (a CI cancel, `timeout`) takes its ranks with it."""
     tag = uuid.uuid4().hex
     env = {**os.environ, TAG: tag, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "dcp_bench.cli", "train", *SLOW_STEPS, f"root={tmp_path}", "campaign=term"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dcp_bench.cli",
+        "train",
+        *SLOW_STEPS,
+        f"root={tmp_path}",
+        "campaign=term",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
@@ -178,21 +244,43 @@ def test_sigterm_to_a_sweep_stops_its_runs_and_a_resume_redoes_them(tmp_path: Pa
     from dcp_bench.records import check_run
 
     conf = write_toy_conf(tmp_path / "conf", sleep_s=0.5)
-    ovs = [f"extra_conf={conf}", "workload=toy", "method=toy_static,toy_greedy", "cluster=h200x8",
-           "model=tiny_llama", "run.steps=20", "run.warmup_steps=0", "run.repeats=2",
-           f"run.root={tmp_path / 'runs'}", "run.campaign=term"]
+    ovs = [
+        f"extra_conf={conf}",
+        "workload=toy",
+        "method=toy_static,toy_greedy",
+        "cluster=h200x8",
+        "model=tiny_llama",
+        "run.steps=20",
+        "run.warmup_steps=0",
+        "run.repeats=2",
+        f"run.root={tmp_path / 'runs'}",
+        "run.campaign=term",
+    ]
     tag = uuid.uuid4().hex
     tests = str(Path(__file__).resolve().parent)
-    env = {**os.environ, TAG: tag, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "dcp_bench.cli", "sweep", *ovs, "--jobs", "2"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        TAG: tag,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dcp_bench.cli", "sweep", *ovs, "--jobs", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         camp = tmp_path / "runs" / "term"
         deadline = time.time() + 120
-        while time.time() < deadline and not (camp.exists() and any((d / "steps.jsonl").exists() and
-                                                                   (d / "steps.jsonl").stat().st_size
-                                                                   for d in camp.iterdir())):
+        while time.time() < deadline and not (
+            camp.exists()
+            and any(
+                (d / "steps.jsonl").exists() and (d / "steps.jsonl").stat().st_size
+                for d in camp.iterdir()
+            )
+        ):
             time.sleep(0.1)
         assert len(tagged(tag)) >= 2, "no run started"  # the sweep and at least one forked run
         proc.send_signal(signal.SIGTERM)
@@ -206,7 +294,12 @@ def test_sigterm_to_a_sweep_stops_its_runs_and_a_resume_redoes_them(tmp_path: Pa
     specs = plan_sweep(ovs)
     states = [check_run(camp / s.run_id).state for s in specs]
     assert "incomplete" in states and "damaged" not in states  # cut mid-run, nothing half-written
-    proc = subprocess.run([sys.executable, "-m", "dcp_bench.cli", "sweep", *ovs, "--jobs", "2", "--no-progress"],
-                          env={**env, TAG: uuid.uuid4().hex}, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcp_bench.cli", "sweep", *ovs, "--jobs", "2", "--no-progress"],
+        env={**env, TAG: uuid.uuid4().hex},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert all(check_run(camp / s.run_id).state == "complete" for s in specs)

@@ -46,10 +46,25 @@ from processes import TAG, kill_tagged, tagged  # noqa: E402
 
 
 def cpu_cluster(world: int) -> ClusterSpec:
-    gpu = GPUSpec(name="cpu", peak_flops=1e11, matmul_flops=1e11, mem_bytes=8e9, usable_mem_bytes=8e9,
-                  mem_bw=1e10, measured_mem_bw=1e10)
-    return ClusterSpec(name=f"cpu{world}", gpu=gpu, num_nodes=1, gpus_per_node=world, intra_node_bw=1e9,
-                       inter_node_bw=1e9, intra_node_latency_s=1e-4, inter_node_latency_s=1e-4)
+    gpu = GPUSpec(
+        name="cpu",
+        peak_flops=1e11,
+        matmul_flops=1e11,
+        mem_bytes=8e9,
+        usable_mem_bytes=8e9,
+        mem_bw=1e10,
+        measured_mem_bw=1e10,
+    )
+    return ClusterSpec(
+        name=f"cpu{world}",
+        gpu=gpu,
+        num_nodes=1,
+        gpus_per_node=world,
+        intra_node_bw=1e9,
+        inter_node_bw=1e9,
+        intra_node_latency_s=1e-4,
+        inter_node_latency_s=1e-4,
+    )
 
 
 # --- fits -------------------------------------------------------------------------------------
@@ -125,11 +140,19 @@ def test_saved_bytes_count_a_storage_once() -> None:
 
 # --- the profiled cost model on a synthetic artifact ---------------------------------------------
 
-LAW = {"fwd": (1e-3, 2e-6, 3e-10, 1e-4), "bwd": (2e-3, 4e-6, 6e-10, 2e-4), "bwd_ckpt": (3e-3, 6e-6, 9e-10, 3e-4)}
+LAW = {
+    "fwd": (1e-3, 2e-6, 3e-10, 1e-4),
+    "bwd": (2e-3, 4e-6, 6e-10, 2e-4),
+    "bwd_ckpt": (3e-3, 6e-6, 9e-10, 3e-4),
+}
 ACT_PER_TOKEN = 4096.0
 ACT_PER_PAIR = 2.0
 ACT_PER_SAMPLE = 1000.0
-OUTER = {"fwd": (0.0, 1e-6, 5e-5), "bwd": (0.0, 2e-6, 0.0), "inputs": (1e-4, 1e-7, 2e-5)}  # a + b T + d N
+OUTER = {
+    "fwd": (0.0, 1e-6, 5e-5),
+    "bwd": (0.0, 2e-6, 0.0),
+    "inputs": (1e-4, 1e-7, 2e-5),
+}  # a + b T + d N
 A2A = (1e-4, 1e-9)  # latency, seconds per byte
 AR = (2e-4, 2e-9)
 
@@ -148,24 +171,62 @@ def synthetic_artifact(model: str, tokens: list[int], sps: list[int], nproc: int
                 sample = tpr * sp // n
                 pairs = float(attention_pairs(np.full(n, sample), np.ones(n), spec.arch).sum()) / sp
                 law = {k: c[0] + c[1] * tpr + c[2] * pairs + c[3] * n for k, c in LAW.items()}
-                layers.append({"nproc": nproc, "sp": sp, "shape": "single" if n == 1 else "packed",
-                               "n_samples": n, "tokens_per_rank": tpr, "pairs_per_rank": pairs,
-                               "fwd_s": _timing(law["fwd"]), "bwd_s": _timing(law["bwd"]),
-                               "bwd_ckpt_s": _timing(law["bwd_ckpt"]),
-                               "act_bytes": ACT_PER_TOKEN * tpr + ACT_PER_PAIR * pairs + ACT_PER_SAMPLE * n,
-                               "ckpt_bytes": 1024.0 * tpr})
-    colls = [{"op": op, "nproc": nproc, "group_size": g, "bytes": b, "time_s": _timing(c[0] + c[1] * b)}
-             for op, c in (("all_to_all", A2A), ("all_reduce", AR))
-             for g in (2, 4) if g <= nproc for b in (1e3, 1e5, 1e7)]
-    outer = [{"nproc": nproc, "sp": 1, "n_samples": n, "tokens_per_rank": t,
-              **{f"{k}_s": _timing(c[0] + c[1] * t + c[2] * n) for k, c in OUTER.items()},
-              "act_bytes": 100.0 * t} for t in tokens for n in (1, 4)]
-    return {"kind": KIND, "schema_version": SCHEMA_VERSION, "model": {"name": model},
-            "hardware": {"cpu_model": "test"}, "settings": {"device": "cpu"}, "layers": layers,
-            "outer": outer, "collectives": colls, "cost": {"wall_s": 12.5},
-            "static": {"params": 1000, "param_bytes": 4000, "optimizer_step_s": 0.01},
-            "steps": [{"nproc": nproc, "zero_stage": 1, "step_overhead_s": _timing(0.05),
-                       "process_baseline_bytes": 3e8}]}
+                layers.append(
+                    {
+                        "nproc": nproc,
+                        "sp": sp,
+                        "shape": "single" if n == 1 else "packed",
+                        "n_samples": n,
+                        "tokens_per_rank": tpr,
+                        "pairs_per_rank": pairs,
+                        "fwd_s": _timing(law["fwd"]),
+                        "bwd_s": _timing(law["bwd"]),
+                        "bwd_ckpt_s": _timing(law["bwd_ckpt"]),
+                        "act_bytes": ACT_PER_TOKEN * tpr
+                        + ACT_PER_PAIR * pairs
+                        + ACT_PER_SAMPLE * n,
+                        "ckpt_bytes": 1024.0 * tpr,
+                    }
+                )
+    colls = [
+        {"op": op, "nproc": nproc, "group_size": g, "bytes": b, "time_s": _timing(c[0] + c[1] * b)}
+        for op, c in (("all_to_all", A2A), ("all_reduce", AR))
+        for g in (2, 4)
+        if g <= nproc
+        for b in (1e3, 1e5, 1e7)
+    ]
+    outer = [
+        {
+            "nproc": nproc,
+            "sp": 1,
+            "n_samples": n,
+            "tokens_per_rank": t,
+            **{f"{k}_s": _timing(c[0] + c[1] * t + c[2] * n) for k, c in OUTER.items()},
+            "act_bytes": 100.0 * t,
+        }
+        for t in tokens
+        for n in (1, 4)
+    ]
+    return {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "model": {"name": model},
+        "hardware": {"cpu_model": "test"},
+        "settings": {"device": "cpu"},
+        "layers": layers,
+        "outer": outer,
+        "collectives": colls,
+        "cost": {"wall_s": 12.5},
+        "static": {"params": 1000, "param_bytes": 4000, "optimizer_step_s": 0.01},
+        "steps": [
+            {
+                "nproc": nproc,
+                "zero_stage": 1,
+                "step_overhead_s": _timing(0.05),
+                "process_baseline_bytes": 3e8,
+            }
+        ],
+    }
 
 
 def outer_law(phase: str, t: float, n: int) -> float:
@@ -176,20 +237,25 @@ def outer_law(phase: str, t: float, n: int) -> float:
 @pytest.fixture
 def synthetic_profile(tmp_path: Path) -> Path:
     path = tmp_path / "tiny_llama.json"
-    path.write_text(dumps_artifact(synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4)))
+    path.write_text(
+        dumps_artifact(synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4))
+    )
     return path
 
 
 def test_profiled_model_predicts_held_out_sizes_of_a_known_law(synthetic_profile: Path) -> None:
-    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile)
+    )
     L = cost.model.num_layers
     tokens = 700  # not on the grid
     c = cost.microbatch_cost(np.array([tokens]), np.array([1]), 1, 0)
     pairs = tokens * tokens / 2
     law = {k: v[0] + v[1] * tokens + v[2] * pairs + v[3] for k, v in LAW.items()}
     # forward: the layers, the outer model and building the inputs (on the step clock)
-    assert c.fwd_s == pytest.approx(L * law["fwd"] + outer_law("fwd", tokens, 1) + outer_law("inputs", tokens, 1),
-                                    rel=1e-6)
+    assert c.fwd_s == pytest.approx(
+        L * law["fwd"] + outer_law("fwd", tokens, 1) + outer_law("inputs", tokens, 1), rel=1e-6
+    )
     assert c.bwd_s == pytest.approx(L * law["bwd"] + outer_law("bwd", tokens, 1), rel=1e-6)
     assert c.recompute_s == 0 and c.comm_s == 0
     # recompute of k layers = k x (checkpointed backward - backward)
@@ -206,31 +272,41 @@ def test_profiled_model_predicts_held_out_sizes_of_a_known_law(synthetic_profile
     layer_act = ACT_PER_TOKEN * tokens + ACT_PER_PAIR * pairs + ACT_PER_SAMPLE
     assert c.mem_bytes == pytest.approx(static + L * layer_act + 100.0 * tokens, rel=1e-6)
     assert c2.mem_bytes == pytest.approx(
-        static + (L - 2) * layer_act + 2 * 1024.0 * tokens + 100.0 * tokens, rel=1e-6)
+        static + (L - 2) * layer_act + 2 * 1024.0 * tokens + 100.0 * tokens, rel=1e-6
+    )
     cL = cost.microbatch_cost(np.array([tokens]), np.array([1]), 1, L)
-    assert cL.mem_bytes == pytest.approx(static + L * 1024.0 * tokens + layer_act + 100.0 * tokens, rel=1e-6)
+    assert cL.mem_bytes == pytest.approx(
+        static + L * 1024.0 * tokens + layer_act + 100.0 * tokens, rel=1e-6
+    )
 
 
 def test_per_sample_costs_add_up_over_a_packed_micro_batch(synthetic_profile: Path) -> None:
     """Eight samples packed in one micro-batch pay the per-micro-batch constants once and the
     per-sample terms eight times; `sample_time_packed` is each sample's share without the
     constants, so the shares plus one set of constants equal the micro-batch."""
-    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile)
+    )
     toks = np.full(8, 96)
     mb = cost.microbatch_cost(toks, np.ones(8), 1, 0)
     L = cost.model.num_layers
     pairs = float((toks * toks / 2).sum())
     t = float(toks.sum())
-    expect = (L * sum(v[0] + v[1] * t + v[2] * pairs + v[3] * 8 for k, v in LAW.items() if k != "bwd_ckpt")
-              + sum(outer_law(k, t, 8) for k in OUTER))
+    expect = L * sum(
+        v[0] + v[1] * t + v[2] * pairs + v[3] * 8 for k, v in LAW.items() if k != "bwd_ckpt"
+    ) + sum(outer_law(k, t, 8) for k in OUTER)
     assert mb.total_s == pytest.approx(expect, rel=1e-6)
     constants = L * (LAW["fwd"][0] + LAW["bwd"][0]) + OUTER["inputs"][0]
     shares = cost.sample_time_packed(toks, np.ones(8), 1, 0)
     assert shares.sum() + constants == pytest.approx(mb.total_s, rel=1e-6)
 
 
-def test_sequence_parallel_time_is_conserved_and_comm_from_the_collective_law(synthetic_profile: Path) -> None:
-    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+def test_sequence_parallel_time_is_conserved_and_comm_from_the_collective_law(
+    synthetic_profile: Path,
+) -> None:
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile)
+    )
     m = cost.model
     tokens, sp = 4096, 4
     c = cost.microbatch_cost(np.array([tokens]), np.array([1]), sp, 0)
@@ -256,10 +332,25 @@ def test_what_the_profile_did_not_measure_comes_from_the_analytical_model(tmp_pa
     art["steps"] = []
     path = tmp_path / "tiny_llama.json"
     path.write_text(dumps_artifact(art))
-    gpu = GPUSpec(name="g", peak_flops=1e15, matmul_flops=8e14, mem_bytes=8e10, usable_mem_bytes=8e10,
-                  mem_bw=3e12, measured_mem_bw=3e12)
-    cluster = ClusterSpec(name="two_nodes", gpu=gpu, num_nodes=2, gpus_per_node=4, intra_node_bw=4e11,
-                          inter_node_bw=5e10, intra_node_latency_s=1e-5, inter_node_latency_s=2e-5)
+    gpu = GPUSpec(
+        name="g",
+        peak_flops=1e15,
+        matmul_flops=8e14,
+        mem_bytes=8e10,
+        usable_mem_bytes=8e10,
+        mem_bw=3e12,
+        measured_mem_bw=3e12,
+    )
+    cluster = ClusterSpec(
+        name="two_nodes",
+        gpu=gpu,
+        num_nodes=2,
+        gpus_per_node=4,
+        intra_node_bw=4e11,
+        inter_node_bw=5e10,
+        intra_node_latency_s=1e-5,
+        inter_node_latency_s=2e-5,
+    )
     cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cluster, profile=str(path))
     tokens, sp = 8192, 8
     c = cost.microbatch_cost(np.array([tokens]), np.array([1]), sp, 0)
@@ -268,27 +359,42 @@ def test_what_the_profile_did_not_measure_comes_from_the_analytical_model(tmp_pa
     m = cost.model
     b = m.dtype_bytes
     kv = m.kv_heads * m.head_dim * b
-    per_layer = sum(float(ana.a2a_time(np.array([tpr * x]), np.array([sp]), 1)[0])
-                    for x in (m.hidden * b, kv, kv, m.hidden * b))
+    per_layer = sum(
+        float(ana.a2a_time(np.array([tpr * x]), np.array([sp]), 1)[0])
+        for x in (m.hidden * b, kv, kv, m.hidden * b)
+    )
     assert c.comm_s == pytest.approx(m.num_layers * 2 * per_layer, rel=1e-9)
     ppr = tokens * tokens / 2 / sp
     law = {k: v[0] + v[1] * tpr + v[2] * ppr + v[3] for k, v in LAW.items()}
-    assert c.fwd_s == pytest.approx(m.num_layers * law["fwd"] + outer_law("fwd", tpr, 1)
-                                    + outer_law("inputs", tpr, 1), rel=1e-6)
+    assert c.fwd_s == pytest.approx(
+        m.num_layers * law["fwd"] + outer_law("fwd", tpr, 1) + outer_law("inputs", tpr, 1), rel=1e-6
+    )
     # ZeRO 1 (fp32): reduce-scatter + all-gather of 4 bytes per parameter each (an all-reduce of
     # 4000 bytes), AdamW on an eighth of the parameters
-    assert cost.step_sync_time() == pytest.approx(ana.allreduce_time(4000.0, 8) + 0.01 / 8, rel=1e-9)
+    assert cost.step_sync_time() == pytest.approx(
+        ana.allreduce_time(4000.0, 8) + 0.01 / 8, rel=1e-9
+    )
     fb = cost.describe()["fallbacks"]
-    assert "all_to_all over 8 ranks: analytical" in fb and "all_reduce over 8 ranks: analytical" in fb
+    assert (
+        "all_to_all over 8 ranks: analytical" in fb and "all_reduce over 8 ranks: analytical" in fb
+    )
     # the workspace comes from the GPU spec when the profile measured no process baseline
     P, W = 1000, 8  # ZeRO 1 over 8 ranks, fp32
-    assert cost.static_memory_bytes() == pytest.approx(4 * P + 4 * P + 4 * P / W + 12 * P / W + gpu.workspace_bytes)
-    z0 = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cluster, profile=str(path), zero_stage=0)
-    assert z0.static_memory_bytes() == pytest.approx(4 * P + 4 * P + 8 * P + gpu.workspace_bytes)  # fp32: no master copy
+    assert cost.static_memory_bytes() == pytest.approx(
+        4 * P + 4 * P + 4 * P / W + 12 * P / W + gpu.workspace_bytes
+    )
+    z0 = ProfiledCostModel(
+        model=model_spec("tiny_llama"), cluster=cluster, profile=str(path), zero_stage=0
+    )
+    assert z0.static_memory_bytes() == pytest.approx(
+        4 * P + 4 * P + 8 * P + gpu.workspace_bytes
+    )  # fp32: no master copy
 
 
 @pytest.mark.parametrize("measured_stage, run_stage", [(None, 1), (0, 1), (1, 0), (1, 3), (1, 1)])
-def test_step_is_priced_at_the_run_s_zero_stage(tmp_path: Path, measured_stage: int | None, run_stage: int) -> None:
+def test_step_is_priced_at_the_run_s_zero_stage(
+    tmp_path: Path, measured_stage: int | None, run_stage: int
+) -> None:
     """The measured step overhead prices a run of the stage it was measured at as measured; at
     another stage (an artifact without the field measured stage 0), the measured stage's
     gradient sync and optimizer share are swapped for the run's: fp32, 4 ranks, P = 1000
@@ -300,10 +406,19 @@ def test_step_is_priced_at_the_run_s_zero_stage(tmp_path: Path, measured_stage: 
         art["steps"][0]["zero_stage"] = measured_stage
     path = tmp_path / "tiny_llama.json"
     path.write_text(dumps_artifact(art))
-    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(path),
-                             zero_stage=run_stage)
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"),
+        cluster=cpu_cluster(4),
+        profile=str(path),
+        zero_stage=run_stage,
+    )
     P, W, adam = 1000, 4, 0.01
-    sync = {0: AR[0] + AR[1] * 4 * P, 1: AR[0] + AR[1] * 4 * P, 2: 0.0, 3: 0.0}  # message bytes per rank
+    sync = {
+        0: AR[0] + AR[1] * 4 * P,
+        1: AR[0] + AR[1] * 4 * P,
+        2: 0.0,
+        3: 0.0,
+    }  # message bytes per rank
     opt = {0: adam, 1: adam / W, 2: adam / W, 3: adam / W}
     measured = 0 if measured_stage is None else measured_stage
     want = 0.05 - sync[measured] - opt[measured] + sync[run_stage] + opt[run_stage]
@@ -314,7 +429,9 @@ def test_step_is_priced_at_the_run_s_zero_stage(tmp_path: Path, measured_stage: 
 
 
 def test_vectorised_sample_time_equals_one_sample_micro_batches(synthetic_profile: Path) -> None:
-    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile)
+    )
     toks = np.array([100, 900, 3000])
     for sp, k in ((1, 0), (2, 3), (4, 1)):
         vec = cost.sample_time(toks, np.ones(3), sp, k)
@@ -323,23 +440,37 @@ def test_vectorised_sample_time_equals_one_sample_micro_batches(synthetic_profil
 
 
 def test_provenance_names_the_profile_by_path_and_hash(synthetic_profile: Path) -> None:
-    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile)
+    )
     d = cost.describe()
     assert d["source"] == "profiled"
     assert d["profile_path"] == str(synthetic_profile)
     assert d["profile_sha256"] == hashlib.sha256(synthetic_profile.read_bytes()).hexdigest()
     assert d["profile_wall_s"] == 12.5
-    assert d["profile"] == {"path": str(synthetic_profile), "sha256": d["profile_sha256"], "wall_s": 12.5,
-                            "hardware": "test"}
+    assert d["profile"] == {
+        "path": str(synthetic_profile),
+        "sha256": d["profile_sha256"],
+        "wall_s": 12.5,
+        "hardware": "test",
+    }
     assert d["fit_max_rel_err"]["sp1.fwd"] < 1e-6
     assert d["workspace_source"].startswith("profile: measured process baseline")
 
 
-def test_wrong_model_or_missing_profile_is_a_clear_error(synthetic_profile: Path, tmp_path: Path) -> None:
+def test_wrong_model_or_missing_profile_is_a_clear_error(
+    synthetic_profile: Path, tmp_path: Path
+) -> None:
     with pytest.raises(ConfigError, match="measured for model 'tiny_llama'"):
-        ProfiledCostModel(model=model_spec("tiny_stdit"), cluster=cpu_cluster(4), profile=str(synthetic_profile))
+        ProfiledCostModel(
+            model=model_spec("tiny_stdit"), cluster=cpu_cluster(4), profile=str(synthetic_profile)
+        )
     with pytest.raises(ConfigError, match="not found"):
-        ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(tmp_path / "no.json"))
+        ProfiledCostModel(
+            model=model_spec("tiny_llama"),
+            cluster=cpu_cluster(4),
+            profile=str(tmp_path / "no.json"),
+        )
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"kind": KIND, "schema_version": 99}))
     with pytest.raises(ConfigError, match="schema_version 99"):
@@ -349,7 +480,9 @@ def test_wrong_model_or_missing_profile_is_a_clear_error(synthetic_profile: Path
 def test_make_cost_model_builds_the_profiled_source(synthetic_profile: Path) -> None:
     from dcp_bench.cost import make_cost_model
 
-    cost = make_cost_model("tiny_llama", cpu_cluster(4), source="profiled", profile=synthetic_profile)
+    cost = make_cost_model(
+        "tiny_llama", cpu_cluster(4), source="profiled", profile=synthetic_profile
+    )
     assert isinstance(cost, ProfiledCostModel)
 
 
@@ -359,20 +492,41 @@ def test_make_cost_model_builds_the_profiled_source(synthetic_profile: Path) -> 
 @pytest.mark.dist
 def test_profile_command_writes_an_artifact_the_cost_model_reads(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    cmd = [sys.executable, "-c", "import sys, argparse\nfrom dcp_bench.commands import profile\n"
-           "raise SystemExit(profile.run(argparse.Namespace(overrides=sys.argv[1:])))",
-           "model=tiny_llama", "nproc=2", "profile.tokens=[32,64,128]", "profile.sp=[1,2]",
-           "profile.reps=2", "profile.warmup=1", "profile.collective_bytes=[4096,65536]", f"out={out}"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys, argparse\nfrom dcp_bench.commands import profile\n"
+        "raise SystemExit(profile.run(argparse.Namespace(overrides=sys.argv[1:])))",
+        "model=tiny_llama",
+        "nproc=2",
+        "profile.tokens=[32,64,128]",
+        "profile.sp=[1,2]",
+        "profile.reps=2",
+        "profile.warmup=1",
+        "profile.collective_bytes=[4096,65536]",
+        f"out={out}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     art = json.loads(out.read_text())
-    assert {(p["sp"], p["shape"]) for p in art["layers"]} == {(s, h) for s in (1, 2) for h in ("single", "packed")}
+    assert {(p["sp"], p["shape"]) for p in art["layers"]} == {
+        (s, h) for s in (1, 2) for h in ("single", "packed")
+    }
     assert all(p["fwd_s"]["n"] == 2 and p["act_bytes"] > 0 for p in art["layers"])
-    assert {(c["op"], c["group_size"]) for c in art["collectives"]} == {("all_to_all", 2), ("all_reduce", 2)}
-    assert art["static"]["params"] == sum(p.numel() for p in __import__(
-        "dcp_bench.runtime.models", fromlist=["build_model"]).build_model(model_spec("tiny_llama")).parameters())
-    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(2), profile=str(out))
+    assert {(c["op"], c["group_size"]) for c in art["collectives"]} == {
+        ("all_to_all", 2),
+        ("all_reduce", 2),
+    }
+    assert art["static"]["params"] == sum(
+        p.numel()
+        for p in __import__("dcp_bench.runtime.models", fromlist=["build_model"])
+        .build_model(model_spec("tiny_llama"))
+        .parameters()
+    )
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"), cluster=cpu_cluster(2), profile=str(out)
+    )
     assert cost.describe()["profile_nproc_used"] == 2
     assert cost.sample_time(np.array([100]), np.array([1]), 2, 0)[0] > 0
 
@@ -381,8 +535,20 @@ def test_profile_command_writes_an_artifact_the_cost_model_reads(tmp_path: Path)
 def test_gpu_calibration_dry_run_on_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts/gpu_calibrate.sh"), "--device", "cpu", "--tiny", "--out", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT,
+        [
+            "bash",
+            str(REPO_ROOT / "scripts/gpu_calibrate.sh"),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=REPO_ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     files = sorted(p.name for p in tmp_path.glob("*.json"))
@@ -392,15 +558,25 @@ def test_gpu_calibration_dry_run_on_cpu(tmp_path: Path) -> None:
         assert art["ceilings"]["matmul"][0]["flops_per_s"] > 0
         assert art["ceilings"]["copy"][0]["bytes_per_s"] > 0
         assert art["settings"]["device"] == "cpu"
-        cost = ProfiledCostModel(model=model_spec(name), cluster=cpu_cluster(1), profile=str(tmp_path / f"{name}.json"))
+        cost = ProfiledCostModel(
+            model=model_spec(name), cluster=cpu_cluster(1), profile=str(tmp_path / f"{name}.json")
+        )
         assert cost.sample_time(np.array([256]), np.array([1]), 1, 0)[0] > 0
 
 
 def test_a_calibration_folder_supplies_the_model_s_artifact(synthetic_profile: Path) -> None:
-    cost = ProfiledCostModel(model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile.parent))
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"),
+        cluster=cpu_cluster(4),
+        profile=str(synthetic_profile.parent),
+    )
     assert cost.describe()["profile_path"].endswith("/tiny_llama.json")
     with pytest.raises(ConfigError, match="no tiny_stdit.json"):
-        ProfiledCostModel(model=model_spec("tiny_stdit"), cluster=cpu_cluster(4), profile=str(synthetic_profile.parent))
+        ProfiledCostModel(
+            model=model_spec("tiny_stdit"),
+            cluster=cpu_cluster(4),
+            profile=str(synthetic_profile.parent),
+        )
 
 
 # --- the committed CPU calibration ---------------------------------------------------------------
@@ -419,7 +595,9 @@ def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
 
     art = load_artifact(CALIBRATION / f"{model}.json")
     # the profile is what the cpu cluster's profiled cost model reads, for every world size run
-    cost = ProfiledCostModel(model=model_spec(model), cluster=cpu_cluster(4), profile=str(CALIBRATION))
+    cost = ProfiledCostModel(
+        model=model_spec(model), cluster=cpu_cluster(4), profile=str(CALIBRATION)
+    )
     assert cost.describe()["profile_nproc_used"] == 4
     assert cost.step_entry is not None and cost.resident_factor >= 1.0
     rows = leave_one_size_out(art)
@@ -431,8 +609,19 @@ def test_committed_cpu_calibration_predicts_held_out_sizes(model: str) -> None:
 
 
 def _step_request(**kw: Any) -> ProfileRequest:
-    return ProfileRequest(model=model_spec("tiny_llama"), tokens=[32], sp=[1], shapes=["single"], nprocs=[2],
-                          reps=1, warmup=0, outer=False, collectives=False, timeout_s=240.0, **kw)
+    return ProfileRequest(
+        model=model_spec("tiny_llama"),
+        tokens=[32],
+        sp=[1],
+        shapes=["single"],
+        nprocs=[2],
+        reps=1,
+        warmup=0,
+        outer=False,
+        collectives=False,
+        timeout_s=240.0,
+        **kw,
+    )
 
 
 @pytest.mark.dist
@@ -445,18 +634,24 @@ def test_profiled_step_is_the_runtime_s_zero_1_step_under_torchrun() -> None:
     P = sum(p.numel() for p in build_model(model_spec("tiny_llama")).parameters())
     shard = -(-P // 2)
     assert step["nproc"] == 2 and step["zero_stage"] == 1 and art["settings"]["zero_stage"] == 1
-    assert 2 * 4 * shard <= step["optimizer_state_bytes"] <= 2 * 4 * shard + 8  # the step count: one scalar
+    assert (
+        2 * 4 * shard <= step["optimizer_state_bytes"] <= 2 * 4 * shard + 8
+    )  # the step count: one scalar
     assert step["step_overhead_s"]["n"] == 1 and step["step_overhead_s"]["median"] > 0
 
 
 @pytest.mark.dist
-def test_a_profiling_rank_that_fails_ends_the_profile_with_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_profiling_rank_that_fails_ends_the_profile_with_its_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A rank that raises ends the whole profile (torchrun stops its peer, which would wait in a
     collective) with that rank's error, and no process the profile started outlives it."""
     tag = f"profile-fail-{os.getpid()}"
     monkeypatch.setenv(TAG, tag)
     try:
-        with pytest.raises(ProfileError, match="rank 1: RuntimeError: injected failure on profiling rank 1"):
+        with pytest.raises(
+            ProfileError, match="rank 1: RuntimeError: injected failure on profiling rank 1"
+        ):
             run_profile(_step_request(fail_rank=1))
         assert tagged(tag) == []
     finally:

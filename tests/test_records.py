@@ -28,14 +28,31 @@ from dcp_bench.report.tables import build_index
 
 def _summary(run_id: str, status: str = "ok", **kw) -> RunSummary:
     return RunSummary(
-        run_id=run_id, campaign="c", status=status, executor="sim", method="dcp",
-        workload="prolong", cluster="h200x8", model="llama3_8b", seed=0, config_hash="abc", **kw,
+        run_id=run_id,
+        campaign="c",
+        status=status,
+        executor="sim",
+        method="dcp",
+        workload="prolong",
+        cluster="h200x8",
+        model="llama3_8b",
+        seed=0,
+        config_hash="abc",
+        **kw,
     )
 
 
 def test_step_record_round_trip() -> None:
-    rec = StepRecord(step=3, step_time_s=1.5, warmup=False, planner_ms=2.0, tokens=100,
-                     peak_mem_per_rank_gib=[1.0, 2.0], busy_s=[1.0, 1.4], extra={"k": [1, 2]})
+    rec = StepRecord(
+        step=3,
+        step_time_s=1.5,
+        warmup=False,
+        planner_ms=2.0,
+        tokens=100,
+        peak_mem_per_rank_gib=[1.0, 2.0],
+        busy_s=[1.0, 1.4],
+        extra={"k": [1, 2]},
+    )
     again = StepRecord.from_dict(json.loads(json.dumps(dataclasses.asdict(rec))))
     assert again == rec
 
@@ -62,7 +79,13 @@ def test_writer_layout_and_reads(tmp_path: Path) -> None:
     assert read_summary(run_dir) is None  # incomplete until finish
     assert [s.step for s in read_steps(run_dir)] == [0, 1, 2]
     w.finish(_summary("run-a", n_steps=3))
-    assert {p.name for p in run_dir.iterdir()} == {"config.yaml", "env.json", "steps.jsonl", "run.json", ".owner"}
+    assert {p.name for p in run_dir.iterdir()} == {
+        "config.yaml",
+        "env.json",
+        "steps.jsonl",
+        "run.json",
+        ".owner",
+    }
     assert read_summary(run_dir).run_id == "run-a"
     assert list_runs(tmp_path, "camp") == {"complete": ["run-a"], "incomplete": [], "damaged": []}
 

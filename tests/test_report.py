@@ -45,17 +45,37 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     tmp = tmp_path_factory.mktemp("report")
     conf = write_toy_conf(tmp / "conf")
     root = tmp / "runs"
-    base = [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=3",
-            "run.warmup_steps=1", "run.planner_clock=off", f"run.root={root}", "run.campaign=small"]
+    base = [
+        f"extra_conf={conf}",
+        "workload=toy",
+        "cluster=h200x8",
+        "model=tiny_llama",
+        "run.steps=3",
+        "run.warmup_steps=1",
+        "run.planner_clock=off",
+        f"run.root={root}",
+        "run.campaign=small",
+    ]
     specs = plan_sweep([*base, "method=toy_static,toy_greedy,toy_fail"], repeats=5)
-    specs += plan_sweep([*base, "method=toy_static,toy_greedy", "++cost.scales.act_bytes=0.5,2.0"], repeats=5)
+    specs += plan_sweep(
+        [*base, "method=toy_static,toy_greedy", "++cost.scales.act_bytes=0.5,2.0"], repeats=5
+    )
     specs += plan_sweep([*base, "method=toy_static,toy_greedy", "method.mode=paper"], repeats=5)
     run_sweep(specs, build=toy_assemble, progress=False, env={"cpu_model": "test"})
     claims = tmp / "claims.yaml"
     claims.write_text(CLAIMS)
     out = tmp / "report"
-    summary = build_report(ReportInputs(root=root, campaign="small", out_dir=out, claims_path=claims,
-                                        command="pytest", baselines=["toy_static"], n_boot=500))
+    summary = build_report(
+        ReportInputs(
+            root=root,
+            campaign="small",
+            out_dir=out,
+            claims_path=claims,
+            command="pytest",
+            baselines=["toy_static"],
+            n_boot=500,
+        )
+    )
     return root, out, summary
 
 
@@ -82,7 +102,9 @@ def test_claim_value_matches_run_records(report: tuple[Path, Path, dict]) -> Non
         if s.extra.get("scales") or s.extra.get("mode") != "fair":
             continue
         times[(s.method, s.seed)] = s.step_time_s  # type: ignore[assignment]
-    expect = float(np.median([times[("toy_static", k)] / times[("toy_greedy", k)] for k in range(5)]))
+    expect = float(
+        np.median([times[("toy_static", k)] / times[("toy_greedy", k)] for k in range(5)])
+    )
     claim = summary["claims"][0]
     assert claim["reproduced_value"] == pytest.approx(expect) == claim["speedup"]
     lo, hi = claim["ci95"]
@@ -146,8 +168,18 @@ def test_deadline_leaves_runs_unrun(tmp_path: Path) -> None:
     import time
 
     conf = write_toy_conf(tmp_path / "conf")
-    specs = plan_sweep([f"extra_conf={conf}", "workload=toy", "method=toy_static", "cluster=h200x8",
-                        "model=tiny_llama", "run.steps=1", f"run.root={tmp_path / 'runs'}"], repeats=3)
+    specs = plan_sweep(
+        [
+            f"extra_conf={conf}",
+            "workload=toy",
+            "method=toy_static",
+            "cluster=h200x8",
+            "model=tiny_llama",
+            "run.steps=1",
+            f"run.root={tmp_path / 'runs'}",
+        ],
+        repeats=3,
+    )
     res = run_sweep(specs, build=toy_assemble, progress=False, env={}, deadline=time.time() - 1)
     assert not res.ran and sorted(res.unrun) == sorted(s.run_id for s in specs)
 
@@ -163,21 +195,45 @@ def _run_as_measured(specs):  # type: ignore[no-untyped-def]
     for spec in specs:
         summary = run_simulated(spec, build=functools.partial(toy_assemble, slowdown=1.1), env={})
         summary = dataclasses.replace(summary, executor="torch")
-        atomic_write_json(Path(spec.root) / spec.campaign / spec.run_id / "run.json", dataclasses.asdict(summary))
+        atomic_write_json(
+            Path(spec.root) / spec.campaign / spec.run_id / "run.json", dataclasses.asdict(summary)
+        )
 
 
 def test_simulator_error_table(tmp_path: Path) -> None:
     conf = write_toy_conf(tmp_path / "conf")
     root = tmp_path / "runs"
-    base = [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=2",
-            "run.warmup_steps=1", "run.planner_clock=off", "method=toy_static,toy_greedy", f"run.root={root}",
-            "run.campaign=v"]
-    run_sweep(plan_sweep([*base, "run.executor=sim"], repeats=1), build=toy_assemble, progress=False, env={})
+    base = [
+        f"extra_conf={conf}",
+        "workload=toy",
+        "cluster=h200x8",
+        "model=tiny_llama",
+        "run.steps=2",
+        "run.warmup_steps=1",
+        "run.planner_clock=off",
+        "method=toy_static,toy_greedy",
+        f"run.root={root}",
+        "run.campaign=v",
+    ]
+    run_sweep(
+        plan_sweep([*base, "run.executor=sim"], repeats=1),
+        build=toy_assemble,
+        progress=False,
+        env={},
+    )
     _run_as_measured(plan_sweep([*base, "run.executor=torch"], repeats=1))
     claims = tmp_path / "claims.yaml"
     claims.write_text("claims: []\n")
-    summary = build_report(ReportInputs(root=root, campaign="v", out_dir=tmp_path / "out", claims_path=claims,
-                                        baselines=["toy_static"], n_boot=200))
+    summary = build_report(
+        ReportInputs(
+            root=root,
+            campaign="v",
+            out_dir=tmp_path / "out",
+            claims_path=claims,
+            baselines=["toy_static"],
+            n_boot=200,
+        )
+    )
     err = summary["simulator_error"]
     # predicted / measured - 1 = 1 / 1.1 - 1 for every cell (the sync time is scaled too)
     assert err["median_abs_step_time_error"] == pytest.approx(1 - 1 / 1.1, rel=1e-6)

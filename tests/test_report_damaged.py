@@ -21,9 +21,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _campaign(tmp_path: Path) -> list:  # type: ignore[type-arg]
     conf = write_toy_conf(tmp_path / "conf")
-    specs = plan_sweep([f"extra_conf={conf}", "workload=toy", "method=toy_static,toy_greedy", "cluster=h200x8",
-                        "model=tiny_llama", "run.steps=2", "run.warmup_steps=1", f"run.root={tmp_path / 'runs'}",
-                        "run.campaign=dmg"], repeats=2)
+    specs = plan_sweep(
+        [
+            f"extra_conf={conf}",
+            "workload=toy",
+            "method=toy_static,toy_greedy",
+            "cluster=h200x8",
+            "model=tiny_llama",
+            "run.steps=2",
+            "run.warmup_steps=1",
+            f"run.root={tmp_path / 'runs'}",
+            "run.campaign=dmg",
+        ],
+        repeats=2,
+    )
     run_sweep(specs, build=toy_assemble, progress=False, env={})
     return specs
 
@@ -34,7 +45,9 @@ def _cut(path: Path, keep: float) -> None:
 
 
 @pytest.mark.parametrize("name,keep", [("run.json", 0.5), ("steps.jsonl", 0.7)])
-def test_damaged_record_reads_as_one_error_naming_the_file(tmp_path: Path, name: str, keep: float) -> None:
+def test_damaged_record_reads_as_one_error_naming_the_file(
+    tmp_path: Path, name: str, keep: float
+) -> None:
     specs = _campaign(tmp_path)
     run_dir = Path(specs[0].root) / "dmg" / specs[0].run_id
     _cut(run_dir / name, keep)
@@ -44,8 +57,9 @@ def test_damaged_record_reads_as_one_error_naming_the_file(tmp_path: Path, name:
 
 
 @pytest.mark.parametrize("name,keep", [("run.json", 0.5), ("steps.jsonl", 0.7)])
-def test_report_skips_names_and_counts_a_damaged_record(tmp_path: Path, name: str, keep: float,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_skips_names_and_counts_a_damaged_record(
+    tmp_path: Path, name: str, keep: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)
     specs = _campaign(tmp_path)
     bad = specs[0].run_id
@@ -106,19 +120,35 @@ def _edit_config(path: Path, **changes) -> None:  # type: ignore[no-untyped-def]
 
 # Records that parse but hold the wrong types (issue 27, finding 3): (file, edit, what is named).
 WRONG_TYPES = {
-    "step_time_s a string": ("run.json", lambda d: _edit_json(d / "run.json", step_time_s="fast"), "step_time_s"),
+    "step_time_s a string": (
+        "run.json",
+        lambda d: _edit_json(d / "run.json", step_time_s="fast"),
+        "step_time_s",
+    ),
     "extra a string": ("run.json", lambda d: _edit_json(d / "run.json", extra="oops"), "extra"),
     "seed a float": ("run.json", lambda d: _edit_json(d / "run.json", seed=1.5), "seed"),
-    "method a list in config.yaml": ("config.yaml", lambda d: _edit_config(d / "config.yaml", method=[1, 2]), "method"),
-    "a step's extra not an object": ("steps.jsonl", lambda d: _edit_first_step(d / "steps.jsonl", extra=[1]), "extra"),
-    "a step's busy_s holding a string": ("steps.jsonl", lambda d: _edit_first_step(d / "steps.jsonl", busy_s=["x"]),
-                                         "busy_s"),
+    "method a list in config.yaml": (
+        "config.yaml",
+        lambda d: _edit_config(d / "config.yaml", method=[1, 2]),
+        "method",
+    ),
+    "a step's extra not an object": (
+        "steps.jsonl",
+        lambda d: _edit_first_step(d / "steps.jsonl", extra=[1]),
+        "extra",
+    ),
+    "a step's busy_s holding a string": (
+        "steps.jsonl",
+        lambda d: _edit_first_step(d / "steps.jsonl", busy_s=["x"]),
+        "busy_s",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(WRONG_TYPES))
-def test_report_skips_names_and_counts_a_record_of_the_wrong_types(tmp_path: Path, case: str,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_skips_names_and_counts_a_record_of_the_wrong_types(
+    tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     monkeypatch.chdir(REPO)

@@ -49,8 +49,11 @@ comparisons:
 """
 
 CHROMIUM = find_chromium()
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (Debian: apt-get install "
-                                                              "chromium; or set CHROMIUM=/path/to/chrome)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium on this machine (Debian: apt-get install "
+    "chromium; or set CHROMIUM=/path/to/chrome)",
+)
 
 
 def h2s(md: str) -> list[str]:
@@ -62,22 +65,46 @@ def claim_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     tmp = tmp_path_factory.mktemp("first_screen")
     conf = write_toy_conf(tmp / "conf")
     root = tmp / "runs"
-    base = [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=3",
-            "run.warmup_steps=1", "run.planner_clock=off", f"run.root={root}", "run.campaign=fs"]
+    base = [
+        f"extra_conf={conf}",
+        "workload=toy",
+        "cluster=h200x8",
+        "model=tiny_llama",
+        "run.steps=3",
+        "run.warmup_steps=1",
+        "run.planner_clock=off",
+        f"run.root={root}",
+        "run.campaign=fs",
+    ]
     specs = plan_sweep([*base, "method=toy_static,toy_greedy"], repeats=3)
     specs += plan_sweep([*base, "method=toy_static,toy_greedy", "method.mode=paper"], repeats=3)
     run_sweep(specs, build=toy_assemble, progress=False, env={"cpu_model": "test"})
     claims = tmp / "claims.yaml"
     claims.write_text(CLAIMS)
     out = tmp / "report"
-    summary = build_report(ReportInputs(root=root, campaign="fs", out_dir=out, claims_path=claims, command="pytest",
-                                        baselines=["toy_static"], n_boot=200,
-                                        completeness={"complete": False, "sections_done": 3, "sections_total": 4,
-                                                      "cut": ["sensitivity"]}))
+    summary = build_report(
+        ReportInputs(
+            root=root,
+            campaign="fs",
+            out_dir=out,
+            claims_path=claims,
+            command="pytest",
+            baselines=["toy_static"],
+            n_boot=200,
+            completeness={
+                "complete": False,
+                "sections_done": 3,
+                "sections_total": 4,
+                "cut": ["sensitivity"],
+            },
+        )
+    )
     return out, summary
 
 
-def test_first_screen_opens_with_the_verdict_and_the_forest_plot(claim_report: tuple[Path, dict]) -> None:
+def test_first_screen_opens_with_the_verdict_and_the_forest_plot(
+    claim_report: tuple[Path, dict],
+) -> None:
     out, summary = claim_report
     md = (out / "report.md").read_text()
     heads = h2s(md)
@@ -89,9 +116,15 @@ def test_first_screen_opens_with_the_verdict_and_the_forest_plot(claim_report: t
     assert "|" not in first.split("figures/forest_headline.png")[0]  # no table before the plot
     claim = summary["claims"][0]
     assert f"{claim['speedup']:.2f}x, 95% CI over {claim['pairs']} paired seeds" in first
-    assert "model band: not computed" in first and "Share of the epoch each side trains: not computed" in first
+    assert (
+        "model band: not computed" in first
+        and "Share of the epoch each side trains: not computed" in first
+    )
     assert "in simulation" in first  # the basis: the toy runs are simulated
-    assert "**Incomplete**: 3 of 4 sections ran (cut: sensitivity); rerun `make reproduce` to resume." in first
+    assert (
+        "**Incomplete**: 3 of 4 sections ran (cut: sensitivity); rerun `make reproduce` to resume."
+        in first
+    )
     assert summary["completeness"]["sections_done"] == 3
     # method labels in the glossary, not in the opening lines
     assert "Methods: `" not in md and "Method labels" in heads
@@ -123,35 +156,90 @@ def test_claim_report_section_order(claim_report: tuple[Path, dict]) -> None:
 def test_fields_from_other_parts_light_up_when_present() -> None:
     """The claim row as the memory model and the reliability checks extend it: the screen shows
     the verdict string it carries, the basis, the model band and the per-side shares."""
-    claim = {"id": "c", "claimed": 2.88, "tolerance": 0.15, "speedup": 2.67, "ci_low": 2.53, "ci_high": 2.68,
-             "pairs": 5, "method": "m (paper mode)", "baseline": "b (paper mode)", "workload": "w",
-             "statement": "m is 2.88x faster", "verdict": "incomplete: 3 of 11 sections, rerun `make reproduce` to resume",
-             "basis": "in simulation (analytical model calibrated on published measurements, not validated on a GPU)",
-             "model_band_low": 2.31, "model_band_high": 2.95,
-             "trained_fraction": {"method": 0.93, "baseline": 1.0}, "imbalance": {"method": 0.04, "baseline": 0.21}}
+    claim = {
+        "id": "c",
+        "claimed": 2.88,
+        "tolerance": 0.15,
+        "speedup": 2.67,
+        "ci_low": 2.53,
+        "ci_high": 2.68,
+        "pairs": 5,
+        "method": "m (paper mode)",
+        "baseline": "b (paper mode)",
+        "workload": "w",
+        "statement": "m is 2.88x faster",
+        "verdict": "incomplete: 3 of 11 sections, rerun `make reproduce` to resume",
+        "basis": "in simulation (analytical model calibrated on published measurements, not validated on a GPU)",
+        "model_band_low": 2.31,
+        "model_band_high": 2.95,
+        "trained_fraction": {"method": 0.93, "baseline": 1.0},
+        "imbalance": {"method": 0.04, "baseline": 0.21},
+    }
     lines = verdict_lines(SimpleNamespace(), claim)
-    assert lines[0] == ("**c: incomplete: 3 of 11 sections, rerun `make reproduce` to resume**, in simulation "
-                        "(analytical model calibrated on published measurements, not validated on a GPU).")
-    assert "2.67x, 95% CI over 5 paired seeds [2.53, 2.68]; model band [2.31, 2.95]; claimed 2.88x, " \
-           "tolerance band [2.50, 3.31]" in lines[1]
+    assert lines[0] == (
+        "**c: incomplete: 3 of 11 sections, rerun `make reproduce` to resume**, in simulation "
+        "(analytical model calibrated on published measurements, not validated on a GPU)."
+    )
+    assert (
+        "2.67x, 95% CI over 5 paired seeds [2.53, 2.68]; model band [2.31, 2.95]; claimed 2.88x, "
+        "tolerance band [2.50, 3.31]" in lines[1]
+    )
     assert model_band_text({}) == "model band: not computed"
-    assert model_band_text({"model_band_low": float("nan"), "model_band_high": 2.0}) == "model band: not computed"
+    assert (
+        model_band_text({"model_band_low": float("nan"), "model_band_high": 2.0})
+        == "model band: not computed"
+    )
     from dcp_bench.report.first_screen import _per_side
 
     assert _per_side(claim["trained_fraction"], "Share") == "Share: method 93%, baseline 100%"
     assert completeness_line(SimpleNamespace(inp=SimpleNamespace(completeness=None))) is None
     done = {"complete": True, "sections_done": 11, "sections_total": 11, "cut": []}
-    assert completeness_line(SimpleNamespace(inp=SimpleNamespace(completeness=done))) == "Complete: all 11 sections ran."
+    assert (
+        completeness_line(SimpleNamespace(inp=SimpleNamespace(completeness=done)))
+        == "Complete: all 11 sections ran."
+    )
 
 
 def _forest_rows() -> pd.DataFrame:
-    return pd.DataFrame([
-        {"group": "claim", "label": "a over b", "method": "a", "speedup": 2.67, "ci_low": 2.53, "ci_high": 2.68,
-         "model_band_low": 2.3, "model_band_high": 2.9, "band_low": 2.88 / 1.15, "band_high": 2.88 * 1.15},
-        {"group": "fair", "label": "a over b", "method": "a", "speedup": 2.28, "ci_low": 2.06, "ci_high": 2.41},
-        {"group": "fair", "label": "c over b", "method": "c", "speedup": 0.9, "ci_low": 0.8, "ci_high": 1.05},
-        {"group": "fair", "label": "d over b", "method": "d", "speedup": float("nan"), "why": "method failed"},
-    ])
+    return pd.DataFrame(
+        [
+            {
+                "group": "claim",
+                "label": "a over b",
+                "method": "a",
+                "speedup": 2.67,
+                "ci_low": 2.53,
+                "ci_high": 2.68,
+                "model_band_low": 2.3,
+                "model_band_high": 2.9,
+                "band_low": 2.88 / 1.15,
+                "band_high": 2.88 * 1.15,
+            },
+            {
+                "group": "fair",
+                "label": "a over b",
+                "method": "a",
+                "speedup": 2.28,
+                "ci_low": 2.06,
+                "ci_high": 2.41,
+            },
+            {
+                "group": "fair",
+                "label": "c over b",
+                "method": "c",
+                "speedup": 0.9,
+                "ci_low": 0.8,
+                "ci_high": 1.05,
+            },
+            {
+                "group": "fair",
+                "label": "d over b",
+                "method": "d",
+                "speedup": float("nan"),
+                "why": "method failed",
+            },
+        ]
+    )
 
 
 def test_forest_plot_draws_each_row_point_ci_band_and_1x() -> None:
@@ -162,9 +250,18 @@ def test_forest_plot_draws_each_row_point_ci_band_and_1x() -> None:
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels == list(rows["label"])
     ys = [t for t in ax.get_yticks()]
-    points = {round(float(ln.get_ydata()[0]), 6): float(ln.get_xdata()[0]) for ln in ax.get_lines() if ln.get_marker() == "o"}
-    whiskers = {round(float(ln.get_ydata()[0]), 6): sorted(map(float, ln.get_xdata())) for ln in ax.get_lines()
-                if ln.get_marker() in ("None", "", None) and len(ln.get_xdata()) == 2 and ln.get_ydata()[0] == ln.get_ydata()[1]}
+    points = {
+        round(float(ln.get_ydata()[0]), 6): float(ln.get_xdata()[0])
+        for ln in ax.get_lines()
+        if ln.get_marker() == "o"
+    }
+    whiskers = {
+        round(float(ln.get_ydata()[0]), 6): sorted(map(float, ln.get_xdata()))
+        for ln in ax.get_lines()
+        if ln.get_marker() in ("None", "", None)
+        and len(ln.get_xdata()) == 2
+        and ln.get_ydata()[0] == ln.get_ydata()[1]
+    }
     for y, (_, r) in zip(ys, rows.iterrows()):
         if np.isnan(r["speedup"]):
             assert round(y, 6) not in points
@@ -178,8 +275,14 @@ def test_forest_plot_draws_each_row_point_ci_band_and_1x() -> None:
     band = [c for c in ax.collections if c.get_label() == "claimed value's tolerance band"]
     xs = band[0].get_paths()[0].vertices[:, 0]
     assert (xs.min(), xs.max()) == pytest.approx((2.88 / 1.15, 2.88 * 1.15))
-    model = [p for p in ax.patches if p.get_alpha() == pytest.approx(0.25)]  # the model band's pale bar
-    assert len(model) == 1 and model[0].get_x() == pytest.approx(2.3) and model[0].get_width() == pytest.approx(0.6)
+    model = [
+        p for p in ax.patches if p.get_alpha() == pytest.approx(0.25)
+    ]  # the model band's pale bar
+    assert (
+        len(model) == 1
+        and model[0].get_x() == pytest.approx(2.3)
+        and model[0].get_width() == pytest.approx(0.6)
+    )
     assert f.get_size_inches()[0] <= fig.MAX_WIDTH_IN
 
 
@@ -193,11 +296,36 @@ def test_many_variants_stay_within_the_page() -> None:
     """12 methods (10 in paper mode) over 10 baselines on 2 workloads: the speedup figure is drawn
     at most `MAX_WIDTH_IN` wide by its own layout (not squeezed by the backstop), one panel per
     baseline, each axis with at most `MAX_SERIES` methods."""
-    methods = ["dcp", "dcp_inter_pac", *[f"dcp_inter_pac(v={i}) (paper mode)" for i in range(9)], "dcp_intra (paper mode)"]
-    baselines = ["bucket_static", "packed_static", "static_tuned", "flexsp_milp", "megatron_hybrid_cp",
-                 "bucket_static(sp=4)", *[f"bucket_static(sp=4, d={i}) (paper mode)" for i in range(4)]]
-    rows = [{"workload": w, "method": m, "baseline": b, "speedup": 1.5, "ci_low": 1.4, "ci_high": 1.6,
-             "outcome": "faster", "flags": ""} for w in ("w1", "w2") for m in methods for b in baselines]
+    methods = [
+        "dcp",
+        "dcp_inter_pac",
+        *[f"dcp_inter_pac(v={i}) (paper mode)" for i in range(9)],
+        "dcp_intra (paper mode)",
+    ]
+    baselines = [
+        "bucket_static",
+        "packed_static",
+        "static_tuned",
+        "flexsp_milp",
+        "megatron_hybrid_cp",
+        "bucket_static(sp=4)",
+        *[f"bucket_static(sp=4, d={i}) (paper mode)" for i in range(4)],
+    ]
+    rows = [
+        {
+            "workload": w,
+            "method": m,
+            "baseline": b,
+            "speedup": 1.5,
+            "ci_low": 1.4,
+            "ci_high": 1.6,
+            "outcome": "faster",
+            "flags": "",
+        }
+        for w in ("w1", "w2")
+        for m in methods
+        for b in baselines
+    ]
     sp = pd.DataFrame(rows)
     colors = fig.method_colors(methods)
     f = fig.draw_speedup_bars(sp, "simulated", colors)
@@ -210,10 +338,19 @@ def test_many_variants_stay_within_the_page() -> None:
 
 
 def test_colours_one_hue_per_family_shades_for_variants() -> None:
-    labels = ["dcp_inter_pac", "dcp_inter_pac (paper mode)", "dcp_inter_pac(eject=false) (paper mode)",
-              "dcp_inter_pac(sp_rule=largest) (paper mode)", "bucket_static", "bucket_static(sp=4) (paper mode)", "dcp"]
+    labels = [
+        "dcp_inter_pac",
+        "dcp_inter_pac (paper mode)",
+        "dcp_inter_pac(eject=false) (paper mode)",
+        "dcp_inter_pac(sp_rule=largest) (paper mode)",
+        "bucket_static",
+        "bucket_static(sp=4) (paper mode)",
+        "dcp",
+    ]
     colors = fig.method_colors(labels)
-    assert len({tuple(np.round(c, 6)) for c in colors.values()}) == len(labels)  # every label its own colour
+    assert len({tuple(np.round(c, 6)) for c in colors.values()}) == len(
+        labels
+    )  # every label its own colour
 
     def hue(c: object) -> float:
         return colorsys.rgb_to_hls(*mcolors.to_rgb(c))[0]
@@ -244,9 +381,11 @@ def _page_with(img_px: int, shown_px: int, table_px: int) -> str:
     buf = io.BytesIO()
     Image.new("RGB", (img_px, 20), "white").save(buf, format="PNG")
     data = base64.b64encode(buf.getvalue()).decode()
-    return (f"<!DOCTYPE html><html><body><div id='answer'>verdict</div><figure id='fig-forest_headline'>"
-            f"<img style='width:{shown_px}px' src='data:image/png;base64,{data}'></figure>"
-            f"<table style='width:{table_px}px'><tr><td>x</td></tr></table></body></html>")
+    return (
+        f"<!DOCTYPE html><html><body><div id='answer'>verdict</div><figure id='fig-forest_headline'>"
+        f"<img style='width:{shown_px}px' src='data:image/png;base64,{data}'></figure>"
+        f"<table style='width:{table_px}px'><tr><td>x</td></tr></table></body></html>"
+    )
 
 
 @needs_chromium
@@ -263,12 +402,17 @@ def test_the_layout_check_catches_a_strip_and_an_overflowing_table(tmp_path: Pat
 
 
 @needs_chromium
-def test_report_renders_with_the_answer_on_the_first_screen(claim_report: tuple[Path, dict], tmp_path: Path) -> None:
+def test_report_renders_with_the_answer_on_the_first_screen(
+    claim_report: tuple[Path, dict], tmp_path: Path
+) -> None:
     out, _ = claim_report
     m = measure_page(out / "report.html")
     assert layout_problems(m) == []
-    assert m["client_width"] == 1400 and "TOY_CLAIM: REPRODUCED" in m["verdict_text"].upper() \
+    assert (
+        m["client_width"] == 1400
+        and "TOY_CLAIM: REPRODUCED" in m["verdict_text"].upper()
         or "toy_claim:" in m["verdict_text"]
+    )
     assert m["forest"]["top"] > m["verdict"]["bottom"]  # the plot follows the verdict
     shot = screenshot(out / "report.html", tmp_path / "first_screen.png")
     from PIL import Image
@@ -280,8 +424,10 @@ COMMITTED = REPO_ROOT / "reports" / "reproduce" / "report.html"
 
 
 @needs_chromium
-@pytest.mark.skipif(not COMMITTED.is_file() or "id='answer'" not in COMMITTED.read_text(errors="replace"),
-                    reason="the committed reports/reproduce/report.html predates the first-screen layout "
-                           "(regenerate it with `make reproduce`)")
+@pytest.mark.skipif(
+    not COMMITTED.is_file() or "id='answer'" not in COMMITTED.read_text(errors="replace"),
+    reason="the committed reports/reproduce/report.html predates the first-screen layout "
+    "(regenerate it with `make reproduce`)",
+)
 def test_committed_report_renders_with_the_answer_on_the_first_screen() -> None:
     assert layout_problems(measure_page(COMMITTED)) == []

@@ -20,7 +20,9 @@ from dcp_bench.campaign.reproduce_config import (
 from dcp_bench.errors import ConfigError
 from dcp_bench.paths import CONF_DIR
 
-PRESETS = sorted(p for p in (CONF_DIR / "reproduce").glob("*.yaml") if not p.stem.endswith("_claims"))
+PRESETS = sorted(
+    p for p in (CONF_DIR / "reproduce").glob("*.yaml") if not p.stem.endswith("_claims")
+)
 
 
 def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
@@ -47,7 +49,9 @@ def test_packaged_configs_load_as_their_yaml_says(path: Path) -> None:
 
 
 def test_a_key_left_out_gets_the_dataclass_default(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"campaign": "c", "sections": [{"name": "only", "grids": [["method=dcp"]]}]})
+    path = _write(
+        tmp_path, {"campaign": "c", "sections": [{"name": "only", "grids": [["method=dcp"]]}]}
+    )
     cfg = read_reproduce_yaml(path)
     defaults = ReproduceConfig()
     for f in dataclasses.fields(ReproduceConfig):
@@ -68,7 +72,10 @@ def test_an_unknown_key_is_named_with_its_path_and_the_valid_keys(tmp_path: Path
         read_reproduce_yaml(path)
     msg = str(err.value)
     assert "sections.claim.repeatz" in msg and "unknown key" in msg
-    assert all(k in msg for k in ("name", "grids", "common", "repeats", "budget_s", "reserve_s", "simulate"))
+    assert all(
+        k in msg
+        for k in ("name", "grids", "common", "repeats", "budget_s", "reserve_s", "simulate")
+    )
     path = _write(tmp_path, {"budget": 100, "sections": []})
     with pytest.raises(ConfigError, match=r"budget: unknown key; expected one of .*budget_s"):
         read_reproduce_yaml(path)
@@ -78,27 +85,38 @@ def test_an_unknown_key_is_named_with_its_path_and_the_valid_keys(tmp_path: Path
         read_reproduce_yaml(path)
 
 
-@pytest.mark.parametrize(("data", "where", "expected"), [
-    ({"budget_s": "fast"}, "budget_s", "a number"),
-    ({"jobs": 1.5}, "jobs", "an integer"),
-    ({"jobs": True}, "jobs", "an integer"),
-    ({"real": "yes"}, "real", "true or false"),
-    ({"sim_common": "seed=0"}, "sim_common", "a list"),
-    ({"sections": [{"name": "s", "grids": [["a=1", 2]]}]}, "sections.s.grids[0][1]", "a string"),
-    ({"sections": [{"name": "s", "repeats": "3"}]}, "sections.s.repeats", "an integer or null"),
-    ({"sections": [{"title": "no name"}]}, "sections[0].name", "missing"),
-])
-def test_a_wrong_type_is_named_with_the_type_expected(tmp_path: Path, data: dict[str, Any], where: str,
-                                                      expected: str) -> None:
+@pytest.mark.parametrize(
+    ("data", "where", "expected"),
+    [
+        ({"budget_s": "fast"}, "budget_s", "a number"),
+        ({"jobs": 1.5}, "jobs", "an integer"),
+        ({"jobs": True}, "jobs", "an integer"),
+        ({"real": "yes"}, "real", "true or false"),
+        ({"sim_common": "seed=0"}, "sim_common", "a list"),
+        (
+            {"sections": [{"name": "s", "grids": [["a=1", 2]]}]},
+            "sections.s.grids[0][1]",
+            "a string",
+        ),
+        ({"sections": [{"name": "s", "repeats": "3"}]}, "sections.s.repeats", "an integer or null"),
+        ({"sections": [{"title": "no name"}]}, "sections[0].name", "missing"),
+    ],
+)
+def test_a_wrong_type_is_named_with_the_type_expected(
+    tmp_path: Path, data: dict[str, Any], where: str, expected: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         read_reproduce_yaml(_write(tmp_path, {"sections": [], **data}))
     assert f"{where}:" in str(err.value) and expected in str(err.value)
 
 
 def test_the_command_line_replaces_top_keys(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"budget_s": 300, "jobs": 1, "sections": [{"name": "a"}, {"name": "b"}]})
-    cfg = load_reproduce_config([f"config={path}", "jobs=3", "seed_base=10", "cluster=h200x8", "nnodes=2",
-                                 "sections=b"])
+    path = _write(
+        tmp_path, {"budget_s": 300, "jobs": 1, "sections": [{"name": "a"}, {"name": "b"}]}
+    )
+    cfg = load_reproduce_config(
+        [f"config={path}", "jobs=3", "seed_base=10", "cluster=h200x8", "nnodes=2", "sections=b"]
+    )
     assert (cfg.budget_s, cfg.jobs, cfg.seed_base) == (300.0, 3, 10)
     assert cfg.grid_keys() == ["cluster=h200x8", "nnodes=2"]
     assert [s.name for s in cfg.chosen_sections()] == ["b"]

@@ -20,20 +20,54 @@ from runner_doubles import write_toy_conf  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _config(tmp_path: Path, sleep_s: float = 0.0, section_budget: float = 60.0,
-            claims: Path = REPO / "results" / "reference" / "claims.yaml") -> tuple[Path, Path]:
+def _config(
+    tmp_path: Path,
+    sleep_s: float = 0.0,
+    section_budget: float = 60.0,
+    claims: Path = REPO / "results" / "reference" / "claims.yaml",
+) -> tuple[Path, Path]:
     conf = write_toy_conf(tmp_path / "conf", sleep_s=sleep_s)
     out = tmp_path / "reports" / "toy"
     cfg = {
-        "campaign": "toy", "root": str(tmp_path / "runs"), "out": str(out), "claims": str(claims),
-        "budget_s": 120, "report_reserve_s": 30, "jobs": 1, "repeats": 1, "real": False,
+        "campaign": "toy",
+        "root": str(tmp_path / "runs"),
+        "out": str(out),
+        "claims": str(claims),
+        "budget_s": 120,
+        "report_reserve_s": 30,
+        "jobs": 1,
+        "repeats": 1,
+        "real": False,
         "sim_common": ["run.warmup_steps=0", "run.steps=2", "run.planner_clock=off"],
         "sections": [
-            {"name": "toy", "title": "toy", "budget_s": section_budget, "grids": [
-                [f"extra_conf={conf}", "workload=toy", "cluster=h200x8", "model=tiny_llama",
-                 "method=toy_static,toy_greedy"]]},
-            {"name": "other", "title": "other", "budget_s": 30, "grids": [
-                [f"extra_conf={conf}", "workload=toy", "cluster=h200x16", "model=tiny_llama", "method=toy_greedy"]]},
+            {
+                "name": "toy",
+                "title": "toy",
+                "budget_s": section_budget,
+                "grids": [
+                    [
+                        f"extra_conf={conf}",
+                        "workload=toy",
+                        "cluster=h200x8",
+                        "model=tiny_llama",
+                        "method=toy_static,toy_greedy",
+                    ]
+                ],
+            },
+            {
+                "name": "other",
+                "title": "other",
+                "budget_s": 30,
+                "grids": [
+                    [
+                        f"extra_conf={conf}",
+                        "workload=toy",
+                        "cluster=h200x16",
+                        "model=tiny_llama",
+                        "method=toy_greedy",
+                    ]
+                ],
+            },
         ],
     }
     path = tmp_path / "reproduce.yaml"
@@ -47,11 +81,14 @@ def _stale_report(out: Path) -> None:
     (out / "report.md").write_text("the previous report\n")
 
 
-def test_report_replaces_out_only_when_complete(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_replaces_out_only_when_complete(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)
     bad_claims = tmp_path / "claims.yaml"
-    bad_claims.write_text("claims:\n  - id: broken\n")  # no value: the report fails after the sweeps
+    bad_claims.write_text(
+        "claims:\n  - id: broken\n"
+    )  # no value: the report fails after the sweeps
     config, out = _config(tmp_path, claims=bad_claims)
     _stale_report(out)
     assert main(["reproduce", f"config={config}", "--no-progress"]) == 2
@@ -74,8 +111,9 @@ def test_report_replaces_out_only_when_complete(tmp_path: Path, capsys: pytest.C
     assert f"report: {out / 'report.md'}" in capsys.readouterr().out
 
 
-def test_unknown_section_runs_nothing_and_keeps_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_section_runs_nothing_and_keeps_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)
     config, out = _config(tmp_path)
     _stale_report(out)
@@ -86,8 +124,9 @@ def test_unknown_section_runs_nothing_and_keeps_the_report(tmp_path: Path, capsy
     assert not (tmp_path / "runs").exists()
 
 
-def test_section_budget_cuts_running_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_section_budget_cuts_running_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every toy step plans for 30 s; the first section has 2 s. Its running run is cut and
     recorded as a timeout naming the budget (a cut, not a failure), the rest of it is listed as
     left out, and the next section still gets its turn. The reproduction is incomplete: it says
@@ -100,40 +139,57 @@ def test_section_budget_cuts_running_runs(tmp_path: Path, capsys: pytest.Capture
     _stale_report(out)
     assert main(["reproduce", f"config={config}", "--no-progress"]) == 4
     stdout = capsys.readouterr().out
-    assert ("section toy: CUT: 1 run(s) now, 0 already complete, 0 failed, 1 cut by the time budget, "
-            "1 left out by the time budget") in stdout
+    assert (
+        "section toy: CUT: 1 run(s) now, 0 already complete, 0 failed, 1 cut by the time budget, "
+        "1 left out by the time budget"
+    ) in stdout
     assert "section other: CUT: 1 run(s) now" in stdout
     assert "verdict: incomplete: 0 of 2 sections, rerun `make reproduce` to resume" in stdout
     assert "REPRODUCED" not in stdout and "failed run" not in stdout
     runs = list(iter_summaries(tmp_path / "runs", "toy"))
     assert len(runs) == 2 and {r.status for r in runs} == {"timeout"}
-    assert all(r.extra.get("limit") == "budget" and "the time budget" in (r.error or "") for r in runs)
+    assert all(
+        r.extra.get("limit") == "budget" and "the time budget" in (r.error or "") for r in runs
+    )
     # the last complete report stands; the incomplete one is beside it
     assert (out / "report.md").read_text() == "the previous report\n"
     assert (out / "figures" / "stale.png").exists()
     partial = out.parent / "toy.partial"
     summary = json.loads((partial / "summary.json").read_text())
-    assert summary["completeness"] == {"complete": False, "sections_done": 0, "sections_total": 2,
-                                       "cut": ["toy", "other"]}
+    assert summary["completeness"] == {
+        "complete": False,
+        "sections_done": 0,
+        "sections_total": 2,
+        "cut": ["toy", "other"],
+    }
     assert summary["notes"][0].startswith("completeness: incomplete: 0 of 2 sections")
     assert not any("failed run" in n for n in summary["notes"])
     assert any("cut or left out by the budget" in n for n in summary["notes"])
     assert sorted(p.name for p in out.parent.iterdir()) == ["toy", "toy.partial"]
 
 
-def test_a_complete_reproduction_says_so_from_another_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    config, out = _config(tmp_path, claims=Path("results/reference/claims.yaml"))  # relative: found in the repository
+def test_a_complete_reproduction_says_so_from_another_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, out = _config(
+        tmp_path, claims=Path("results/reference/claims.yaml")
+    )  # relative: found in the repository
     monkeypatch.chdir(tmp_path)
     assert main(["reproduce", f"config={config}", "--no-progress", "sections=toy"]) == 0
     stdout = capsys.readouterr().out
     assert "verdict: complete" in stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["completeness"] == {"complete": True, "sections_done": 1, "sections_total": 1, "cut": []}
+    assert summary["completeness"] == {
+        "complete": True,
+        "sections_done": 1,
+        "sections_total": 1,
+        "cut": [],
+    }
 
 
-def test_unwritable_out_is_refused_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unwritable_out_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)
     config, _ = _config(tmp_path)
     blocker = tmp_path / "a_file"

@@ -32,15 +32,25 @@ def _specs(preset: str, *overrides: str) -> dict[str, list[Any]]:
 
 
 def _shape(specs: dict[str, list[Any]]) -> dict[str, list[tuple[str, str, str]]]:
-    return {name: sorted((s.method_name, s.mode, s.workload_name) for s in ss) for name, ss in specs.items()}
+    return {
+        name: sorted((s.method_name, s.mode, s.workload_name) for s in ss)
+        for name, ss in specs.items()
+    }
 
 
 def test_real_preset_trains_the_claim_on_the_named_cluster() -> None:
     specs = _specs("real", "cluster=h200x8")
     claim = specs["claim"]
-    assert {s.model.name for s in claim} == {"stdit3_xl2"} and {s.workload_name for s in claim} == {"videosys_zipf"}
-    assert {(s.method_name, s.mode) for s in claim} == {("bucket_static", "paper"), ("bucket_static", "fair"),
-                                                         ("dcp_inter_pac", "paper"), ("dcp_inter_pac", "fair"), ("dcp", "fair")}
+    assert {s.model.name for s in claim} == {"stdit3_xl2"} and {s.workload_name for s in claim} == {
+        "videosys_zipf"
+    }
+    assert {(s.method_name, s.mode) for s in claim} == {
+        ("bucket_static", "paper"),
+        ("bucket_static", "fair"),
+        ("dcp_inter_pac", "paper"),
+        ("dcp_inter_pac", "fair"),
+        ("dcp", "fair"),
+    }
     assert {s.model.name for s in specs["text"]} == {"llama3_8b"}
     for s in (*claim, *specs["text"]):
         assert s.executor == "torch" and s.cluster.name == "h200x8" and s.world_size == 8
@@ -59,7 +69,9 @@ def test_cpu_twin_mirrors_the_real_preset() -> None:
     assert _shape(real) == _shape(twin)
     models = {"stdit3_xl2": "tiny_stdit", "llama3_8b": "tiny_llama"}
     for name in real:
-        assert sorted(models[s.model.name] for s in real[name]) == sorted(s.model.name for s in twin[name])
+        assert sorted(models[s.model.name] for s in real[name]) == sorted(
+            s.model.name for s in twin[name]
+        )
         assert all(s.cluster.name == "cpu" and s.world_size == 4 for s in twin[name])
 
 
@@ -75,10 +87,24 @@ def test_paper_runs_use_the_reference_epoch_on_gpus_and_steps_in_the_cpu_twin() 
 def test_the_reference_epoch_loop_trains_for_real(tmp_path: Path) -> None:
     """One small epoch of the reference's loop on 4 gloo ranks: every dealt iteration is one
     measured step of the torch executor, and the record carries the epoch's accounting."""
-    rc = main(["train", "workload=videosys_zipf", "model=tiny_stdit", "method=bucket_static", "method.sp=4",
-               "method.recompute=full", "method.mode=paper", "nproc=4", "timeout_s=400", "workload.length_scale=64",
-               "workload.tokens_per_gpu=32768", "workload.data_size=40", "mem_cap_fraction=0.1",
-               f"root={tmp_path}"])
+    rc = main(
+        [
+            "train",
+            "workload=videosys_zipf",
+            "model=tiny_stdit",
+            "method=bucket_static",
+            "method.sp=4",
+            "method.recompute=full",
+            "method.mode=paper",
+            "nproc=4",
+            "timeout_s=400",
+            "workload.length_scale=64",
+            "workload.tokens_per_gpu=32768",
+            "workload.data_size=40",
+            "mem_cap_fraction=0.1",
+            f"root={tmp_path}",
+        ]
+    )
     assert rc == 0
     (run,) = (tmp_path / "train").glob("*/run.json")
     s = read_summary(run.parent)
@@ -88,8 +114,12 @@ def test_the_reference_epoch_loop_trains_for_real(tmp_path: Path) -> None:
     assert s.n_steps == s.extra["iterations"] == info["iterations"] >= 2
     steps = read_steps(run.parent)
     assert [st.extra["iteration"] for st in steps if not st.warmup] == list(range(s.n_steps))
-    assert info["trained_samples"] + sum(info["dropped_samples"].values()) == info["dataset_samples"]
-    assert s.extra["epoch_time_s"] == pytest.approx(sum(st.step_time_s for st in steps if not st.warmup), rel=1e-6)
+    assert (
+        info["trained_samples"] + sum(info["dropped_samples"].values()) == info["dataset_samples"]
+    )
+    assert s.extra["epoch_time_s"] == pytest.approx(
+        sum(st.step_time_s for st in steps if not st.warmup), rel=1e-6
+    )
 
 
 def test_unknown_preset_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,8 +132,19 @@ def test_unknown_preset_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.timeout(1800)
 def test_cpu_twin_runs_end_to_end_into_a_measured_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    assert main(["reproduce", "preset=real_cpu", f"root={tmp_path / 'runs'}", f"out={out}", "budget_s=1500",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "preset=real_cpu",
+                f"root={tmp_path / 'runs'}",
+                f"out={out}",
+                "budget_s=1500",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     text = (out / "report.md").read_text()
     assert "measured" in text.splitlines()[0]
@@ -115,4 +156,6 @@ def test_cpu_twin_runs_end_to_end_into_a_measured_report(tmp_path: Path) -> None
         steps = read_steps(run.parent)
         assert all(len(st.peak_mem_per_rank_gib or []) == 4 and st.step_time_s > 0 for st in steps)
     claim = summary["claims"][0]
-    assert claim["id"] == "dcp_paper_headline" and claim["reproduced_value"] is not None  # from measured runs
+    assert (
+        claim["id"] == "dcp_paper_headline" and claim["reproduced_value"] is not None
+    )  # from measured runs

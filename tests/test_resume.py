@@ -18,18 +18,35 @@ from dcp_bench.records import read_steps, read_summary
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
 
-BASE = ["workload=toy", "cluster=h200x8", "model=tiny_llama", "run.steps=3", "run.warmup_steps=1",
-        "run.planner_clock=off"]
+BASE = [
+    "workload=toy",
+    "cluster=h200x8",
+    "model=tiny_llama",
+    "run.steps=3",
+    "run.warmup_steps=1",
+    "run.planner_clock=off",
+]
 
 
 def _ovs(tmp_path: Path, methods: str = "toy_static,toy_greedy", **conf_kw) -> list[str]:  # type: ignore[no-untyped-def]
     conf = write_toy_conf(tmp_path / "conf", **conf_kw)
-    return [f"extra_conf={conf}", *BASE, f"method={methods}", f"run.root={tmp_path / 'runs'}", "run.campaign=r"]
+    return [
+        f"extra_conf={conf}",
+        *BASE,
+        f"method={methods}",
+        f"run.root={tmp_path / 'runs'}",
+        "run.campaign=r",
+    ]
 
 
 def _sweep(ovs: list[str], repeats: int = 2):  # type: ignore[no-untyped-def]
-    return run_sweep(plan_sweep(ovs, repeats=repeats), build=toy_assemble, progress=False, env={},
-                     warn=lambda m: None)
+    return run_sweep(
+        plan_sweep(ovs, repeats=repeats),
+        build=toy_assemble,
+        progress=False,
+        env={},
+        warn=lambda m: None,
+    )
 
 
 def _truncate(path: Path, keep: float = 0.5) -> None:
@@ -49,8 +66,11 @@ DAMAGE = {
     "run.json with an unknown status": lambda d: _edit_summary(d / "run.json", status="great"),
     "truncated steps.jsonl": lambda d: _truncate(d / "steps.jsonl", 0.7),
     "steps.jsonl with a garbage line": lambda d: (d / "steps.jsonl").write_text(
-        (d / "steps.jsonl").read_text() + "garbage\n"),
-    "run.json of another config": lambda d: _edit_summary(d / "run.json", config_hash="0123456789ab"),
+        (d / "steps.jsonl").read_text() + "garbage\n"
+    ),
+    "run.json of another config": lambda d: _edit_summary(
+        d / "run.json", config_hash="0123456789ab"
+    ),
     "run.json of another seed": lambda d: _edit_summary(d / "run.json", seed=99),
     "run.json of another run": lambda d: _edit_summary(d / "run.json", run_id="someone_else"),
     "run.json counting other steps": lambda d: _edit_summary(d / "run.json", n_steps=7),
@@ -78,7 +98,9 @@ def test_damaged_record_is_redone_with_a_warning(tmp_path: Path, damage: str) ->
     assert [s.step for s in read_steps(victim)] == [0, 1, 2, 3]
 
 
-def test_sweep_command_names_the_damaged_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_command_names_the_damaged_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ovs = _ovs(tmp_path, "toy_static")
     assert main(["sweep", *ovs, "run.repeats=2", "--no-progress"]) == 0
     spec = plan_sweep(ovs, repeats=2)[0]
@@ -90,7 +112,9 @@ def test_sweep_command_names_the_damaged_record(tmp_path: Path, capsys: pytest.C
     assert "1 run(s) done, 1 already complete, 1 damaged record(s) redone, 0 failed" in out
 
 
-def test_failed_runs_are_kept_listed_and_retried(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_failed_runs_are_kept_listed_and_retried(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     flag = tmp_path / "broken"
     flag.write_text("the input is broken")
     ovs = _ovs(tmp_path, "toy_static,toy_flaky", fail_flag=flag)
@@ -103,7 +127,11 @@ def test_failed_runs_are_kept_listed_and_retried(tmp_path: Path, capsys: pytest.
     flag.unlink()  # the user fixes the input; the run's config (and id) is unchanged
     assert main(args) == 3  # the failure is kept, and still listed
     out = capsys.readouterr().out
-    assert "0 run(s) done, 2 already complete" in out and flaky.run_id in out and "--retry-failed" in out
+    assert (
+        "0 run(s) done, 2 already complete" in out
+        and flaky.run_id in out
+        and "--retry-failed" in out
+    )
     summary = read_summary(Path(flaky.root) / "r" / flaky.run_id)
     assert summary is not None and summary.status == "error"
 
@@ -114,7 +142,9 @@ def test_failed_runs_are_kept_listed_and_retried(tmp_path: Path, capsys: pytest.
     assert summary is not None and summary.status == "ok"
 
 
-def test_dry_run_tells_done_failed_damaged_and_todo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_tells_done_failed_damaged_and_todo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ovs = _ovs(tmp_path, "toy_static,toy_fail")
     specs = plan_sweep(ovs, repeats=2)
     run_sweep(specs[:3], build=toy_assemble, progress=False, env={})
@@ -124,7 +154,11 @@ def test_dry_run_tells_done_failed_damaged_and_todo(tmp_path: Path, capsys: pyte
     states = {line.split()[1]: line.split()[0] for line in capsys.readouterr().out.splitlines()}
     by_id = {s.run_id: s for s in specs}
     assert {by_id[i].method_name + str(by_id[i].seed): st for i, st in states.items()} == {
-        "toy_static0": "damaged", "toy_static1": "done", "toy_fail0": "failed:error", "toy_fail1": "todo"}
+        "toy_static0": "damaged",
+        "toy_static1": "done",
+        "toy_fail0": "failed:error",
+        "toy_fail1": "todo",
+    }
 
 
 def test_deadline_cuts_a_running_run_and_records_timeout(tmp_path: Path) -> None:
@@ -148,7 +182,9 @@ def test_own_timeout_is_kept_as_a_failure(tmp_path: Path) -> None:
     ovs = [*_ovs(tmp_path, "toy_static", sleep_s=30.0), "run.timeout_s=0.5", "run.kill_grace_s=0.5"]
     specs = plan_sweep(ovs, repeats=1)
     first = run_sweep(specs, build=toy_assemble, progress=False, env={})
-    assert [s.status for s in first.ran] == ["timeout"] and "run.timeout_s=0.5" in (first.ran[0].error or "")
+    assert [s.status for s in first.ran] == ["timeout"] and "run.timeout_s=0.5" in (
+        first.ran[0].error or ""
+    )
     again = run_sweep(specs, build=toy_assemble, progress=False, env={})
     assert not again.ran and [s.status for s in again.kept_failed] == ["timeout"]
 
@@ -167,10 +203,14 @@ def test_bounded_limit_names_the_budget(tmp_path: Path) -> None:
     assert cut.run_id == spec.run_id and cut.config_hash == spec.config_hash
 
 
-def test_progress_lines_when_not_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_lines_when_not_on_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ovs = _ovs(tmp_path)
     specs = plan_sweep(ovs, repeats=2)
-    run_sweep(specs, build=toy_assemble, progress=True, env={})  # stderr is not a terminal under pytest
+    run_sweep(
+        specs, build=toy_assemble, progress=True, env={}
+    )  # stderr is not a terminal under pytest
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 4
     assert all(line.startswith(f"[{i}/4] ok") for i, line in enumerate(lines, 1))

@@ -20,11 +20,21 @@ from dcp_bench.run.loop import charge_planner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
 
-BASE = ["cluster=h200x8", "model=tiny_llama", "run.steps=3", "run.warmup_steps=1", "run.planner_clock=off"]
+BASE = [
+    "cluster=h200x8",
+    "model=tiny_llama",
+    "run.steps=3",
+    "run.warmup_steps=1",
+    "run.planner_clock=off",
+]
 
 
-def _overrides(conf: Path, methods: str = "toy_static,toy_greedy", root: Path | None = None,
-               campaign: str = "t") -> list[str]:
+def _overrides(
+    conf: Path,
+    methods: str = "toy_static,toy_greedy",
+    root: Path | None = None,
+    campaign: str = "t",
+) -> list[str]:
     where = [f"run.root={root or conf.parent / 'runs'}", f"run.campaign={campaign}"]
     return [f"extra_conf={conf}", "workload=toy", f"method={methods}", *BASE, *where]
 
@@ -77,7 +87,9 @@ def test_sweep_records_warmup_and_same_batches(tmp_path: Path) -> None:
         assert summary.n_steps == 3 and summary.n_warmup == 1
         # time accounting adds up to the simulated step time
         for st in steps:
-            parts = sum(st.extra[k] for k in ("compute_s", "recompute_s", "comm_s", "sync_s", "idle_s"))
+            parts = sum(
+                st.extra[k] for k in ("compute_s", "recompute_s", "comm_s", "sync_s", "idle_s")
+            )
             assert parts == pytest.approx(st.extra["sim_step_time_s"])
             assert st.step_time_s == pytest.approx(st.extra["sim_step_time_s"])  # planner clock off
         tokens[(s.seed, s.method_name)] = [st.tokens for st in steps]
@@ -129,16 +141,24 @@ def test_resume_after_killed_sweep(tmp_path: Path) -> None:
     conf = write_toy_conf(tmp_path / "conf", sleep_s=0.15)
     root = tmp_path / "runs"
     overrides = _overrides(conf, root=root, campaign="k")
-    script = KILL_SCRIPT.format(tests=str(Path(__file__).resolve().parent), overrides=overrides,
-                                root=str(root))
-    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    script = KILL_SCRIPT.format(
+        tests=str(Path(__file__).resolve().parent), overrides=overrides, root=str(root)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     camp = root / "k"
     deadline = time.time() + 90
     try:
         while time.time() < deadline:
             done = [p for p in camp.glob("*") if is_complete(p)] if camp.exists() else []
-            partial = [p for p in camp.glob("*") if p.is_dir() and not is_complete(p)] if camp.exists() else []
+            partial = (
+                [p for p in camp.glob("*") if p.is_dir() and not is_complete(p)]
+                if camp.exists()
+                else []
+            )
             if len(done) >= 2 and partial and read_steps(partial[0]):
                 break
             time.sleep(0.05)
@@ -156,8 +176,12 @@ def test_resume_after_killed_sweep(tmp_path: Path) -> None:
     assert all(is_complete(camp / s.run_id) for s in specs)
 
     fresh = tmp_path / "fresh"
-    run_sweep(plan_sweep(_overrides(conf, root=fresh, campaign="k"), repeats=3), build=toy_assemble,
-              progress=False, env={})
+    run_sweep(
+        plan_sweep(_overrides(conf, root=fresh, campaign="k"), repeats=3),
+        build=toy_assemble,
+        progress=False,
+        env={},
+    )
     for s in specs:
         a, b = read_summary(camp / s.run_id), read_summary(fresh / "k" / s.run_id)
         assert a is not None and b is not None and a.step_time_s == pytest.approx(b.step_time_s)
@@ -167,8 +191,9 @@ def test_stuck_run_is_killed_and_recorded_as_timeout(tmp_path: Path) -> None:
     """A step that never returns in time: the run's process is killed after run.timeout_s plus
     the grace period, and the run is recorded (status timeout), not lost."""
     conf = write_toy_conf(tmp_path / "conf", sleep_s=30.0)
-    specs = plan_sweep([*_overrides(conf, "toy_static"), "run.timeout_s=0.5", "run.kill_grace_s=0.5"],
-                       repeats=1)
+    specs = plan_sweep(
+        [*_overrides(conf, "toy_static"), "run.timeout_s=0.5", "run.kill_grace_s=0.5"], repeats=1
+    )
     t0 = time.time()
     res = run_sweep(specs, build=toy_assemble, progress=False, env={})
     assert time.time() - t0 < 20

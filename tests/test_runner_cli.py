@@ -18,15 +18,25 @@ from runner_doubles import write_toy_conf  # noqa: E402
 
 def test_sweep_dry_run_lists_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     conf = write_toy_conf(tmp_path / "conf")
-    ovs = [f"extra_conf={conf}", "workload=toy", "method=toy_static,toy_greedy", "cluster=h200x8",
-           "model=tiny_llama", "run.repeats=3", f"run.root={tmp_path / 'runs'}", "run.campaign=c"]
+    ovs = [
+        f"extra_conf={conf}",
+        "workload=toy",
+        "method=toy_static,toy_greedy",
+        "cluster=h200x8",
+        "model=tiny_llama",
+        "run.repeats=3",
+        f"run.root={tmp_path / 'runs'}",
+        "run.campaign=c",
+    ]
     assert main(["sweep", *ovs, "--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     expect = [s.run_id for s in plan_sweep(ovs)]
     assert [ln.split()[1] for ln in lines] == expect and all(ln.startswith("todo") for ln in lines)
 
 
-def test_report_of_empty_campaign_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_of_empty_campaign_is_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["report", "campaign=nothing", f"root={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "nothing" in err and "\n" not in err

@@ -29,7 +29,12 @@ from dcp_bench.runtime.models import build_model
 
 def flat_grads(model: torch.nn.Module) -> torch.Tensor:
     """All gradients in parameter order (zeros for a parameter without one)."""
-    return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in model.parameters()])
+    return torch.cat(
+        [
+            (torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1)
+            for p in model.parameters()
+        ]
+    )
 
 
 pytestmark = pytest.mark.dist
@@ -58,7 +63,10 @@ def mb(*samples: int, ckpt: int = 0, split: str = "sequence") -> MicroBatch:
 def plan_of(rounds: list[list[tuple[int, int, list[MicroBatch]]]], mode: str = "fair") -> StepPlan:
     return StepPlan(
         world_size=WORLD,
-        rounds=[Round(groups=[Group(start=s, size=z, micro_batches=m) for s, z, m in rnd]) for rnd in rounds],
+        rounds=[
+            Round(groups=[Group(start=s, size=z, micro_batches=m) for s, z, m in rnd])
+            for rnd in rounds
+        ],
         mode=mode,  # type: ignore[arg-type]
     )
 
@@ -66,27 +74,56 @@ def plan_of(rounds: list[list[tuple[int, int, list[MicroBatch]]]], mode: str = "
 def text_plans(ckpt: int) -> dict[str, StepPlan]:
     return {
         "static_sp4": plan_of([[(0, 4, [mb(0, 1, 2, ckpt=ckpt), mb(3, 4, 5, 6, ckpt=ckpt)])]]),
-        "static_sp2": plan_of([[(0, 2, [mb(0, 1, ckpt=ckpt), mb(2, 3)]), (2, 2, [mb(4, ckpt=ckpt), mb(5, 6)])]]),
+        "static_sp2": plan_of(
+            [[(0, 2, [mb(0, 1, ckpt=ckpt), mb(2, 3)]), (2, 2, [mb(4, ckpt=ckpt), mb(5, 6)])]]
+        ),
         "inter_unequal": plan_of(
-            [[(0, 2, [mb(4, ckpt=ckpt)]), (2, 1, [mb(1), mb(3, 6, ckpt=ckpt)]), (3, 1, [mb(0, 2), mb(5)])]]
+            [
+                [
+                    (0, 2, [mb(4, ckpt=ckpt)]),
+                    (2, 1, [mb(1), mb(3, 6, ckpt=ckpt)]),
+                    (3, 1, [mb(0, 2), mb(5)]),
+                ]
+            ]
         ),
         "multi_round": plan_of(
-            [[(0, 4, [mb(4, ckpt=ckpt)])], [(0, 1, [mb(0)]), (1, 1, [mb(1, ckpt=ckpt)]), (2, 2, [mb(2, 3, 5)]), ]]
+            [
+                [(0, 4, [mb(4, ckpt=ckpt)])],
+                [
+                    (0, 1, [mb(0)]),
+                    (1, 1, [mb(1, ckpt=ckpt)]),
+                    (2, 2, [mb(2, 3, 5)]),
+                ],
+            ]
             + [[(3, 1, [mb(6)])]]
         ),
-        "split_batch": plan_of([[(0, 4, [mb(0, 1, 2, 3, 5, split="batch", ckpt=ckpt), mb(4, 6, ckpt=ckpt)])]]),
+        "split_batch": plan_of(
+            [[(0, 4, [mb(0, 1, 2, 3, 5, split="batch", ckpt=ckpt), mb(4, 6, ckpt=ckpt)])]]
+        ),
         # the same rounds with every rank waiting at each round's end (Megatron's barrier)
-        "multi_round_barrier": dataclasses.replace(plan_of(
-            [[(0, 4, [mb(4, ckpt=ckpt)])], [(0, 1, [mb(0)]), (1, 1, [mb(1, ckpt=ckpt)]), (2, 2, [mb(2, 3, 5)]), ]]
-            + [[(3, 1, [mb(6)])]]
-        ), round_barrier=True),
+        "multi_round_barrier": dataclasses.replace(
+            plan_of(
+                [
+                    [(0, 4, [mb(4, ckpt=ckpt)])],
+                    [
+                        (0, 1, [mb(0)]),
+                        (1, 1, [mb(1, ckpt=ckpt)]),
+                        (2, 2, [mb(2, 3, 5)]),
+                    ],
+                ]
+                + [[(3, 1, [mb(6)])]]
+            ),
+            round_barrier=True,
+        ),
     }
 
 
 def video_plans(ckpt: int) -> dict[str, StepPlan]:
     return {
         "dsp_sp4": plan_of([[(0, 4, [mb(0, 1, 2, ckpt=ckpt), mb(3, 4, ckpt=ckpt)])]]),
-        "dsp_mixed": plan_of([[(0, 2, [mb(3, ckpt=ckpt), mb(0)]), (2, 1, [mb(1, 2)]), (3, 1, [mb(4, ckpt=ckpt)])]]),
+        "dsp_mixed": plan_of(
+            [[(0, 2, [mb(3, ckpt=ckpt), mb(0)]), (2, 1, [mb(1, 2)]), (3, 1, [mb(4, ckpt=ckpt)])]]
+        ),
     }
 
 
@@ -99,12 +136,20 @@ HAND: list[tuple[str, str, str, int]] = (
     + [("tiny_llama", "static_sp4", "text", 0)]  # rerun: bitwise determinism
 )
 
+
 def hand_cases() -> list[tuple[str, str, GlobalBatch, StepPlan]]:
     """(label, model, batch, plan) for every hand-built plan."""
     out = []
     for model_name, plan_name, kind, ckpt in HAND:
         batch = TEXT if kind == "text" else VIDEO
-        out.append((f"{model_name}-{plan_name}-ckpt{ckpt}", model_name, batch, _plans(kind, ckpt)[plan_name]))
+        out.append(
+            (
+                f"{model_name}-{plan_name}-ckpt{ckpt}",
+                model_name,
+                batch,
+                _plans(kind, ckpt)[plan_name],
+            )
+        )
     return out
 
 
@@ -131,14 +176,23 @@ def _worker(rank: int, port: int, out_dir: str, cases: list[tuple[Any, ...]]) ->
         for case in cases:
             _, model_name, batch, plan = case[:4]
             if len(case) > 4:
-                state = build_training_state(model_spec(model_name), SEED, torch.device("cpu"), 1e-3, zero_stage=case[4])
+                state = build_training_state(
+                    model_spec(model_name), SEED, torch.device("cpu"), 1e-3, zero_stage=case[4]
+                )
                 res = execute_step(plan, batch, state, None, pool, seed=SEED, update=False)
                 grads = state.gradients()
             else:
                 model = build_model(model_spec(model_name), seed=SEED)
                 res = execute_step(plan, batch, model, None, pool, seed=SEED)
                 grads = flat_grads(model)
-            results.append({"loss": res.loss, "grad_norm": res.grad_norm, "grads": grads, "mbs": res.micro_batches})
+            results.append(
+                {
+                    "loss": res.loss,
+                    "grad_norm": res.grad_norm,
+                    "grads": grads,
+                    "mbs": res.micro_batches,
+                }
+            )
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -156,7 +210,9 @@ def reference_step(model: torch.nn.Module, batch: GlobalBatch) -> float:
     total = 0.0
     for i in range(batch.n):
         sl = slice(i, i + 1)
-        inputs = model.make_inputs(batch.sample_ids[sl], batch.tokens[sl], batch.frames[sl], SINGLE, SEED)  # type: ignore[operator]
+        inputs = model.make_inputs(
+            batch.sample_ids[sl], batch.tokens[sl], batch.frames[sl], SINGLE, SEED
+        )  # type: ignore[operator]
         loss = model.loss_sum(inputs) / batch.total_tokens  # type: ignore[operator]
         loss.backward()
         total += float(loss.detach())
@@ -225,7 +281,14 @@ def test_plan_matches_single_process(dist_results: list[list[dict[str, Any]]], i
 def test_every_rank_worked_somewhere(dist_results: list[list[dict[str, Any]]]) -> None:
     # Guards the scenarios themselves: a plan where some rank never ran would test less.
     for index, (_, plan_name, _, _) in enumerate(HAND):
-        if plan_name in ("static_sp4", "dsp_sp4", "split_batch", "static_sp2", "inter_unequal", "dsp_mixed"):
+        if plan_name in (
+            "static_sp4",
+            "dsp_sp4",
+            "split_batch",
+            "static_sp2",
+            "inter_unequal",
+            "dsp_mixed",
+        ):
             assert all(dist_results[r][index]["mbs"] > 0 for r in range(WORLD))
 
 

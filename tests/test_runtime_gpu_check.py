@@ -27,19 +27,41 @@ from dcp_bench.profiling.gpu_check import MAX_FILES
 
 
 def _tree(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if ".venv" not in p.parts and ".git" not in p.parts
-            and "__pycache__" not in p.parts and ".mypy_cache" not in p.parts and ".ruff_cache" not in p.parts}
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if ".venv" not in p.parts
+        and ".git" not in p.parts
+        and "__pycache__" not in p.parts
+        and ".mypy_cache" not in p.parts
+        and ".ruff_cache" not in p.parts
+    }
 
 
 def _check(out: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", "--tiny",
-                           "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=timeout, cwd=out.parent,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable})
+    return subprocess.run(
+        [
+            "bash",
+            str(REPO_ROOT / "scripts" / "gpu_check.sh"),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=out.parent,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable},
+    )
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path, set[str]]:
+def dry_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path, set[str]]:
     out = tmp_path_factory.mktemp("gpu_check") / "out"
     before = _tree(REPO_ROOT / "results") | _tree(REPO_ROOT / "scripts")
     # the phases end when their work is done; the budget only bounds a machine under heavy load
@@ -48,11 +70,15 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
     return proc, out, after - before
 
 
-def test_dry_run_passes_and_writes_only_into_its_folder(dry_run: tuple[subprocess.CompletedProcess[str], Path, set[str]]) -> None:
+def test_dry_run_passes_and_writes_only_into_its_folder(
+    dry_run: tuple[subprocess.CompletedProcess[str], Path, set[str]],
+) -> None:
     proc, out, new_in_repo = dry_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == sorted(["check.json", "summary.md", "gpu_check.log", "tiny_llama.json", "tiny_stdit.json"])
+    assert files == sorted(
+        ["check.json", "summary.md", "gpu_check.log", "tiny_llama.json", "tiny_stdit.json"]
+    )
     assert len(files) <= MAX_FILES
     assert not new_in_repo
     assert "Verdict (the smoke test): **PASS**" in (out / "summary.md").read_text()
@@ -78,15 +104,22 @@ def test_smoke_trains_both_models_and_matches_the_reference(dry_run: tuple[Any, 
             assert abs(got["runtime"] - got["reference_fp32"]) <= 1e-5 * got["reference_fp32"]
         for st in m["steps"]:
             # every parameter tensor's gradient equals the fp32 reference's (fp32 on both sides)
-            assert st["gradients"]["tensors"] > 5 and st["gradients"]["worst_rel_l2"]["rel_l2"] <= 1e-5
+            assert (
+                st["gradients"]["tensors"] > 5 and st["gradients"]["worst_rel_l2"]["rel_l2"] <= 1e-5
+            )
         assert len({round(x["runtime"], 6) for x in losses}) == 3  # three different steps
         for st in m["steps"]:
             mem = st["memory"]
             assert st["finite"] and mem["measured_peak_bytes"] > 0 and mem["predicted_bytes"] > 0
             # the state holds what the policy (the cost models' source) says
-            assert abs(mem["state_bytes"] - sum(mem["policy_state_bytes"].values())) <= 0.01 * mem["state_bytes"]
+            assert (
+                abs(mem["state_bytes"] - sum(mem["policy_state_bytes"].values()))
+                <= 0.01 * mem["state_bytes"]
+            )
     kernel = check["kernel"]
-    assert kernel["selected"]["kernel"] == "sdpa" and all(r["fwd_bwd_s"] > 0 for r in kernel["throughput"])
+    assert kernel["selected"]["kernel"] == "sdpa" and all(
+        r["fwd_bwd_s"] > 0 for r in kernel["throughput"]
+    )
     assert set(check["phases"]) == {"kernel", "smoke", "calibration"}
     assert all("ended_s" in ph for ph in check["phases"].values())
 
@@ -115,9 +148,19 @@ def test_a_failing_point_is_recorded_and_the_rest_measured(monkeypatch: pytest.M
     import time
 
     art = gpu_calibrate.calibrate_model("tiny_llama", "cpu", True, 1, time.time() + 600, "test")
-    assert art["failures"] == [{"tokens_per_rank": 128, "shape": "packed", "error": "ValueError: kernel rejected the shape"}]
+    assert art["failures"] == [
+        {
+            "tokens_per_rank": 128,
+            "shape": "packed",
+            "error": "ValueError: kernel rejected the shape",
+        }
+    ]
     measured = {(p["tokens_per_rank"], p["shape"]) for p in art["layers"]}
-    assert (128, "single") in measured and (256, "packed") in measured and (128, "packed") not in measured
+    assert (
+        (128, "single") in measured
+        and (256, "packed") in measured
+        and (128, "packed") not in measured
+    )
     with pytest.raises(RuntimeError, match="no grid point"):
         gpu_calibrate.calibrate_model("tiny_llama", "cpu", True, 1, time.time() - 1, "test")
 
@@ -141,10 +184,25 @@ def test_a_kill_mid_calibration_keeps_the_finished_points(tmp_path: Path) -> Non
     out = tmp_path / "out"
     out.mkdir()
     path = out / "tiny_llama.json"
-    proc = subprocess.Popen([sys.executable, "-m", "dcp_bench.profiling.gpu_check", "--device", "cpu", "--tiny",
-                             "--phases", "calibration", "--out", str(out)], cwd=REPO_ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dcp_bench.profiling.gpu_check",
+            "--device",
+            "cpu",
+            "--tiny",
+            "--phases",
+            "calibration",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)},
+    )
     try:
         end = time.time() + 300
         points = 0
@@ -163,7 +221,9 @@ def test_a_kill_mid_calibration_keeps_the_finished_points(tmp_path: Path) -> Non
     art = json.loads(path.read_text())  # whole (written atomically) and readable
     assert not art["complete"] and art["pending"]
     measured = {(p["tokens_per_rank"], p["shape"]) for p in art["layers"]}
-    assert len(measured) >= 2 and not measured & {(p["tokens_per_rank"], p["shape"]) for p in art["pending"]}
+    assert len(measured) >= 2 and not measured & {
+        (p["tokens_per_rank"], p["shape"]) for p in art["pending"]
+    }
     assert (out / "check.json").exists() and (out / "summary.md").exists()
     assert "ended_s" not in json.loads((out / "check.json").read_text())["phases"]["calibration"]
 
@@ -183,20 +243,32 @@ def test_the_whole_pipeline_runs_in_tiny_form(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gpu_check: note:" not in proc.stdout, proc.stdout[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == sorted(["check.json", "summary.md", "gpu_check.log", "tiny_llama.json", "tiny_stdit.json",
-                            "stdit_buckets.json", "cpu_constants.yaml", "claim.tar.gz"])
+    assert files == sorted(
+        [
+            "check.json",
+            "summary.md",
+            "gpu_check.log",
+            "tiny_llama.json",
+            "tiny_stdit.json",
+            "stdit_buckets.json",
+            "cpu_constants.yaml",
+            "claim.tar.gz",
+        ]
+    )
     buckets = json.loads((out / "stdit_buckets.json").read_text())
     assert len(buckets["buckets"]) >= 2
     first = buckets["buckets"][0]
     assert first["bucket"] == "144p image"  # the smallest first, then the longest video
     assert buckets["buckets"][1]["bucket"] == "720px408f"
     for b in buckets["buckets"]:
-        for kind, trials in (("no_ckpt", [t for t in b["trials"] if t["ckpt_layers"] == 0]),
-                             ("ckpt", [t for t in b["trials"] if t["ckpt_layers"] > 0])):
+        for kind, trials in (
+            ("no_ckpt", [t for t in b["trials"] if t["ckpt_layers"] == 0]),
+            ("ckpt", [t for t in b["trials"] if t["ckpt_layers"] > 0]),
+        ):
             if kind not in b["chosen"]:
                 continue
             # the reference's search: 1, 2, 4, ... up to the first that does not fit
-            assert [t["bs"] for t in trials] == [2 ** i for i in range(len(trials))]
+            assert [t["bs"] for t in trials] == [2**i for i in range(len(trials))]
             assert all(t["fits"] for t in trials[:-1]) and not trials[-1]["fits"]
     fit = yaml.safe_load((out / "cpu_constants.yaml").read_text())
     assert set(fit["cost_constants"]) == {"gemm_half_flops", "attn_eff_max", "attn_half_len"}

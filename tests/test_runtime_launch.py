@@ -43,8 +43,20 @@ SMALL = [
 
 
 def _run(tmp_path: Path, campaign: str, *overrides: str) -> dict[str, Any]:
-    cfg = resolve_train_config([*SMALL, "nproc=2", "steps=2", "warmup_steps=1", "seed=5", f"root={tmp_path}",
-                                f"campaign={campaign}", "train.pg_timeout_s=60", "timeout_s=240", *overrides])
+    cfg = resolve_train_config(
+        [
+            *SMALL,
+            "nproc=2",
+            "steps=2",
+            "warmup_steps=1",
+            "seed=5",
+            f"root={tmp_path}",
+            f"campaign={campaign}",
+            "train.pg_timeout_s=60",
+            "timeout_s=240",
+            *overrides,
+        ]
+    )
     return dataclasses.asdict(launch_torch_run(parse_run_spec(cfg)))
 
 
@@ -64,17 +76,24 @@ def test_same_seed_gives_bitwise_identical_losses_and_records(tmp_path: Path) ->
     summary = read_summary(tmp_path / "a" / a["run_id"])
     assert summary is not None and summary.executor == "torch" and summary.n_steps == 2
     # The cost model's prediction of the same plans sits beside every measured step.
-    assert all(s.extra["predicted_step_time_s"] > 0 and s.extra["predicted_peak_mem_gib"] > 0 for s in steps)
+    assert all(
+        s.extra["predicted_step_time_s"] > 0 and s.extra["predicted_peak_mem_gib"] > 0
+        for s in steps
+    )
 
 
-def test_crashed_rank_makes_the_run_fail_not_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crashed_rank_makes_the_run_fail_not_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Fault injection (docs/runtime.md): rank 1 raises at step 1; the run is recorded as an error
     with the injected message, and no process of it is left."""
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG, tag)
     t0 = time.monotonic()
     try:
-        out = _run(tmp_path, "crash", "train.fail_rank=1", "train.fail_step=1", "train.pg_timeout_s=30")
+        out = _run(
+            tmp_path, "crash", "train.fail_rank=1", "train.fail_step=1", "train.pg_timeout_s=30"
+        )
         assert not HAS_PROC or tagged(tag) == []
     finally:
         kill_tagged(tag)
@@ -92,19 +111,28 @@ def test_nonfinite_loss_stops_with_status(tmp_path: Path) -> None:
     out = _run(tmp_path, "nan", "lr=1e30", "train.grad_clip=null", "steps=3")
     assert out["status"] == "nonfinite"
     losses = out["extra"]["losses"]
-    assert len(losses) < 4 and any(x is None for x in losses)  # the non-finite loss is recorded as null
+    assert len(losses) < 4 and any(
+        x is None for x in losses
+    )  # the non-finite loss is recorded as null
 
 
 def test_train_keys_mean_what_they_mean_everywhere() -> None:
-    spec = parse_run_spec(resolve_train_config(["workload=wikipedia", "method=dcp", "nproc=2", "steps=7",
-                                                "lr=0.01", "seed=3"]))
-    assert spec.steps == 7 and spec.warmup_steps == 2 and spec.total_steps == 9  # steps = measured steps
+    spec = parse_run_spec(
+        resolve_train_config(
+            ["workload=wikipedia", "method=dcp", "nproc=2", "steps=7", "lr=0.01", "seed=3"]
+        )
+    )
+    assert (
+        spec.steps == 7 and spec.warmup_steps == 2 and spec.total_steps == 9
+    )  # steps = measured steps
     assert spec.world_size == 2 and spec.cluster.name == "cpu@2" and spec.train.lr == 0.01
     assert spec.seed == 3 and spec.executor == "torch" and spec.model.name == "tiny_llama"
 
 
 @pytest.mark.slow  # one torchrun launch
-def test_train_command_reports_the_measured_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_command_reports_the_measured_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["train", *SMALL, "nproc=2", "steps=2", f"root={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "status ok, 2 measured steps, median step" in out and "median step None" not in out
@@ -123,10 +151,12 @@ def test_only_failures_no_rank_raised_are_retried_and_errors_say_more_than_torch
     assert _error_tail(rank_failed) == "RuntimeError: boom"
     assert _retryable("traceback : Signal 9 (SIGKILL) received by PID 123\n")  # died below Python
     # torchrun's own closing lines are not the cause
-    killed = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
-              "Traceback (most recent call last):\n"
-              "    raise ChildFailedError(\n"
-              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    killed = (
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
+        "Traceback (most recent call last):\n"
+        "    raise ChildFailedError(\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    )
     assert _error_tail(killed).startswith("RuntimeError: [../third_party/gloo")
 
 
@@ -136,12 +166,15 @@ def test_a_failed_run_keeps_the_ranks_output(tmp_path: Path) -> None:
     _keep_stderr(run_dir, "\n".join(f"line {i}" for i in range(1000)))
     kept = (run_dir / STDERR_LOG).read_text().splitlines()
     assert len(kept) == STDERR_KEEP_LINES and kept[-1] == "line 999"
-    _keep_stderr(tmp_path / "gone", "x")  # a folder that no longer exists: nothing written, no error
+    _keep_stderr(
+        tmp_path / "gone", "x"
+    )  # a folder that no longer exists: nothing written, no error
     assert not (tmp_path / "gone").exists()
 
 
-def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The first attempt dies the way a signal-killed rank does (torchrun exit 1, no rank's marked
     exception): the run is started once more, fresh, and its record says so."""
     from dcp_bench.run import torch_run
@@ -152,19 +185,29 @@ def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(tmp_
     def first_dies(cmd: list[str], env: dict[str, str], limit_s: float | None) -> Any:
         calls.append(1)
         if len(calls) == 1:
-            return 1, "traceback : Signal 9 (SIGKILL) received by PID 1\n    raise ChildFailedError(\n", []
+            return (
+                1,
+                "traceback : Signal 9 (SIGKILL) received by PID 1\n    raise ChildFailedError(\n",
+                [],
+            )
         return real(cmd, env, limit_s)
 
     monkeypatch.setattr(torch_run, "_run_session", first_dies)
     out = _run(tmp_path, "retry")
     assert len(calls) == 2 and out["status"] == "ok" and out["n_steps"] == 2
-    assert out["extra"]["previous_attempt"].startswith("attempt 1 failed (torchrun exit 1): traceback : Signal 9")
+    assert out["extra"]["previous_attempt"].startswith(
+        "attempt 1 failed (torchrun exit 1): traceback : Signal 9"
+    )
     run_dir = tmp_path / "retry" / out["run_id"]
-    assert "Signal 9" in (run_dir / "stderr.attempt1.log").read_text() and not (run_dir / STDERR_LOG).exists()
+    assert (
+        "Signal 9" in (run_dir / "stderr.attempt1.log").read_text()
+        and not (run_dir / STDERR_LOG).exists()
+    )
 
 
-def test_a_rank_that_aborts_in_the_teardown_leaves_the_finished_record(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_that_aborts_in_the_teardown_leaves_the_finished_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 0 finished and recorded the run; then a rank aborts in the teardown (torchrun exit 1,
     SIGABRT, no rank's exception): the record stands as written, with the ranks' output beside it."""
     from dcp_bench.run import torch_run
@@ -174,11 +217,20 @@ def test_a_rank_that_aborts_in_the_teardown_leaves_the_finished_record(tmp_path:
     def aborts_after(cmd: list[str], env: dict[str, str], limit_s: float | None) -> Any:
         code, _, survivors = real(cmd, env, limit_s)
         assert code == 0
-        return 1, "terminate called without an active exception\ntraceback : Signal 6 (SIGABRT)\n", survivors
+        return (
+            1,
+            "terminate called without an active exception\ntraceback : Signal 6 (SIGABRT)\n",
+            survivors,
+        )
 
     monkeypatch.setattr(torch_run, "_run_session", aborts_after)
     out = _run(tmp_path, "teardown")
     run_dir = tmp_path / "teardown" / out["run_id"]
     summary = read_summary(run_dir)
-    assert out["status"] == "ok" and summary is not None and summary.status == "ok" and summary.n_steps == 2
+    assert (
+        out["status"] == "ok"
+        and summary is not None
+        and summary.status == "ok"
+        and summary.n_steps == 2
+    )
     assert "SIGABRT" in (run_dir / STDERR_LOG).read_text()

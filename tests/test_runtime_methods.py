@@ -27,7 +27,10 @@ from dcp_bench.runtime.models import build_model
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-METHODS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml"))
+METHODS = sorted(
+    p.stem
+    for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml")
+)
 # kind: (model, workload, workload params, mem_cap_fraction of the `cpu` cluster)
 SETUPS: dict[str, tuple[str, str, dict[str, Any], float]] = {
     "text": ("tiny_llama", "wikipedia", dict(length_scale=8, tokens_per_gpu=6144), 0.068),
@@ -69,7 +72,9 @@ def cases() -> list[tuple[str, str, GlobalBatch, StepPlan]]:
     for kind in SETUPS:
         batch = method_batch(kind)
         for method in METHODS:
-            out.append((f"{method}-{kind}", SETUPS[kind][0], batch, method_plan(method, kind, batch)))
+            out.append(
+                (f"{method}-{kind}", SETUPS[kind][0], batch, method_plan(method, kind, batch))
+            )
     return out
 
 
@@ -79,22 +84,28 @@ def results(cases: list[tuple[str, str, GlobalBatch, StepPlan]]) -> list[list[di
     return run_cases([*cases, *sharded])
 
 
-def test_method_plans_are_valid_and_differ(cases: list[tuple[str, str, GlobalBatch, StepPlan]]) -> None:
+def test_method_plans_are_valid_and_differ(
+    cases: list[tuple[str, str, GlobalBatch, StepPlan]],
+) -> None:
     shapes = set()
     for _, model_name, batch, plan in cases:
         validate_plan(plan, batch, num_layers=model_spec(model_name).num_layers)
         assert plan.mode == "fair"
-        shapes.add((
-            tuple(sorted({g.size for r in plan.rounds for g in r.groups if g.micro_batches})),
-            tuple(sorted({mb.ckpt_layers for _, _, mb in plan.micro_batches()})),
-            len(plan.rounds),
-        ))
+        shapes.add(
+            (
+                tuple(sorted({g.size for r in plan.rounds for g in r.groups if g.micro_batches})),
+                tuple(sorted({mb.ckpt_layers for _, _, mb in plan.micro_batches()})),
+                len(plan.rounds),
+            )
+        )
     assert len(shapes) >= 4  # the check covers different plan shapes, not one plan nine times
 
 
 @pytest.mark.parametrize("index", range(len(LABELS)), ids=LABELS)
 def test_method_matches_single_process(
-    cases: list[tuple[str, str, GlobalBatch, StepPlan]], results: list[list[dict[str, Any]]], index: int
+    cases: list[tuple[str, str, GlobalBatch, StepPlan]],
+    results: list[list[dict[str, Any]]],
+    index: int,
 ) -> None:
     label, model_name, batch, _ = cases[index]
     ref_loss, ref_grads = reference(model_name, batch, "method-" + label.rsplit("-", 1)[1])
@@ -106,7 +117,9 @@ def test_method_matches_single_process(
 
 @pytest.mark.parametrize("index", range(len(SHARDED_LABELS)), ids=SHARDED_LABELS)
 def test_sharded_method_matches_single_process(
-    cases: list[tuple[str, str, GlobalBatch, StepPlan]], results: list[list[dict[str, Any]]], index: int
+    cases: list[tuple[str, str, GlobalBatch, StepPlan]],
+    results: list[list[dict[str, Any]]],
+    index: int,
 ) -> None:
     label, model_name, batch, _ = cases[index % len(cases)]
     ref_loss, ref_grads = reference(model_name, batch, "method-" + label.rsplit("-", 1)[1])
@@ -116,7 +129,9 @@ def test_sharded_method_matches_single_process(
         assert rel_l2(got["grads"], ref_grads) <= 1e-5
 
 
-def _curve_worker(rank: int, port: int, out_dir: str, plans: dict[str, list[StepPlan]], batches: list[GlobalBatch]) -> None:
+def _curve_worker(
+    rank: int, port: int, out_dir: str, plans: dict[str, list[StepPlan]], batches: list[GlobalBatch]
+) -> None:
     import torch.distributed as dist
 
     from dcp_bench.runtime.executor import execute_step
@@ -133,7 +148,8 @@ def _curve_worker(rank: int, port: int, out_dir: str, plans: dict[str, list[Step
             model = build_model(model_spec("tiny_llama"), seed=SEED)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
             curves[method] = [
-                execute_step(plan, batch, model, opt, pool, seed=SEED).loss for plan, batch in zip(method_plans, batches)
+                execute_step(plan, batch, model, opt, pool, seed=SEED).loss
+                for plan, batch in zip(method_plans, batches)
             ]
         torch.save(curves, Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -144,7 +160,9 @@ def _curve_worker(rank: int, port: int, out_dir: str, plans: dict[str, list[Step
 def test_loss_curves_equal_single_process_training(tmp_path: Path) -> None:
     batches = [method_batch("text", step, **CURVE_PARAMS) for step in range(CURVE_STEPS)]
     plans = {m: [method_plan(m, "text", b) for b in batches] for m in METHODS}
-    mp.spawn(_curve_worker, args=(_free_port(), str(tmp_path), plans, batches), nprocs=WORLD, join=True)
+    mp.spawn(
+        _curve_worker, args=(_free_port(), str(tmp_path), plans, batches), nprocs=WORLD, join=True
+    )
     curves = torch.load(tmp_path / "rank0.pt")
     model = build_model(model_spec("tiny_llama"), seed=SEED)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)

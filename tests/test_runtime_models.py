@@ -32,7 +32,12 @@ from dcp_bench.runtime.models import LlamaModel, STDiTModel, build_model, param_
 
 def flat_grads(model: torch.nn.Module) -> torch.Tensor:
     """All gradients in parameter order (zeros for a parameter without one)."""
-    return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in model.parameters()])
+    return torch.cat(
+        [
+            (torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1)
+            for p in model.parameters()
+        ]
+    )
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_stdit"])
@@ -69,7 +74,9 @@ def test_varlen_attention_matches_per_sequence_reference() -> None:
             qs, ks, vs = q[start : start + n], k[start : start + n], v[start : start + n]
             scores = torch.einsum("ihd,jhd->hij", qs, ks) / math.sqrt(D)
             if causal:
-                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+                scores = scores.masked_fill(
+                    torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")
+                )
             ref = torch.einsum("hij,jhd->ihd", F.softmax(scores, dim=-1), vs)
             torch.testing.assert_close(out[start : start + n], ref, rtol=1e-5, atol=1e-6)
             assert torch.all(out[start + n : start + seg] == 0)
@@ -96,7 +103,9 @@ def test_sharded_inputs_partition_the_padded_sample() -> None:
     model = build_model(model_spec("tiny_llama"))
     full = model.make_inputs(np.array([4]), np.array([13]), np.ones(1), SINGLE, seed=1)
     parts = [
-        model.make_inputs(np.array([4]), np.array([13]), np.ones(1), SPContext(4, r, group=object()), seed=1)
+        model.make_inputs(
+            np.array([4]), np.array([13]), np.ones(1), SPContext(4, r, group=object()), seed=1
+        )
         for r in range(4)
     ]
     ids = torch.cat([p.input_ids for p in parts])[:13]
@@ -111,7 +120,13 @@ def test_checkpointing_leaves_loss_and_grads_unchanged(name: str) -> None:
     out = []
     for ckpt in (0, spec.num_layers):
         model = build_model(spec, seed=1)
-        inputs = model.make_inputs(np.array([1, 2]), np.array([24, 12]), np.array([4, 2]) if spec.arch == "stdit" else np.ones(2), SINGLE, seed=0)
+        inputs = model.make_inputs(
+            np.array([1, 2]),
+            np.array([24, 12]),
+            np.array([4, 2]) if spec.arch == "stdit" else np.ones(2),
+            SINGLE,
+            seed=0,
+        )
         loss = model.loss_sum(inputs, SINGLE, ckpt)
         loss.backward()
         out.append((loss.detach(), flat_grads(model)))
@@ -124,7 +139,9 @@ def test_checkpointing_leaves_loss_and_grads_unchanged(name: str) -> None:
 # chunked LM loss, the meta-device build.
 
 
-def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def _explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> torch.Tensor:
     """Softmax attention written out, (n, H, D) inputs, k/v repeated to H heads by hand."""
     rep = q.shape[1] // k.shape[1]
     k = torch.stack([k[:, i // rep] for i in range(q.shape[1])], dim=1)
@@ -151,7 +168,9 @@ def test_gqa_varlen_attention_matches_per_sequence_reference(fused_only: bool) -
         start = 0
         for seg, n in zip(lens, valid):
             sl = slice(start, start + n)
-            torch.testing.assert_close(out[sl], _explicit_attention(q[sl], k[sl], v[sl], causal), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                out[sl], _explicit_attention(q[sl], k[sl], v[sl], causal), rtol=1e-5, atol=1e-5
+            )
             assert torch.all(out[start + n : start + seg] == 0)
             start += seg
 
@@ -231,7 +250,10 @@ def test_chunked_lm_loss_equals_the_full_logits_loss(chunk: int) -> None:
     torch.testing.assert_close(got[0], ref.detach(), rtol=1e-6, atol=0)
     # equal up to the order of the fp32 sums over chunks
     for mine, theirs in ((got[1], h.grad), (got[2], w.grad)):
-        assert float(torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs)) <= 1e-6
+        assert (
+            float(torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs))
+            <= 1e-6
+        )
 
 
 def test_llama_loss_is_chunked_and_equals_the_unchunked_model() -> None:
@@ -246,7 +268,10 @@ def test_llama_loss_is_chunked_and_equals_the_unchunked_model() -> None:
         loss.backward()
         out.append((loss.detach(), flat_grads(model)))
     torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-6, atol=0)
-    assert float(torch.linalg.vector_norm(out[0][1] - out[1][1]) / torch.linalg.vector_norm(out[0][1])) <= 1e-6
+    assert (
+        float(torch.linalg.vector_norm(out[0][1] - out[1][1]) / torch.linalg.vector_norm(out[0][1]))
+        <= 1e-6
+    )
 
 
 def test_models_built_on_meta_then_initialised_are_deterministic() -> None:
@@ -265,7 +290,9 @@ def test_models_built_on_meta_then_initialised_are_deterministic() -> None:
     # Initial values follow the rules: normal(0, 0.02) weights, zero biases, unit norm weights.
     w = dict(a.named_parameters())
     assert abs(float(w["pairs.0.spatial.qkv.weight"].detach().std()) - 0.02) < 0.002
-    assert torch.all(w["pairs.0.spatial.qkv.bias"] == 0) and torch.all(w["pairs.0.spatial.q_norm.weight"] == 1)
+    assert torch.all(w["pairs.0.spatial.qkv.bias"] == 0) and torch.all(
+        w["pairs.0.spatial.q_norm.weight"] == 1
+    )
     meta = build_model(spec, device="meta")
     assert all(p.device.type == "meta" for p in meta.parameters())
 
@@ -283,10 +310,16 @@ def test_ulysses_kv_bytes_match_the_cost_model() -> None:
                 continue
             kv = kv_heads_for_sp(spec.heads, spec.kv_heads, sp)
             tokens = 1000
-            runtime_bytes = tokens * spec.head_dim * spec.dtype_bytes * ((spec.heads + 2 * kv) + spec.heads)
+            runtime_bytes = (
+                tokens * spec.head_dim * spec.dtype_bytes * ((spec.heads + 2 * kv) + spec.heads)
+            )
             predicted = float(cost.a2a_bytes_per_layer(np.array([tokens]), np.array([sp]))[0])
             assert runtime_bytes == predicted, (name, sp)
-    assert kv_heads_for_sp(32, 8, 4) == 8 and kv_heads_for_sp(32, 8, 16) == 16 and kv_heads_for_sp(8, 4, 8) == 8
+    assert (
+        kv_heads_for_sp(32, 8, 4) == 8
+        and kv_heads_for_sp(32, 8, 16) == 16
+        and kv_heads_for_sp(8, 4, 8) == 8
+    )
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_stdit"])
@@ -301,6 +334,8 @@ def test_models_train_in_bf16(name: str) -> None:
         inputs = model.make_inputs(np.array([4, 5]), np.array([27, 14]), frames, SINGLE, seed=0)
         loss = model.loss_sum(inputs, SINGLE, 1)
         loss.backward()
-        assert loss.dtype == torch.float32 and all(p.grad is not None and p.grad.dtype == dtype for p in model.parameters())
+        assert loss.dtype == torch.float32 and all(
+            p.grad is not None and p.grad.dtype == dtype for p in model.parameters()
+        )
         losses.append(float(loss))
     assert abs(losses[1] - losses[0]) <= 2e-2 * abs(losses[0])

@@ -70,8 +70,15 @@ LR = 1e-3
 
 def _curve_batches() -> list[GlobalBatch]:
     rng = np.random.default_rng(3)
-    return [GlobalBatch(step=s, sample_ids=np.arange(10 * s, 10 * s + 6), tokens=rng.integers(8, 120, 6),
-                        frames=np.ones(6, dtype=np.int64)) for s in range(CURVE_STEPS)]
+    return [
+        GlobalBatch(
+            step=s,
+            sample_ids=np.arange(10 * s, 10 * s + 6),
+            tokens=rng.integers(8, 120, 6),
+            frames=np.ones(6, dtype=np.int64),
+        )
+        for s in range(CURVE_STEPS)
+    ]
 
 
 def _curve_plan() -> StepPlan:
@@ -93,15 +100,31 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         pool = ProcessGroupPool(timeout_s=120)
         out: dict[str, Any] = {"grads": [], "curves": {}, "bytes": {}}
         for _, model_name, batch, plan, stage in CASES:
-            state = build_training_state(_spec(model_name), SEED, torch.device("cpu"), LR, zero_stage=stage)
+            state = build_training_state(
+                _spec(model_name), SEED, torch.device("cpu"), LR, zero_stage=stage
+            )
             res = execute_step(plan, batch, state, None, pool, seed=SEED, update=False)
-            out["grads"].append({"loss": res.loss, "grads": state.gradients(), "grad_norm": res.grad_norm,
-                                 "empty": res.extra.get("empty_passes", 0.0)})
+            out["grads"].append(
+                {
+                    "loss": res.loss,
+                    "grads": state.gradients(),
+                    "grad_norm": res.grad_norm,
+                    "empty": res.extra.get("empty_passes", 0.0),
+                }
+            )
         out["bf16"] = {}
         for stage in BF16_STAGES:
-            state = build_training_state(model_spec("tiny_llama"), SEED, torch.device("cpu"), LR, zero_stage=stage,
-                                         compute=torch.bfloat16)
-            res = execute_step(text_plans(2)["inter_unequal"], TEXT, state, None, pool, seed=SEED, update=False)
+            state = build_training_state(
+                model_spec("tiny_llama"),
+                SEED,
+                torch.device("cpu"),
+                LR,
+                zero_stage=stage,
+                compute=torch.bfloat16,
+            )
+            res = execute_step(
+                text_plans(2)["inter_unequal"], TEXT, state, None, pool, seed=SEED, update=False
+            )
             grads = state.gradients()
             # one update, then the bf16 parameters must be the rounding of the fp32 master weights
             execute_step(text_plans(2)["inter_unequal"], TEXT, state, None, pool, seed=SEED)
@@ -114,11 +137,18 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                     full = state.master.detach()  # type: ignore[attr-defined]
                 params = torch.cat([p.detach().reshape(-1) for p in state.model.parameters()])
                 rounded = torch.equal(params, full[: params.numel()].to(torch.bfloat16))
-            out["bf16"][stage] = {"loss": res.loss, "grads": grads, "describe": state.describe(), "rounded": rounded,
-                                  "dtypes": sorted({str(p.dtype) for p in state.model.parameters()})}
+            out["bf16"][stage] = {
+                "loss": res.loss,
+                "grads": grads,
+                "describe": state.describe(),
+                "rounded": rounded,
+                "dtypes": sorted({str(p.dtype) for p in state.model.parameters()}),
+            }
         plan = _curve_plan()
         for stage in CURVE_STAGES:
-            state = build_training_state(model_spec("tiny_llama"), SEED, torch.device("cpu"), LR, zero_stage=stage)
+            state = build_training_state(
+                model_spec("tiny_llama"), SEED, torch.device("cpu"), LR, zero_stage=stage
+            )
             losses = []
             for batch in _curve_batches():
                 losses.append(execute_step(_six(plan), batch, state, None, pool, seed=SEED).loss)
@@ -141,9 +171,17 @@ def _six(plan: StepPlan) -> StepPlan:
     for rnd in plan.rounds:
         groups = []
         for g in rnd.groups:
-            mbs = [MicroBatch(samples=tuple(s for s in mb.samples if s != 6), ckpt_layers=mb.ckpt_layers, split=mb.split)
-                   for mb in g.micro_batches]
-            groups.append(Group(start=g.start, size=g.size, micro_batches=[mb for mb in mbs if mb.samples]))
+            mbs = [
+                MicroBatch(
+                    samples=tuple(s for s in mb.samples if s != 6),
+                    ckpt_layers=mb.ckpt_layers,
+                    split=mb.split,
+                )
+                for mb in g.micro_batches
+            ]
+            groups.append(
+                Group(start=g.start, size=g.size, micro_batches=[mb for mb in mbs if mb.samples])
+            )
         rounds.append(Round(groups=groups))
     return StepPlan(world_size=plan.world_size, rounds=rounds, mode=plan.mode)
 
@@ -173,7 +211,9 @@ def test_sharded_gradients_equal_single_process(sharded: list[dict[str, Any]], i
         assert abs(got["grad_norm"] - ref_norm) <= 1e-6 * ref_norm
 
 
-def test_lockstep_stages_ran_empty_passes_where_ranks_had_fewer(sharded: list[dict[str, Any]]) -> None:
+def test_lockstep_stages_ran_empty_passes_where_ranks_had_fewer(
+    sharded: list[dict[str, Any]],
+) -> None:
     # Guards the scenarios: FSDP padded some rank of the unequal plan, the flat stages never pad.
     for index, (_, _, batch, plan, stage) in enumerate(CASES):
         counts = round_pass_counts(plan, batch)
@@ -186,15 +226,26 @@ def test_round_pass_counts_follow_the_plan() -> None:
     # inter_unequal: one round; rank 0-1 run one SP-2 micro-batch, rank 2 two, rank 3 two.
     assert round_pass_counts(text_plans(0)["inter_unequal"], TEXT) == [[1, 1, 2, 2]]
     # multi_round: every rank once in rounds 0 and 1, only rank 3 in round 2.
-    assert round_pass_counts(text_plans(0)["multi_round"], TEXT) == [[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1]]
+    assert round_pass_counts(text_plans(0)["multi_round"], TEXT) == [
+        [1, 1, 1, 1],
+        [1, 1, 1, 1],
+        [0, 0, 0, 1],
+    ]
     # two whole samples dealt to a group of 4: two ranks get one each, two get none.
     assert round_pass_counts(plan_of([[(0, 4, [mb(0, 1, split="batch")])]]), TEXT) == [[1, 1, 0, 0]]
 
 
 @pytest.mark.parametrize("stage", BF16_STAGES)
-def test_mixed_precision_keeps_fp32_master_and_reduction(sharded: list[dict[str, Any]], stage: int) -> None:
+def test_mixed_precision_keeps_fp32_master_and_reduction(
+    sharded: list[dict[str, Any]], stage: int
+) -> None:
     got = sharded[0]["bf16"][stage]
-    assert got["describe"]["precision"] == {"compute": "bf16", "master": "fp32", "grad": "fp32", "optimizer_state": "fp32"}
+    assert got["describe"]["precision"] == {
+        "compute": "bf16",
+        "master": "fp32",
+        "grad": "fp32",
+        "optimizer_state": "fp32",
+    }
     ref_loss, ref_grads = reference("tiny_llama", TEXT, "text")
     assert abs(got["loss"] - ref_loss) <= BF16_TOL * abs(ref_loss)
     assert rel_l2(got["grads"], ref_grads) <= BF16_TOL
@@ -234,4 +285,8 @@ def test_state_bytes_equal_the_policy_the_cost_models_read(sharded: list[dict[st
         held = sharded[0]["bytes"][stage]
         # Equal up to the padding of the flat shards (< WORLD elements per buffer) or FSDP's
         # uneven dim-0 chunks.
-        assert abs(held - sum(predicted.values())) <= 0.01 * sum(predicted.values()), (stage, held, predicted)
+        assert abs(held - sum(predicted.values())) <= 0.01 * sum(predicted.values()), (
+            stage,
+            held,
+            predicted,
+        )

@@ -60,4 +60,7 @@ def test_committed_reproduce_run_ids_are_unchanged(section: str) -> None:
     listed = set(committed.loc[committed["sweep"] == section, "run_id"])
     assert listed and listed <= ids
     if section == "sensitivity":
-        assert any("elementwise" in json.loads(s) for s in committed.loc[committed["run_id"].isin(ids), "scales"])
+        assert any(
+            "elementwise" in json.loads(s)
+            for s in committed.loc[committed["run_id"].isin(ids), "scales"]
+        )

@@ -40,7 +40,10 @@ class LinearCost(CostModel):
         t = float(np.sum(tokens)) * SEC_PER_TOKEN / sp
         comm = t / 2 if sp > 1 else 0.0
         return MicroBatchCost(
-            fwd_s=t - comm, bwd_s=0.0, recompute_s=0.0, comm_s=comm,
+            fwd_s=t - comm,
+            bwd_s=0.0,
+            recompute_s=0.0,
+            comm_s=comm,
             mem_bytes=self.static_memory_bytes() + float(np.sum(tokens)) * BYTES_PER_TOKEN / sp,
             model_flops=float(np.sum(tokens)) * 1e9,
         )
@@ -61,13 +64,18 @@ class LinearCost(CostModel):
 def linear_cost(world: int, gpus_per_node: int = 8) -> LinearCost:
     base = cluster_spec("h200x8")
     cluster = dataclasses.replace(
-        base, name=f"test{world}", num_nodes=max(1, world // gpus_per_node), gpus_per_node=min(world, gpus_per_node)
+        base,
+        name=f"test{world}",
+        num_nodes=max(1, world // gpus_per_node),
+        gpus_per_node=min(world, gpus_per_node),
     )
     return LinearCost(model=model_spec("tiny_llama"), cluster=cluster)
 
 
 def one_round(world, groups):
-    return StepPlan(world, [Round([Group(s, z, [MicroBatch(tuple(m)) for m in mbs]) for s, z, mbs in groups])])
+    return StepPlan(
+        world, [Round([Group(s, z, [MicroBatch(tuple(m)) for m in mbs]) for s, z, mbs in groups])]
+    )
 
 
 def test_one_group_closed_form():
@@ -75,7 +83,9 @@ def test_one_group_closed_form():
     batch = GlobalBatch.from_lengths([1000, 3000])
     res = simulate_step(one_round(1, [(0, 1, [[0], [1]])]), batch, cost)
     assert res.step_time_s == pytest.approx(4.0 + 0.5)
-    assert res.busy_s.tolist() == pytest.approx([4.5]) and res.idle_s.tolist() == pytest.approx([0.0])
+    assert res.busy_s.tolist() == pytest.approx([4.5]) and res.idle_s.tolist() == pytest.approx(
+        [0.0]
+    )
     assert res.imbalance == pytest.approx(0.0)
     assert res.mfu == pytest.approx(4000 * 1e9 / (4.5 * 1 * cost.cluster.gpu.peak_flops))
     assert res.peak_mem_bytes.tolist() == pytest.approx([1e9 + 3000 * 1e6])
@@ -98,10 +108,15 @@ def test_unequal_groups_idle_and_comm_share():
 def test_ranks_flow_into_the_next_round_unless_barriered():
     cost = linear_cost(4)
     batch = GlobalBatch.from_lengths([1000, 3000, 2000, 2000])
-    plan = StepPlan(4, [
-        Round([Group(0, 2, [MicroBatch((0,))]), Group(2, 2, [MicroBatch((1,))])]),  # 0.5 s and 1.5 s
-        Round([Group(0, 2, [MicroBatch((2,))]), Group(2, 2, [MicroBatch((3,))])]),  # 1 s each
-    ])
+    plan = StepPlan(
+        4,
+        [
+            Round(
+                [Group(0, 2, [MicroBatch((0,))]), Group(2, 2, [MicroBatch((1,))])]
+            ),  # 0.5 s and 1.5 s
+            Round([Group(0, 2, [MicroBatch((2,))]), Group(2, 2, [MicroBatch((3,))])]),  # 1 s each
+        ],
+    )
     flow = simulate_step(plan, batch, cost)
     barrier = simulate_step(plan, batch, cost, round_barrier=True)
     assert flow.compute_end_s == pytest.approx(2.5)  # ranks 2-3: 1.5 + 1
@@ -111,10 +126,14 @@ def test_ranks_flow_into_the_next_round_unless_barriered():
     assert simulate_step(plan, batch, cost).compute_end_s == pytest.approx(1.5 + 1.0)
     plan.rounds[1] = Round([Group(0, 2, [MicroBatch((2, 3))])])  # ranks 0-1 only: 2 s
     assert simulate_step(plan, batch, cost).compute_end_s == pytest.approx(0.5 + 2.0)
-    assert simulate_step(plan, batch, cost, round_barrier=True).compute_end_s == pytest.approx(1.5 + 2.0)
+    assert simulate_step(plan, batch, cost, round_barrier=True).compute_end_s == pytest.approx(
+        1.5 + 2.0
+    )
 
 
-def reference_timeline(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> tuple[float, list[float]]:
+def reference_timeline(
+    plan: StepPlan, batch: GlobalBatch, cost: CostModel
+) -> tuple[float, list[float]]:
     """Brute force: walk the rounds, one micro-batch cost call at a time."""
     free = [0.0] * plan.world_size
     busy = [0.0] * plan.world_size
@@ -123,7 +142,9 @@ def reference_timeline(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> t
             d = 0.0
             for mb in g.micro_batches:
                 sel = list(mb.samples)
-                d += cost.microbatch_cost(batch.tokens[sel], batch.frames[sel], g.size, mb.ckpt_layers, mb.split).total_s
+                d += cost.microbatch_cost(
+                    batch.tokens[sel], batch.frames[sel], g.size, mb.ckpt_layers, mb.split
+                ).total_s
             start = max(free[r] for r in g.ranks)
             for r in g.ranks:
                 free[r] = start + d
@@ -138,7 +159,11 @@ def random_plans(draw, world=8):
     n = draw(st.integers(1, 40))
     longest = 60000 if model == "llama3_8b" else 3600  # STDiT: patches per frame, up to 720p
     spatial = draw(st.lists(st.integers(16, longest), min_size=n, max_size=n))
-    frames = draw(st.lists(st.sampled_from([1, 2, 4, 15, 30]), min_size=n, max_size=n)) if model == "stdit3_xl2" else [1] * n
+    frames = (
+        draw(st.lists(st.sampled_from([1, 2, 4, 15, 30]), min_size=n, max_size=n))
+        if model == "stdit3_xl2"
+        else [1] * n
+    )
     batch = GlobalBatch.from_lengths(np.asarray(spatial) * np.asarray(frames), frames=frames)
     order = draw(st.permutations(list(range(n))))
     rounds: list[Round] = []
@@ -146,9 +171,14 @@ def random_plans(draw, world=8):
     while i < n:
         groups, rank = [], 0
         while rank < world and i < n:
-            size = draw(st.sampled_from([s for s in (1, 2, 4, 8) if rank % s == 0 and rank + s <= world]))
+            size = draw(
+                st.sampled_from([s for s in (1, 2, 4, 8) if rank % s == 0 and rank + s <= world])
+            )
             take = draw(st.integers(1, min(3, n - i)))
-            mbs = [MicroBatch((p,), draw(st.sampled_from([0, layers // 2, layers]))) for p in order[i : i + take]]
+            mbs = [
+                MicroBatch((p,), draw(st.sampled_from([0, layers // 2, layers])))
+                for p in order[i : i + take]
+            ]
             groups.append(Group(rank, size, mbs))
             i += take
             rank += size
@@ -220,7 +250,9 @@ def test_more_gpus_never_raise_the_compute_bound(tokens, model):
 def test_oom_flag_uses_usable_memory_not_the_cap():
     cost = linear_cost(1)
     usable = cost.cluster.gpu.usable_mem_bytes
-    over_cap = int((cost.memory_cap_bytes - 1e9) / BYTES_PER_TOKEN) + 10  # over the cap, under usable
+    over_cap = (
+        int((cost.memory_cap_bytes - 1e9) / BYTES_PER_TOKEN) + 10
+    )  # over the cap, under usable
     res = simulate_step(one_round(1, [(0, 1, [[0]])]), GlobalBatch.from_lengths([over_cap]), cost)
     assert not res.oom and res.peak_mem_bytes[0] > cost.memory_cap_bytes
     over = int((usable - 1e9) / BYTES_PER_TOKEN) + 10
@@ -238,7 +270,12 @@ def test_noise_is_seeded_and_slows_down():
     assert a.step_time_s == b.step_time_s != c.step_time_s
     none = simulate_step(plan, batch, cost, noise=NoiseModel(seed=1, jitter_sigma=0.0))
     assert none.step_time_s == pytest.approx(clean.step_time_s)
-    slow = simulate_step(plan, batch, cost, noise=NoiseModel(seed=1, jitter_sigma=0.0, straggler_prob=1.0, straggler_slowdown=2.0))
+    slow = simulate_step(
+        plan,
+        batch,
+        cost,
+        noise=NoiseModel(seed=1, jitter_sigma=0.0, straggler_prob=1.0, straggler_slowdown=2.0),
+    )
     assert slow.compute_end_s == pytest.approx(2 * clean.compute_end_s)
     with pytest.raises(ValueError):
         NoiseModel(straggler_slowdown=0.5)
@@ -255,8 +292,12 @@ def test_batch_split_and_world_mismatch():
     res = simulate_step(plan, batch, cost)
     one = cost.microbatch_cost(np.array([256]), np.array([1]), 1, 0)
     assert res.compute_end_s == pytest.approx(one.total_s)
-    assert res.comm_share == pytest.approx(8 * cost.step_sync_breakdown()["grad_sync_s"] / res.busy_s.sum())
-    with pytest.raises(ClusterError, match="plan for 8 ranks cannot run on cluster 'h200x32' of 32"):
+    assert res.comm_share == pytest.approx(
+        8 * cost.step_sync_breakdown()["grad_sync_s"] / res.busy_s.sum()
+    )
+    with pytest.raises(
+        ClusterError, match="plan for 8 ranks cannot run on cluster 'h200x32' of 32"
+    ):
         simulate_step(plan, batch, make_cost_model("stdit3_xl2", "h200x32"))
 
 
@@ -268,14 +309,25 @@ def test_simulator_runs_the_profiled_source(tmp_path):
     from dcp_bench.cost.profile_artifact import dumps_artifact
 
     path = tmp_path / "tiny_llama.json"
-    path.write_text(dumps_artifact(synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4)))
+    path.write_text(
+        dumps_artifact(synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4))
+    )
     cost = make_cost_model("tiny_llama", cpu_cluster(4), source="auto", profile=path)
     assert cost.source == "profiled"
     batch = GlobalBatch.from_lengths([300, 900, 2000, 64, 128, 512])
-    plan = StepPlan(4, [
-        Round([Group(0, 2, [MicroBatch((0, 1)), MicroBatch((2,), 4)]), Group(2, 1, [MicroBatch((3,))]), Group(3, 1, [MicroBatch((4,))])]),
-        Round([Group(0, 4, [MicroBatch((5,))])]),
-    ])
+    plan = StepPlan(
+        4,
+        [
+            Round(
+                [
+                    Group(0, 2, [MicroBatch((0, 1)), MicroBatch((2,), 4)]),
+                    Group(2, 1, [MicroBatch((3,))]),
+                    Group(3, 1, [MicroBatch((4,))]),
+                ]
+            ),
+            Round([Group(0, 4, [MicroBatch((5,))])]),
+        ],
+    )
     res = simulate_step(plan, batch, cost)
     end, busy = reference_timeline(plan, batch, cost)
     assert res.step_time_s == pytest.approx(end + cost.step_sync_time())
@@ -317,7 +369,9 @@ def fastest_microbatch(cost: CostModel, batch: GlobalBatch, members: tuple[int, 
     return best
 
 
-def optimal_makespan(tasks: list[tuple[float, int]], world: int) -> tuple[float, list[tuple[int, int]]]:
+def optimal_makespan(
+    tasks: list[tuple[float, int]], world: int
+) -> tuple[float, list[tuple[int, int]]]:
     """Exhaustive: every order of the tasks and every aligned block for each; a task starts when
     every rank of its block is free (the simulator's timeline with one group per round).
     Returns the least makespan and its (task, block start) sequence."""
@@ -370,7 +424,8 @@ def brute_force_optimum(batch: GlobalBatch, cost: CostModel) -> tuple[float, Ste
             end, seq = optimal_makespan(tasks, W)
             if end < best[0]:
                 rounds = [
-                    Round([Group(blk, choice[t][0], [MicroBatch(blocks[t], choice[t][2])])]) for t, blk in seq
+                    Round([Group(blk, choice[t][0], [MicroBatch(blocks[t], choice[t][2])])])
+                    for t, blk in seq
                 ]
                 best = (end, StepPlan(W, rounds))
     assert best[1] is not None, "no feasible plan"
@@ -386,7 +441,11 @@ def packed_share_bound(batch: GlobalBatch, cost: CostModel) -> float:
     for sp in cost.cluster.sp_degrees():
         for i in range(batch.n):
             t, f = batch.tokens[i : i + 1], batch.frames[i : i + 1]
-            ks = [k for k in range(cost.model.num_layers + 1) if cost.sample_memory(t, f, sp, k)[0] <= budget]
+            ks = [
+                k
+                for k in range(cost.model.num_layers + 1)
+                if cost.sample_memory(t, f, sp, k)[0] <= budget
+            ]
             if ks:
                 share = float(cost.sample_time_packed(t, f, sp, ks[0])[0])
                 gpu[i] = min(gpu[i], sp * share)
@@ -418,10 +477,18 @@ class CapacityToyCost(CostModel):
         return self.over * (2.0 if sp > 1 else 1.0)
 
     def microbatch_cost(self, tokens, frames, sp, ckpt_layers, split="sequence"):
-        t = float(self._work(tokens, sp, ckpt_layers).sum()) + self.microbatch_overhead(sp, ckpt_layers)
+        t = float(self._work(tokens, sp, ckpt_layers).sum()) + self.microbatch_overhead(
+            sp, ckpt_layers
+        )
         mem = float(self.sample_memory(tokens, frames, sp, ckpt_layers).sum())
-        return MicroBatchCost(fwd_s=t, bwd_s=0.0, recompute_s=0.0, comm_s=0.0,
-                              mem_bytes=self.static_b + mem, model_flops=float(np.sum(tokens)) * 1e9)
+        return MicroBatchCost(
+            fwd_s=t,
+            bwd_s=0.0,
+            recompute_s=0.0,
+            comm_s=0.0,
+            mem_bytes=self.static_b + mem,
+            model_flops=float(np.sum(tokens)) * 1e9,
+        )
 
     def sample_time(self, tokens, frames, sp, ckpt_layers):
         return self._work(tokens, sp, ckpt_layers) + self.microbatch_overhead(sp, ckpt_layers)
@@ -504,7 +571,9 @@ def test_capacity_bound_below_the_optimum_of_real_specs(model, lengths, frames):
     old = packed_share_bound(batch, cost)
     assert old <= bound * (1 + 1e-12)
     assert bound <= opt * (1 + 1e-12)
-    print(f"{model} {lengths}: optimum / bound {opt / bound:.4f}, optimum / packed-share bound {opt / old:.4f}")
+    print(
+        f"{model} {lengths}: optimum / bound {opt / bound:.4f}, optimum / packed-share bound {opt / old:.4f}"
+    )
 
 
 @settings(max_examples=25, deadline=None)
@@ -527,12 +596,18 @@ def test_analytical_overhead_is_what_a_micro_batch_adds_to_its_shares():
         cost = make_cost_model(model, "h200x32")
         for _ in range(40):
             n = int(rng.integers(1, 12))
-            fr = np.ones(n, dtype=np.int64) if model == "llama3_8b" else rng.choice([1, 4, 15, 51], n)
+            fr = (
+                np.ones(n, dtype=np.int64)
+                if model == "llama3_8b"
+                else rng.choice([1, 4, 15, 51], n)
+            )
             tok = fr * rng.integers(16, 4000, n)
             sp = int(rng.choice([1, 2, 4, 8, 16, 32]))
             k = int(rng.integers(0, cost.model.num_layers + 1))
             total = cost.microbatch_cost(tok, fr, sp, k).total_s
-            parts = float(cost.sample_time_packed(tok, fr, sp, k).sum()) + cost.microbatch_overhead(sp, k)
+            parts = float(cost.sample_time_packed(tok, fr, sp, k).sum()) + cost.microbatch_overhead(
+                sp, k
+            )
             if model == "llama3_8b":
                 assert total == pytest.approx(parts, rel=1e-9)
             else:
@@ -555,7 +630,9 @@ def test_capacity_bound_below_the_optimum_of_random_small_batches(model, world, 
         tokens = data.draw(st.lists(st.integers(256, 65_536), min_size=n, max_size=n))
     else:
         frames = data.draw(st.lists(st.sampled_from([1, 2, 8, 15, 30, 51]), min_size=n, max_size=n))
-        spatial = data.draw(st.lists(st.sampled_from([256, 900, 1200, 3600]), min_size=n, max_size=n))
+        spatial = data.draw(
+            st.lists(st.sampled_from([256, 900, 1200, 3600]), min_size=n, max_size=n)
+        )
         tokens = [f * s for f, s in zip(frames, spatial)]
     batch = GlobalBatch.from_lengths(tokens, frames=frames)
     try:
@@ -575,7 +652,9 @@ def test_sample_bounds_are_the_least_over_every_setting(model):
     cost = make_cost_model(model, "h200x16")
     rng = np.random.default_rng(11)
     frames = np.ones(30, dtype=np.int64) if model == "llama3_8b" else rng.choice([1, 8, 30, 51], 30)
-    tokens = frames * (rng.integers(64, 200_000, 30) if model == "llama3_8b" else rng.choice([256, 900, 3600], 30))
+    tokens = frames * (
+        rng.integers(64, 200_000, 30) if model == "llama3_8b" else rng.choice([256, 900, 3600], 30)
+    )
     batch = GlobalBatch.from_lengths(tokens, frames=frames)
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
     gpu = np.full(batch.n, np.inf)

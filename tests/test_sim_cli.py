@@ -32,8 +32,16 @@ class OneGroupPerRank(Planner):
     def plan(self, batch, cost):
         W = cost.cluster.world_size
         L = cost.model.num_layers
-        groups = [Group(r, 1, [MicroBatch((i,), L) for i in range(r, batch.n, W)]) for r in range(W)]
-        return StepPlan(W, [Round([g for g in groups if g.micro_batches])], method=self.name, mode=self.mode, step=batch.step)
+        groups = [
+            Group(r, 1, [MicroBatch((i,), L) for i in range(r, batch.n, W)]) for r in range(W)
+        ]
+        return StepPlan(
+            W,
+            [Round([g for g in groups if g.micro_batches])],
+            method=self.name,
+            mode=self.mode,
+            step=batch.step,
+        )
 
 
 class NeedsPositiveWidth(OneGroupPerRank):
@@ -57,8 +65,14 @@ def conf_dir(tmp_path: Path) -> Path:
 
 def overrides(conf_dir: Path, steps: int = 3) -> list[str]:
     return [
-        f"extra_conf={conf_dir}", "method=per_rank", "workload=synthetic_uniform", "cluster=h200x8",
-        "model=llama3_8b", "workload.tokens_per_gpu=16384", f"run.steps={steps}", "run.warmup_steps=1",
+        f"extra_conf={conf_dir}",
+        "method=per_rank",
+        "workload=synthetic_uniform",
+        "cluster=h200x8",
+        "model=llama3_8b",
+        "workload.tokens_per_gpu=16384",
+        f"run.steps={steps}",
+        "run.warmup_steps=1",
         "run.planner_clock=off",
     ]
 
@@ -89,7 +103,15 @@ def test_simulate_run_medians_equal_direct_simulation(conf_dir):
 def test_simulate_json_has_the_issue_keys(conf_dir, capsys):
     assert main(["simulate", *overrides(conf_dir, steps=2), "seed=3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    for key in ("step_time_s", "lower_bound_s", "imbalance", "peak_mem_gib", "oom_steps", "mfu", "planner_ms"):
+    for key in (
+        "step_time_s",
+        "lower_bound_s",
+        "imbalance",
+        "peak_mem_gib",
+        "oom_steps",
+        "mfu",
+        "planner_ms",
+    ):
         assert key in out
     assert out["seed"] == 3 and out["executor"] == "sim" and out["hardware"] == "simulated h200x8"
     assert out["n_steps"] == 2 and out["n_warmup"] == 1
@@ -99,13 +121,23 @@ def test_simulate_steps_shortcut_and_text_output(conf_dir, capsys):
     args = [a for a in overrides(conf_dir) if not a.startswith("run.steps")]
     assert main(["simulate", *args, "steps=1"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("SIMULATED:") and "1 measured steps after 1 warm-up" in text and "median lower bound" in text
+    assert (
+        text.startswith("SIMULATED:")
+        and "1 measured steps after 1 warm-up" in text
+        and "median lower bound" in text
+    )
 
 
 def test_the_seed_picks_the_batches_in_simulate(conf_dir):
     """One seed feeds the workload: another seed is other batches (here, other lower bounds)."""
-    base = ["workload=videosys_zipf", "method=bucket_static", "cluster=h200x32", "model=stdit3_xl2", "steps=3",
-            "warmup_steps=0"]
+    base = [
+        "workload=videosys_zipf",
+        "method=bucket_static",
+        "cluster=h200x32",
+        "model=stdit3_xl2",
+        "steps=3",
+        "warmup_steps=0",
+    ]
     a, b, c = (simulate([*base, f"seed={s}"]) for s in (0, 0, 3))
     assert a.lower_bound_s == b.lower_bound_s != c.lower_bound_s
 
@@ -131,7 +163,9 @@ def test_plan_summary_and_a_loadable_plan(conf_dir, capsys, tmp_path):
     assert main(["plan", *args, "step=2", "--json"]) == 0
     plan = StepPlan.from_json(capsys.readouterr().out)
     written = StepPlan.from_json((tmp_path / "plan.json").read_text())
-    assert written.rounds == plan.rounds and written.info["batch"] == plan.info["batch"]  # planner_ms differs
+    assert (
+        written.rounds == plan.rounds and written.info["batch"] == plan.info["batch"]
+    )  # planner_ms differs
     assert plan.step == 2 and plan.world_size == 8
     assert sorted(plan.sample_positions()) == list(range(len(plan.info["batch"]["tokens"])))
     assert plan.info["cost_model"]["cluster"] == "h200x8"
@@ -148,24 +182,37 @@ def test_bad_input_is_one_line_exit_2(conf_dir, capsys):
 
 
 def test_world_no_layout_fits_is_a_cluster_error(conf_dir, capsys):
-    assert main(["simulate", f"extra_conf={conf_dir}", "method=per_rank", "cluster.gpus_per_node=6"]) == 2
+    assert (
+        main(["simulate", f"extra_conf={conf_dir}", "method=per_rank", "cluster.gpus_per_node=6"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "gpus_per_node=6 on 4 nodes; expected a power of two per node" in err
 
 
 def test_noise_and_scales_from_the_config(conf_dir):
-    base = [*overrides(conf_dir, steps=2), "run.noise.jitter_sigma=0.1", "cost.scales.act_bytes=1.5"]
+    base = [
+        *overrides(conf_dir, steps=2),
+        "run.noise.jitter_sigma=0.1",
+        "cost.scales.act_bytes=1.5",
+    ]
     a, b, c = (simulate([*base, f"seed={s}"]) for s in (4, 4, 5))
-    assert a.extra["noise"] == {"jitter_sigma": 0.1, "straggler_prob": 0.0, "straggler_slowdown": 1.5}
+    assert a.extra["noise"] == {
+        "jitter_sigma": 0.1,
+        "straggler_prob": 0.0,
+        "straggler_slowdown": 1.5,
+    }
     assert a.step_time_s == b.step_time_s != c.step_time_s
     assert a.extra["cost"]["scales"]["act_bytes"] == 1.5
 
 
 def test_old_spellings_name_the_one_that_works(conf_dir, capsys):
-    for bad, right in (("+noise.jitter_sigma=0.1", "run.noise.jitter_sigma"),
-                       ("++sim.noise.jitter_sigma=0.1", "run.noise.jitter_sigma"),
-                       ("lengths_file=x.txt", "workload.lengths_file"),
-                       ("+workload.seed=3", "seed")):
+    for bad, right in (
+        ("+noise.jitter_sigma=0.1", "run.noise.jitter_sigma"),
+        ("++sim.noise.jitter_sigma=0.1", "run.noise.jitter_sigma"),
+        ("lengths_file=x.txt", "workload.lengths_file"),
+        ("+workload.seed=3", "seed"),
+    ):
         assert main(["simulate", bad]) == 2
         assert f"spelled {right}" in capsys.readouterr().err
 

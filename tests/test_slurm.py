@@ -17,7 +17,22 @@ RUN = ["workload=prolong", "method=dcp", "model=llama3_8b", "steps=5", "root=/sh
 
 def _script(tmp_path: Path, *extra: str) -> str:
     out = tmp_path / "job.sbatch"
-    assert main(["slurm", *RUN, *extra, "--out", str(out), "--partition", "gpu", "--setup", "module load cuda"]) == 0
+    assert (
+        main(
+            [
+                "slurm",
+                *RUN,
+                *extra,
+                "--out",
+                str(out),
+                "--partition",
+                "gpu",
+                "--setup",
+                "module load cuda",
+            ]
+        )
+        == 0
+    )
     return out.read_text()
 
 
@@ -28,17 +43,29 @@ def test_script_is_valid_bash_and_names_the_rendezvous(tmp_path: Path) -> None:
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash"
     # 32 x H200 = 4 nodes of 8: the cluster sizes the allocation, one task per node
-    for expected in ("#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=1",
-                     "#SBATCH --partition=gpu", "module load cuda", "RDZV_PORT=29500",
-                     'RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'):
+    for expected in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --partition=gpu",
+        "module load cuda",
+        "RDZV_PORT=29500",
+        'RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+    ):
         assert expected in lines, expected
     # every #SBATCH line precedes the first command (sbatch stops reading them there)
     first_cmd = next(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
     assert all(i < first_cmd for i, ln in enumerate(lines) if ln.startswith("#SBATCH"))
     joined = " ".join(text.replace("\\\n", " ").split())
     assert "srun --nodes=4 --ntasks-per-node=1" in joined
-    for arg in ("-m dcp_bench.cli train", "workload=prolong", "cluster=h200x32", "nnodes=4",
-                '"rdzv_endpoint=${RDZV_HOST}:${RDZV_PORT}"', '"train.rdzv_id=${SLURM_JOB_ID}"'):
+    for arg in (
+        "-m dcp_bench.cli train",
+        "workload=prolong",
+        "cluster=h200x32",
+        "nnodes=4",
+        '"rdzv_endpoint=${RDZV_HOST}:${RDZV_PORT}"',
+        '"train.rdzv_id=${SLURM_JOB_ID}"',
+    ):
         assert arg in joined, arg
 
 
@@ -50,12 +77,25 @@ def test_script_runs_the_train_command_it_was_checked_with(tmp_path: Path) -> No
 
     text = _script(tmp_path, "cluster=h200x32", "--port", "29611")
     cmd = " ".join(text.replace("\\\n", " ").split()).split("dcp_bench.cli train", 1)[1].split()
-    overrides = [a.strip('"').replace("${RDZV_HOST}", "node001").replace("${RDZV_PORT}", "29611")
-                 .replace("${SLURM_JOB_ID}", "123") for a in cmd]
+    overrides = [
+        a.strip('"')
+        .replace("${RDZV_HOST}", "node001")
+        .replace("${RDZV_PORT}", "29611")
+        .replace("${SLURM_JOB_ID}", "123")
+        for a in cmd
+    ]
     spec = parse_run_spec(resolve_train_config(overrides))
     assert spec.world_size == 32 and spec.train.nnodes == 4
-    assert spec.train.torchrun_args == ("--nnodes", "4", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                                        "node001:29611", "--rdzv-id", "123")
+    assert spec.train.torchrun_args == (
+        "--nnodes",
+        "4",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "node001:29611",
+        "--rdzv-id",
+        "123",
+    )
 
 
 def test_resized_cluster_sizes_the_job(tmp_path: Path) -> None:
@@ -63,13 +103,18 @@ def test_resized_cluster_sizes_the_job(tmp_path: Path) -> None:
     assert "#SBATCH --nodes=2" in text and "nnodes=2" in text.replace("\\\n", " ")
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "cluster=NAME"),
-    (["cluster=h200x32", "nnodes=2"], "sets nnodes"),
-    (["cluster=h200x32", "--port", "80"], "--port 80"),
-    (["cluster=nope"], "unknown cluster"),
-])
-def test_bad_input_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "cluster=NAME"),
+        (["cluster=h200x32", "nnodes=2"], "sets nnodes"),
+        (["cluster=h200x32", "--port", "80"], "--port 80"),
+        (["cluster=nope"], "unknown cluster"),
+    ],
+)
+def test_bad_input_is_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     assert main(["slurm", *RUN, *args, "--out", str(tmp_path / "x.sbatch")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
@@ -85,9 +130,15 @@ def test_core_writes_the_script_the_command_writes(tmp_path: Path) -> None:
 
     text = _script(tmp_path, "cluster=h200x32")
     options = SbatchOptions(partition="gpu", setup=("module load cuda",))
-    out, spec = write_sbatch_script([*RUN, "cluster=h200x32"], options, Path(REPO_ROOT), out=str(tmp_path / "core.sbatch"))
+    out, spec = write_sbatch_script(
+        [*RUN, "cluster=h200x32"], options, Path(REPO_ROOT), out=str(tmp_path / "core.sbatch")
+    )
     assert out.read_text() == text and spec.world_size == 32 and spec.train.nnodes == 4
     with pytest.raises(ConfigError, match="--time '2 hours'"):
-        write_sbatch_script([*RUN, "cluster=h200x32"], SbatchOptions(time="2 hours"), Path(REPO_ROOT),
-                            out=str(tmp_path / "bad.sbatch"))
+        write_sbatch_script(
+            [*RUN, "cluster=h200x32"],
+            SbatchOptions(time="2 hours"),
+            Path(REPO_ROOT),
+            out=str(tmp_path / "bad.sbatch"),
+        )
     assert not (tmp_path / "bad.sbatch").exists()

@@ -15,14 +15,30 @@ from dcp_bench.cli import main
 from dcp_bench.errors import ConfigError
 from dcp_bench.records import RecordError, read_steps, read_summary
 
-GRID = ["method=dcp,packed_static", "workload=synthetic_uniform", "workload.low=100", "workload.high=4000",
-        "workload.tokens_per_gpu=20000", "cluster=h200x8@24", "model=llama3_8b", "steps=2", "warmup_steps=1",
-        "run.repeats=1"]
+GRID = [
+    "method=dcp,packed_static",
+    "workload=synthetic_uniform",
+    "workload.low=100",
+    "workload.high=4000",
+    "workload.tokens_per_gpu=20000",
+    "cluster=h200x8@24",
+    "model=llama3_8b",
+    "steps=2",
+    "warmup_steps=1",
+    "run.repeats=1",
+]
 
 
 def test_launcher_settings_are_split_from_the_grid() -> None:
-    launcher, s, rest = split_launcher(["launcher=slurm", "slurm.partition=gpu", "slurm.timeout_min=30",
-                                        "slurm.wait=false", "method=dcp"])
+    launcher, s, rest = split_launcher(
+        [
+            "launcher=slurm",
+            "slurm.partition=gpu",
+            "slurm.timeout_min=30",
+            "slurm.wait=false",
+            "method=dcp",
+        ]
+    )
     assert launcher == "slurm" and s.partition == "gpu" and s.timeout_min == 30 and not s.wait
     assert rest == ["method=dcp"]
     assert split_launcher(["method=dcp"])[0] == "local"
@@ -38,21 +54,31 @@ def test_launcher_settings_are_split_from_the_grid() -> None:
 
 def _records(root: Path, campaign: str) -> dict[str, tuple[str, list[float | None], float | None]]:
     out = {}
-    for run in sorted(p for p in (root / campaign).iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for run in sorted(
+        p for p in (root / campaign).iterdir() if p.is_dir() and not p.name.startswith(".")
+    ):
         summary = read_summary(run)
         assert summary is not None
-        out[run.name] = (summary.status, [s.step_time_s for s in read_steps(run)], summary.lower_bound_s)
+        out[run.name] = (
+            summary.status,
+            [s.step_time_s for s in read_steps(run)],
+            summary.lower_bound_s,
+        )
     return out
 
 
 @pytest.mark.slow  # a subprocess per run (imports dcp_bench, then simulates): ~10 s each here
-def test_slurm_sweep_writes_the_local_records_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_slurm_sweep_writes_the_local_records_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["sweep", *GRID, f"root={tmp_path / 'local'}", "campaign=c", "--no-progress"]) == 0
     slurm = ["launcher=slurm", "slurm.executor=local", "slurm.timeout_min=10"]
     assert main(["sweep", *GRID, *slurm, f"root={tmp_path / 'slurm'}", "campaign=c"]) == 0
     assert "submitted 2 run(s) as local job(s)" in capsys.readouterr().out
     local, remote = _records(tmp_path / "local", "c"), _records(tmp_path / "slurm", "c")
-    assert local == remote and len(local) == 2  # same run ids, statuses, simulated step times, bounds
+    assert (
+        local == remote and len(local) == 2
+    )  # same run ids, statuses, simulated step times, bounds
     assert all(status == "ok" for status, _, _ in remote.values())
     # Resumable: nothing to submit when every run is complete; a lost run is submitted alone.
     assert main(["sweep", *GRID, *slurm, f"root={tmp_path / 'slurm'}", "campaign=c"]) == 0
@@ -67,7 +93,12 @@ def test_slurm_sweep_writes_the_local_records_and_resumes(tmp_path: Path, capsys
     # Without waiting: submitted and returned; once the job has written the run, the same
     # command finds every run complete.
     shutil.rmtree(tmp_path / "slurm" / "c" / lost)
-    assert main(["sweep", *GRID, *slurm, "slurm.wait=false", f"root={tmp_path / 'slurm'}", "campaign=c"]) == 0
+    assert (
+        main(
+            ["sweep", *GRID, *slurm, "slurm.wait=false", f"root={tmp_path / 'slurm'}", "campaign=c"]
+        )
+        == 0
+    )
     assert "1 run(s) submitted, 1 already complete; rerun this command" in capsys.readouterr().out
     deadline = time.time() + 240
     while read_summary_or_none(tmp_path / "slurm" / "c" / lost) is None and time.time() < deadline:

@@ -22,7 +22,9 @@ def test_clusters_load_with_numbers(name):
     for spec in (c, c.gpu):
         for f in dataclasses.fields(spec):
             if f.type in ("float", "int"):
-                assert isinstance(getattr(spec, f.name), (int, float)), f"{name}.{f.name} is not a number"
+                assert isinstance(getattr(spec, f.name), (int, float)), (
+                    f"{name}.{f.name} is not a number"
+                )
     assert c.gpu.usable_mem_bytes <= c.gpu.mem_bytes
     assert c.world_size in (4, 8, 16, 32, 64)
 
@@ -30,7 +32,14 @@ def test_clusters_load_with_numbers(name):
 def test_cluster_names_and_sizes():
     assert set(CLUSTERS) <= set(group_choices("cluster"))
     sizes = {n: cluster_spec(n).world_size for n in CLUSTERS}
-    assert sizes == {"h200x8": 8, "h200x16": 16, "h200x32": 32, "h200x64": 64, "h100x32": 32, "cpu": 4}
+    assert sizes == {
+        "h200x8": 8,
+        "h200x16": 16,
+        "h200x32": 32,
+        "h200x64": 64,
+        "h100x32": 32,
+        "cpu": 4,
+    }
     assert cluster_spec("h200x32").num_nodes == 4 and cluster_spec("cpu").num_nodes == 1
 
 
@@ -61,7 +70,9 @@ def test_bad_specs_name_the_offence():
     with pytest.raises(ConfigError, match="unknown model .*llama3_8b"):
         model_spec("gpt5")
     gpu = gpu_spec("h200")
-    with pytest.raises(ClusterError, match="gpus_per_node=6 on 2 nodes; expected a power of two per node"):
+    with pytest.raises(
+        ClusterError, match="gpus_per_node=6 on 2 nodes; expected a power of two per node"
+    ):
         ClusterSpec("odd", gpu, 2, 6, 1.0, 1.0, 0.0, 0.0)
     with pytest.raises(ClusterError, match=">= 1"):
         ClusterSpec("empty", gpu, 0, 8, 1.0, 1.0, 0.0, 0.0)
@@ -108,7 +119,11 @@ def test_param_count_equals_the_runtime_module(name):
     assert param_count(spec) == sum(p.numel() for p in module.parameters())
     # Same formula on a non-default shape (GQA ratio, depth, widths).
     if spec.arch == "llama":
-        other = dataclasses.replace(spec, num_layers=3, heads=4, kv_heads=2, ffn_hidden=300, vocab=500)
+        other = dataclasses.replace(
+            spec, num_layers=3, heads=4, kv_heads=2, ffn_hidden=300, vocab=500
+        )
     else:
-        other = dataclasses.replace(spec, num_layers=3, hidden=64, heads=2, kv_heads=2, ffn_hidden=96, text_dim=40)
+        other = dataclasses.replace(
+            spec, num_layers=3, hidden=64, heads=2, kv_heads=2, ffn_hidden=96, text_dim=40
+        )
     assert param_count(other) == sum(p.numel() for p in build_model(other).parameters())

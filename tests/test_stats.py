@@ -74,12 +74,17 @@ def test_speedup_point_is_the_median_of_paired_ratios() -> None:
     base = {0: 2.0, 1: 2.2, 2: 1.8, 3: 2.1, 4: 1.9}
     meth = {0: 1.0, 1: 1.0, 2: 1.2, 3: 0.7, 4: 0.95}  # ratios 2.0, 2.2, 1.5, 3.0, 2.0
     sp = paired_speedup(base, meth)
-    assert sp.value == pytest.approx(2.0)  # the median of the ratios (the ratio of medians is 1.9 / 0.95 = 2.0 too)
+    assert sp.value == pytest.approx(
+        2.0
+    )  # the median of the ratios (the ratio of medians is 1.9 / 0.95 = 2.0 too)
     assert sp.ci_low <= 2.0 <= sp.ci_high and sp.pairs == 5
     meth[2] = 0.6  # ratios 2.0, 2.2, 3.0, 3.0, 2.0: median 2.2, ratio of medians 1.9 / 0.95 = 2.0
     assert paired_speedup(base, meth).value == pytest.approx(2.2)
-    thr = paired_speedup({s: 1 / v for s, v in base.items()}, {s: 1 / v for s, v in meth.items()},
-                         metric="throughput")
+    thr = paired_speedup(
+        {s: 1 / v for s, v in base.items()},
+        {s: 1 / v for s, v in meth.items()},
+        metric="throughput",
+    )
     assert thr.value == pytest.approx(2.2)
 
 
@@ -89,7 +94,9 @@ def test_paired_bootstrap_matches_exhaustive_enumeration() -> None:
     base = {0: 3.0, 1: 5.0, 2: 4.0}
     meth = {0: 1.0, 1: 4.0, 2: 2.0}
     ratios = {s: base[s] / meth[s] for s in base}  # 3.0, 1.25, 2.0
-    exact = [float(np.median([ratios[i] for i in idx])) for idx in itertools.product(range(3), repeat=3)]
+    exact = [
+        float(np.median([ratios[i] for i in idx])) for idx in itertools.product(range(3), repeat=3)
+    ]
     exact_arr = np.sort(np.array(exact))
     sp = paired_speedup(base, meth, n_boot=20000, seed=1)
     assert sp.value == pytest.approx(2.0)

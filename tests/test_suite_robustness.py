@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-INNER = '''
+INNER = """
 import time
 import pytest
 
@@ -34,7 +34,7 @@ def test_over_its_own_timeout():
 
 def test_the_next_one_runs(slow_setup):
     assert slow_setup == 1
-'''
+"""
 
 
 def test_timeout_spares_fixtures_and_one_failure_stays_one(tmp_path: Path) -> None:
@@ -42,8 +42,13 @@ def test_timeout_spares_fixtures_and_one_failure_stays_one(tmp_path: Path) -> No
     (tmp_path / "test_inner.py").write_text(INNER)
     ini = "[pytest]\ntimeout = 2\ntimeout_func_only = true\n"
     (tmp_path / "pytest.ini").write_text(ini)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     tail = out.stdout.strip().splitlines()[-1]
     assert "1 failed, 2 passed" in tail, out.stdout[-2000:]
     assert "test_over_its_own_timeout" in out.stdout and "Timeout" in out.stdout
@@ -60,7 +65,13 @@ def test_heavy_lazy_imports_are_done_before_the_first_test(tmp_path: Path) -> No
     (tmp_path / "test_uses_torch.py").write_text(
         "import sys\nimport torch  # noqa: F401\n\n\n"
         "def test_lazy_parts_already_there():\n"
-        "    assert 'torch._dynamo' in sys.modules and 'sympy' in sys.modules\n")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        "    assert 'torch._dynamo' in sys.modules and 'sympy' in sys.modules\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert "1 passed" in out.stdout, out.stdout[-2000:]

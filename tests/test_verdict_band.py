@@ -10,15 +10,18 @@ from dcp_bench.report.claims import SIMULATED_BASIS, ClaimResult, PairResult, ve
 from dcp_bench.report.memory import accounting_table, bucket_settings_table
 
 
-@pytest.mark.parametrize("lo,hi,expect", [
-    (2.60, 3.10, "reproduced"),      # inside [2.504, 3.312]
-    (2.20, 2.45, "not reproduced"),  # wholly below
-    (3.40, 3.60, "not reproduced"),  # wholly above
-    (2.40, 2.70, "undecided"),       # straddles the lower edge
-    (3.20, 3.50, "undecided"),       # straddles the upper edge
-    (2.00, 3.60, "undecided"),       # wider than the band
-    (math.nan, 2.7, "no data"),
-])
+@pytest.mark.parametrize(
+    "lo,hi,expect",
+    [
+        (2.60, 3.10, "reproduced"),  # inside [2.504, 3.312]
+        (2.20, 2.45, "not reproduced"),  # wholly below
+        (3.40, 3.60, "not reproduced"),  # wholly above
+        (2.40, 2.70, "undecided"),  # straddles the lower edge
+        (3.20, 3.50, "undecided"),  # straddles the upper edge
+        (2.00, 3.60, "undecided"),  # wider than the band
+        (math.nan, 2.7, "no data"),
+    ],
+)
 def test_verdict_needs_the_whole_ci_inside_the_band(lo: float, hi: float, expect: str) -> None:
     assert verdict(2.88, 0.15, lo, hi) == expect
 
@@ -27,18 +30,34 @@ def test_verdict_words_say_where_the_ci_lies() -> None:
     assert "below" in verdict_words("not reproduced", 2.88, 0.15, 2.0, 2.1)
     assert "above" in verdict_words("not reproduced", 2.88, 0.15, 3.5, 3.6)
     assert "straddles" in verdict_words("undecided", 2.88, 0.15, 2.4, 2.7)
-    assert verdict_words("reproduced", 2.88, 0.15, 2.6, 3.0).startswith("reproduced: the whole 95% CI")
+    assert verdict_words("reproduced", 2.88, 0.15, 2.6, 3.0).startswith(
+        "reproduced: the whole 95% CI"
+    )
 
 
 def _result() -> ClaimResult:
-    pr = PairResult("videosys_zipf", "bucket_static", "dcp_inter_pac", 2.0, 1.9, 2.1, 5, "throughput", "b", "m")
+    pr = PairResult(
+        "videosys_zipf", "bucket_static", "dcp_inter_pac", 2.0, 1.9, 2.1, 5, "throughput", "b", "m"
+    )
     r = ClaimResult("c", "claim", 2.88, 0.15, pr, "not reproduced")
     r.accounting = {
-        "baseline": {"dataset_samples": 100, "trained_samples_median": 100.0, "trained_fraction": 1.0,
-                     "dropped_samples": {"ejected": 0}, "profile": {"1x256": {"sp": 1, "bs": 8, "ckpt_layers": 28,
-                                                                              "time_s": 0.1}, "120x3600": None}},
-        "method": {"dataset_samples": 100, "trained_samples_median": 70.0, "trained_fraction": 0.7,
-                   "dropped_samples": {"ejected": 30}, "profile": {}},
+        "baseline": {
+            "dataset_samples": 100,
+            "trained_samples_median": 100.0,
+            "trained_fraction": 1.0,
+            "dropped_samples": {"ejected": 0},
+            "profile": {
+                "1x256": {"sp": 1, "bs": 8, "ckpt_layers": 28, "time_s": 0.1},
+                "120x3600": None,
+            },
+        },
+        "method": {
+            "dataset_samples": 100,
+            "trained_samples_median": 70.0,
+            "trained_fraction": 0.7,
+            "dropped_samples": {"ejected": 30},
+            "profile": {},
+        },
     }
     r.imbalance = {"baseline": 0.5, "method": 0.1}
     return r

@@ -41,7 +41,13 @@ BUILDABLE = [n for n in WORKLOADS if n != "lengths_file"]
 
 def test_spatial_patches_match_the_reference_grid() -> None:
     # The table of patches per frame at each resolution.
-    expected = {(144, 256): 144, (240, 426): 405, (360, 640): 920, (480, 854): 1590, (720, 1280): 3600}
+    expected = {
+        (144, 256): 144,
+        (240, 426): 405,
+        (360, 640): 920,
+        (480, 854): 1590,
+        (720, 1280): 3600,
+    }
     for (h, w), s in expected.items():
         assert spatial_patches(h, w) == s
 
@@ -173,12 +179,18 @@ for name in sys.argv[1:]:
 def test_batches_are_identical_in_another_process() -> None:
     names = ["videosys_zipf", "wikipedia", "sharegpt", "synthetic_lognormal"]
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE, *names], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+        [sys.executable, "-c", _PROBE, *names],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_ROOT,
     ).stdout.split()
     remote = dict(zip(out[0::2], out[1::2]))
     for name in names:
         b = load_workload(name, seed=11).global_batch(4, 16)
-        local = hashlib.sha256(b.sample_ids.tobytes() + b.tokens.tobytes() + b.frames.tobytes()).hexdigest()
+        local = hashlib.sha256(
+            b.sample_ids.tobytes() + b.tokens.tobytes() + b.frames.tobytes()
+        ).hexdigest()
         assert remote[name] == local, name
 
 
@@ -279,7 +291,9 @@ def test_drop_policy_skips_over_long_samples_in_stream_order() -> None:
     stream = load_workload("prolong", samples_per_step=2000).global_batch(6, 1)
     keep = stream.tokens <= limit
     dropped_before = int(np.sum(~keep[: np.nonzero(keep)[0][k - 1]]))
-    batch = load_workload("prolong", samples_per_step=k, max_len=limit, max_len_policy="drop").global_batch(6, 1)
+    batch = load_workload(
+        "prolong", samples_per_step=k, max_len=limit, max_len_policy="drop"
+    ).global_batch(6, 1)
     np.testing.assert_array_equal(batch.sample_ids, stream.sample_ids[keep][:k])
     assert batch.dropped == dropped_before > 0 and batch.truncated == 0
 
@@ -303,10 +317,14 @@ def test_drop_everything_is_an_error() -> None:
 def test_synthetic_controls() -> None:
     fixed = load_workload("synthetic_fixed").global_batch(0, 4)
     assert set(fixed.tokens.tolist()) == {65_536}
-    uni = load_workload("synthetic_uniform", low=100, high=200, samples_per_step=5000).global_batch(0, 1)
+    uni = load_workload("synthetic_uniform", low=100, high=200, samples_per_step=5000).global_batch(
+        0, 1
+    )
     assert uni.tokens.min() >= 100 and uni.tokens.max() <= 200
     assert abs(uni.tokens.mean() - 150) < 2
-    logn = load_workload("synthetic_lognormal", median=1000, sigma=0.5, samples_per_step=20000).global_batch(0, 1)
+    logn = load_workload(
+        "synthetic_lognormal", median=1000, sigma=0.5, samples_per_step=20000
+    ).global_batch(0, 1)
     assert abs(np.median(logn.tokens) / 1000 - 1) < 0.03
     for name in ("synthetic_fixed", "synthetic_uniform", "synthetic_lognormal"):
         w = load_workload(name)

@@ -49,7 +49,9 @@ def test_show_a_users_lengths_file(tmp_path: Path, capsys: pytest.CaptureFixture
     lengths = [100, 200, 9000, 40_000, 150_000]
     f = tmp_path / "mine.txt"
     f.write_text("\n".join(map(str, lengths)))
-    rc, out, _ = _run(capsys, "workloads", "show", "lengths_file", f"workload.lengths_file={f}", "--json")
+    rc, out, _ = _run(
+        capsys, "workloads", "show", "lengths_file", f"workload.lengths_file={f}", "--json"
+    )
     assert rc == 0
     stats = json.loads(out)
     v = np.asarray(lengths, dtype=float)
@@ -67,13 +69,16 @@ def test_show_writes_a_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 # A user's config may name the registry in the spelling before the workloads package, too.
-@pytest.mark.parametrize("target", ["dcp_bench.workloads.load_workload", "dcp_bench.workload.load_workload"])
+@pytest.mark.parametrize(
+    "target", ["dcp_bench.workloads.load_workload", "dcp_bench.workload.load_workload"]
+)
 def test_list_and_show_reach_a_users_config_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
     (tmp_path / "workload").mkdir()
     (tmp_path / "workload" / "my_corpus.yaml").write_text(
-        f"_target_: {target}\nname: synthetic_fixed\nlength: 777\n")
+        f"_target_: {target}\nname: synthetic_fixed\nlength: 777\n"
+    )
     rc, out, _ = _run(capsys, "workloads", "list", f"extra_conf={tmp_path}")
     assert rc == 0 and "my_corpus" in [line.split()[0] for line in out.splitlines()]
     rc, out, _ = _run(capsys, "workloads", "show", "my_corpus", f"extra_conf={tmp_path}", "--json")
@@ -81,7 +86,17 @@ def test_list_and_show_reach_a_users_config_folder(
 
 
 def test_batch_prints_the_global_batch(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = _run(capsys, "workloads", "batch", "sharegpt", "workload.length_scale=8", "--step", "3", "--world-size", "4")
+    rc, out, _ = _run(
+        capsys,
+        "workloads",
+        "batch",
+        "sharegpt",
+        "workload.length_scale=8",
+        "--step",
+        "3",
+        "--world-size",
+        "4",
+    )
     assert rc == 0
     data = json.loads(out)
     ref = load_workload("sharegpt", length_scale=8).global_batch(3, 4)
@@ -93,12 +108,21 @@ def test_batch_prints_the_global_batch(capsys: pytest.CaptureFixture[str]) -> No
     [
         (["workloads", "show", "imagenet"], "unknown workload 'imagenet'"),
         (["workloads", "show", "lengths_file"], "lengths_file=PATH"),
-        (["workloads", "show", "lengths_file", "workload.lengths_file=/nonexistent/l.txt"], "/nonexistent/l.txt"),
+        (
+            ["workloads", "show", "lengths_file", "workload.lengths_file=/nonexistent/l.txt"],
+            "/nonexistent/l.txt",
+        ),
         (["workloads", "show", "prolong", "length_scale"], "expected key=value"),
         (["workloads", "show", "prolong", "+workload.flavour=1"], "unknown parameter(s) flavour"),
         (["workloads", "show", "prolong", "flavour=1"], "spelled workload.flavour=1"),
-        (["workloads", "show", "prolong", "workload.flavour=1"], "with a leading '+': +workload.flavour"),
-        (["workloads", "show", "lengths_file", "lengths_file=x.txt"], "spelled workload.lengths_file"),
+        (
+            ["workloads", "show", "prolong", "workload.flavour=1"],
+            "with a leading '+': +workload.flavour",
+        ),
+        (
+            ["workloads", "show", "lengths_file", "lengths_file=x.txt"],
+            "spelled workload.lengths_file",
+        ),
     ],
 )
 def test_errors_are_one_line_with_status_2(
@@ -109,7 +133,9 @@ def test_errors_are_one_line_with_status_2(
     assert needle in err and len(err.strip().splitlines()) == 1
 
 
-def test_bad_lengths_value_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_lengths_value_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = tmp_path / "l.txt"
     f.write_text("12\n0\n")
     rc, _, err = _run(capsys, "workloads", "show", "lengths_file", f"workload.lengths_file={f}")

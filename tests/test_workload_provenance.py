@@ -25,8 +25,13 @@ def lengths_file(folder: Path) -> Path:
 
 def test_config_keys_describe_the_data(tmp_path: Path) -> None:
     path = lengths_file(tmp_path)
-    w = load_workload("lengths_file", lengths_file=str(path), description="code review threads",
-                      source="our tracker export, 2024", licence="CC-BY-4.0")
+    w = load_workload(
+        "lengths_file",
+        lengths_file=str(path),
+        description="code review threads",
+        source="our tracker export, 2024",
+        licence="CC-BY-4.0",
+    )
     assert w.description == "code review threads"
     assert w.provenance["source"] == "our tracker export, 2024"
     assert w.provenance["licence"] == "CC-BY-4.0"
@@ -41,24 +46,49 @@ def test_without_them_the_file_is_the_source_and_the_licence_is_not_stated(tmp_p
     assert w.provenance["licence"].startswith("not stated")
 
 
-@pytest.mark.parametrize(("name", "file"), [("sharegpt", "sharegpt_lengths.json"), ("prolong", "prolong_histogram.json")])
+@pytest.mark.parametrize(
+    ("name", "file"), [("sharegpt", "sharegpt_lengths.json"), ("prolong", "prolong_histogram.json")]
+)
 def test_packaged_workloads_name_their_data_file_and_hash(name: str, file: str) -> None:
     w = load_workload(name)
-    assert w.provenance["data_file"] == f"workloads/data/{file}"  # relative: records hold no local folder
-    assert w.provenance["data_sha256"] == hashlib.sha256((REPO_ROOT / "workloads" / "data" / file).read_bytes()).hexdigest()
+    assert (
+        w.provenance["data_file"] == f"workloads/data/{file}"
+    )  # relative: records hold no local folder
+    assert (
+        w.provenance["data_sha256"]
+        == hashlib.sha256((REPO_ROOT / "workloads" / "data" / file).read_bytes()).hexdigest()
+    )
 
 
 def test_unknown_key_names_the_valid_ones() -> None:
-    with pytest.raises(WorkloadError, match=r"unknown parameter\(s\) license; valid: .*description, source, licence"):
+    with pytest.raises(
+        WorkloadError,
+        match=r"unknown parameter\(s\) license; valid: .*description, source, licence",
+    ):
         load_workload("sharegpt", license="MIT")
 
 
 def test_packaged_example_lists_every_key_so_plain_overrides_work(tmp_path: Path) -> None:
     path = lengths_file(tmp_path)
-    cfg = to_container(load_config(["workload=lengths_file", f"workload.lengths_file={path}", "workload.length_scale=4",
-                                    "workload.licence=MIT", "workload.samples_per_step=3", "workload.max_len=5000"]))
+    cfg = to_container(
+        load_config(
+            [
+                "workload=lengths_file",
+                f"workload.lengths_file={path}",
+                "workload.length_scale=4",
+                "workload.licence=MIT",
+                "workload.samples_per_step=3",
+                "workload.max_len=5000",
+            ]
+        )
+    )
     w = make_workload(cfg["workload"], seed=1)
-    assert (w.length_scale, w.samples_per_step, w.max_len, w.provenance["licence"]) == (4.0, 3, 5000, "MIT")
+    assert (w.length_scale, w.samples_per_step, w.max_len, w.provenance["licence"]) == (
+        4.0,
+        3,
+        5000,
+        "MIT",
+    )
 
 
 class _OwnWorkload:
@@ -73,21 +103,44 @@ class _OwnWorkload:
 
 
 def test_user_target_gets_the_keys_in_its_provenance_not_its_constructor() -> None:
-    w = make_workload({"_target_": f"{__name__}._OwnWorkload", "n": 2, "source": "synthetic", "licence": "MIT",
-                       "description": "mine"}, seed=3)
+    w = make_workload(
+        {
+            "_target_": f"{__name__}._OwnWorkload",
+            "n": 2,
+            "source": "synthetic",
+            "licence": "MIT",
+            "description": "mine",
+        },
+        seed=3,
+    )
     assert (w.seed, w.n) == (3, 2)
     assert w.provenance == {"generator": "test", "source": "synthetic", "licence": "MIT"}
 
 
 def test_run_record_keeps_description_licence_and_sha256(tmp_path: Path) -> None:
     path = lengths_file(tmp_path)
-    cfg = to_container(load_config([
-        "workload=lengths_file", f"workload.lengths_file={path}", "workload.licence=CC0-1.0",
-        "workload.description=six lengths", "method=bucket_static", "cluster=h200x8", "model=llama3_8b",
-        "steps=1", "warmup_steps=0", f"root={tmp_path / 'runs'}", "campaign=prov"]))
+    cfg = to_container(
+        load_config(
+            [
+                "workload=lengths_file",
+                f"workload.lengths_file={path}",
+                "workload.licence=CC0-1.0",
+                "workload.description=six lengths",
+                "method=bucket_static",
+                "cluster=h200x8",
+                "model=llama3_8b",
+                "steps=1",
+                "warmup_steps=0",
+                f"root={tmp_path / 'runs'}",
+                "campaign=prov",
+            ]
+        )
+    )
     summary = run_simulated(parse_run_spec(cfg), env={})
     assert summary.status == "ok", summary.error
-    recorded = json.loads((tmp_path / "runs" / "prov" / summary.run_id / "run.json").read_text())["extra"]["workload"]
+    recorded = json.loads((tmp_path / "runs" / "prov" / summary.run_id / "run.json").read_text())[
+        "extra"
+    ]["workload"]
     assert recorded["description"] == "six lengths"
     assert recorded["provenance"]["licence"] == "CC0-1.0"
     assert recorded["provenance"]["data_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

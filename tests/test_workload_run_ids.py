@@ -19,7 +19,9 @@ from dcp_bench.workloads import LEGACY_REGISTRY_TARGET, REGISTRY_TARGET, make_wo
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = REPO / "reports" / "reproduce"
-RUN_ID = re.compile(r"[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+__[0-9a-f]{12}__s[0-9]+")
+RUN_ID = re.compile(
+    r"[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+__[0-9a-f]{12}__s[0-9]+"
+)
 
 
 def _committed_ids() -> set[str]:
@@ -36,13 +38,24 @@ def _composed_ids(section_name: str, executor: str) -> list[str]:
     section = next(s for s in cfg.sections if s.name == section_name)
     ids = []
     for grid in section.grids:
-        base = [*section.common_in(cfg), *grid, "run.campaign=reproduce", "run.root=runs", *cfg.grid_keys(),
-                f"seed={cfg.seed_base}"]
-        ids += [s.run_id for s in plan_sweep([*base, f"run.executor={executor}"], repeats=1, sweep=section_name)]
+        base = [
+            *section.common_in(cfg),
+            *grid,
+            "run.campaign=reproduce",
+            "run.root=runs",
+            *cfg.grid_keys(),
+            f"seed={cfg.seed_base}",
+        ]
+        ids += [
+            s.run_id
+            for s in plan_sweep([*base, f"run.executor={executor}"], repeats=1, sweep=section_name)
+        ]
     return ids
 
 
-@pytest.mark.parametrize(("section", "executor"), [("real_cpu", "torch"), ("text", "sim"), ("paper_h200", "sim")])
+@pytest.mark.parametrize(
+    ("section", "executor"), [("real_cpu", "torch"), ("text", "sim"), ("paper_h200", "sim")]
+)
 def test_shipped_configs_compose_the_committed_run_ids(section: str, executor: str) -> None:
     ids = _composed_ids(section, executor)
     assert ids
@@ -52,7 +65,12 @@ def test_shipped_configs_compose_the_committed_run_ids(section: str, executor: s
 
 def _config(target: str | None) -> dict:
     workload = {"name": "sharegpt", "length_scale": 8, **({"_target_": target} if target else {})}
-    return {"seed": 3, "workload": workload, "method": {"_target_": "m.P", "name": "p"}, "run": {"steps": 2}}
+    return {
+        "seed": 3,
+        "workload": workload,
+        "method": {"_target_": "m.P", "name": "p"},
+        "run": {"steps": 2},
+    }
 
 
 def test_both_spellings_of_the_registry_hash_alike_and_a_users_class_does_not() -> None:

@@ -20,8 +20,14 @@ from dcp_bench.run.spec import RunSpec
 EXIT_RUN_FAILED = 3
 
 
-def launch_sweep(overrides: Sequence[str], jobs: int = 1, resume: bool = True, retry_failed: bool = False,
-                 progress: bool = True, dry_run: bool = False) -> int:
+def launch_sweep(
+    overrides: Sequence[str],
+    jobs: int = 1,
+    resume: bool = True,
+    retry_failed: bool = False,
+    progress: bool = True,
+    dry_run: bool = False,
+) -> int:
     """Plan the grid the overrides describe (``launcher=`` and ``slurm.*`` keys choose where it
     runs) and run it, or with ``dry_run`` list its runs; the exit status."""
     launcher, slurm, grid = split_launcher(list(overrides))
@@ -35,18 +41,24 @@ def launch_sweep(overrides: Sequence[str], jobs: int = 1, resume: bool = True, r
     if launcher == "slurm":
         res = run_sweep_slurm(specs, slurm, resume=resume, retry_failed=retry_failed)
         if res.unrun:
-            print(f"{len(res.unrun)} run(s) submitted, {len(res.skipped)} already complete; rerun this command to "
-                  "resume: it resubmits the runs not done and reports the finished ones")
+            print(
+                f"{len(res.unrun)} run(s) submitted, {len(res.skipped)} already complete; rerun this command to "
+                "resume: it resubmits the runs not done and reports the finished ones"
+            )
             return 0
     else:
-        res = run_sweep(specs, resume=resume, jobs=jobs, progress=progress, retry_failed=retry_failed)
+        res = run_sweep(
+            specs, resume=resume, jobs=jobs, progress=progress, retry_failed=retry_failed
+        )
     return sum_up(specs, res)
 
 
 def list_runs(specs: Sequence[RunSpec]) -> None:
     """One line per run: its state (todo, done, damaged, failed:STATUS) and its id."""
     for s in specs:
-        state = check_run(Path(s.root) / s.campaign / s.run_id, config_hash=s.config_hash, seed=s.seed)
+        state = check_run(
+            Path(s.root) / s.campaign / s.run_id, config_hash=s.config_hash, seed=s.seed
+        )
         word = {"incomplete": "todo", "damaged": "damaged"}.get(state.state, "done")
         if state.failed and state.summary is not None:
             word = f"failed:{state.summary.status}"
@@ -58,12 +70,16 @@ def sum_up(specs: Sequence[RunSpec], res: SweepResult) -> int:
     places = sorted({f"{s.root}/{s.campaign}" for s in specs})
     campaign, root = specs[0].campaign, specs[0].root
     failed = res.all_failed
-    print(f"{len(res.ran)} run(s) done, {len(res.skipped)} already complete, {len(res.damaged)} damaged record(s) "
-          f"redone, {len(failed)} failed; records in {', '.join(places)}; report: dcp-bench report "
-          f"campaign={campaign} root={root}")
+    print(
+        f"{len(res.ran)} run(s) done, {len(res.skipped)} already complete, {len(res.damaged)} damaged record(s) "
+        f"redone, {len(failed)} failed; records in {', '.join(places)}; report: dcp-bench report "
+        f"campaign={campaign} root={root}"
+    )
     if failed:
-        print(f"failed runs ({len(res.failed)} now, {len(res.kept_failed)} kept from before"
-              f"{'; rerun with --retry-failed to redo them' if res.kept_failed else ''}):")
+        print(
+            f"failed runs ({len(res.failed)} now, {len(res.kept_failed)} kept from before"
+            f"{'; rerun with --retry-failed to redo them' if res.kept_failed else ''}):"
+        )
         for bad in failed:
             print(f"  {bad.status}: {bad.run_id}: {bad.error}")
         return EXIT_RUN_FAILED

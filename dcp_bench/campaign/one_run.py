@@ -38,7 +38,9 @@ def train_one(overrides: list[str], say: Callable[[str], None]) -> tuple[RunSpec
     return spec, summary
 
 
-def simulate_one(overrides: list[str], record: bool, say: Callable[[str], None]) -> tuple[RunSpec, RunSummary]:
+def simulate_one(
+    overrides: list[str], record: bool, say: Callable[[str], None]
+) -> tuple[RunSpec, RunSummary]:
     """A simulated run of the config ``overrides`` compose; with ``record`` its run records are
     written (as a sweep writes them) under the run folder's execution lock. A bad config is a
     `ConfigError` before any step runs."""
@@ -46,7 +48,9 @@ def simulate_one(overrides: list[str], record: bool, say: Callable[[str], None])
     if record:
         check_run_places([spec])
     if spec.executor != "sim":
-        raise ConfigError(f"run.executor={spec.executor!r}: simulate runs the simulator; use `dcp-bench train` for real runs")
+        raise ConfigError(
+            f"run.executor={spec.executor!r}: simulate runs the simulator; use `dcp-bench train` for real runs"
+        )
     parts = assemble(spec)  # a bad config fails here, on one line, before anything runs
     with contextlib.ExitStack() as stack:
         if record:

@@ -77,7 +77,9 @@ class SectionTally:
         self.ran += len(res.ran)
         self.skipped += len(res.skipped)
         self.unrun += res.unrun
-        self.failed += [f"{s.run_id} ({s.status}: {s.error})" for s in res.all_failed if not _budget_cut(s)]
+        self.failed += [
+            f"{s.run_id} ({s.status}: {s.error})" for s in res.all_failed if not _budget_cut(s)
+        ]
         self.budget_cut += [s.run_id for s in res.all_failed if _budget_cut(s)]
         self.damaged += len(res.damaged)
 
@@ -105,12 +107,16 @@ def check_places(cfg: ReproduceConfig) -> None:
     check_output(out_path.parent / f"{out_path.name}.partial", "out")
     check_output(cfg.root, "root")
     if not CAMPAIGN_NAME.fullmatch(cfg.campaign):
-        raise ConfigError(f"campaign={cfg.campaign!r}: expected one folder name of 1 to 100 characters from "
-                          "A-Z a-z 0-9 . _ - (starting with a letter or digit)")
+        raise ConfigError(
+            f"campaign={cfg.campaign!r}: expected one folder name of 1 to 100 characters from "
+            "A-Z a-z 0-9 . _ - (starting with a letter or digit)"
+        )
     check_output(Path(cfg.root) / cfg.campaign, "campaign", value=cfg.campaign)
 
 
-def plan_section(cfg: ReproduceConfig, section: ReproduceSection) -> tuple[list[RunSpec], list[RunSpec]]:
+def plan_section(
+    cfg: ReproduceConfig, section: ReproduceSection
+) -> tuple[list[RunSpec], list[RunSpec]]:
     """The section's (simulated, real) runs: every grid with the section's common overrides, the
     campaign's place, the grid keys set and the first seed; a `ConfigError` if one does not
     compose."""
@@ -118,12 +124,22 @@ def plan_section(cfg: ReproduceConfig, section: ReproduceSection) -> tuple[list[
     sim_specs: list[RunSpec] = []
     real_specs: list[RunSpec] = []
     for grid in section.grids:
-        base = [*section.common_in(cfg), *grid, f"run.campaign={cfg.campaign}", f"run.root={cfg.root}",
-                *cfg.grid_keys(), f"seed={cfg.seed_base}"]
+        base = [
+            *section.common_in(cfg),
+            *grid,
+            f"run.campaign={cfg.campaign}",
+            f"run.root={cfg.root}",
+            *cfg.grid_keys(),
+            f"seed={cfg.seed_base}",
+        ]
         if section.simulate:  # a measured-only section (preset=real) has no twins
-            sim_specs += plan_sweep([*base, "run.executor=sim"], repeats=repeats, sweep=section.name)
+            sim_specs += plan_sweep(
+                [*base, "run.executor=sim"], repeats=repeats, sweep=section.name
+            )
         if section.real:
-            real_specs += plan_sweep([*base, "run.executor=torch"], repeats=repeats, sweep=section.name)
+            real_specs += plan_sweep(
+                [*base, "run.executor=torch"], repeats=repeats, sweep=section.name
+            )
     return sim_specs, real_specs
 
 
@@ -131,20 +147,29 @@ def run_sections(cfg: ReproduceConfig, t_start: float, progress: str) -> Progres
     """Every chosen section in order under its budget; what was done, and the report's notes."""
     hard_deadline = t_start + cfg.budget_s - cfg.report_reserve_s
     env = collect_env()  # once: the same machine for every section's runs
-    done = Progress(notes=[f"reproduce config: `{cfg.path}`; budget {cfg.budget_s:g} s "
-                           f"({cfg.report_reserve_s:g} s kept for the report)"])
+    done = Progress(
+        notes=[
+            f"reproduce config: `{cfg.path}`; budget {cfg.budget_s:g} s "
+            f"({cfg.report_reserve_s:g} s kept for the report)"
+        ]
+    )
     only = cfg.only_sections
-    done.notes += [f"section {sec.name}: skipped (sections={','.join(only)})" for sec in cfg.sections
-                   if only and sec.name not in only]
+    done.notes += [
+        f"section {sec.name}: skipped (sections={','.join(only)})"
+        for sec in cfg.sections
+        if only and sec.name not in only
+    ]
     sections = cfg.chosen_sections()
     for index, section in enumerate(sections):
         name = section.name
         # Each later section keeps a minimum share (reserve_s), so a slow machine still gets a
         # first repeat of every section rather than none of the last ones.
-        later = sum(s.reserve_s for s in sections[index + 1:])
+        later = sum(s.reserve_s for s in sections[index + 1 :])
         if section.real and not cfg.real:
-            done.notes.append(f"section {name}: skipped (real=false): no measured runs, so the simulator's error "
-                              "is not measured")
+            done.notes.append(
+                f"section {name}: skipped (real=false): no measured runs, so the simulator's error "
+                "is not measured"
+            )
             continue
         done.wanted.append(name)
         try:
@@ -155,7 +180,9 @@ def run_sections(cfg: ReproduceConfig, t_start: float, progress: str) -> Progres
             continue
         budget = section.budget_s if section.budget_s is not None else cfg.budget_s
         sec_deadline = min(hard_deadline - later, time.time() + budget)
-        tally = run_section(cfg, sim_specs, real_specs, sec_deadline, hard_deadline - later, progress, env)
+        tally = run_section(
+            cfg, sim_specs, real_specs, sec_deadline, hard_deadline - later, progress, env
+        )
         if tally.not_run:
             done.notes.append(f"section {name}: real runs NOT RUN: {tally.not_run}")
         if not tally.complete:
@@ -164,75 +191,130 @@ def run_sections(cfg: ReproduceConfig, t_start: float, progress: str) -> Progres
     return done
 
 
-def run_section(cfg: ReproduceConfig, sim_specs: list[RunSpec], real_specs: list[RunSpec], sec_deadline: float,
-                later_deadline: float, progress: str, env: dict[str, Any]) -> SectionTally:
+def run_section(
+    cfg: ReproduceConfig,
+    sim_specs: list[RunSpec],
+    real_specs: list[RunSpec],
+    sec_deadline: float,
+    later_deadline: float,
+    progress: str,
+    env: dict[str, Any],
+) -> SectionTally:
     """A section's real runs first and alone (simulated runs in parallel would disturb their
     timings), then its simulated runs (``later_deadline`` bounds them when real runs went
     first: the section's own deadline was theirs)."""
     tally = SectionTally()
     if real_specs:
         try:
-            tally.add(run_sweep(real_specs, jobs=1, progress=progress, deadline=sec_deadline,
-                                retry_failed=cfg.retry_failed, env=env))
+            tally.add(
+                run_sweep(
+                    real_specs,
+                    jobs=1,
+                    progress=progress,
+                    deadline=sec_deadline,
+                    retry_failed=cfg.retry_failed,
+                    env=env,
+                )
+            )
         except (DcpBenchError, ImportError) as exc:
             tally.not_run = f"{type(exc).__name__}: {exc}"
-    tally.add(run_sweep(sim_specs, jobs=cfg.jobs, progress=progress, retry_failed=cfg.retry_failed, env=env,
-                        deadline=sec_deadline if not real_specs else later_deadline))
+    tally.add(
+        run_sweep(
+            sim_specs,
+            jobs=cfg.jobs,
+            progress=progress,
+            retry_failed=cfg.retry_failed,
+            env=env,
+            deadline=sec_deadline if not real_specs else later_deadline,
+        )
+    )
     return tally
 
 
 def section_notes(name: str, tally: SectionTally) -> list[str]:
     """The section's line (printed too), its cells the budget cut, and its failed runs."""
-    msg = (f"section {name}: {'complete' if tally.complete else 'CUT'}: {tally.ran} run(s) now, {tally.skipped} "
-           f"already complete, {len(tally.failed)} failed, {len(tally.budget_cut)} cut by the time budget, "
-           f"{len(tally.unrun)} left out by the time budget"
-           + (f", {tally.damaged} damaged record(s) redone" if tally.damaged else ""))
+    msg = (
+        f"section {name}: {'complete' if tally.complete else 'CUT'}: {tally.ran} run(s) now, {tally.skipped} "
+        f"already complete, {len(tally.failed)} failed, {len(tally.budget_cut)} cut by the time budget, "
+        f"{len(tally.unrun)} left out by the time budget"
+        + (f", {tally.damaged} damaged record(s) redone" if tally.damaged else "")
+    )
     print(msg, flush=True)
     notes = [msg]
     if tally.unrun or tally.budget_cut:
         cells = sorted({_cell_name(u) for u in [*tally.unrun, *tally.budget_cut]})
-        notes.append(f"section {name}: cells with repeats cut or left out by the budget (raise budget_s to run them): "
-                     + ", ".join(f"`{c}`" for c in cells[:30]) + (" ..." if len(cells) > 30 else ""))
+        notes.append(
+            f"section {name}: cells with repeats cut or left out by the budget (raise budget_s to run them): "
+            + ", ".join(f"`{c}`" for c in cells[:30])
+            + (" ..." if len(cells) > 30 else "")
+        )
     notes += [f"section {name}: failed run {f}" for f in tally.failed[:20]]
     return notes
 
 
-def write_report(cfg: ReproduceConfig, claims: Path, command: str, done: Progress, t_start: float) -> int:
+def write_report(
+    cfg: ReproduceConfig, claims: Path, command: str, done: Progress, t_start: float
+) -> int:
     """The report of what was done: in ``out`` when every section is complete, beside it
     (``<out>.partial``) otherwise; its verdicts printed; the exit status."""
     notes, cut = done.notes, done.cut
     notes.append(f"sweeps took {time.time() - t_start:.0f} s")
     n_done = len(done.wanted) - len(cut)
-    completeness = {"complete": not cut, "sections_done": n_done, "sections_total": len(done.wanted), "cut": cut}
+    completeness = {
+        "complete": not cut,
+        "sections_done": n_done,
+        "sections_total": len(done.wanted),
+        "cut": cut,
+    }
     verdict = "complete" if not cut else INCOMPLETE.format(done=n_done, total=len(done.wanted))
-    notes.insert(0, f"completeness: {verdict}" + (f" (not done in full: {', '.join(cut)})" if cut else ""))
+    notes.insert(
+        0, f"completeness: {verdict}" + (f" (not done in full: {', '.join(cut)})" if cut else "")
+    )
     out_path = Path(cfg.out)
-    out = out_path if not cut else out_path.parent / f"{out_path.name}.partial"  # a complete report stays
+    out = (
+        out_path if not cut else out_path.parent / f"{out_path.name}.partial"
+    )  # a complete report stays
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        inputs = ReportInputs(root=cfg.root, campaign=cfg.campaign, out_dir=str(tmp), claims_path=str(claims),
-                              command=command, notes=notes, completeness=completeness, title=cfg.title)
+        inputs = ReportInputs(
+            root=cfg.root,
+            campaign=cfg.campaign,
+            out_dir=str(tmp),
+            claims_path=str(claims),
+            command=command,
+            notes=notes,
+            completeness=completeness,
+            title=cfg.title,
+        )
         summary = _report_within(inputs, t_start + cfg.budget_s - time.time())
         if summary is None:
-            print(f"verdict: incomplete: the report was not finished within the time budget ({cfg.budget_s:g} s); "
-                  f"nothing written to {out}; rerun `make reproduce` to resume (runs are kept)")
+            print(
+                f"verdict: incomplete: the report was not finished within the time budget ({cfg.budget_s:g} s); "
+                f"nothing written to {out}; rerun `make reproduce` to resume (runs are kept)"
+            )
             return EXIT_INCOMPLETE
         _place_report(summary, tmp, out, completeness)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print_verdicts(summary, bool(cut))
-    print(f"report: {summary['report']['md']} ({time.time() - t_start:.0f} s in all, budget {cfg.budget_s:g} s)")
+    print(
+        f"report: {summary['report']['md']} ({time.time() - t_start:.0f} s in all, budget {cfg.budget_s:g} s)"
+    )
     if cut:
-        print(f"verdict: {verdict} (not done in full: {', '.join(cut)}); the report is in {out}, "
-              f"{out_path} is left as it was")
+        print(
+            f"verdict: {verdict} (not done in full: {', '.join(cut)}); the report is in {out}, "
+            f"{out_path} is left as it was"
+        )
         return EXIT_INCOMPLETE
     print("verdict: complete: every section ran in full")
     return 0
 
 
-def _place_report(summary: dict[str, Any], tmp: Path, out: Path, completeness: dict[str, Any]) -> None:
+def _place_report(
+    summary: dict[str, Any], tmp: Path, out: Path, completeness: dict[str, Any]
+) -> None:
     """Name the report's files where they will live (not in the temporary folder; in
     summary.json as the report shows paths, never an absolute local one), then publish."""
     final = {k: out / Path(v).relative_to(tmp) for k, v in summary.get("report", {}).items()}
@@ -240,8 +322,11 @@ def _place_report(summary: dict[str, Any], tmp: Path, out: Path, completeness: d
     summary["completeness"] = completeness
     if (tmp / "summary.json").exists():
         shown = {k: shown_path(v) for k, v in final.items()}
-        atomic_write_json(tmp / "summary.json", json.loads((tmp / "summary.json").read_text())
-                          | {"report": shown, "completeness": completeness})
+        atomic_write_json(
+            tmp / "summary.json",
+            json.loads((tmp / "summary.json").read_text())
+            | {"report": shown, "completeness": completeness},
+        )
     _publish(tmp, out)
 
 
@@ -251,12 +336,20 @@ def print_verdicts(summary: dict[str, Any], incomplete: bool) -> None:
         val = c["reproduced_value"]
         ci = c["ci95"]
         ci_txt = "-" if ci[0] is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
-        word = c["verdict"].upper() if not incomplete else f"INCOMPLETE (on the runs done: {c['verdict']})"
-        print(f"{c['id']}: {word} - claimed {c['claimed']}x, reproduced "
-              f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci_txt}")
+        word = (
+            c["verdict"].upper()
+            if not incomplete
+            else f"INCOMPLETE (on the runs done: {c['verdict']})"
+        )
+        print(
+            f"{c['id']}: {word} - claimed {c['claimed']}x, reproduced "
+            f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci_txt}"
+        )
     err = summary["simulator_error"]
     if err.get("median_abs_step_time_error") is not None:
-        print(f"simulator error on CPU (median |error| of median step time): {err['median_abs_step_time_error']:.1%}")
+        print(
+            f"simulator error on CPU (median |error| of median step time): {err['median_abs_step_time_error']:.1%}"
+        )
 
 
 def _publish(tmp: Path, out: Path) -> None:
@@ -285,8 +378,10 @@ def find_claims(given: str) -> Path:
         return path
     if not path.is_absolute() and (REPO_ROOT / path).is_file():
         return REPO_ROOT / path
-    raise ConfigError(f"claims={given!r}: claims file not found here or in {REPO_ROOT} (expected "
-                      "results/reference/claims.yaml or a file like it)")
+    raise ConfigError(
+        f"claims={given!r}: claims file not found here or in {REPO_ROOT} (expected "
+        "results/reference/claims.yaml or a file like it)"
+    )
 
 
 def _report_within(inputs: ReportInputs, seconds: float) -> dict[str, Any] | None:
@@ -304,7 +399,9 @@ def _report_within(inputs: ReportInputs, seconds: float) -> dict[str, Any] | Non
                 result.write_text(json.dumps({"summary": summary}, default=str))
             except BaseException as exc:
                 own = isinstance(exc, DcpBenchError)  # bad input: its own one line, exit status 2
-                line = (str(exc) if own else f"{type(exc).__name__}: {exc}").strip().splitlines() or ["?"]
+                line = (
+                    str(exc) if own else f"{type(exc).__name__}: {exc}"
+                ).strip().splitlines() or ["?"]
                 result.write_text(json.dumps({"error": line[0], "input": own}))
                 raise SystemExit(1) from None
 
@@ -321,7 +418,9 @@ def _report_within(inputs: ReportInputs, seconds: float) -> dict[str, Any] | Non
         if stopped:
             return None
         if not result.exists():
-            raise RuntimeError(f"the report process ended with exit code {proc.exitcode} before writing the report")
+            raise RuntimeError(
+                f"the report process ended with exit code {proc.exitcode} before writing the report"
+            )
         data = json.loads(result.read_text())
         if "error" in data:
             if data.get("input"):

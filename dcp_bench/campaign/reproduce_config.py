@@ -25,12 +25,37 @@ from dcp_bench.paths import CONF_DIR
 
 # Command-line keys: `config` and `preset` choose the file, `sections` picks some of its
 # sections; every other one replaces the YAML's top-level key of that name.
-OVERRIDE_KEYS = ("config", "campaign", "root", "out", "claims", "budget_s", "report_reserve_s", "jobs",
-                 "repeats", "real", "sections", "retry_failed", "seed_base", "preset", "cluster", "nnodes",
-                 "rdzv_endpoint")
+OVERRIDE_KEYS = (
+    "config",
+    "campaign",
+    "root",
+    "out",
+    "claims",
+    "budget_s",
+    "report_reserve_s",
+    "jobs",
+    "repeats",
+    "real",
+    "sections",
+    "retry_failed",
+    "seed_base",
+    "preset",
+    "cluster",
+    "nnodes",
+    "rdzv_endpoint",
+)
 # Run keys a preset leaves open (e.g. `preset=real cluster=h200x32`): added to every grid when set.
 GRID_KEYS = ("cluster", "nnodes", "rdzv_endpoint")
-BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+BOOLEANS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
 # A field with this metadata is set by the loader or the command line, never by the YAML file.
 NOT_IN_YAML = {"yaml": False}
 
@@ -95,7 +120,13 @@ class ReproduceConfig:
 
 
 def _type_name(hint: Any) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        type(None): "null",
+    }
     if hint in names:
         return names[hint]
     if typing.get_origin(hint) is tuple:
@@ -119,7 +150,12 @@ def _typed(value: Any, hint: Any, where: str) -> Any:
         return None
     elif hint in (int, float) and isinstance(value, int) and not isinstance(value, bool):
         return hint(value)
-    elif hint is float and isinstance(value, float) or hint in (str, bool) and isinstance(value, hint):
+    elif (
+        hint is float
+        and isinstance(value, float)
+        or hint in (str, bool)
+        and isinstance(value, hint)
+    ):
         return value
     raise ConfigError(f"{where}: {value!r} ({type(value).__name__}): expected {_type_name(hint)}")
 
@@ -129,11 +165,15 @@ def _from_mapping(cls: type, data: Any, where: str, source: str) -> Any:
     hints = typing.get_type_hints(cls)
     keys = [f.name for f in dataclasses.fields(cls) if f.metadata.get("yaml", True)]
     if not isinstance(data, Mapping):
-        raise ConfigError(f"config={source!r}: {where or 'the file'}: expected a mapping of {', '.join(keys)}")
+        raise ConfigError(
+            f"config={source!r}: {where or 'the file'}: expected a mapping of {', '.join(keys)}"
+        )
     for key in data:
         if key not in keys:
             at = f"{where}.{key}" if where else str(key)
-            raise ConfigError(f"config={source!r}: {at}: unknown key; expected one of {', '.join(keys)}")
+            raise ConfigError(
+                f"config={source!r}: {at}: unknown key; expected one of {', '.join(keys)}"
+            )
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         at = f"{where}.{f.name}" if where else f.name
@@ -165,11 +205,15 @@ def _sections(data: Any, source: str) -> tuple[ReproduceSection, ...]:
 def read_reproduce_yaml(path: Path) -> ReproduceConfig:
     """The typed config of one reproduce YAML file (no command-line keys applied)."""
     if not path.is_file():
-        raise ConfigError(f"config={str(path)!r}: reproduce config not found (expected a YAML file)")
+        raise ConfigError(
+            f"config={str(path)!r}: reproduce config not found (expected a YAML file)"
+        )
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config={str(path)!r}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(
+            f"config={str(path)!r}: not valid YAML ({str(exc).splitlines()[0]})"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("sections", []), list):
         raise ConfigError(f"config={str(path)!r}: expected a mapping with a list of sections")
     cfg: ReproduceConfig = _from_mapping(ReproduceConfig, data, "", str(path))
@@ -210,8 +254,10 @@ def _override(cfg: ReproduceConfig, key: str, value: str) -> dict[str, Any]:
         wanted = [s for s in value.split(",") if s]
         unknown = [s for s in wanted if s not in names]
         if not wanted or unknown:
-            raise ConfigError(f"sections={value!r}: unknown section {(unknown or [''])[0]!r}; expected names "
-                              f"from {', '.join(names)} (comma-separated)")
+            raise ConfigError(
+                f"sections={value!r}: unknown section {(unknown or [''])[0]!r}; expected names "
+                f"from {', '.join(names)} (comma-separated)"
+            )
         return {"only_sections": tuple(wanted)}
     if not value:
         raise ConfigError(f"{key}=: expected a value")
@@ -225,18 +271,28 @@ def load_reproduce_config(overrides: Sequence[str]) -> ReproduceConfig:
     for ov in overrides:
         key, sep, value = ov.partition("=")
         if not sep or key not in OVERRIDE_KEYS:
-            raise ConfigError(f"bad reproduce argument {ov!r}: expected key=value with key one of "
-                              f"{', '.join(OVERRIDE_KEYS)}")
+            raise ConfigError(
+                f"bad reproduce argument {ov!r}: expected key=value with key one of "
+                f"{', '.join(OVERRIDE_KEYS)}"
+            )
         kv[key] = value
     # preset=NAME: the packaged config dcp_bench/conf/reproduce/NAME.yaml (default: default)
     preset = kv.pop("preset", "default")
-    presets = sorted(p.stem for p in (CONF_DIR / "reproduce").glob("*.yaml") if not p.stem.endswith("_claims"))
+    presets = sorted(
+        p.stem for p in (CONF_DIR / "reproduce").glob("*.yaml") if not p.stem.endswith("_claims")
+    )
     if preset not in presets:
-        raise ConfigError(f"preset={preset!r}: no such reproduce preset; expected one of {', '.join(presets)}")
-    cfg = read_reproduce_yaml(Path(kv.pop("config", str(CONF_DIR / "reproduce" / f"{preset}.yaml"))))
+        raise ConfigError(
+            f"preset={preset!r}: no such reproduce preset; expected one of {', '.join(presets)}"
+        )
+    cfg = read_reproduce_yaml(
+        Path(kv.pop("config", str(CONF_DIR / "reproduce" / f"{preset}.yaml")))
+    )
     for key, value in kv.items():
         cfg = dataclasses.replace(cfg, **_override(cfg, key, value))
     if cfg.report_reserve_s >= cfg.budget_s:
-        raise ConfigError(f"report_reserve_s={cfg.report_reserve_s:g}: expected less than budget_s={cfg.budget_s:g} "
-                          "(the time kept for the report out of the whole budget)")
+        raise ConfigError(
+            f"report_reserve_s={cfg.report_reserve_s:g}: expected less than budget_s={cfg.budget_s:g} "
+            "(the time kept for the report out of the whole budget)"
+        )
     return cfg

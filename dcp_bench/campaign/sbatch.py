@@ -36,8 +36,12 @@ class SbatchOptions:
     account: str | None = None
     port: int = 29500  # the rendezvous port on the first node
     cpus_per_node: int | None = None
-    python: str | None = None  # default: the repository's .venv/bin/python when it exists, else python3
-    setup: tuple[str, ...] = field(default_factory=tuple)  # shell lines run before training on every node
+    python: str | None = (
+        None  # default: the repository's .venv/bin/python when it exists, else python3
+    )
+    setup: tuple[str, ...] = field(
+        default_factory=tuple
+    )  # shell lines run before training on every node
 
 
 def _check_port(port: int) -> int:
@@ -50,15 +54,21 @@ def check_slurm_keys(options: SbatchOptions) -> None:
     """Every value written into the script's ``#SBATCH`` lines checked first (a bad one is a
     `ConfigError` naming it, not a script Slurm refuses later, or a line that says more)."""
     if not re.fullmatch(SLURM_TIME, str(options.time)):
-        raise ConfigError(f"--time {options.time!r}: expected a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS ...)")
+        raise ConfigError(
+            f"--time {options.time!r}: expected a Slurm time limit (MM, HH:MM:SS, D-HH:MM:SS ...)"
+        )
     for flag, value in (("--partition", options.partition), ("--account", options.account)):
         if value is not None and not re.fullmatch(SLURM_NAME, value):
-            raise ConfigError(f"{flag} {value!r}: expected a Slurm name (letters, digits and _.,:+-)")
+            raise ConfigError(
+                f"{flag} {value!r}: expected a Slurm name (letters, digits and _.,:+-)"
+            )
     if options.cpus_per_node is not None and options.cpus_per_node < 1:
         raise ConfigError(f"--cpus-per-node {options.cpus_per_node}: expected an integer >= 1")
     for line in options.setup:
         if "\n" in line or "\r" in line:
-            raise ConfigError(f"--setup {line!r}: expected one shell line (give --setup once per line)")
+            raise ConfigError(
+                f"--setup {line!r}: expected one shell line (give --setup once per line)"
+            )
 
 
 def sbatch_script(overrides: list[str], options: SbatchOptions, repo: Path) -> tuple[str, RunSpec]:
@@ -66,21 +76,41 @@ def sbatch_script(overrides: list[str], options: SbatchOptions, repo: Path) -> t
     check_slurm_keys(options)
     keys = {ov.partition("=")[0].lstrip("+~") for ov in overrides}
     if "cluster" not in keys:
-        raise ConfigError("slurm needs cluster=NAME (a GPU cluster config, e.g. cluster=h200x32): it sizes the job")
-    reserved = keys & {"nnodes", "train.nnodes", "rdzv_endpoint", "train.rdzv_endpoint", "train.rdzv_id"}
+        raise ConfigError(
+            "slurm needs cluster=NAME (a GPU cluster config, e.g. cluster=h200x32): it sizes the job"
+        )
+    reserved = keys & {
+        "nnodes",
+        "train.nnodes",
+        "rdzv_endpoint",
+        "train.rdzv_endpoint",
+        "train.rdzv_id",
+    }
     if reserved:
-        raise ConfigError(f"slurm sets {', '.join(sorted(reserved))} itself (from the allocation); drop it")
+        raise ConfigError(
+            f"slurm sets {', '.join(sorted(reserved))} itself (from the allocation); drop it"
+        )
     port = _check_port(options.port)
     # The cluster (resized by nproc=) says how many nodes; the node's run is then checked as the
     # job will run it (the rendezvous host is known only inside the allocation).
     cluster = parse_run_spec(resolve_train_config(overrides)).cluster
     nnodes, gpus = cluster.num_nodes, cluster.gpus_per_node
-    spec = parse_run_spec(resolve_train_config([*overrides, f"nnodes={nnodes}", f"rdzv_endpoint=localhost:{port}"]))
-    python = options.python or (str(repo / ".venv" / "bin" / "python") if (repo / ".venv" / "bin" / "python").exists()
-                                else "python3")
+    spec = parse_run_spec(
+        resolve_train_config([*overrides, f"nnodes={nnodes}", f"rdzv_endpoint=localhost:{port}"])
+    )
+    python = options.python or (
+        str(repo / ".venv" / "bin" / "python")
+        if (repo / ".venv" / "bin" / "python").exists()
+        else "python3"
+    )
     job = f"dcp-bench-{spec.method_name}-{spec.workload_name}"[:64]
-    train = [f"{shlex.quote(python)} -m dcp_bench.cli train", *(shlex.quote(o) for o in overrides),
-             f"nnodes={nnodes}", '"rdzv_endpoint=${RDZV_HOST}:${RDZV_PORT}"', '"train.rdzv_id=${SLURM_JOB_ID}"']
+    train = [
+        f"{shlex.quote(python)} -m dcp_bench.cli train",
+        *(shlex.quote(o) for o in overrides),
+        f"nnodes={nnodes}",
+        '"rdzv_endpoint=${RDZV_HOST}:${RDZV_PORT}"',
+        '"train.rdzv_id=${SLURM_JOB_ID}"',
+    ]
     lines = [
         "#!/bin/bash",
         f"# Written by `dcp-bench slurm {' '.join(shlex.quote(o) for o in overrides)}`",
@@ -116,8 +146,9 @@ def sbatch_script(overrides: list[str], options: SbatchOptions, repo: Path) -> t
     return "\n".join(lines), spec
 
 
-def write_sbatch_script(overrides: list[str], options: SbatchOptions, repo: Path,
-                        out: str | None = None) -> tuple[Path, RunSpec]:
+def write_sbatch_script(
+    overrides: list[str], options: SbatchOptions, repo: Path, out: str | None = None
+) -> tuple[Path, RunSpec]:
     """Write the script to ``out`` (default ``slurm/<run id>.sbatch``): the path written and the
     node's `RunSpec`. A bad ``out`` is refused before the run's config is resolved."""
     if out:

@@ -80,7 +80,7 @@ def split_launcher(overrides: Sequence[str]) -> tuple[str, SlurmSettings, list[s
                 raise ConfigError(f"launcher={value}: expected one of {', '.join(LAUNCHERS)}")
             launcher = value
         elif sep and key.startswith("slurm."):
-            name = key[len("slurm."):]
+            name = key[len("slurm.") :]
             if name == "executor":
                 if value not in EXECUTORS:
                     raise ConfigError(f"{key}={value}: expected one of {', '.join(EXECUTORS)}")
@@ -95,7 +95,9 @@ def split_launcher(overrides: Sequence[str]) -> tuple[str, SlurmSettings, list[s
                 fields[name] = _bool(value, key)
             else:
                 known = "executor, partition, timeout_min, cpus_per_task, gpus_per_node, array_parallelism, folder, wait"
-                raise ConfigError(f"{key}: unknown Slurm setting; expected slurm.KEY with KEY one of {known}")
+                raise ConfigError(
+                    f"{key}: unknown Slurm setting; expected slurm.KEY with KEY one of {known}"
+                )
         else:
             rest.append(ov)
     if fields and launcher != "slurm":
@@ -107,18 +109,25 @@ def _executor(settings: SlurmSettings, folder: Path, specs: Sequence[RunSpec]) -
     try:  # an optional dependency (the slurm extra): imported only when a sweep uses it
         import submitit
     except ImportError:
-        raise ConfigError("launcher=slurm needs the submitit package: pip install 'dcp-bench[slurm]' "
-                          "(or pip install submitit)") from None
+        raise ConfigError(
+            "launcher=slurm needs the submitit package: pip install 'dcp-bench[slurm]' "
+            "(or pip install submitit)"
+        ) from None
     ex = submitit.AutoExecutor(folder=str(folder), cluster=settings.executor)
     gpus = settings.gpus_per_node
     real = [s for s in specs if s.executor == "torch"]
     if real:
         multi = [s for s in real if s.train.nnodes > 1]
         if multi:
-            raise ConfigError(f"launcher=slurm runs each run as one single-node job; run {multi[0].run_id} asks for "
-                              f"nnodes={multi[0].train.nnodes}: expected nnodes=1 (use `dcp-bench slurm` for "
-                              "multi-node training)")
-        gpus = max(gpus, max(s.world_size for s in real) if any(s.train.device != "cpu" for s in real) else 0)
+            raise ConfigError(
+                f"launcher=slurm runs each run as one single-node job; run {multi[0].run_id} asks for "
+                f"nnodes={multi[0].train.nnodes}: expected nnodes=1 (use `dcp-bench slurm` for "
+                "multi-node training)"
+            )
+        gpus = max(
+            gpus,
+            max(s.world_size for s in real) if any(s.train.device != "cpu" for s in real) else 0,
+        )
     params: dict[str, Any] = {
         "name": "dcp-bench",
         "timeout_min": settings.timeout_min,
@@ -149,12 +158,17 @@ def run_sweep_slurm(
     if not todo:
         return result
     first = todo[0]
-    folder = Path(settings.folder) if settings.folder else Path(first.root) / first.campaign / ".slurm"
+    folder = (
+        Path(settings.folder) if settings.folder else Path(first.root) / first.campaign / ".slurm"
+    )
     ex = _executor(settings, folder, todo)
     submitted = time.time()
     jobs = ex.map_array(run_one, list(todo))
-    out(f"submitted {len(jobs)} run(s) as {settings.executor} job(s) {jobs[0].job_id}"
-        + (f" .. {jobs[-1].job_id}" if len(jobs) > 1 else "") + f"; logs in {folder}")
+    out(
+        f"submitted {len(jobs)} run(s) as {settings.executor} job(s) {jobs[0].job_id}"
+        + (f" .. {jobs[-1].job_id}" if len(jobs) > 1 else "")
+        + f"; logs in {folder}"
+    )
     if not settings.wait:
         result.unrun += [s.run_id for s in todo]
         return result
@@ -165,8 +179,15 @@ def run_sweep_slurm(
             text = str(exc).strip()
             status = "timeout" if "TIMEOUT" in text else "error"
             last = (text.splitlines() or [type(exc).__name__])[-1]
-            summary = record_unfinished(spec, status, f"{settings.executor} job {job.job_id} ended without the "
-                                        f"run's summary: {last[:300]}", submitted)
+            summary = record_unfinished(
+                spec,
+                status,
+                f"{settings.executor} job {job.job_id} ended without the "
+                f"run's summary: {last[:300]}",
+                submitted,
+            )
         result.ran.append(summary)
-        sys.stderr.write(f"{summary.status:<9} {spec.run_id} ({settings.executor} job {job.job_id})\n")
+        sys.stderr.write(
+            f"{summary.status:<9} {spec.run_id} ({settings.executor} job {job.job_id})\n"
+        )
     return result

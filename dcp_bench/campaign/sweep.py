@@ -96,7 +96,9 @@ def expand_grid(overrides: Sequence[str]) -> list[list[str]]:
     axes: list[list[str]] = []
     for ov in overrides:
         if "=" not in ov:
-            raise ConfigError(f"bad override {ov!r}: expected key=value (e.g. method=dcp,bucket_static)")
+            raise ConfigError(
+                f"bad override {ov!r}: expected key=value (e.g. method=dcp,bucket_static)"
+            )
         key, value = ov.split("=", 1)
         axes.append([f"{key}={v}" for v in split_alternatives(value)])
     return [list(p) for p in itertools.product(*axes)]
@@ -118,7 +120,10 @@ def plan_sweep(
             raise ConfigError(f"run.repeats={n!r}: expected an integer >= 1")
         first = parse_run_spec(cfg, sweep=sweep, overrides=cell)
         specs.append(first)
-        specs += [parse_run_spec(cfg, seed=first.seed + r, sweep=sweep, overrides=cell) for r in range(1, n)]
+        specs += [
+            parse_run_spec(cfg, seed=first.seed + r, sweep=sweep, overrides=cell)
+            for r in range(1, n)
+        ]
     return unique_runs(specs)
 
 
@@ -158,14 +163,18 @@ class SweepResult:
         return [*self.kept_failed, *self.failed]
 
 
-def run_one(spec: RunSpec, build: Assemble = assemble, env: dict[str, Any] | None = None) -> RunSummary:
+def run_one(
+    spec: RunSpec, build: Assemble = assemble, env: dict[str, Any] | None = None
+) -> RunSummary:
     """One run on its executor (simulated in this process; real under torchrun)."""
     if spec.executor == "torch":
         return launch_torch_run(spec)
     return run_simulated(spec, build=build, env=env)
 
 
-def _child(spec: RunSpec, build: Assemble, env: dict[str, Any] | None, foreign_locks: Sequence[int] = ()) -> None:
+def _child(
+    spec: RunSpec, build: Assemble, env: dict[str, Any] | None, foreign_locks: Sequence[int] = ()
+) -> None:
     # Other runs' locks came with the fork: let them go with their runs, not with this one.
     for fd in foreign_locks:
         with contextlib.suppress(OSError):
@@ -189,18 +198,28 @@ def _bounded(spec: RunSpec, deadline: float | None) -> RunSpec:
     if spec.timeout_s is not None and spec.timeout_s <= left:
         return spec
     own_grace = spec.hard_limit_s()
-    grace = BUDGET_KILL_GRACE_S if own_grace is None else min(BUDGET_KILL_GRACE_S, own_grace - (spec.timeout_s or 0.0))
+    grace = (
+        BUDGET_KILL_GRACE_S
+        if own_grace is None
+        else min(BUDGET_KILL_GRACE_S, own_grace - (spec.timeout_s or 0.0))
+    )
     return spec.with_timeout(left, BUDGET, kill_grace_s=grace)
 
 
 def _resume_state(spec: RunSpec, retry_failed: bool) -> tuple[str, RunSummary | None, str | None]:
     """("skip" | "retry" | "run" | "damaged", the kept summary, the damage) for one run."""
-    state = check_run(Path(spec.root) / spec.campaign / spec.run_id, config_hash=spec.config_hash, seed=spec.seed)
+    state = check_run(
+        Path(spec.root) / spec.campaign / spec.run_id, config_hash=spec.config_hash, seed=spec.seed
+    )
     if state.state == "damaged":
         return "damaged", None, state.problem
     if state.state == "incomplete":
         return "run", None, None
-    if state.summary is not None and state.summary.status == "timeout" and state.summary.extra.get("limit") == "budget":
+    if (
+        state.summary is not None
+        and state.summary.status == "timeout"
+        and state.summary.extra.get("limit") == "budget"
+    ):
         return "run", None, None  # cut by an earlier sweep's deadline, not failed on its own
     if state.failed and retry_failed:
         return "retry", state.summary, None
@@ -223,8 +242,10 @@ class Progress:
         elif self.mode == "lines":
             took = (summary.finished_at or 0.0) - (summary.started_at or 0.0)
             width = len(str(self.total))
-            sys.stderr.write(f"[{self.count:>{width}}/{self.total}] {summary.status:<9} {took:6.1f} s  "
-                             f"{summary.run_id}\n")
+            sys.stderr.write(
+                f"[{self.count:>{width}}/{self.total}] {summary.status:<9} {took:6.1f} s  "
+                f"{summary.run_id}\n"
+            )
             sys.stderr.flush()
 
     def close(self) -> None:
@@ -247,8 +268,9 @@ def _warn(message: str) -> None:
     sys.stderr.flush()
 
 
-def pending(specs: Sequence[RunSpec], resume: bool, retry_failed: bool,
-            warn: Callable[[str], None] = _warn) -> tuple[list[RunSpec], SweepResult]:
+def pending(
+    specs: Sequence[RunSpec], resume: bool, retry_failed: bool, warn: Callable[[str], None] = _warn
+) -> tuple[list[RunSpec], SweepResult]:
     """The runs a sweep must (re)do, by the local sweep's rules, and the result so far (complete
     records kept, failures kept, damaged records named)."""
     result = SweepResult()
@@ -283,8 +305,14 @@ def check_run_places(specs: Sequence[RunSpec]) -> None:
 FINISHED_ELSEWHERE = -1
 
 
-def _claim(spec: RunSpec, since: float, result: SweepResult, warn: Callable[[str], None],
-           wait: bool, announced: set[str]) -> int | None:
+def _claim(
+    spec: RunSpec,
+    since: float,
+    result: SweepResult,
+    warn: Callable[[str], None],
+    wait: bool,
+    announced: set[str],
+) -> int | None:
     """Take ``spec``'s execution lock: its descriptor (run it), None (another process is running
     it; with ``wait`` this blocks instead), or `FINISHED_ELSEWHERE` (the lock was free or freed,
     and the folder now holds a complete record finished after ``since``: kept and counted as
@@ -299,10 +327,16 @@ def _claim(spec: RunSpec, since: float, result: SweepResult, warn: Callable[[str
             return None
         fd = try_lock_run(run_dir, wait=True)
     state = check_run(run_dir, config_hash=spec.config_hash, seed=spec.seed, restore=False)
-    if state.state == "complete" and state.summary is not None and (state.summary.finished_at or 0.0) >= since:
+    if (
+        state.state == "complete"
+        and state.summary is not None
+        and (state.summary.finished_at or 0.0) >= since
+    ):
         unlock_run(fd)
         if spec.run_id in announced:
-            warn(f"run {spec.run_id}: finished by another process ({state.summary.status}); its record is kept")
+            warn(
+                f"run {spec.run_id}: finished by another process ({state.summary.status}); its record is kept"
+            )
         result.skipped.append(spec.run_id)
         if state.summary.status != "ok":
             result.kept_failed.append(state.summary)
@@ -431,8 +465,15 @@ def _run_forked(
                     proc.join()
                     active.pop(run_id)
                     n = len(read_steps(Path(spec.root) / spec.campaign / run_id))
-                    done(record_unfinished(spec, "timeout", f"killed after {limit:.0f} s ({spec.limit_text()} "
-                                           f"plus grace) inside step {n}", started))
+                    done(
+                        record_unfinished(
+                            spec,
+                            "timeout",
+                            f"killed after {limit:.0f} s ({spec.limit_text()} "
+                            f"plus grace) inside step {n}",
+                            started,
+                        )
+                    )
                     unlock_run(locks.pop(run_id, None))
                 elif not proc.is_alive():
                     proc.join()
@@ -441,16 +482,29 @@ def _run_forked(
                         summary = read_summary(Path(spec.root) / spec.campaign / run_id)
                     except RecordError:
                         summary = None
-                    if summary is None or summary.started_at is None or summary.started_at < started - 1.0:
+                    if (
+                        summary is None
+                        or summary.started_at is None
+                        or summary.started_at < started - 1.0
+                    ):
                         # the child died without (its own) summary, e.g. killed by the OS
-                        summary = record_unfinished(spec, "error", f"run process exited with code {proc.exitcode} "
-                                                    "before writing its summary", started)
+                        summary = record_unfinished(
+                            spec,
+                            "error",
+                            f"run process exited with code {proc.exitcode} "
+                            "before writing its summary",
+                            started,
+                        )
                     done(summary)
                     unlock_run(locks.pop(run_id, None))
             if active:
                 time.sleep(0.02)
     finally:
-        for proc, _, _ in active.values():  # interrupted: stop our own children, leave runs incomplete
+        for (
+            proc,
+            _,
+            _,
+        ) in active.values():  # interrupted: stop our own children, leave runs incomplete
             if proc.is_alive():
                 proc.kill()
                 proc.join()

@@ -24,4 +24,17 @@ from dcp_bench.commands import (
 )
 
 # In the order `--help` lists them.
-COMMANDS = (env, workloads, plan, simulate, profile, validate, memory, train, slurm, sweep, report, reproduce)
+COMMANDS = (
+    env,
+    workloads,
+    plan,
+    simulate,
+    profile,
+    validate,
+    memory,
+    train,
+    slurm,
+    sweep,
+    report,
+    reproduce,
+)

@@ -21,10 +21,21 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="results/memory", help="folder for table.csv, table.md, summary.json")
-    parser.add_argument("--layers", type=int, default=2, help="full-width layers to build and count (default 2)")
-    parser.add_argument("--cluster", default="h200x32", help="cluster config of the cost model (default h200x32)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="largest |relative error| accepted (default 0.05)")
+    parser.add_argument(
+        "--out", default="results/memory", help="folder for table.csv, table.md, summary.json"
+    )
+    parser.add_argument(
+        "--layers", type=int, default=2, help="full-width layers to build and count (default 2)"
+    )
+    parser.add_argument(
+        "--cluster", default="h200x32", help="cluster config of the cost model (default h200x32)"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="largest |relative error| accepted (default 0.05)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,5 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--tolerance {args.tolerance}: expected a positive fraction, e.g. 0.05")
     table = write_activation_table(args.out, args.layers, args.cluster, args.tolerance)
     out, worst = Path(args.out), table.worst
-    print(f"dcp-bench memory: {len(table.rows)} rows, largest |error| {worst:.2%}; wrote {out}/table.md, table.csv, summary.json")
+    print(
+        f"dcp-bench memory: {len(table.rows)} rows, largest |error| {worst:.2%}; wrote {out}/table.md, table.csv, summary.json"
+    )
     return 0 if worst <= args.tolerance else 1

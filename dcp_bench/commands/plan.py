@@ -16,15 +16,25 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="config overrides: workload=, method=, cluster=, model=, step=K, seed=")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides: workload=, method=, cluster=, model=, step=K, seed=",
+    )
     parser.add_argument("--json", action="store_true", help="print the whole plan as JSON")
-    parser.add_argument("--out", default=None, metavar="PATH", help="write the whole plan as JSON to PATH")
-    parser.add_argument("--no-validate", action="store_true",
-                        help="show the plan even if the validator rejects it")
-    parser.add_argument("--validate", action="store_true",
-                        help="check the plan against every plan rule (memory under the cap included) and print "
-                             "each offence in words; exit status 1 when there is one")
+    parser.add_argument(
+        "--out", default=None, metavar="PATH", help="write the whole plan as JSON to PATH"
+    )
+    parser.add_argument(
+        "--no-validate", action="store_true", help="show the plan even if the validator rejects it"
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="check the plan against every plan rule (memory under the cap included) and print "
+        "each offence in words; exit status 1 when there is one",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,16 +60,22 @@ def run(args: argparse.Namespace) -> int:
     spec, batch, cost = inp.spec, inp.batch, inp.parts.cost
     if args.validate:
         check = check_step_plan(inp)
-        head = (f"{spec.label} on step {step} of {spec.workload_name} ({batch.n} samples), {spec.cluster.name}, "
-                f"{spec.model.name}")
+        head = (
+            f"{spec.label} on step {step} of {spec.workload_name} ({batch.n} samples), {spec.cluster.name}, "
+            f"{spec.model.name}"
+        )
         if check.raised is not None:
             print(f"{head}: the planner raised {check.raised}")
             return 1
         if not check.offences:
-            print(f"{head}: valid plan ({check.rules} rules checked, memory against the "
-                  f"{check.memory_cap_gib:.1f} GiB cap of the {cost.source} cost model)")
+            print(
+                f"{head}: valid plan ({check.rules} rules checked, memory against the "
+                f"{check.memory_cap_gib:.1f} GiB cap of the {cost.source} cost model)"
+            )
             return 0
-        print(f"{head}: {len(check.offences)} offence(s) against the plan rules (docs/extending.md):")
+        print(
+            f"{head}: {len(check.offences)} offence(s) against the plan rules (docs/extending.md):"
+        )
         for line in check.offences:
             print(f"  - {line}")
         return 1
@@ -71,12 +87,23 @@ def run(args: argparse.Namespace) -> int:
         print(plan.to_json())
         return 0
     d = digest(planned)
-    print(f"plan of {spec.label} for step {step} of {spec.workload_name} (seed {spec.seed}) on {spec.cluster.name} "
-          f"({spec.world_size} ranks), {spec.model.name}")
-    print(f"  batch: {batch.n} samples, {batch.total_tokens} tokens; plan covers {d.covered_samples}")
-    print(f"  rounds {d.rounds}, groups {d.groups}, micro-batches {d.micro_batches}; micro-batches per SP degree "
-          f"{d.micro_batches_per_sp}")
-    print(f"  simulated step {d.step_time_s:.4g} s (lower bound {d.lower_bound_s:.4g} s), "
-          f"peak memory {d.peak_mem_gib:.3g} GiB, planner {planned.planner_ms:.1f} ms ({cost.source} cost model)")
-    print("  whole plan: --json (stdout) or --out PATH" + (f"; written to {args.out}" if args.out else ""))
+    print(
+        f"plan of {spec.label} for step {step} of {spec.workload_name} (seed {spec.seed}) on {spec.cluster.name} "
+        f"({spec.world_size} ranks), {spec.model.name}"
+    )
+    print(
+        f"  batch: {batch.n} samples, {batch.total_tokens} tokens; plan covers {d.covered_samples}"
+    )
+    print(
+        f"  rounds {d.rounds}, groups {d.groups}, micro-batches {d.micro_batches}; micro-batches per SP degree "
+        f"{d.micro_batches_per_sp}"
+    )
+    print(
+        f"  simulated step {d.step_time_s:.4g} s (lower bound {d.lower_bound_s:.4g} s), "
+        f"peak memory {d.peak_mem_gib:.3g} GiB, planner {planned.planner_ms:.1f} ms ({cost.source} cost model)"
+    )
+    print(
+        "  whole plan: --json (stdout) or --out PATH"
+        + (f"; written to {args.out}" if args.out else "")
+    )
     return 0

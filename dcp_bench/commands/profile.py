@@ -32,6 +32,7 @@ HELP = (
     "artifact (JSON) for the profiled cost model"
 )
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides",
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     command = "dcp-bench profile " + " ".join(shlex.quote(o) for o in args.overrides)
-    artifact = profile_to_file(req, out, command=command, rank_baseline=bool(own.get("profile.rank_baseline", True)))
+    artifact = profile_to_file(
+        req, out, command=command, rank_baseline=bool(own.get("profile.rank_baseline", True))
+    )
     print(
         f"wrote {out} (sha256 {sha256_file(out)}) in {artifact['cost']['wall_s']:.1f} s: "
         f"{len(artifact['layers'])} layer points, {len(artifact['collectives'])} collective points"

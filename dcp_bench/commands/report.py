@@ -29,7 +29,9 @@ def parse_keys(overrides: list[str]) -> dict[str, str]:
     for ov in overrides:
         key, sep, value = ov.partition("=")
         if not sep or key not in KEYS:
-            raise ConfigError(f"bad report argument {ov!r}: expected key=value with key one of {', '.join(KEYS)}")
+            raise ConfigError(
+                f"bad report argument {ov!r}: expected key=value with key one of {', '.join(KEYS)}"
+            )
         out[key] = value
     return out
 
@@ -61,10 +63,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"baseline_pairs={kv['baseline_pairs']!r}: expected true or false")
     n_boot = _n_boot(kv.get("n_boot", "2000"))
     summary = report_campaign(
-        campaign=campaign, root=kv.get("root", "runs"), out=kv.get("out"), claims=kv.get("claims"),
+        campaign=campaign,
+        root=kv.get("root", "runs"),
+        out=kv.get("out"),
+        claims=kv.get("claims"),
         baselines=kv["baselines"].split(",") if kv.get("baselines") else None,
-        baseline_pairs=pairs == "true", n_boot=n_boot,
-        command="dcp-bench report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else None,
+        baseline_pairs=pairs == "true",
+        n_boot=n_boot,
+        command="dcp-bench report " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if len(sys.argv) > 2
+        else None,
     )
     for c in summary["claims"]:
         if c["verdict"] == "no data":
@@ -72,13 +80,17 @@ def run(args: argparse.Namespace) -> int:
         lo, hi = c["ci95"]
         val = c["reproduced_value"]
         ci = "-" if lo is None else f"[{lo:.2f}, {hi:.2f}]"
-        print(f"{c['id']}: {c['verdict']} (claimed {c['claimed']}x, measured "
-              f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci})")
+        print(
+            f"{c['id']}: {c['verdict']} (claimed {c['claimed']}x, measured "
+            f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci})"
+        )
     own = summary["method_vs_baseline"]
     for r in own[:12]:
         value = "-" if r["speedup"] is None or "failed" in r["outcome"] else f"{r['speedup']:.2f}x"
-        print(f"{r['method']} over {r['baseline']} on {r['workload']} ({r['cluster']}, {r['model']}): {value}, "
-              f"{r['outcome']}{'; ' + r['flags'] if r['flags'] else ''}")
+        print(
+            f"{r['method']} over {r['baseline']} on {r['workload']} ({r['cluster']}, {r['model']}): {value}, "
+            f"{r['outcome']}{'; ' + r['flags'] if r['flags'] else ''}"
+        )
     if len(own) > 12:
         print(f"... and {len(own) - 12} more comparisons in the report")
     for bad in summary["skipped_records"]:

@@ -23,9 +23,14 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("overrides", nargs="*",
-                        help=f"key=value; keys: {', '.join(OVERRIDE_KEYS)} (sections=a,b runs only those)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help=f"key=value; keys: {', '.join(OVERRIDE_KEYS)} (sections=a,b runs only those)",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bars or progress lines"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,13 +18,22 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="config overrides: workload=, method=, cluster=, model=, steps= (measured), "
-                        "warmup_steps=, seed=, cost.source=analytical|profiled|auto, cost.scales.act_bytes=1.2, "
-                        "run.noise.jitter_sigma=0.05, planner_clock=overlap|serial|off")
-    parser.add_argument("--json", action="store_true", help="print the run summary as one JSON object")
-    parser.add_argument("--record", action="store_true",
-                        help="write the run records under <run.root>/<run.campaign>/<run id>/ (as a sweep does)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides: workload=, method=, cluster=, model=, steps= (measured), "
+        "warmup_steps=, seed=, cost.source=analytical|profiled|auto, cost.scales.act_bytes=1.2, "
+        "run.noise.jitter_sigma=0.05, planner_clock=overlap|serial|off",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the run summary as one JSON object"
+    )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the run records under <run.root>/<run.campaign>/<run id>/ (as a sweep does)",
+    )
 
 
 def _fmt(value: object, unit: str = "", digits: int = 4) -> str:
@@ -45,21 +54,27 @@ def run(args: argparse.Namespace) -> int:
 
     spec, summary = simulate_one(list(args.overrides), record=args.record, say=_note)
     if summary.status == "error" and not args.json:
-        sys.stderr.write(f"dcp-bench simulate: error: the run failed after {len(summary.extra.get('losses') or [])} "
-                         f"step(s): {summary.error}\n")
+        sys.stderr.write(
+            f"dcp-bench simulate: error: the run failed after {len(summary.extra.get('losses') or [])} "
+            f"step(s): {summary.error}\n"
+        )
         return 3
     if args.json:
         print(json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True, default=str))
         return 0 if summary.status == "ok" else 3
     ex = summary.extra
     cm = ex.get("cost") or {}
-    print(f"SIMULATED: {summary.method}{' (paper mode)' if spec.mode == 'paper' else ''} on {summary.workload}, "
-          f"{summary.cluster} ({ex.get('world_size')} ranks), {summary.model}; {summary.n_steps} measured steps "
-          f"after {summary.n_warmup} warm-up, seed {summary.seed}; status {summary.status}")
+    print(
+        f"SIMULATED: {summary.method}{' (paper mode)' if spec.mode == 'paper' else ''} on {summary.workload}, "
+        f"{summary.cluster} ({ex.get('world_size')} ranks), {summary.model}; {summary.n_steps} measured steps "
+        f"after {summary.n_warmup} warm-up, seed {summary.seed}; status {summary.status}"
+    )
     if summary.error:
         print(f"error: {summary.error}")
-    print(f"cost model: {cm.get('source')} (cluster {cm.get('cluster')}, memory cap "
-          f"{cm.get('mem_cap_fraction')} of usable GPU memory); planner clock {spec.planner_clock}")
+    print(
+        f"cost model: {cm.get('source')} (cluster {cm.get('cluster')}, memory cap "
+        f"{cm.get('mem_cap_fraction')} of usable GPU memory); planner clock {spec.planner_clock}"
+    )
     if cm.get("auto_fallback"):
         print(f"note: {cm['auto_fallback']}")
     rows = [

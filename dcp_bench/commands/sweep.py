@@ -19,15 +19,28 @@ HELP = (
     "runs as a Slurm job array through submitit (same records, resumable)"
 )
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("overrides", nargs="*", help="key=value overrides; a,b,c lists alternatives (the grid)")
-    parser.add_argument("--jobs", type=int, default=1, help="simulated runs in parallel processes (default 1)")
+    parser.add_argument(
+        "overrides", nargs="*", help="key=value overrides; a,b,c lists alternatives (the grid)"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="simulated runs in parallel processes (default 1)"
+    )
     parser.add_argument("--no-resume", action="store_true", help="rerun complete runs too")
-    parser.add_argument("--retry-failed", action="store_true",
-                        help="redo runs whose record is a failure (oom, timeout, nonfinite, error); kept otherwise")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="no progress (default: a bar on a terminal, one line per finished run otherwise)")
-    parser.add_argument("--dry-run", action="store_true", help="list the runs (state and id) and stop")
+    parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="redo runs whose record is a failure (oom, timeout, nonfinite, error); kept otherwise",
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (default: a bar on a terminal, one line per finished run otherwise)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list the runs (state and id) and stop"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,5 +49,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: expected an integer >= 1")
-    return launch_sweep(list(args.overrides), jobs=args.jobs, resume=not args.no_resume,
-                        retry_failed=args.retry_failed, progress=not args.no_progress, dry_run=args.dry_run)
+    return launch_sweep(
+        list(args.overrides),
+        jobs=args.jobs,
+        resume=not args.no_resume,
+        retry_failed=args.retry_failed,
+        progress=not args.no_progress,
+        dry_run=args.dry_run,
+    )

@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "nproc=, timeout_s= (whole run), mem_cap_fraction=, workload.length_scale=, train.lr= (lr=), "
         "train.grad_clip=, train.threads=, train.pg_timeout_s=, campaign=, root=",
     )
-    parser.add_argument("--json", action="store_true", help="print the run summary (with per-step losses) as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="print the run summary (with per-step losses) as JSON"
+    )
 
 
 def _note(message: str) -> None:

@@ -23,26 +23,45 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--published", default=None, help="the validation set (default results/validation/published.yaml)")
-    parser.add_argument("--out", default=None, help="folder for table.md, table.csv, summary.json (default: beside the set)")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the configs' constants differ from a fresh fit")
+    parser.add_argument(
+        "--published",
+        default=None,
+        help="the validation set (default results/validation/published.yaml)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="folder for table.md, table.csv, summary.json (default: beside the set)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the configs' constants differ from a fresh fit",
+    )
     parser.add_argument("--json", action="store_true", help="print summary.json to stdout")
 
 
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.report.cost_validation import abs_pct, validate_cost_model
 
-    result = validate_cost_model(Path(args.published) if args.published else None,
-                                 Path(args.out) if args.out else None)
+    result = validate_cost_model(
+        Path(args.published) if args.published else None, Path(args.out) if args.out else None
+    )
     summ, mismatches, out = result.summary, result.mismatches, result.out
     if args.json:
         print(json.dumps(result.doc, indent=1, sort_keys=True, default=str))
     else:
         h_b, h_a = summ["before"]["holdout"], summ["after"]["holdout"]
-        print(f"{summ['rows']['total']} rows ({summ['rows']['fit']} fit, {summ['rows']['holdout']} held out, "
-              f"{summ['rows']['reference']} reference); held-out median |error| {abs_pct(h_b['median_abs_error'])} "
-              f"-> {abs_pct(h_a['median_abs_error'])}, max {abs_pct(h_b['max_abs_error'])} -> "
-              f"{abs_pct(h_a['max_abs_error'])}")
-        print("configs carry the fit" if not mismatches else "configs differ from the fit: " + "; ".join(mismatches))
+        print(
+            f"{summ['rows']['total']} rows ({summ['rows']['fit']} fit, {summ['rows']['holdout']} held out, "
+            f"{summ['rows']['reference']} reference); held-out median |error| {abs_pct(h_b['median_abs_error'])} "
+            f"-> {abs_pct(h_a['median_abs_error'])}, max {abs_pct(h_b['max_abs_error'])} -> "
+            f"{abs_pct(h_a['max_abs_error'])}"
+        )
+        print(
+            "configs carry the fit"
+            if not mismatches
+            else "configs differ from the fit: " + "; ".join(mismatches)
+        )
         print(f"wrote {out / 'table.md'}, {out / 'table.csv'}, {out / 'summary.json'}")
     return 1 if args.check and mismatches else 0

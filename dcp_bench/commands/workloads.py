@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 NAME = "workloads"
-HELP = "list workloads, show a workload's length statistics (--json, --plot), or print a global batch"
+HELP = (
+    "list workloads, show a workload's length statistics (--json, --plot), or print a global batch"
+)
 
 STAT_KEYS = (
     "n", "mean", "p10", "p25", "p50", "p75", "p90", "p99", "max",
@@ -34,16 +36,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
     p_list = sub.add_parser("list", help="the workload configs (packaged and the user's)")
-    p_list.add_argument("overrides", nargs="*", metavar="extra_conf=DIR", help="user config folders")
+    p_list.add_argument(
+        "overrides", nargs="*", metavar="extra_conf=DIR", help="user config folders"
+    )
     p_list.add_argument("--json", action="store_true", help="print JSON")
     p_show = sub.add_parser("show", help="statistics of a workload's length distribution")
     p_show.add_argument("name")
-    p_show.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (workload.KEY=VALUE, seed=, extra_conf=)")
+    p_show.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides (workload.KEY=VALUE, seed=, extra_conf=)",
+    )
     p_show.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    p_show.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a histogram figure")
+    p_show.add_argument(
+        "--plot", type=Path, default=None, metavar="PATH", help="write a histogram figure"
+    )
     p_batch = sub.add_parser("batch", help="the global batch of one step (sample ids and sizes)")
     p_batch.add_argument("name")
-    p_batch.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (workload.KEY=VALUE, seed=, extra_conf=)")
+    p_batch.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides (workload.KEY=VALUE, seed=, extra_conf=)",
+    )
     p_batch.add_argument("--step", type=int, default=0)
     p_batch.add_argument("--world-size", type=int, default=32)
     p_batch.add_argument("--max-seq-len", type=int, default=None)
@@ -69,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             width = max(len(r["name"]) for r in rows)
             for r in rows:
-                print(f"{r['name']:<{width}}  {r['kind']:<9}  {r['default_model']:<10}  v{r['version']}  {r['description']}")
+                print(
+                    f"{r['name']:<{width}}  {r['kind']:<9}  {r['default_model']:<10}  v{r['version']}  {r['description']}"
+                )
         return 0
 
     if getattr(args, "plot", None) is not None:
@@ -91,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
     else:
         loader = f", loader {workload.name}" if workload.name != args.name else ""
-        print(f"{args.name} (v{workload.version}, {workload.kind}{loader}, default model {workload.default_model})")
+        print(
+            f"{args.name} (v{workload.version}, {workload.kind}{loader}, default model {workload.default_model})"
+        )
         print(f"  {workload.description}")
         for key in STAT_KEYS:
             print(f"  {key:<20} {_fmt(stats[key])}")

@@ -78,7 +78,9 @@ def make_cost_model(
     fallback = None
     if source == "auto" and profile is None and profile_path and not scales:
         try:
-            return make_cost_model(mspec, cspec, "profiled", mem_cap_fraction, profile_path, None, **options)
+            return make_cost_model(
+                mspec, cspec, "profiled", mem_cap_fraction, profile_path, None, **options
+            )
         except ConfigError as exc:
             fallback = f"cluster profile {profile_path!s} not used: {exc}"
     if source == "auto":
@@ -95,7 +97,11 @@ def make_cost_model(
                 "source uses measured times"
             )
         return ProfiledCostModel(
-            model=mspec, cluster=cspec, mem_cap_fraction=mem_cap_fraction, profile=str(profile_path), **options
+            model=mspec,
+            cluster=cspec,
+            mem_cap_fraction=mem_cap_fraction,
+            profile=str(profile_path),
+            **options,
         )
     return AnalyticalCostModel(
         model=mspec,

@@ -80,10 +80,17 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
             "final_norm": norm,
             "loss": b * h + 8.0 + 4.0,  # LM-head input, int64 labels, fp32 log-sum-exp per row
         }
-        return ActivationTerms(layer, {k: 0.0 for k in layer}, outer_tok, {},
-                               shared_tok=2.0 * spec.head_dim * b,  # RoPE cos and sin per row
-                               shared_sample=0.0, checkpoint_input_tok=float(b * h),
-                               conditioning_held_tok=0.0, blocks_per_layer=1)
+        return ActivationTerms(
+            layer,
+            {k: 0.0 for k in layer},
+            outer_tok,
+            {},
+            shared_tok=2.0 * spec.head_dim * b,  # RoPE cos and sin per row
+            shared_sample=0.0,
+            checkpoint_input_tok=float(b * h),
+            conditioning_held_tok=0.0,
+            blocks_per_layer=1,
+        )
     M, D = spec.text_tokens, spec.text_dim
     C = spec.in_channels * math.prod(spec.patch)
     # q and k RMSNorms: in 16-bit each keeps an fp32 copy (4h) and its output (bh); in fp32 the
@@ -96,7 +103,15 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
         # modulated input, q/k norms (+ fp32 rsqrt per head and row each), the stacked normed
         # q/k/v the kernel reads, its output and log-sum-exp, the projection input and output,
         # and the block's (t_mod + scale_shift_table) rows: 6h per row (gates and scales)
-        "self_attention": b * h + qk_norm + 2 * 4.0 * H + 3 * b * h + b * h + lse + b * h + b * h + 6.0 * b * h,
+        "self_attention": b * h
+        + qk_norm
+        + 2 * 4.0 * H
+        + 3 * b * h
+        + b * h
+        + lse
+        + b * h
+        + b * h
+        + 6.0 * b * h,
         # input (q projection), q, the kernel's output and log-sum-exp, the output projection's input
         "cross_attention": 4.0 * b * h + lse,
         # normed input, fc1 output, GELU output, fc2 output (gated)
@@ -106,7 +121,9 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
     # the caption keys and values of this block: M x 2h per sample, on every rank of the group
     block_sample["cross_attention"] = M * 2.0 * h * b
     layer_tok = {f"{kind}.{k}": v for kind in ("spatial", "temporal") for k, v in block.items()}
-    layer_sample = {f"{kind}.{k}": v for kind in ("spatial", "temporal") for k, v in block_sample.items()}
+    layer_sample = {
+        f"{kind}.{k}": v for kind in ("spatial", "temporal") for k, v in block_sample.items()
+    }
     outer_tok = {
         # latent patches in the compute dtype (x embedder input), the int64 row -> sample index
         "embeddings": C * b + 8.0,
@@ -119,15 +136,27 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
         # outputs; the timestep and fps MLPs (input, hidden, GELU), their sum and its SiLU
         "embeddings": M * D * b + 2.0 * M * h * b + 2 * (FREQ_DIM * b + 2.0 * h * b) + 2.0 * h * b,
     }
-    return ActivationTerms(layer_tok, layer_sample, outer_tok, outer_sample,
-                           shared_tok=0.0, shared_sample=M * h * b,  # the caption features
-                           checkpoint_input_tok=2.0 * b * h,  # the spatial and the temporal block input
-                           conditioning_held_tok=6.0 * b * h,  # t_mod rows (N, 6, h)
-                           blocks_per_layer=2)
+    return ActivationTerms(
+        layer_tok,
+        layer_sample,
+        outer_tok,
+        outer_sample,
+        shared_tok=0.0,
+        shared_sample=M * h * b,  # the caption features
+        checkpoint_input_tok=2.0 * b * h,  # the spatial and the temporal block input
+        conditioning_held_tok=6.0 * b * h,  # t_mod rows (N, 6, h)
+        blocks_per_layer=2,
+    )
 
 
-def kept_bytes(terms: ActivationTerms, num_layers: int, tokens: float, samples: float, ckpt_layers: int,
-               peak: bool = True) -> float:
+def kept_bytes(
+    terms: ActivationTerms,
+    num_layers: int,
+    tokens: float,
+    samples: float,
+    ckpt_layers: int,
+    peak: bool = True,
+) -> float:
     """Bytes kept for the backward by one micro-batch of ``tokens`` per rank over ``samples``
     samples, with ``ckpt_layers`` of ``num_layers`` layer units checkpointed. ``peak``: add what
     recomputing one checkpointed block materialises on top when every layer is checkpointed

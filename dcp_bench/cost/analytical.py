@@ -143,14 +143,18 @@ class AnalyticalCostModel(CostModel):
     def __post_init__(self) -> None:
         unknown = set(self.scales) - set(SCALE_KEYS)
         if unknown:
-            raise ConfigError(f"unknown cost scale(s) {sorted(unknown)}; expected keys {list(SCALE_KEYS)}")
+            raise ConfigError(
+                f"unknown cost scale(s) {sorted(unknown)}; expected keys {list(SCALE_KEYS)}"
+            )
         for key, val in self.scales.items():
             if not val > 0:
                 raise ConfigError(f"cost scale {key}={val}: must be > 0")
         check_zero_stage(self.zero_stage)
         if not (self.layer_launch_s >= 0 and self.allocator_fragmentation >= 0):
-            raise ConfigError(f"layer_launch_s={self.layer_launch_s}, allocator_fragmentation="
-                              f"{self.allocator_fragmentation}: expected values >= 0")
+            raise ConfigError(
+                f"layer_launch_s={self.layer_launch_s}, allocator_fragmentation="
+                f"{self.allocator_fragmentation}: expected values >= 0"
+            )
         if not 0 < self.mem_cap_fraction <= 1:
             raise ConfigError(f"mem_cap_fraction={self.mem_cap_fraction}; expected 0 < f <= 1")
         constant_sources = self._resolve_constants()
@@ -169,7 +173,7 @@ class AnalyticalCostModel(CostModel):
             "memory_terms": {
                 "activations": "counted from the runtime's models (dcp_bench.cost.activations; dcp-bench memory)",
                 "allocator": "workspace_bytes (GPU config: CUDA context, NCCL buffers, workspace; assumption) + "
-                             "allocator_fragmentation x activations",
+                "allocator_fragmentation x activations",
             },
             "constant_sources": constant_sources,
             "scales": {k: self._scale(k) for k in SCALE_KEYS},
@@ -191,11 +195,15 @@ class AnalyticalCostModel(CostModel):
             if key in ("a2a_latency_s", "allreduce_hop_latency_s"):
                 value, where = c.intra_node_latency_s, f"cluster {c.name}: intra_node_latency_s"
             if self.use_config_constants:
-                for owner, consts, srcs in ((f"cluster {c.name}", c.cost_constants, c.sources),
-                                            (f"gpu {g.name}", g.cost_constants, g.sources)):
+                for owner, consts, srcs in (
+                    (f"cluster {c.name}", c.cost_constants, c.sources),
+                    (f"gpu {g.name}", g.cost_constants, g.sources),
+                ):
                     if key in consts:
                         value = float(consts[key])
-                        where = f"{owner}: {srcs.get(key) or srcs.get('cost_constants') or 'config'}"
+                        where = (
+                            f"{owner}: {srcs.get(key) or srcs.get('cost_constants') or 'config'}"
+                        )
                         break
             setattr(self, key, None if value is None else float(value))
             sources[key] = where
@@ -216,23 +224,31 @@ class AnalyticalCostModel(CostModel):
         self._b = b
         self._peak = gpu.peak_flops
         self._gemm_max = (
-            self.gemm_eff_max if self.gemm_eff_max is not None else gpu.matmul_flops / gpu.peak_flops
+            self.gemm_eff_max
+            if self.gemm_eff_max is not None
+            else gpu.matmul_flops / gpu.peak_flops
         )
         ske = self._scale("small_kernel_eff")
         assert self.gemm_half_tokens is not None and self.attn_half_len is not None
         assert self.attn_eff_max is not None and self.a2a_eff is not None
         self._gemm_half_flops = None if self.gemm_half_flops is None else self.gemm_half_flops / ske
         self._attn_half = self.attn_half_len / ske
-        self._attn_causal_half = (self.attn_half_len if self.attn_causal_half_len is None
-                                  else self.attn_causal_half_len) / ske
+        self._attn_causal_half = (
+            self.attn_half_len if self.attn_causal_half_len is None else self.attn_causal_half_len
+        ) / ske
         self._attn_max = min(1.0, self.attn_eff_max * self._scale("attn_eff"))
         self._a2a = self.a2a_eff * self._scale("a2a_eff")
         self._attn_bwd = float(self.attn_bwd_factor or 0.0)
         self._allreduce = float(self.allreduce_eff or 0.0)
         self._ar_overlap = float(self.allreduce_overlap or 0.0)
-        self._ar_inter = self._allreduce if self.allreduce_inter_eff is None else float(self.allreduce_inter_eff)
-        self._ar_hop = float(self.allreduce_hop_latency_s if self.allreduce_hop_latency_s is not None
-                             else self.cluster.intra_node_latency_s)
+        self._ar_inter = (
+            self._allreduce if self.allreduce_inter_eff is None else float(self.allreduce_inter_eff)
+        )
+        self._ar_hop = float(
+            self.allreduce_hop_latency_s
+            if self.allreduce_hop_latency_s is not None
+            else self.cluster.intra_node_latency_s
+        )
         if m.arch == "llama":
             kvd = m.kv_heads * hd
             # q, k, v, o projections and the SwiGLU MLP (gate, up, down): 2 FLOPs per MAC.
@@ -268,7 +284,11 @@ class AnalyticalCostModel(CostModel):
             self._gemms_per_layer = 12  # per block: qkv, proj, cross q and out, fc1, fc2; x2 blocks
         # Mean multiply-adds per token of one layer GEMM (cross-attention k/v act on captions)
         # (the STDiT pair's 12h adaLN modulation FLOPs per token are elementwise, not GEMMs)
-        macs = (self._layer_gemm_tok - (12.0 * h if m.arch == "stdit" else 0.0)) / 2.0 / self._gemms_per_layer
+        macs = (
+            (self._layer_gemm_tok - (12.0 * h if m.arch == "stdit" else 0.0))
+            / 2.0
+            / self._gemms_per_layer
+        )
         self.gemm_macs_per_token = macs
         if self._gemm_half_flops is not None:
             self._gemm_half = self._gemm_half_flops / (2.0 * macs)
@@ -277,8 +297,12 @@ class AnalyticalCostModel(CostModel):
         # What the runtime's models keep for the backward, unit by unit (activation_bytes).
         self._act_terms = activation_terms(m)
         # Seconds per token per layer of memory-bound kernels on one rank.
-        self._elem_tok_s = (float(self.elementwise_bytes_factor or 0.0) * self._scale("elementwise")
-                            * self._act_full_tok / gpu.measured_mem_bw)
+        self._elem_tok_s = (
+            float(self.elementwise_bytes_factor or 0.0)
+            * self._scale("elementwise")
+            * self._act_full_tok
+            / gpu.measured_mem_bw
+        )
         pb = param_breakdown(m)
         self._params = pb.total
         self._layer_params = pb.per_layer
@@ -293,8 +317,11 @@ class AnalyticalCostModel(CostModel):
         """Share of peak one GEMM of ``flops`` reaches (the calibrated per-GEMM law; with only
         gemm_half_tokens set, that half point in a hidden-size-wide GEMM of this model)."""
         f = np.asarray(flops, dtype=float)
-        half = self._gemm_half_flops if self._gemm_half_flops is not None else \
-            self._gemm_half * 2.0 * self.gemm_macs_per_token
+        half = (
+            self._gemm_half_flops
+            if self._gemm_half_flops is not None
+            else self._gemm_half * 2.0 * self.gemm_macs_per_token
+        )
         return self._gemm_max * f / (f + half)
 
     def attention_efficiency(self, length: np.ndarray | float, causal: bool = False) -> np.ndarray:
@@ -354,7 +381,9 @@ class AnalyticalCostModel(CostModel):
         t = collectives * lat + np.asarray(nbytes) * (s - 1) / s / bw
         return np.where(s > 1, t, 0.0)
 
-    def activation_bytes(self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray) -> np.ndarray:
+    def activation_bytes(
+        self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
         """Activation bytes per rank of each sample (sequence split over ``sp`` ranks): what the
         runtime's models keep for the backward, unit by unit (`dcp_bench.cost.activations`,
         equal to the bytes `dcp_bench.runtime.memory_count` counts from the models), per-sample
@@ -371,24 +400,38 @@ class AnalyticalCostModel(CostModel):
         full_tok, full_s, inp = t.full_tok, t.full_sample, t.checkpoint_input_tok
         nb = t.blocks_per_layer
         every = k >= L
-        per_tok = (L - k) * full_tok + k * inp + np.where(k > 0, t.conditioning_held_tok, 0.0) \
+        per_tok = (
+            (L - k) * full_tok
+            + k * inp
+            + np.where(k > 0, t.conditioning_held_tok, 0.0)
             + np.where(every, (full_tok - inp) / nb, 0.0)
+        )
         per_tok = per_tok + sum(t.outer_tok.values()) + t.shared_tok
-        per_sample = (L - k) * full_s + np.where(every, full_s / nb, 0.0) + sum(t.outer_sample.values()) \
+        per_sample = (
+            (L - k) * full_s
+            + np.where(every, full_s / nb, 0.0)
+            + sum(t.outer_sample.values())
             + t.shared_sample
+        )
         return self._scale("act_bytes") * (n_r * per_tok + per_sample)
 
-    def activation_breakdown(self, tokens: float, samples: float = 1.0, sp: int = 1,
-                             ckpt_layers: int = 0) -> dict[str, float]:
+    def activation_breakdown(
+        self, tokens: float, samples: float = 1.0, sp: int = 1, ckpt_layers: int = 0
+    ) -> dict[str, float]:
         """Bytes one micro-batch of ``tokens`` over ``samples`` samples keeps per rank, by unit
         (per-layer units multiplied by the stored layers; without the recomputation peak)."""
         t, L = self._act_terms, self._L
         k = min(max(int(ckpt_layers), 0), L)
         n_r = float(tokens) / sp
-        out = {f"layer.{u}": (L - k) * (n_r * v + samples * t.layer_sample.get(u, 0.0))
-               for u, v in t.layer_tok.items()}
+        out = {
+            f"layer.{u}": (L - k) * (n_r * v + samples * t.layer_sample.get(u, 0.0))
+            for u, v in t.layer_tok.items()
+        }
         out["checkpoint_inputs"] = k * n_r * t.checkpoint_input_tok
-        out["shared"] = n_r * (t.shared_tok + (t.conditioning_held_tok if k > 0 else 0.0)) + samples * t.shared_sample
+        out["shared"] = (
+            n_r * (t.shared_tok + (t.conditioning_held_tok if k > 0 else 0.0))
+            + samples * t.shared_sample
+        )
         for u in sorted(set(t.outer_tok) | set(t.outer_sample)):
             out[u] = n_r * t.outer_tok.get(u, 0.0) + samples * t.outer_sample.get(u, 0.0)
         return {u: self._scale("act_bytes") * v for u, v in out.items()}
@@ -403,10 +446,14 @@ class AnalyticalCostModel(CostModel):
         master weights, AdamW moments and gradient accumulator), the workspace, and for language
         models one chunk of logits (`logits_chunk_bytes`)."""
         policy = precision_policy(self.model.dtype)
-        out = static_state_bytes(self._params, self._layer_params, self.cluster.world_size, self.zero_stage, policy)
+        out = static_state_bytes(
+            self._params, self._layer_params, self.cluster.world_size, self.zero_stage, policy
+        )
         out["workspace"] = float(self.cluster.gpu.workspace_bytes)
         if self.model.arch == "llama":
-            out["logits_chunk"] = logits_chunk_bytes(self.logits_chunk_tokens, self.model.vocab, policy)
+            out["logits_chunk"] = logits_chunk_bytes(
+                self.logits_chunk_tokens, self.model.vocab, policy
+            )
         return {k: float(v) for k, v in out.items()}
 
     def allreduce_time(self, nbytes: float, ranks: int) -> float:
@@ -512,25 +559,45 @@ class AnalyticalCostModel(CostModel):
         if split not in ("sequence", "batch"):
             raise ConfigError(f"split={split!r}; expected 'sequence' or 'batch'")
         c = self.microbatch_costs(
-            tokens, frames, np.zeros(len(tokens), dtype=np.int64), np.array([sp]), np.array([ckpt_layers])
+            tokens,
+            frames,
+            np.zeros(len(tokens), dtype=np.int64),
+            np.array([sp]),
+            np.array([ckpt_layers]),
         )
         return MicroBatchCost.from_terms({key: float(v[0]) for key, v in c.items()})
 
-    def _batch_split_cost(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt: int) -> MicroBatchCost:
+    def _batch_split_cost(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt: int
+    ) -> MicroBatchCost:
         """Whole samples dealt to the group's ranks as the runtime deals them (by tokens, largest
         first, to the least-loaded rank); the group finishes with its slowest rank; no
         sequence-parallel communication."""
         owner = deal_by_tokens(tokens, sp)
         used = np.unique(owner)
-        c = self.microbatch_costs(tokens, frames, np.searchsorted(used, owner),
-                                  np.ones(len(used)), np.full(len(used), ckpt))
-        times = {t.name: np.zeros(len(used)) if t.sequence_split_only else c[t.name] for t in self.time_terms}
+        c = self.microbatch_costs(
+            tokens,
+            frames,
+            np.searchsorted(used, owner),
+            np.ones(len(used)),
+            np.full(len(used), ckpt),
+        )
+        times = {
+            t.name: np.zeros(len(used)) if t.sequence_split_only else c[t.name]
+            for t in self.time_terms
+        }
         slow = int(np.argmax(self.total_time(times)))
-        return MicroBatchCost.from_terms({**{k: float(v[slow]) for k, v in times.items()},
-                                          "mem_bytes": float(c["mem_bytes"].max()),
-                                          "model_flops": float(c["model_flops"].sum())})
+        return MicroBatchCost.from_terms(
+            {
+                **{k: float(v[slow]) for k, v in times.items()},
+                "mem_bytes": float(c["mem_bytes"].max()),
+                "model_flops": float(c["model_flops"].sum()),
+            }
+        )
 
-    def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+    def sample_time(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
+    ) -> np.ndarray:
         n = len(tokens)
         c = self.microbatch_costs(
             tokens, frames, np.arange(n), np.full(n, sp), np.full(n, ckpt_layers)
@@ -552,7 +619,13 @@ class AnalyticalCostModel(CostModel):
         if sp > 1:  # bytes only: collective latencies are shared by the samples of a micro-batch
             c = self.cluster
             bw = (c.inter_node_bw if sp > c.gpus_per_node else c.intra_node_bw) * self._a2a
-            comm = self.a2a_bytes_per_layer(n_r, np.full(len(n_r), sp)) * (s - 1) / s / bw * (2 * L + k)
+            comm = (
+                self.a2a_bytes_per_layer(n_r, np.full(len(n_r), sp))
+                * (s - 1)
+                / s
+                / bw
+                * (2 * L + k)
+            )
         return fwd_bwd + k / L * layer + comm
 
     def microbatch_overhead(self, sp: int, ckpt_layers: int) -> float:
@@ -567,11 +640,15 @@ class AnalyticalCostModel(CostModel):
         launch = self.layer_launch_s * self._act_terms.blocks_per_layer * (2 * L + k)
         return gemm + latency + launch
 
-    def sample_memory(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+    def sample_memory(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
+    ) -> np.ndarray:
         """Activation bytes of each sample (`activation_bytes`) plus the allocator's
         fragmentation share of them (``allocator_fragmentation``, a separate term)."""
         n = len(tokens)
-        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers)) * (1.0 + self.allocator_fragmentation)
+        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers)) * (
+            1.0 + self.allocator_fragmentation
+        )
 
     def _check(self, sp: int, ckpt_layers: int) -> None:
         if sp < 1 or sp & (sp - 1):

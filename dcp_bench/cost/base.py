@@ -53,7 +53,9 @@ class TimeTerm:
     part: str  # the part of a step's time it is booked to: a step record's column, a report row
     label: str  # what the report calls that part
     communication: bool = False  # counted in a step's communication share
-    sequence_split_only: bool = False  # zero in a batch-split micro-batch (sequence-parallel collectives)
+    sequence_split_only: bool = (
+        False  # zero in a batch-split micro-batch (sequence-parallel collectives)
+    )
 
 
 # The micro-batch time terms every cost source prices, in the order every total adds them.
@@ -61,7 +63,13 @@ MICROBATCH_TIME_TERMS: tuple[TimeTerm, ...] = (
     TimeTerm("fwd_s", "compute_s", "forward + backward compute"),
     TimeTerm("bwd_s", "compute_s", "forward + backward compute"),
     TimeTerm("recompute_s", "recompute_s", "activation recomputation"),
-    TimeTerm("comm_s", "comm_s", "sequence-parallel communication", communication=True, sequence_split_only=True),
+    TimeTerm(
+        "comm_s",
+        "comm_s",
+        "sequence-parallel communication",
+        communication=True,
+        sequence_split_only=True,
+    ),
 )
 # The once-per-step terms (`CostModel.step_sync_breakdown`); a step account books them together.
 SYNC_PART = "sync_s"
@@ -106,12 +114,17 @@ class MicroBatchCost:
         """From every time term and `MICROBATCH_OTHER_KEYS` by name (as `microbatch_costs` keys
         them); names beyond `MICROBATCH_TIME_TERMS` become ``added_s`` in the order given."""
         base = {t.name for t in MICROBATCH_TIME_TERMS} | set(MICROBATCH_OTHER_KEYS)
-        return cls(**{k: float(values[k]) for k in base},
-                   added_s=tuple((k, float(v)) for k, v in values.items() if k not in base))
+        return cls(
+            **{k: float(values[k]) for k in base},
+            added_s=tuple((k, float(v)) for k, v in values.items() if k not in base),
+        )
 
     def times(self) -> dict[str, float]:
         """Every time term by name, in declaration order."""
-        return {**{t.name: float(getattr(self, t.name)) for t in MICROBATCH_TIME_TERMS}, **dict(self.added_s)}
+        return {
+            **{t.name: float(getattr(self, t.name)) for t in MICROBATCH_TIME_TERMS},
+            **dict(self.added_s),
+        }
 
     @property
     def total_s(self) -> float:
@@ -150,11 +163,15 @@ class CostModel(ABC):
         first ``ckpt_layers`` layers checkpointed."""
 
     @abstractmethod
-    def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+    def sample_time(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
+    ) -> np.ndarray:
         """Vectorised: the time (s) of each sample run alone as its own micro-batch."""
 
     @abstractmethod
-    def sample_memory(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+    def sample_memory(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
+    ) -> np.ndarray:
         """Vectorised: activation bytes per rank of each sample (static memory excluded).
         Activation memory is additive over the samples of a packed micro-batch."""
 
@@ -203,13 +220,23 @@ class CostModel(ABC):
         terms this model adds (`added_costs`), each checked against its declaration."""
         declared = [t.name for t in self.time_terms]
         if declared[: len(MICROBATCH_TIME_TERMS)] != [t.name for t in MICROBATCH_TIME_TERMS]:
-            raise TypeError(f"{type(self).__name__}.time_terms must start with MICROBATCH_TIME_TERMS; got {declared}")
+            raise TypeError(
+                f"{type(self).__name__}.time_terms must start with MICROBATCH_TIME_TERMS; got {declared}"
+            )
         added = self.added_costs(tokens, frames, mb_index, sp, ckpt_layers)
-        if list(added) != declared[len(MICROBATCH_TIME_TERMS):]:
-            raise TypeError(f"{type(self).__name__}.added_costs priced {list(added)}; its time_terms declare "
-                            f"{declared[len(MICROBATCH_TIME_TERMS):]} beyond MICROBATCH_TIME_TERMS")
+        if list(added) != declared[len(MICROBATCH_TIME_TERMS) :]:
+            raise TypeError(
+                f"{type(self).__name__}.added_costs priced {list(added)}; its time_terms declare "
+                f"{declared[len(MICROBATCH_TIME_TERMS) :]} beyond MICROBATCH_TIME_TERMS"
+            )
         m = len(sp)
-        return {**costs, **{k: np.broadcast_to(np.asarray(v, dtype=float), (m,)).copy() for k, v in added.items()}}
+        return {
+            **costs,
+            **{
+                k: np.broadcast_to(np.asarray(v, dtype=float), (m,)).copy()
+                for k, v in added.items()
+            },
+        }
 
     def total_time(self, costs: Mapping[str, _T]) -> _T:
         """The sum of the declared time terms (`time_terms`) of ``costs`` (`microbatch_costs`'s
@@ -296,5 +323,10 @@ class CostModel(ABC):
 
     def describe(self) -> dict[str, Any]:
         """Provenance of every number this model produces (shown beside simulated results)."""
-        return {"source": self.source, "model": self.model.name, "cluster": self.cluster.name,
-                "mem_cap_fraction": self.mem_cap_fraction, **self.provenance}
+        return {
+            "source": self.source,
+            "model": self.model.name,
+            "cluster": self.cluster.name,
+            "mem_cap_fraction": self.mem_cap_fraction,
+            **self.provenance,
+        }

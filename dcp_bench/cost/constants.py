@@ -19,8 +19,14 @@ ASSUMED_CONSTANTS: dict[str, float] = {
 # allreduce_hop_latency_s: the cluster's intra_node_latency_s; allreduce_inter_eff: allreduce_eff;
 # gemm_half_flops: unset, gemm_half_tokens applies; attn_causal_half_len: attn_half_len) or no
 # extra term (allreduce_overlap: phases serialised).
-OPTIONAL_CONSTANTS = ("gemm_half_flops", "attn_causal_half_len", "a2a_latency_s", "allreduce_hop_latency_s",
-                      "allreduce_inter_eff", "allreduce_overlap")
+OPTIONAL_CONSTANTS = (
+    "gemm_half_flops",
+    "attn_causal_half_len",
+    "a2a_latency_s",
+    "allreduce_hop_latency_s",
+    "allreduce_inter_eff",
+    "allreduce_overlap",
+)
 
 # Cost-model options (``++cost.KEY=VALUE``) that vary a model term for the report's sensitivity:
 # recorded with a run's scales, so a variant's runs form their own cells.

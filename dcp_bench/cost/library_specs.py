@@ -22,23 +22,35 @@ from dcp_bench.errors import ConfigError
 TRANSFORMERS_DECODERS: dict[str, bool] = {"llama": False, "mistral": False, "qwen2": True}
 LIBRARIES = ("transformers",)
 # Layer options that would change what the cost model prices (key, value that is priced).
-_PRICED_AS: dict[str, Any] = {"attention_bias": False, "mlp_bias": False, "use_sliding_window": False}
+_PRICED_AS: dict[str, Any] = {
+    "attention_bias": False,
+    "mlp_bias": False,
+    "use_sliding_window": False,
+}
 
 
-def read_library_config(config: Mapping[str, Any] | None, config_file: str | None) -> dict[str, Any]:
+def read_library_config(
+    config: Mapping[str, Any] | None, config_file: str | None
+) -> dict[str, Any]:
     """The library config: the JSON file when ``config_file`` is given, else the ``config`` keys."""
     if config_file:
         path = Path(str(config_file)).expanduser()
         try:
             data = json.loads(path.read_text())
         except OSError as exc:
-            raise ConfigError(f"model.config_file={config_file}: cannot read it ({exc.strerror}); "
-                              "expected a transformers config.json") from None
+            raise ConfigError(
+                f"model.config_file={config_file}: cannot read it ({exc.strerror}); "
+                "expected a transformers config.json"
+            ) from None
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"model.config_file={config_file}: not JSON ({exc.msg} at line {exc.lineno}); "
-                              "expected a transformers config.json") from None
+            raise ConfigError(
+                f"model.config_file={config_file}: not JSON ({exc.msg} at line {exc.lineno}); "
+                "expected a transformers config.json"
+            ) from None
         if not isinstance(data, dict):
-            raise ConfigError(f"model.config_file={config_file}: a JSON {type(data).__name__}; expected an object")
+            raise ConfigError(
+                f"model.config_file={config_file}: a JSON {type(data).__name__}; expected an object"
+            )
         return data
     if not config:
         raise ConfigError("model=hf: neither model.config keys nor model.config_file=PATH given")
@@ -56,21 +68,29 @@ def transformers_spec_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """`ModelSpec` fields of a transformers decoder config (see the module docstring)."""
     model_type = cfg.get("model_type")
     if model_type not in TRANSFORMERS_DECODERS:
-        raise ConfigError(f"model config model_type={model_type!r}; expected one of "
-                          f"{', '.join(TRANSFORMERS_DECODERS)} (decoders the cost model prices as llama)")
+        raise ConfigError(
+            f"model config model_type={model_type!r}; expected one of "
+            f"{', '.join(TRANSFORMERS_DECODERS)} (decoders the cost model prices as llama)"
+        )
     for key, priced in _PRICED_AS.items():
         if key in cfg and cfg[key] not in (priced, None):
-            raise ConfigError(f"model config {key}={cfg[key]!r}: the cost model prices {key}={priced} only")
+            raise ConfigError(
+                f"model config {key}={cfg[key]!r}: the cost model prices {key}={priced} only"
+            )
     hidden = _int_key(cfg, "hidden_size")
     heads = _int_key(cfg, "num_attention_heads")
     kv_heads = _int_key(cfg, "num_key_value_heads", heads)
     head_dim = cfg.get("head_dim")
     if head_dim is not None and head_dim * heads != hidden:
-        raise ConfigError(f"model config head_dim={head_dim} with {heads} heads and hidden_size={hidden}: "
-                          "the cost model needs head_dim = hidden_size / num_attention_heads")
+        raise ConfigError(
+            f"model config head_dim={head_dim} with {heads} heads and hidden_size={hidden}: "
+            "the cost model needs head_dim = hidden_size / num_attention_heads"
+        )
     if hidden % heads or heads % kv_heads:
-        raise ConfigError(f"model config hidden_size={hidden}, num_attention_heads={heads}, "
-                          f"num_key_value_heads={kv_heads}: expected heads | hidden and kv_heads | heads")
+        raise ConfigError(
+            f"model config hidden_size={hidden}, num_attention_heads={heads}, "
+            f"num_key_value_heads={kv_heads}: expected heads | hidden and kv_heads | heads"
+        )
     return {
         "arch": "llama",
         "num_layers": _int_key(cfg, "num_hidden_layers"),
@@ -99,9 +119,17 @@ def library_spec_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     fields = transformers_spec_fields(cfg)
     max_seq_len = data.get("max_seq_len") or cfg.get("max_position_embeddings") or 1 << 20
     sources = {str(k): str(v) for k, v in dict(data.get("sources") or {}).items()}
-    sources.setdefault("architecture", f"{library} {cfg['model_type']} config"
-                       + (f" {data['config_file']}" if data.get("config_file") else " (model.config keys)"))
+    sources.setdefault(
+        "architecture",
+        f"{library} {cfg['model_type']} config"
+        + (f" {data['config_file']}" if data.get("config_file") else " (model.config keys)"),
+    )
     return dict(
-        name=str(data["name"]), max_seq_len=int(max_seq_len), dtype=str(data.get("dtype", "bf16")),
-        sources=sources, library=library, library_config=cfg, **fields,
+        name=str(data["name"]),
+        max_seq_len=int(max_seq_len),
+        dtype=str(data.get("dtype", "bf16")),
+        sources=sources,
+        library=library,
+        library_config=cfg,
+        **fields,
     )

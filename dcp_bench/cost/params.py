@@ -54,7 +54,9 @@ def param_breakdown(spec: ModelSpec) -> ParamBreakdown:
     h, hd = spec.hidden, spec.head_dim
     if spec.arch == "llama":
         kv = spec.kv_heads * hd
-        attn = _linear(h, h, spec.qkv_bias) + 2 * _linear(h, kv, spec.qkv_bias) + _linear(h, h, False)
+        attn = (
+            _linear(h, h, spec.qkv_bias) + 2 * _linear(h, kv, spec.qkv_bias) + _linear(h, h, False)
+        )
         mlp = 2 * _linear(h, spec.ffn_hidden, False) + _linear(spec.ffn_hidden, h, False)
         per_layer = attn + mlp + 2 * h  # two RMSNorm weights
         embedding = spec.vocab * h

@@ -160,12 +160,18 @@ class ProfiledCostModel(CostModel):
         if not layers:
             raise ConfigError(f"profile {str(path)!r} holds no layer measurements")
         # what the profile did not measure (see the module docstring)
-        self.analytical = AnalyticalCostModel(model=self.model, cluster=self.cluster,
-                                              mem_cap_fraction=self.mem_cap_fraction, zero_stage=self.zero_stage)
+        self.analytical = AnalyticalCostModel(
+            model=self.model,
+            cluster=self.cluster,
+            mem_cap_fraction=self.mem_cap_fraction,
+            zero_stage=self.zero_stage,
+        )
         self.fallbacks: set[str] = set()
         # the structure of what a checkpointed layer keeps, in the profile's dtype
         prof_dtype = str(self.artifact.get("settings", {}).get("dtype") or self.model.dtype)
-        self._act_terms = activation_terms(self.model, {"fp32": 4, "bf16": 2, "fp16": 2}.get(prof_dtype))
+        self._act_terms = activation_terms(
+            self.model, {"fp32": 4, "bf16": 2, "fp16": 2}.get(prof_dtype)
+        )
         self.nproc = _pick_nproc({int(p["nproc"]) for p in layers}, self.cluster.world_size)
         mine = [p for p in layers if int(p["nproc"]) == self.nproc]
         self.tables: dict[int, LayerTables] = {}
@@ -181,13 +187,17 @@ class ProfiledCostModel(CostModel):
         steps = {int(s["nproc"]): s for s in self.artifact.get("steps", [])}
         self.step_entry: dict[str, Any] | None = steps.get(self.nproc)
         # the ZeRO stage whose training step the step overhead timed
-        self.step_zero_stage = int((self.step_entry or {}).get("zero_stage", LEGACY_STEP_ZERO_STAGE))
+        self.step_zero_stage = int(
+            (self.step_entry or {}).get("zero_stage", LEGACY_STEP_ZERO_STAGE)
+        )
         # resident bytes per saved activation byte and the step's own resident buffers, measured
         # on CPU (1 and 0: the saved bytes)
         entry = self.step_entry or {}
         # the largest factor any world size measured: it describes the machine's allocator, and
         # repeated measurements of it vary by ~15%; planning under a cap needs the safe side
-        self.resident_factor = max([1.0, *(float(s.get("resident_factor") or 1.0) for s in steps.values())])
+        self.resident_factor = max(
+            [1.0, *(float(s.get("resident_factor") or 1.0) for s in steps.values())]
+        )
         self.resident_fixed_bytes = max(0.0, float(entry.get("resident_fixed_bytes") or 0.0))
         self._record_provenance(resolved)
 
@@ -231,7 +241,9 @@ class ProfiledCostModel(CostModel):
 
     def _fit_outer(self) -> None:
         outer = [
-            p for p in self.artifact.get("outer", []) if int(p["nproc"]) == self.nproc and not p.get("oom")
+            p
+            for p in self.artifact.get("outer", [])
+            if int(p["nproc"]) == self.nproc and not p.get("oom")
         ]
         self.outer: dict[str, LinearFit] = {}
         self.outer_act: LinearFit | None = None
@@ -242,7 +254,9 @@ class ProfiledCostModel(CostModel):
         xo = layer_features(tpr, np.zeros(len(outer)), n)
         for phase in ("fwd", "bwd", "inputs"):
             if all(f"{phase}_s" in p for p in outer):
-                self.outer[phase] = fit_nonnegative(xo, np.array([p[f"{phase}_s"]["median"] for p in outer]))
+                self.outer[phase] = fit_nonnegative(
+                    xo, np.array([p[f"{phase}_s"]["median"] for p in outer])
+                )
         act = np.maximum(np.array([p["act_bytes"] for p in outer], dtype=float), 1.0)
         self.outer_act = fit_nonnegative(memory_features(tpr, np.zeros(len(outer)), n), act)
 
@@ -253,8 +267,14 @@ class ProfiledCostModel(CostModel):
         if not procs:
             return
         cn = _pick_nproc(procs, self.cluster.world_size)
-        for op, g in sorted({(p["op"], int(p["group_size"])) for p in coll if int(p["nproc"]) == cn}):
-            pts = [p for p in coll if p["op"] == op and int(p["group_size"]) == g and int(p["nproc"]) == cn]
+        for op, g in sorted(
+            {(p["op"], int(p["group_size"])) for p in coll if int(p["nproc"]) == cn}
+        ):
+            pts = [
+                p
+                for p in coll
+                if p["op"] == op and int(p["group_size"]) == g and int(p["nproc"]) == cn
+            ]
             self.collectives[(op, g)] = fit_nonnegative(
                 collective_features(np.array([p["bytes"] for p in pts])),
                 np.array([p["time_s"]["median"] for p in pts]),
@@ -326,7 +346,13 @@ class ProfiledCostModel(CostModel):
         return 2.0 * total
 
     def _sequence_costs(
-        self, tpr: np.ndarray, ppr: np.ndarray, n: np.ndarray, sp: int, ckpt_layers: int, packed_share: bool = False
+        self,
+        tpr: np.ndarray,
+        ppr: np.ndarray,
+        n: np.ndarray,
+        sp: int,
+        ckpt_layers: int,
+        packed_share: bool = False,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(fwd, bwd, recompute, comm) seconds for micro-batches with the given per-rank sizes.
         ``packed_share``: without the per-micro-batch constants (see `sample_time_packed`)."""
@@ -351,8 +377,16 @@ class ProfiledCostModel(CostModel):
         # recompute is measured (checkpointed minus plain backward) with its all-to-alls inside
         return fwd, bwd, ckpt_layers * rec_l, L * comm_l
 
-    def _activation_bytes(self, tpr: np.ndarray, ppr: np.ndarray, n: np.ndarray, sp: int, ckpt_layers: int,
-                          resident: bool = True, peak: bool = True) -> np.ndarray:
+    def _activation_bytes(
+        self,
+        tpr: np.ndarray,
+        ppr: np.ndarray,
+        n: np.ndarray,
+        sp: int,
+        ckpt_layers: int,
+        resident: bool = True,
+        peak: bool = True,
+    ) -> np.ndarray:
         """Bytes the models keep for the backward per rank (the measured per-layer and outer laws;
         a checkpointed layer keeps its checkpointed blocks' inputs, `activation_terms`), times the
         measured ``resident_factor`` unless ``resident`` is False (that factor is the CPU
@@ -363,17 +397,29 @@ class ProfiledCostModel(CostModel):
         k = min(max(ckpt_layers, 0), L)
         terms = self._act_terms
         per_layer = tab.act.predict(memory_features(tpr, ppr, n))
-        outer = self.outer_act.predict(memory_features(tpr, np.zeros_like(tpr), n)) if self.outer_act else 0.0
+        outer = (
+            self.outer_act.predict(memory_features(tpr, np.zeros_like(tpr), n))
+            if self.outer_act
+            else 0.0
+        )
         # the profile measures one checkpoint input (the layer's); STDiT checkpoints its two
         # blocks separately (runtime.models.STDiTPair), each keeping its input
-        mem = (L - k) * per_layer + k * terms.blocks_per_layer * tab.ckpt_bytes_per_token * tpr + outer
+        mem = (
+            (L - k) * per_layer
+            + k * terms.blocks_per_layer * tab.ckpt_bytes_per_token * tpr
+            + outer
+        )
         if k > 0:  # the conditioning every checkpointed unit holds (not in the outer law)
             mem = mem + terms.conditioning_held_tok * tpr
-        if peak and k == L and L > 0:  # recomputing one checkpointed block materialises its activations
+        if (
+            peak and k == L and L > 0
+        ):  # recomputing one checkpointed block materialises its activations
             mem = mem + per_layer / terms.blocks_per_layer
         return mem * (self.resident_factor if resident else 1.0)
 
-    def _sizes(self, tokens: np.ndarray, frames: np.ndarray, sp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _sizes(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-rank (tokens, pairs, samples) of one micro-batch holding all of ``tokens``."""
         tpr = np.array([tokens.sum() / sp])
         ppr = np.array([attention_pairs(tokens, frames, self.model.arch).sum() / sp])
@@ -396,31 +442,64 @@ class ProfiledCostModel(CostModel):
             # whole samples dealt to the group's ranks as the runtime deals them (by tokens,
             # largest first to the least loaded); the group finishes with its slowest rank
             owner = deal_by_tokens(tokens, sp)
-            parts = [self.microbatch_cost(tokens[owner == r], frames[owner == r], 1, ckpt_layers)
-                     for r in range(sp) if np.any(owner == r)]
+            parts = [
+                self.microbatch_cost(tokens[owner == r], frames[owner == r], 1, ckpt_layers)
+                for r in range(sp)
+                if np.any(owner == r)
+            ]
             slow = max(parts, key=lambda c: c.total_s)
             mem = max(c.mem_bytes for c in parts)
             ss_only = {t.name for t in self.time_terms if t.sequence_split_only}
-            return MicroBatchCost.from_terms({**{k: 0.0 if k in ss_only else v for k, v in slow.times().items()},
-                                              "mem_bytes": mem, "model_flops": flops})
+            return MicroBatchCost.from_terms(
+                {
+                    **{k: 0.0 if k in ss_only else v for k, v in slow.times().items()},
+                    "mem_bytes": mem,
+                    "model_flops": flops,
+                }
+            )
         tpr, ppr, n = self._sizes(tokens, frames, sp)
         fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, n, sp, ckpt_layers)
-        mem = float(self._activation_bytes(tpr, ppr, n, sp, ckpt_layers)[0]) + self.static_memory_bytes()
-        own = {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": rec, "comm_s": comm,
-               "mem_bytes": np.array([mem]), "model_flops": np.array([flops])}
-        c = self.with_added_costs(own, tokens, frames, np.zeros(len(tokens), dtype=np.int64), np.array([sp]),
-                                  np.array([ckpt_layers]))
+        mem = (
+            float(self._activation_bytes(tpr, ppr, n, sp, ckpt_layers)[0])
+            + self.static_memory_bytes()
+        )
+        own = {
+            "fwd_s": fwd,
+            "bwd_s": bwd,
+            "recompute_s": rec,
+            "comm_s": comm,
+            "mem_bytes": np.array([mem]),
+            "model_flops": np.array([flops]),
+        }
+        c = self.with_added_costs(
+            own,
+            tokens,
+            frames,
+            np.zeros(len(tokens), dtype=np.int64),
+            np.array([sp]),
+            np.array([ckpt_layers]),
+        )
         return MicroBatchCost.from_terms({k: float(v[0]) for k, v in c.items()})
 
-    def sample_time(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+    def sample_time(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
+    ) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=float)
         tpr = tokens / sp
         ppr = attention_pairs(tokens, np.asarray(frames, dtype=float), self.model.arch) / sp
         fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, np.ones_like(tpr), sp, ckpt_layers)
         n = len(tokens)
         own = {"fwd_s": fwd, "bwd_s": bwd, "recompute_s": rec, "comm_s": comm}
-        return self.total_time(self.with_added_costs(own, tokens, np.asarray(frames), np.arange(n), np.full(n, sp),
-                                                     np.full(n, ckpt_layers)))
+        return self.total_time(
+            self.with_added_costs(
+                own,
+                tokens,
+                np.asarray(frames),
+                np.arange(n),
+                np.full(n, sp),
+                np.full(n, ckpt_layers),
+            )
+        )
 
     def sample_time_packed(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
@@ -431,10 +510,14 @@ class ProfiledCostModel(CostModel):
         tokens = np.asarray(tokens, dtype=float)
         tpr = tokens / sp
         ppr = attention_pairs(tokens, np.asarray(frames, dtype=float), self.model.arch) / sp
-        fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, np.ones_like(tpr), sp, ckpt_layers, packed_share=True)
+        fwd, bwd, rec, comm = self._sequence_costs(
+            tpr, ppr, np.ones_like(tpr), sp, ckpt_layers, packed_share=True
+        )
         return fwd + bwd + rec + comm
 
-    def sample_memory(self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int) -> np.ndarray:
+    def sample_memory(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
+    ) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=float)
         ppr = attention_pairs(tokens, np.asarray(frames, dtype=float), self.model.arch) / sp
         return self._activation_bytes(tokens / sp, ppr, np.ones_like(tokens), sp, ckpt_layers)
@@ -443,12 +526,18 @@ class ProfiledCostModel(CostModel):
         """Memory a rank holds besides parameters, gradients, optimizer state and activations:
         the profile's measured process baseline when it has one for this world (CPU), else the
         GPU spec's allowance."""
-        if self.step_entry is not None and self.step_entry.get("process_baseline_bytes") is not None:
+        if (
+            self.step_entry is not None
+            and self.step_entry.get("process_baseline_bytes") is not None
+        ):
             return float(self.step_entry["process_baseline_bytes"])
         return float(getattr(self.cluster.gpu, "workspace_bytes", 0.0))
 
     def _workspace_source(self) -> str:
-        if self.step_entry is not None and self.step_entry.get("process_baseline_bytes") is not None:
+        if (
+            self.step_entry is not None
+            and self.step_entry.get("process_baseline_bytes") is not None
+        ):
             return f"profile: measured process baseline ({self.nproc} ranks)"
         return f"gpu spec {self.cluster.gpu.name}: workspace_bytes"
 
@@ -456,8 +545,13 @@ class ProfiledCostModel(CostModel):
         """Parameters, gradients and AdamW state of the profiled parameter count as the runtime
         holds them at ``zero_stage`` (`dcp_bench.train_policy.static_state_bytes`), plus the
         workspace (`workspace_bytes`) and, on CPU, the step's own resident buffers (measured)."""
-        states = static_state_bytes(self.params, self.layer_params, self.cluster.world_size, self.zero_stage,
-                                    precision_policy(self.model.dtype))
+        states = static_state_bytes(
+            self.params,
+            self.layer_params,
+            self.cluster.world_size,
+            self.zero_stage,
+            precision_policy(self.model.dtype),
+        )
         return float(sum(states.values())) + self.workspace_bytes() + self.resident_fixed_bytes
 
     def step_sync_time(self) -> float:
@@ -469,15 +563,28 @@ class ProfiledCostModel(CostModel):
         `_optimizer_share`; the rest, norms and clipping, as measured), named as a fallback.
         Else this stage's gradient sync (measured all-reduce law or analytical) plus its share of
         the optimizer step."""
-        if self.step_entry is not None and "step_overhead_s" in self.step_entry \
-                and self.nproc == self.cluster.world_size:
+        if (
+            self.step_entry is not None
+            and "step_overhead_s" in self.step_entry
+            and self.nproc == self.cluster.world_size
+        ):
             measured = float(self.step_entry["step_overhead_s"]["median"])
             if self.step_zero_stage == self.zero_stage:
                 return measured
-            self.fallbacks.add(f"step overhead measured at ZeRO stage {self.step_zero_stage}, priced for stage "
-                               f"{self.zero_stage}: gradient sync and optimizer share swapped")
-            rest = measured - self._stage_sync_time(self.step_zero_stage) - self._optimizer_share(self.step_zero_stage)
-            return max(rest, 0.0) + self._stage_sync_time(self.zero_stage) + self._optimizer_share(self.zero_stage)
+            self.fallbacks.add(
+                f"step overhead measured at ZeRO stage {self.step_zero_stage}, priced for stage "
+                f"{self.zero_stage}: gradient sync and optimizer share swapped"
+            )
+            rest = (
+                measured
+                - self._stage_sync_time(self.step_zero_stage)
+                - self._optimizer_share(self.step_zero_stage)
+            )
+            return (
+                max(rest, 0.0)
+                + self._stage_sync_time(self.zero_stage)
+                + self._optimizer_share(self.zero_stage)
+            )
         return self._stage_sync_time(self.zero_stage) + self._optimizer_share(self.zero_stage)
 
     def _stage_sync_time(self, stage: int) -> float:

@@ -86,13 +86,17 @@ class ClusterSpec:
             raise ClusterError(f"cluster {self.name!r}: world size {world_size}; expected >= 1")
         base = self.name.split("@", 1)[0]
         if world_size <= self.gpus_per_node or self.single_machine:
-            return dataclasses.replace(self, name=f"{base}@{world_size}", num_nodes=1, gpus_per_node=world_size)
+            return dataclasses.replace(
+                self, name=f"{base}@{world_size}", num_nodes=1, gpus_per_node=world_size
+            )
         if world_size % self.gpus_per_node:
             raise ClusterError(
                 f"cluster {self.name!r}: {world_size} GPUs do not fill whole nodes of {self.gpus_per_node} GPUs; "
                 f"expected at most {self.gpus_per_node} or a multiple of it"
             )
-        return dataclasses.replace(self, name=f"{base}@{world_size}", num_nodes=world_size // self.gpus_per_node)
+        return dataclasses.replace(
+            self, name=f"{base}@{world_size}", num_nodes=world_size // self.gpus_per_node
+        )
 
 
 @dataclass(frozen=True)
@@ -126,11 +130,17 @@ class ModelSpec:
             value = getattr(self, key)
             least = 0 if key == "num_layers" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"model.{key}={value!r} (model {self.name!r}): expected an integer >= {least}")
+                raise ConfigError(
+                    f"model.{key}={value!r} (model {self.name!r}): expected an integer >= {least}"
+                )
         if self.arch not in ("llama", "stdit"):
-            raise ConfigError(f"model {self.name!r}: arch {self.arch!r}; expected 'llama' or 'stdit'")
+            raise ConfigError(
+                f"model {self.name!r}: arch {self.arch!r}; expected 'llama' or 'stdit'"
+            )
         if self.heads % self.kv_heads:
-            raise ConfigError(f"model {self.name!r}: heads {self.heads} not a multiple of kv_heads {self.kv_heads}")
+            raise ConfigError(
+                f"model {self.name!r}: heads {self.heads} not a multiple of kv_heads {self.kv_heads}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -146,10 +156,15 @@ def _read_yaml(group: str, name: str) -> dict[str, Any]:
     if not path.exists():
         choices = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         kind = {"gpu": "GPU"}.get(group, group)
-        raise ClusterError(f"unknown {kind} {name!r}; valid choices: {', '.join(choices)}") if group in (
-            "gpu",
-            "cluster",
-        ) else ConfigError(f"unknown {group} {name!r}; valid choices: {', '.join(choices)}")
+        raise (
+            ClusterError(f"unknown {kind} {name!r}; valid choices: {', '.join(choices)}")
+            if group
+            in (
+                "gpu",
+                "cluster",
+            )
+            else ConfigError(f"unknown {group} {name!r}; valid choices: {', '.join(choices)}")
+        )
     data = yaml.safe_load(path.read_text()) or {}
     return {k: v for k, v in data.items() if not k.startswith("_")}
 

@@ -82,18 +82,30 @@ def load_published(path: str | Path) -> Published:
         unknown = set(raw) - names
         if unknown:
             raise ConfigError(f"validation row {raw.get('id')!r}: unknown fields {sorted(unknown)}")
-        row = Row(**{**raw, "published": float(raw["published"]),
-                     "unpriced": tuple(raw.get("unpriced") or ()), "config": dict(raw.get("config") or {})})
+        row = Row(
+            **{
+                **raw,
+                "published": float(raw["published"]),
+                "unpriced": tuple(raw.get("unpriced") or ()),
+                "config": dict(raw.get("config") or {}),
+            }
+        )
         if row.kind not in KINDS:
-            raise ConfigError(f"validation row {row.id!r}: kind {row.kind!r}; expected one of {', '.join(KINDS)}")
+            raise ConfigError(
+                f"validation row {row.id!r}: kind {row.kind!r}; expected one of {', '.join(KINDS)}"
+            )
         if row.source not in sources:
-            raise ConfigError(f"validation row {row.id!r}: source {row.source!r} is not in `sources`")
+            raise ConfigError(
+                f"validation row {row.id!r}: source {row.source!r} is not in `sources`"
+            )
         if not row.published > 0:
             raise ConfigError(f"validation row {row.id!r}: published {row.published} must be > 0")
         if not row.priced and not row.reason:
             raise ConfigError(f"validation row {row.id!r}: priced: false needs a reason")
         if row.split not in SPLIT_RULES:
-            raise ConfigError(f"validation row {row.id!r}: split {row.split!r}; expected one of {', '.join(SPLIT_RULES)}")
+            raise ConfigError(
+                f"validation row {row.id!r}: split {row.split!r}; expected one of {', '.join(SPLIT_RULES)}"
+            )
         rows.append(row)
     ids = [r.id for r in rows]
     dup = {i for i in ids if ids.count(i) > 1}
@@ -165,7 +177,9 @@ def _cluster(row: Row) -> ClusterSpec:
     return c
 
 
-def cost_model(row: Row, constants: Mapping[str, float] | None, use_config: bool) -> AnalyticalCostModel:
+def cost_model(
+    row: Row, constants: Mapping[str, float] | None, use_config: bool
+) -> AnalyticalCostModel:
     """The analytical model a row is priced with: its model (llama3_8b for kernel rows) on its
     cluster, with ``constants`` passed explicitly and, with ``use_config``, the configs'
     calibrated constants for the rest (else the built-in assumptions)."""
@@ -173,11 +187,17 @@ def cost_model(row: Row, constants: Mapping[str, float] | None, use_config: bool
     options: dict[str, Any] = dict(constants or {})
     if "zero_stage" in cfg:
         options["zero_stage"] = int(cfg["zero_stage"])
-    return AnalyticalCostModel(model=_model(str(cfg.get("model", "llama3_8b"))), cluster=_cluster(row),
-                               use_config_constants=use_config, **options)
+    return AnalyticalCostModel(
+        model=_model(str(cfg.get("model", "llama3_8b"))),
+        cluster=_cluster(row),
+        use_config_constants=use_config,
+        **options,
+    )
 
 
-def predict(row: Row, constants: Mapping[str, float] | None = None, use_config: bool = True) -> float:
+def predict(
+    row: Row, constants: Mapping[str, float] | None = None, use_config: bool = True
+) -> float:
     """The model's figure for ``row``, in the row's unit."""
     cfg = row.config
     cm = cost_model(row, constants, use_config)
@@ -192,7 +212,9 @@ def predict(row: Row, constants: Mapping[str, float] | None = None, use_config: 
             eff = float(cm.gemm_efficiency_flops(2.0 * b * m * n * k))
         return eff * peak / 1e12
     if row.kind == "attention":
-        eff = float(cm.attention_efficiency(float(cfg["seqlen"]), causal=bool(cfg.get("causal", False))))
+        eff = float(
+            cm.attention_efficiency(float(cfg["seqlen"]), causal=bool(cfg.get("causal", False)))
+        )
         rate = eff * peak / 1e12
         if cfg.get("direction", "fwd") == "bwd":
             return rate * FA_BWD_FLOPS_RATIO / float(cm.attn_bwd_factor or 1.0)
@@ -202,7 +224,9 @@ def predict(row: Row, constants: Mapping[str, float] | None = None, use_config: 
         per_mb = int(cfg.get("samples_per_microbatch", 1))
         n_mb = int(cfg.get("microbatches", 1))
         tokens = np.full(per_mb, int(cfg["sample_tokens"]))
-        c = cm.microbatch_cost(tokens, np.ones(per_mb, dtype=np.int64), sp, int(cfg.get("ckpt_layers", 0)))
+        c = cm.microbatch_cost(
+            tokens, np.ones(per_mb, dtype=np.int64), sp, int(cfg.get("ckpt_layers", 0))
+        )
         step = n_mb * c.total_s + cm.step_sync_time()
         return n_mb * float(tokens.sum()) / sp / step
     if row.kind == "sp_attention":
@@ -211,7 +235,9 @@ def predict(row: Row, constants: Mapping[str, float] | None = None, use_config: 
         fwd = 2.0 * L * L * h / (sp * peak * float(cm.attention_efficiency(L, causal=True)))
         bwd = float(cm.attn_bwd_factor or 0.0) * fwd
         n_r = np.array([L / sp])
-        comm = 2.0 * float(cm.a2a_time(cm.a2a_bytes_per_layer(n_r, np.array([sp])), np.array([sp]), 2)[0])
+        comm = 2.0 * float(
+            cm.a2a_time(cm.a2a_bytes_per_layer(n_r, np.array([sp])), np.array([sp]), 2)[0]
+        )
         return 1.0 / (fwd + bwd + comm)
     if row.kind == "alltoall":
         nbytes = float(cfg["bytes"])
@@ -221,7 +247,9 @@ def predict(row: Row, constants: Mapping[str, float] | None = None, use_config: 
         nbytes, ranks = float(cfg["bytes"]), int(cfg.get("ranks", cm.cluster.world_size))
         t = cm.allreduce_time(nbytes, ranks)
         algbw = nbytes / t / 1e9
-        return algbw * (2.0 * (ranks - 1) / ranks if cfg.get("measure", "busbw") == "busbw" else 1.0)
+        return algbw * (
+            2.0 * (ranks - 1) / ranks if cfg.get("measure", "busbw") == "busbw" else 1.0
+        )
     raise ConfigError(f"validation row {row.id!r}: kind {row.kind!r} has no pricing")
 
 
@@ -246,35 +274,83 @@ def _ranks(r: Row) -> int:
 def _attn(direction: str, causal: bool | None) -> Callable[[Row], bool]:
     def sel(r: Row) -> bool:
         c = r.config
-        return r.kind == "attention" and c.get("direction", "fwd") == direction and (
-            causal is None or bool(c.get("causal", False)) == causal)
+        return (
+            r.kind == "attention"
+            and c.get("direction", "fwd") == direction
+            and (causal is None or bool(c.get("causal", False)) == causal)
+        )
+
     return sel
 
 
 # In fitting order: later blocks are fitted with the earlier ones' values in place.
 BLOCKS: tuple[Block, ...] = (
-    Block("gemm", {"gemm_half_flops": (1e8, 1e11, True)}, lambda r: r.kind == "gemm",
-          "bf16 GEMMs over shapes (XLA sm_90 table)"),
-    Block("attention", {"attn_eff_max": (0.15, 0.9, False), "attn_half_len": (1.0, 4096.0, True)},
-          _attn("fwd", False), "FlashAttention-2 forward, non-causal, head dim 64 and 128"),
-    Block("attention_causal", {"attn_causal_half_len": (1.0, 8192.0, True)}, _attn("fwd", True),
-          "FlashAttention-2 forward, causal"),
-    Block("attention_bwd", {"attn_bwd_factor": (1.0, 6.0, False)}, _attn("bwd", None),
-          "FlashAttention-2 backward"),
-    Block("alltoall", {"a2a_eff": (0.3, 1.5, False), "a2a_latency_s": (1e-6, 3e-4, True)},
-          lambda r: r.kind == "alltoall", "NCCL all-to-all on one 8-GPU node, 1 MiB - 2 GiB"),
-    Block("allreduce", {"allreduce_eff": (0.3, 1.5, False), "allreduce_hop_latency_s": (1e-7, 3e-5, True)},
-          lambda r: r.kind == "allreduce" and _ranks(r) <= 8, "NCCL all-reduce on one 8-GPU node (H100, H200)"),
-    Block("allreduce_inter", {"allreduce_inter_eff": (0.3, 1.0, False), "allreduce_overlap": (0.0, 1.0, False)},
-          lambda r: r.kind == "allreduce" and _ranks(r) > 8, "NCCL all-reduce over two nodes"),
-    Block("training", {"elementwise_bytes_factor": (0.0, 40.0, False)}, lambda r: r.kind == "training",
-          "bf16 eager whole-model training (torchtitan, 8 and 128 H100)"),
+    Block(
+        "gemm",
+        {"gemm_half_flops": (1e8, 1e11, True)},
+        lambda r: r.kind == "gemm",
+        "bf16 GEMMs over shapes (XLA sm_90 table)",
+    ),
+    Block(
+        "attention",
+        {"attn_eff_max": (0.15, 0.9, False), "attn_half_len": (1.0, 4096.0, True)},
+        _attn("fwd", False),
+        "FlashAttention-2 forward, non-causal, head dim 64 and 128",
+    ),
+    Block(
+        "attention_causal",
+        {"attn_causal_half_len": (1.0, 8192.0, True)},
+        _attn("fwd", True),
+        "FlashAttention-2 forward, causal",
+    ),
+    Block(
+        "attention_bwd",
+        {"attn_bwd_factor": (1.0, 6.0, False)},
+        _attn("bwd", None),
+        "FlashAttention-2 backward",
+    ),
+    Block(
+        "alltoall",
+        {"a2a_eff": (0.3, 1.5, False), "a2a_latency_s": (1e-6, 3e-4, True)},
+        lambda r: r.kind == "alltoall",
+        "NCCL all-to-all on one 8-GPU node, 1 MiB - 2 GiB",
+    ),
+    Block(
+        "allreduce",
+        {"allreduce_eff": (0.3, 1.5, False), "allreduce_hop_latency_s": (1e-7, 3e-5, True)},
+        lambda r: r.kind == "allreduce" and _ranks(r) <= 8,
+        "NCCL all-reduce on one 8-GPU node (H100, H200)",
+    ),
+    Block(
+        "allreduce_inter",
+        {"allreduce_inter_eff": (0.3, 1.0, False), "allreduce_overlap": (0.0, 1.0, False)},
+        lambda r: r.kind == "allreduce" and _ranks(r) > 8,
+        "NCCL all-reduce over two nodes",
+    ),
+    Block(
+        "training",
+        {"elementwise_bytes_factor": (0.0, 40.0, False)},
+        lambda r: r.kind == "training",
+        "bf16 eager whole-model training (torchtitan, 8 and 128 H100)",
+    ),
 )
 # Constants held by the GPU configs (compute) and by the cluster configs (links).
-GPU_CONSTANTS = ("gemm_half_flops", "attn_eff_max", "attn_half_len", "attn_causal_half_len", "attn_bwd_factor",
-                 "elementwise_bytes_factor")
-LINK_CONSTANTS = ("a2a_eff", "a2a_latency_s", "allreduce_eff", "allreduce_hop_latency_s", "allreduce_inter_eff",
-                  "allreduce_overlap")
+GPU_CONSTANTS = (
+    "gemm_half_flops",
+    "attn_eff_max",
+    "attn_half_len",
+    "attn_causal_half_len",
+    "attn_bwd_factor",
+    "elementwise_bytes_factor",
+)
+LINK_CONSTANTS = (
+    "a2a_eff",
+    "a2a_latency_s",
+    "allreduce_eff",
+    "allreduce_hop_latency_s",
+    "allreduce_inter_eff",
+    "allreduce_overlap",
+)
 
 
 def _loss(rows: list[Row], consts: Mapping[str, float]) -> float:
@@ -331,9 +407,15 @@ def calibrate(published: Published) -> dict[str, Any]:
             continue
         fitted = {k: round_sig(v) for k, v in _fit_block(block, rows, constants).items()}
         constants.update(fitted)
-        blocks.append({"block": block.name, "constants": fitted, "fit_rows": [r.id for r in rows],
-                       "rows": block.rows_text,
-                       "fit_loss_rms_log": math.sqrt(_loss(rows, constants))})
+        blocks.append(
+            {
+                "block": block.name,
+                "constants": fitted,
+                "fit_rows": [r.id for r in rows],
+                "rows": block.rows_text,
+                "fit_loss_rms_log": math.sqrt(_loss(rows, constants)),
+            }
+        )
     return {"constants": constants, "blocks": blocks}
 
 
@@ -345,7 +427,11 @@ def error_stats(errors: list[float]) -> dict[str, Any]:
     if not errors:
         return {"n": 0, "median_abs_error": None, "max_abs_error": None}
     a = np.abs(np.asarray(errors, dtype=float))
-    return {"n": int(a.size), "median_abs_error": float(np.median(a)), "max_abs_error": float(a.max())}
+    return {
+        "n": int(a.size),
+        "median_abs_error": float(np.median(a)),
+        "max_abs_error": float(a.max()),
+    }
 
 
 @dataclass
@@ -380,6 +466,7 @@ def validation_table(published: Published, after: Mapping[str, float] | None) ->
 def summary(table: list[TableRow]) -> dict[str, Any]:
     """Errors before and after, on the held-out half, the fit half, and all priced rows; the
     rows off by more than 2x after calibration with their stated reasons."""
+
     def pick(role: str | None) -> list[TableRow]:
         return [t for t in table if (t.role == role if role else t.role != "reference")]
 
@@ -395,10 +482,19 @@ def summary(table: list[TableRow]) -> dict[str, Any]:
         for k in sorted({t.row.kind for t in table})
     }
     out["off_by_more_than_2x_after"] = [
-        {"id": t.row.id, "role": t.role, "ratio": t.after / t.row.published,
-         "reason": t.row.reason or "; ".join(t.row.unpriced) or "none stated"}
-        for t in table if not 0.5 <= t.after / t.row.published <= 2.0
+        {
+            "id": t.row.id,
+            "role": t.role,
+            "ratio": t.after / t.row.published,
+            "reason": t.row.reason or "; ".join(t.row.unpriced) or "none stated",
+        }
+        for t in table
+        if not 0.5 <= t.after / t.row.published <= 2.0
     ]
-    out["rows"] = {"total": len(table), "fit": len(pick("fit")), "holdout": len(pick("holdout")),
-                   "reference": len(pick("reference"))}
+    out["rows"] = {
+        "total": len(table),
+        "fit": len(pick("fit")),
+        "holdout": len(pick("holdout")),
+        "reference": len(pick("reference")),
+    }
     return out

@@ -109,7 +109,9 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
         bstart[small] = ranks_a
         start[small] = starts_a
     end = start + times
-    return Schedule(float(free.max()) if W else 0.0, bstart, sizes.astype(np.int64), start, end, free)
+    return Schedule(
+        float(free.max()) if W else 0.0, bstart, sizes.astype(np.int64), start, end, free
+    )
 
 
 # Worlds from this size on run LPT in batches (`lpt`); smaller ones with the heap alone.
@@ -251,7 +253,9 @@ def balance_items(durations: list[float], bins: int, max_moves: int = 64) -> lis
         gap = load[hi] - load[lo]
         if gap <= 0:
             break
-        best: tuple[float, int, int] | None = None  # (resulting pair max, item from hi, item from lo or -1)
+        best: tuple[float, int, int] | None = (
+            None  # (resulting pair max, item from hi, item from lo or -1)
+        )
         for a in members[hi]:
             d = durations[a]
             if 0 < d < gap:
@@ -295,7 +299,9 @@ def charge_microbatch_overhead(table: ShapeTable, cost: CostModel) -> None:
         over = cost.microbatch_overhead(sp, 0)
         if not len(k0) or over <= 0:
             continue
-        share = np.asarray(cost.sample_time_packed(table.tokens[k0], table.frames[k0], sp, 0), dtype=float)
+        share = np.asarray(
+            cost.sample_time_packed(table.tokens[k0], table.frames[k0], sp, 0), dtype=float
+        )
         cap = cost.microbatch_token_capacity(sp, 0)
         if sp == 1 and np.isfinite(cap) and cap > 0:
             table.time[k0, j] = share + table.tokens[k0] / cap * over
@@ -394,7 +400,9 @@ def _first_fit_bins(
     # then the first rows (views, no gathers).
     row_slot = np.argsort(-n_items, kind="stable")
     row_starts = starts[:-1][row_slot]
-    active = np.searchsorted(-n_items[row_slot], -np.arange(width), side="left")  # rows with > k items
+    active = np.searchsorted(
+        -n_items[row_slot], -np.arange(width), side="left"
+    )  # rows with > k items
     bin_mem = np.zeros((len(n_items), max(width, 1)))
     bin_tok = np.zeros((len(n_items), max(width, 1)), dtype=np.int64)
     n_bins = np.zeros(len(n_items), dtype=np.int64)
@@ -407,8 +415,11 @@ def _first_fit_bins(
         nb = n_bins[:cnt]
         w = int(nb.max())
         if w:
-            fits = (np.arange(w)[None, :] < nb[:, None]) & (bin_mem[:cnt, :w] + m[:, None] <= budget) \
+            fits = (
+                (np.arange(w)[None, :] < nb[:, None])
+                & (bin_mem[:cnt, :w] + m[:, None] <= budget)
                 & (bin_tok[:cnt, :w] + t[:, None] <= lim_rows[:cnt, None])
+            )
             first = np.where(fits.any(axis=1), fits.argmax(axis=1), nb)
         else:
             first = nb.copy()
@@ -421,7 +432,9 @@ def _first_fit_bins(
     return bin_of
 
 
-def _append_bins(lists: list[list[MicroBatch]], ids: list[int], slots: np.ndarray, bins: np.ndarray) -> None:
+def _append_bins(
+    lists: list[list[MicroBatch]], ids: list[int], slots: np.ndarray, bins: np.ndarray
+) -> None:
     """Append to ``lists[slot]`` one micro-batch per run of equal (slot, bin) in ``ids``."""
     cut = np.flatnonzero(np.r_[True, (slots[1:] != slots[:-1]) | (bins[1:] != bins[:-1])]).tolist()
     cut.append(len(ids))
@@ -446,7 +459,9 @@ def schedule_groups(sched: Schedule, W: int) -> tuple[list[Round], list[Group], 
     holding: list[int] = []
     big = np.flatnonzero(sched.size > 1)
     order = big[np.lexsort((sched.block_start[big], sched.start[big]))]
-    for i, b, s in zip(order.tolist(), sched.block_start[order].tolist(), sched.size[order].tolist()):
+    for i, b, s in zip(
+        order.tolist(), sched.block_start[order].tolist(), sched.size[order].tolist()
+    ):
         g0 = last_group[b]
         if g0 >= 0 and groups[g0].start == b and groups[g0].size == s and holding[g0] == s:
             gid[i] = g0  # consecutive tasks of one block share its group
@@ -544,7 +559,9 @@ class DCPPlanner(Planner):
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         W = cost.cluster.world_size
         if batch.n == 0:
-            return StepPlan(world_size=W, rounds=[], method=self.name, mode=self.mode, step=batch.step)
+            return StepPlan(
+                world_size=W, rounds=[], method=self.name, mode=self.mode, step=batch.step
+            )
         # Packed shares: short samples are packed into well-filled micro-batches (step 5).
         table = build_shape_table(batch.tokens, batch.frames, cost, W, packed=True)
         raise_if_infeasible(table, batch.tokens, batch.frames, cost)
@@ -585,14 +602,17 @@ class DCPPlanner(Planner):
             {
                 "schedule_estimate_s": sched.makespan,
                 "sp_histogram": {
-                    int(s): int(c) for s, c in zip(*np.unique(table.sps[sample_choice], return_counts=True))
+                    int(s): int(c)
+                    for s, c in zip(*np.unique(table.sps[sample_choice], return_counts=True))
                 },
                 "samples_seen": batch.n,
             }
         )
         return plan
 
-    def _schedule(self, table: ShapeTable, sample_choice: np.ndarray, W: int, bound: float) -> Schedule:
+    def _schedule(
+        self, table: ShapeTable, sample_choice: np.ndarray, W: int, bound: float
+    ) -> Schedule:
         times = table.time[table.inverse, sample_choice]
         sizes = table.sps[sample_choice]
         best: Schedule | None = None
@@ -611,7 +631,8 @@ class DCPPlanner(Planner):
         # The bound no schedule beats: max(cheapest total work / W, longest sample at its fastest).
         counts = np.bincount(table.inverse, minlength=len(table.tokens))
         bound = max(
-            float((table.gpu_seconds.min(axis=1) * counts).sum()) / W, float(table.time.min(axis=1).max())
+            float((table.gpu_seconds.min(axis=1) * counts).sum()) / W,
+            float(table.time.min(axis=1).max()),
         )
         sched = self._schedule(table, sample_choice, W, bound)
         K = len(table.sps)
@@ -640,7 +661,8 @@ class DCPPlanner(Planner):
                 for i in crit[np.argsort(-(sched.end - sched.start)[crit])]
                 if int(i) not in tried
                 and sample_choice[i] + 1 < K
-                and table.time[table.inverse[i], sample_choice[i] + 1] < table.time[table.inverse[i], sample_choice[i]]
+                and table.time[table.inverse[i], sample_choice[i] + 1]
+                < table.time[table.inverse[i], sample_choice[i]]
             ]
             if not cands:
                 break
@@ -678,7 +700,9 @@ class DCPPlanner(Planner):
         # Groups of few samples are packed together, vectorised over groups (`pack_groups`, the
         # same first-fit as `_pack`); the rest one by one.
         few = counts <= self.vector_pack_max
-        mbs_of = pack_groups(by_group, bounds, few, batch.tokens, ckpt, mem0, budget, self.pack_tokens * sizes)
+        mbs_of = pack_groups(
+            by_group, bounds, few, batch.tokens, ckpt, mem0, budget, self.pack_tokens * sizes
+        )
         sorted_ids = by_group.tolist()
         sorted_tok = batch.tokens[by_group].tolist()
         for j, g in enumerate(groups):
@@ -686,10 +710,14 @@ class DCPPlanner(Planner):
                 g.micro_batches = mbs_of[j]
                 continue
             lo, hi = int(bounds[j]), int(bounds[j + 1])
-            g.micro_batches = self._pack(sorted_ids[lo:hi], sorted_tok[lo:hi], ckpt_l, mem0_l, budget, g.size)
+            g.micro_batches = self._pack(
+                sorted_ids[lo:hi], sorted_tok[lo:hi], ckpt_l, mem0_l, budget, g.size
+            )
         for rnd in rounds:
             rnd.groups.sort(key=lambda g: g.start)
-        return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step)
+        return StepPlan(
+            world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step
+        )
 
     def _uniform_plan(
         self, batch: GlobalBatch, cost: CostModel, table: ShapeTable, j: int, W: int
@@ -702,12 +730,21 @@ class DCPPlanner(Planner):
             return None
         budget = cost.memory_cap_bytes - cost.static_memory_bytes()
         order = np.argsort(-batch.tokens, kind="stable")
-        mbs = self._pack(order.tolist(), batch.tokens[order].tolist(), ckpt.tolist(),
-                         table.mem[inv, j].tolist(), budget, size)
+        mbs = self._pack(
+            order.tolist(),
+            batch.tokens[order].tolist(),
+            ckpt.tolist(),
+            table.mem[inv, j].tolist(),
+            budget,
+            size,
+        )
         pos = np.fromiter((s for mb in mbs for s in mb.samples), dtype=np.int64)
         mb_index = np.repeat(np.arange(len(mbs)), [len(mb.samples) for mb in mbs])
         c = cost.microbatch_costs(
-            batch.tokens[pos], batch.frames[pos], mb_index, np.full(len(mbs), size),
+            batch.tokens[pos],
+            batch.frames[pos],
+            mb_index,
+            np.full(len(mbs), size),
             np.asarray([mb.ckpt_layers for mb in mbs]),
         )
         dur = cost.total_time(c)
@@ -717,8 +754,13 @@ class DCPPlanner(Planner):
             for g, ms in enumerate(members)
             if ms
         ]
-        return StepPlan(world_size=W, rounds=[Round(groups=groups)], method=self.name, mode=self.mode,
-                        step=batch.step)
+        return StepPlan(
+            world_size=W,
+            rounds=[Round(groups=groups)],
+            method=self.name,
+            mode=self.mode,
+            step=batch.step,
+        )
 
     def _pack(
         self,

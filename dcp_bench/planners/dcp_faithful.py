@@ -131,15 +131,23 @@ class FaithfulDCPPlanner(Planner):
                 f"(got {tolerance})"
             )
         if sampler_max_steps < 1 or sampler_min_steps < 1:
-            raise ConfigError(f"{self.name}: sampler_max_steps={sampler_max_steps} and sampler_min_steps="
-                              f"{sampler_min_steps}: expected integers >= 1")
+            raise ConfigError(
+                f"{self.name}: sampler_max_steps={sampler_max_steps} and sampler_min_steps="
+                f"{sampler_min_steps}: expected integers >= 1"
+            )
         if sampler_bounds not in BOUNDS:
-            raise ConfigError(f"{self.name}: sampler_bounds={sampler_bounds!r}; expected one of {', '.join(BOUNDS)}")
+            raise ConfigError(
+                f"{self.name}: sampler_bounds={sampler_bounds!r}; expected one of {', '.join(BOUNDS)}"
+            )
         if sampler_bounds == "per_group" and sampler_min_steps > sampler_max_steps:
-            raise ConfigError(f"{self.name}: sampler_bounds=per_group needs sampler_min_steps <= sampler_max_steps "
-                              f"(got {sampler_min_steps}, {sampler_max_steps})")
+            raise ConfigError(
+                f"{self.name}: sampler_bounds=per_group needs sampler_min_steps <= sampler_max_steps "
+                f"(got {sampler_min_steps}, {sampler_max_steps})"
+            )
         if sp_rule is not None and sp_rule not in SP_RULES:
-            raise ConfigError(f"{self.name}: sp_rule={sp_rule!r}; expected null or one of {', '.join(SP_RULES)}")
+            raise ConfigError(
+                f"{self.name}: sp_rule={sp_rule!r}; expected null or one of {', '.join(SP_RULES)}"
+            )
         self.buckets_per_octave = int(buckets_per_octave)
         self.min_steps = int(min_steps)
         self.max_steps = int(max_steps)
@@ -153,10 +161,14 @@ class FaithfulDCPPlanner(Planner):
         self.second_pass = bool(second_pass)
         # The profile, as the reference keeps it: per cost model, per bucket shape. Instance
         # state, not global; the cost model is held so its id cannot be reused while cached.
-        self._profiles: dict[int, tuple[Any, dict[tuple[int, int, bool], BucketSetting | None]]] = {}
+        self._profiles: dict[
+            int, tuple[Any, dict[tuple[int, int, bool], BucketSetting | None]]
+        ] = {}
         self._ref_profiles: dict[int, tuple[Any, dict[tuple[int, int], BucketProfile | None]]] = {}
 
-    def _profile(self, cost: CostModel, tokens: int, frames: int, cross_node: bool) -> BucketSetting | None:
+    def _profile(
+        self, cost: CostModel, tokens: int, frames: int, cross_node: bool
+    ) -> BucketSetting | None:
         entry = self._profiles.setdefault(id(cost), (cost, {}))
         cache = entry[1]
         key = (tokens, frames, cross_node)
@@ -183,9 +195,13 @@ class FaithfulDCPPlanner(Planner):
                 setting = self._profile(cost, longest, frames, cross_node=True)
             if setting is None:
                 if self.mode == "fair":
-                    table = build_shape_table(batch.tokens[members], batch.frames[members], cost, cost.cluster.world_size)
+                    table = build_shape_table(
+                        batch.tokens[members], batch.frames[members], cost, cost.cluster.world_size
+                    )
                     raise_if_infeasible(table, batch.tokens[members], batch.frames[members], cost)
-                    raise InfeasibleError(f"{self.name}: bucket of {int(rep_t[b])} tokens fits no setting")
+                    raise InfeasibleError(
+                        f"{self.name}: bucket of {int(rep_t[b])} tokens fits no setting"
+                    )
                 skipped.extend(members)
                 continue
             buckets.append(_Bucket(setting, deque(members)))
@@ -216,12 +232,16 @@ class FaithfulDCPPlanner(Planner):
             for _ in range(k - 1):
                 if not bk.queue:
                     break
-                g.micro_batches.append([bk.queue.popleft() for _ in range(min(bk.setting.bs, len(bk.queue)))])
+                g.micro_batches.append(
+                    [bk.queue.popleft() for _ in range(min(bk.setting.bs, len(bk.queue)))]
+                )
 
     def _balance_intra(self, groups: list[_GroupPlan], buckets: list[_Bucket], W: int) -> None:
         if not groups:
             return
-        t_min = min(g.time_s * len(g.micro_batches[0]) / buckets[g.bucket].setting.bs for g in groups)
+        t_min = min(
+            g.time_s * len(g.micro_batches[0]) / buckets[g.bucket].setting.bs for g in groups
+        )
         free = W - sum(g.sp for g in groups)
         for g in groups:
             bk = buckets[g.bucket]
@@ -238,7 +258,12 @@ class FaithfulDCPPlanner(Planner):
                 t = unit * keep
             # Batch size 1 and still slow: a larger SP degree (ideal halving, as the reference
             # assumes) while free ranks remain and the doubled degree divides the world.
-            while t > t_min * (1 + self.tolerance) and free >= g.sp and len(mb) == 1 and W % (2 * g.sp) == 0:
+            while (
+                t > t_min * (1 + self.tolerance)
+                and free >= g.sp
+                and len(mb) == 1
+                and W % (2 * g.sp) == 0
+            ):
                 free -= g.sp
                 g.sp *= 2
                 t /= 2
@@ -271,7 +296,14 @@ class FaithfulDCPPlanner(Planner):
         }
         if self.mode == "paper":
             info["label"] = self.label()
-        return StepPlan(world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step, info=info)
+        return StepPlan(
+            world_size=W,
+            rounds=rounds,
+            method=self.name,
+            mode=self.mode,
+            step=batch.step,
+            info=info,
+        )
 
     # -- the reference runtime: an epoch (run.unit=epoch) ---------------------------------------
 
@@ -300,17 +332,35 @@ class FaithfulDCPPlanner(Planner):
         rng = np.random.default_rng(self.seed + epoch)
         if self.variant == "intra":
             gpn = min(cost.cluster.gpus_per_node, W)
-            deal = dcp_intra_epoch(buckets, profile, W, gpn, rng, sp_rule=self.sp_rule or "categorical",
-                                   second_pass=self.second_pass)
+            deal = dcp_intra_epoch(
+                buckets,
+                profile,
+                W,
+                gpn,
+                rng,
+                sp_rule=self.sp_rule or "categorical",
+                second_pass=self.second_pass,
+            )
         else:
-            deal = dcp_inter_epoch(buckets, profile, W, rng, max_steps=self.sampler_max_steps,
-                                   min_steps=self.sampler_min_steps, bounds=self.sampler_bounds,
-                                   sp_rule=self.sp_rule or "threshold", eject=self.eject)
+            deal = dcp_inter_epoch(
+                buckets,
+                profile,
+                W,
+                rng,
+                max_steps=self.sampler_max_steps,
+                min_steps=self.sampler_min_steps,
+                bounds=self.sampler_bounds,
+                sp_rule=self.sp_rule or "threshold",
+                eject=self.eject,
+            )
         iterations = [iteration_plan(it, W, self.name, i) for i, it in enumerate(deal.iterations)]
         info = deal_summary(deal)
-        info["profile"] = {bucket_label(k): None if p is None else {"sp": p.sp, "bs": p.bs, "time_s": p.time_s,
-                                                                    "ckpt_layers": p.ckpt_layers}
-                           for k, p in profile.items()}
+        info["profile"] = {
+            bucket_label(k): None
+            if p is None
+            else {"sp": p.sp, "bs": p.bs, "time_s": p.time_s, "ckpt_layers": p.ckpt_layers}
+            for k, p in profile.items()
+        }
         return EpochPlan(iterations, info)
 
     def _round(self, groups: list[_GroupPlan], buckets: list[_Bucket]) -> Round:

@@ -89,7 +89,12 @@ def ckpt_and_memory(
 
 
 def time_at_ckpt(
-    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, k: np.ndarray, packed: bool = False
+    cost: CostModel,
+    tokens: np.ndarray,
+    frames: np.ndarray,
+    sp: int,
+    k: np.ndarray,
+    packed: bool = False,
 ) -> np.ndarray:
     """Vectorised per-sample time with a per-sample checkpoint count ``k`` (>= 0); with
     ``packed`` the sample's share of a well-filled micro-batch (`CostModel.sample_time_packed`,
@@ -171,9 +176,10 @@ def build_shape_table(
             if packed:
                 alone = ok & ((k > 0) | (mem[:, j] > budget / 2))
                 if alone.any():
-                    time[alone, j] = time_at_ckpt(cost, ut[alone], uf[alone], int(sp), k[alone], False)
+                    time[alone, j] = time_at_ckpt(
+                        cost, ut[alone], uf[alone], int(sp), k[alone], False
+                    )
     return ShapeTable(ut, uf, inverse.astype(np.int64), sps, ckpt, time, mem)
-
 
 
 def largest_fitting_length(cost: CostModel, frames: int = 1) -> int:
@@ -205,7 +211,9 @@ def largest_fitting_length(cost: CostModel, frames: int = 1) -> int:
     return lo * step
 
 
-def raise_if_infeasible(table: ShapeTable, batch_tokens: np.ndarray, batch_frames: np.ndarray, cost: CostModel) -> None:
+def raise_if_infeasible(
+    table: ShapeTable, batch_tokens: np.ndarray, batch_frames: np.ndarray, cost: CostModel
+) -> None:
     """`InfeasibleError` for the first sample that fits no SP degree even with full recompute."""
     bad = np.flatnonzero((table.ckpt < 0).all(axis=1))
     if len(bad) == 0:
@@ -244,7 +252,9 @@ class BucketSetting:
         return self.bs / (self.sp * self.time_s)
 
 
-def bucket_keys(tokens: np.ndarray, frames: np.ndarray, per_octave: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bucket_keys(
+    tokens: np.ndarray, frames: np.ndarray, per_octave: int = 2
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bucket every sample. Video (any sample with frames > 1): the distinct (T', S) shapes, as
     the reference's resolution x frame-count grid. Text: log-spaced length buckets, ``per_octave``
     a factor of two; a bucket's representative is its upper edge (what a profile would measure).
@@ -307,7 +317,9 @@ def profile_bucket(
                 if c.mem_bytes > cost.memory_cap_bytes:
                     break
                 cand = BucketSetting(tokens, frames, sp, bs, k, c.total_s)
-                if best is None or cand.samples_per_gpu_second > best.samples_per_gpu_second * (1 + 1e-12):
+                if best is None or cand.samples_per_gpu_second > best.samples_per_gpu_second * (
+                    1 + 1e-12
+                ):
                     best = cand
                 bs *= 2
         if best is not None:

@@ -29,8 +29,15 @@ FLOOR = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 BLOCK_ROWS = 256
 
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, seg_lens: list[int],
-                        dtype: torch.dtype = torch.float32, block: int = BLOCK_ROWS) -> dict[str, Tensor]:
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dout: Tensor,
+    seg_lens: list[int],
+    dtype: torch.dtype = torch.float32,
+    block: int = BLOCK_ROWS,
+) -> dict[str, Tensor]:
     """Causal packed attention and its gradients (see the module docstring) computed in ``dtype``:
     {"out", "dq", "dk", "dv"} in ``dtype``, shaped like the inputs."""
     T, H, D = q.shape
@@ -76,8 +83,14 @@ def _rel_max_err(got: Tensor, ref: Tensor) -> float:
     return float((got.float() - ref.float()).abs().max()) / (scale if scale > 0 else 1.0)
 
 
-def check_kernel(kernel: Any, tokens: int, heads: tuple[int, int, int], device: torch.device,
-                 dtype: torch.dtype, seed: int = 0) -> dict[str, Any]:
+def check_kernel(
+    kernel: Any,
+    tokens: int,
+    heads: tuple[int, int, int],
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> dict[str, Any]:
     """``kernel`` (an `AttentionKernel` or any callable with its signature) on causal packed
     attention of ``tokens`` tokens in three segments (1/4, 1/4, 1/2), inputs drawn in fp32 and
     rounded to ``dtype``: per tensor (output, dq, dk, dv) the kernel's error, the low-precision
@@ -104,11 +117,22 @@ def check_kernel(kernel: Any, tokens: int, heads: tuple[int, int, int], device: 
         finite = bool(torch.isfinite(got[name]).all())
         passed = finite and err <= tol
         ok = ok and passed
-        tensors[name] = {"max_rel_err": err, "low_precision_math_err": low_err, "tolerance": tol, "passed": passed}
+        tensors[name] = {
+            "max_rel_err": err,
+            "low_precision_math_err": low_err,
+            "tolerance": tol,
+            "passed": passed,
+        }
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return {"tokens": tokens, "segments": lens, "dtype": str(dtype).replace("torch.", ""), "passed": ok,
-            "tensors": tensors, "wall_s": round(time.perf_counter() - t0, 3)}
+    return {
+        "tokens": tokens,
+        "segments": lens,
+        "dtype": str(dtype).replace("torch.", ""),
+        "passed": ok,
+        "tensors": tensors,
+        "wall_s": round(time.perf_counter() - t0, 3),
+    }
 
 
 __all__ = ["check_kernel", "reference_attention"]

@@ -31,8 +31,12 @@ def matmul_ceiling(
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     t = summarize(_timed(lambda: torch.mm(a, b), device, reps, warmup))
-    return {"n": n, "dtype": str(dtype).replace("torch.", ""), "time_s": t,
-            "flops_per_s": 2.0 * n**3 / t["median"]}
+    return {
+        "n": n,
+        "dtype": str(dtype).replace("torch.", ""),
+        "time_s": t,
+        "flops_per_s": 2.0 * n**3 / t["median"],
+    }
 
 
 def copy_ceiling(

@@ -48,7 +48,9 @@ SHAPES = ("single", "packed")
 OUTER_MAX_TOKENS = 1 << 15
 
 
-def point_request(spec: ModelSpec, tokens: int, shape: str, device: str, tiny: bool, reps: int) -> ProfileRequest:
+def point_request(
+    spec: ModelSpec, tokens: int, shape: str, device: str, tiny: bool, reps: int
+) -> ProfileRequest:
     """The profile request of one grid point (the model without layers is measured with the
     single-sample shape)."""
     return ProfileRequest(
@@ -76,14 +78,26 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _artifact(base: dict[str, Any], layers: list[dict[str, Any]], outer: list[dict[str, Any]],
-              failures: list[dict[str, Any]], ceilings: dict[str, Any], tokens: list[int], started: float,
-              command: str, pending: list[dict[str, Any]]) -> dict[str, Any]:
+def _artifact(
+    base: dict[str, Any],
+    layers: list[dict[str, Any]],
+    outer: list[dict[str, Any]],
+    failures: list[dict[str, Any]],
+    ceilings: dict[str, Any],
+    tokens: list[int],
+    started: float,
+    command: str,
+    pending: list[dict[str, Any]],
+) -> dict[str, Any]:
     now = time.time()
     grid = dict(base["settings"]["grid"], tokens_per_rank=tokens, shapes=list(SHAPES))
     return {
         **base,
-        "settings": {**base["settings"], "grid": grid, "isolation": "one run_profile per grid point"},
+        "settings": {
+            **base["settings"],
+            "grid": grid,
+            "isolation": "one run_profile per grid point",
+        },
         "layers": list(layers),
         "outer": list(outer),
         "ceilings": ceilings,
@@ -92,8 +106,12 @@ def _artifact(base: dict[str, Any], layers: list[dict[str, Any]], outer: list[di
         # its last finished point, with the points it did not reach listed here.
         "complete": not pending,
         "pending": list(pending),
-        "cost": {"wall_s": round(now - started, 2), "started_at": started, "finished_at": now,
-                 "command": command},
+        "cost": {
+            "wall_s": round(now - started, 2),
+            "started_at": started,
+            "finished_at": now,
+            "command": command,
+        },
     }
 
 
@@ -105,8 +123,15 @@ def model_tokens(name: str, tiny: bool) -> list[int]:
     return [t for t in FULL_TOKENS if t <= 65536] if name.startswith("llama") else list(FULL_TOKENS)
 
 
-def calibrate_model(name: str, device: str, tiny: bool, reps: int, deadline: float, command: str,
-                    write: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def calibrate_model(
+    name: str,
+    device: str,
+    tiny: bool,
+    reps: int,
+    deadline: float,
+    command: str,
+    write: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """The profile artifact of one model (see the module docstring). ``write`` gets the artifact
     after every point (so a kill loses at most the point in progress); a point whose expected
     time (2.5 x the last point of its shape) would pass ``deadline`` (a ``time.time()``) is not
@@ -132,10 +157,16 @@ def calibrate_model(name: str, device: str, tiny: bool, reps: int, deadline: flo
             continue
         t0 = time.time()
         try:
-            art = run_profile(point_request(spec, tokens, shape, device, tiny, reps), command=command)
+            art = run_profile(
+                point_request(spec, tokens, shape, device, tiny, reps), command=command
+            )
         except Exception as exc:  # any failure of one point must not end the calibration
             failures.append({**where, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
-            print(f"  {name} {shape} {tokens}: FAILED {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr, flush=True)
+            print(
+                f"  {name} {shape} {tokens}: FAILED {type(exc).__name__}: {str(exc)[:200]}",
+                file=sys.stderr,
+                flush=True,
+            )
             del exc
             _release(device)
             continue
@@ -145,15 +176,28 @@ def calibrate_model(name: str, device: str, tiny: bool, reps: int, deadline: flo
         outer += art["outer"]
         _release(device)
         if write is not None:
-            pending = [{"tokens_per_rank": t, "shape": s} for t, s in grid[i + 1:]]
-            write(_artifact(base, layers, outer, failures, ceilings, tokens_grid, started, command, pending))
+            pending = [{"tokens_per_rank": t, "shape": s} for t, s in grid[i + 1 :]]
+            write(
+                _artifact(
+                    base, layers, outer, failures, ceilings, tokens_grid, started, command, pending
+                )
+            )
     if base is None:
-        raise RuntimeError(f"calibration of {name}: no grid point could be measured: {failures[:3]}")
+        raise RuntimeError(
+            f"calibration of {name}: no grid point could be measured: {failures[:3]}"
+        )
     return _artifact(base, layers, outer, failures, ceilings, tokens_grid, started, command, [])
 
 
-def calibrate(out: Path, device: str, tiny: bool, reps: int = 3, budget_s: float = 420.0,
-              command: str = "", models: tuple[str, ...] | None = None) -> list[Path]:
+def calibrate(
+    out: Path,
+    device: str,
+    tiny: bool,
+    reps: int = 3,
+    budget_s: float = 420.0,
+    command: str = "",
+    models: tuple[str, ...] | None = None,
+) -> list[Path]:
     """Calibrate every model (`FULL_MODELS`, or `TINY_MODELS` with ``tiny``) into ``out``, each
     with its own share of the budget (a model that finishes early leaves its time to the next).
     Every artifact is rewritten after each point. Returns the artifacts written; a model with
@@ -163,7 +207,11 @@ def calibrate(out: Path, device: str, tiny: bool, reps: int = 3, budget_s: float
     written = []
     for i, name in enumerate(models):
         deadline = time.time() + (end - time.time()) / (len(models) - i)
-        print(f"calibrating {name} ({'fp32' if tiny else 'bf16'}, {device})", file=sys.stderr, flush=True)
+        print(
+            f"calibrating {name} ({'fp32' if tiny else 'bf16'}, {device})",
+            file=sys.stderr,
+            flush=True,
+        )
         path = out / f"{name}.json"
 
         def write(art: dict[str, Any], path: Path = path) -> None:
@@ -176,10 +224,19 @@ def calibrate(out: Path, device: str, tiny: bool, reps: int = 3, budget_s: float
             continue
         write(artifact)
         ceil = artifact["ceilings"]
-        rates = (f"matmul {max(c['flops_per_s'] for c in ceil['matmul']) / 1e12:.1f} TFLOP/s, copy "
-                 f"{max(c['bytes_per_s'] for c in ceil['copy']) / 1e9:.0f} GB/s, ") if "matmul" in ceil else ""
-        print(f"wrote {path} (sha256 {sha256_file(path)}): {rates}{len(artifact['failures'])} point(s) failed "
-              f"or skipped, {artifact['cost']['wall_s']:.0f} s", flush=True)
+        rates = (
+            (
+                f"matmul {max(c['flops_per_s'] for c in ceil['matmul']) / 1e12:.1f} TFLOP/s, copy "
+                f"{max(c['bytes_per_s'] for c in ceil['copy']) / 1e9:.0f} GB/s, "
+            )
+            if "matmul" in ceil
+            else ""
+        )
+        print(
+            f"wrote {path} (sha256 {sha256_file(path)}): {rates}{len(artifact['failures'])} point(s) failed "
+            f"or skipped, {artifact['cost']['wall_s']:.0f} s",
+            flush=True,
+        )
         written.append(path)
     return written
 
@@ -189,11 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="CPU dry run: tiny models, small sizes")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--budget-s", type=float, default=420.0, help="time for all models (default 420)")
+    parser.add_argument(
+        "--budget-s", type=float, default=420.0, help="time for all models (default 420)"
+    )
     parser.add_argument("--out", required=True, help="folder for the artifacts (<model>.json)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu_calibrate: no CUDA device; use --device cpu --tiny for a dry run", file=sys.stderr)
+        print(
+            "gpu_calibrate: no CUDA device; use --device cpu --tiny for a dry run", file=sys.stderr
+        )
         return 2
     started = time.time()
     cmd = f"scripts/gpu_calibrate.sh --device {args.device}{' --tiny' if args.tiny else ''}"

@@ -161,7 +161,9 @@ def _gqa_outside(kernel: Any) -> bool:
     return fn is not None and "enable_gqa" not in inspect.signature(fn).parameters
 
 
-def _time_kernel(kernel: Any, qkv: tuple[Any, Any, Any], lens: list[int], device: Any, reps: int) -> float:
+def _time_kernel(
+    kernel: Any, qkv: tuple[Any, Any, Any], lens: list[int], device: Any, reps: int
+) -> float:
     """Median forward+backward time of causal packed attention by ``kernel``."""
 
     def step() -> None:
@@ -172,28 +174,46 @@ def _time_kernel(kernel: Any, qkv: tuple[Any, Any, Any], lens: list[int], device
     return _timed(step, device, reps)
 
 
-def attention_report(device: Any, dtype: Any, sizes: CheckSizes, deadline: float = math.inf,
-                     write: Any = None) -> dict[str, Any]:
+def attention_report(
+    device: Any, dtype: Any, sizes: CheckSizes, deadline: float = math.inf, write: Any = None
+) -> dict[str, Any]:
     """The selected kernel and its attention throughput against length (see the module doc).
     Lengths whose expected time (4.5 x the last: the work grows as n^2) would pass ``deadline``
     are listed as skipped; ``write`` gets the report after every length."""
     H, KV, D = sizes.attention_heads
     kernel = select_attention_kernel(device, dtype, D)
-    kernels = [kernel] if kernel.name == "sdpa" else [kernel, AttentionKernel("sdpa", fused_only=device.type == "cuda")]
+    kernels = (
+        [kernel]
+        if kernel.name == "sdpa"
+        else [kernel, AttentionKernel("sdpa", fused_only=device.type == "cuda")]
+    )
     rows: list[dict[str, Any]] = []
-    report = {"selected": kernel.describe(), "heads": {"query": H, "kv": KV, "head_dim": D},
-              "dtype": str(dtype).replace("torch.", ""), "throughput": rows,
-              "gqa_repeat_outside_timing": [k.name for k in kernels if _gqa_outside(k)],
-              "flop_convention": "causal: 2 n^2 H D per forward (QK^T + AV on half the scores), backward 2.5x"}
+    report = {
+        "selected": kernel.describe(),
+        "heads": {"query": H, "kv": KV, "head_dim": D},
+        "dtype": str(dtype).replace("torch.", ""),
+        "throughput": rows,
+        "gqa_repeat_outside_timing": [k.name for k in kernels if _gqa_outside(k)],
+        "flop_convention": "causal: 2 n^2 H D per forward (QK^T + AV on half the scores), backward 2.5x",
+    }
     last = 0.0
     for n in sizes.attention_lengths:
         if time.time() + 4.5 * last > deadline:
-            rows.append({"kernel": "all", "tokens": n, "error": "skipped: the phase's time budget was spent"})
+            rows.append(
+                {
+                    "kernel": "all",
+                    "tokens": n,
+                    "error": "skipped: the phase's time budget was spent",
+                }
+            )
             continue
         t_len = time.time()
         lens = [n // 4, n // 4, n // 2]  # three packed documents
         g = torch.Generator(device=device).manual_seed(n)
-        q, k, v = (torch.randn(n, h, D, generator=g, device=device, dtype=dtype).requires_grad_() for h in (H, KV, KV))
+        q, k, v = (
+            torch.randn(n, h, D, generator=g, device=device, dtype=dtype).requires_grad_()
+            for h in (H, KV, KV)
+        )
         # causal: QK^T and AV over half the score matrix, 2 FLOPs per MAC; backward 2.5 x forward
         flops = 3.5 * sum(2.0 * m * m * H * D for m in lens)
         for kern in kernels:
@@ -205,11 +225,24 @@ def attention_report(device: Any, dtype: Any, sizes: CheckSizes, deadline: float
                     del kr, vr
                 else:
                     s = _time_kernel(kern, (q, k, v), lens, device, sizes.reps)
-                rows.append({"kernel": kern.name, "tokens": n, "segments": lens, "fwd_bwd_s": s,
-                             "tflop_per_s": flops / s / 1e12})
+                rows.append(
+                    {
+                        "kernel": kern.name,
+                        "tokens": n,
+                        "segments": lens,
+                        "fwd_bwd_s": s,
+                        "tflop_per_s": flops / s / 1e12,
+                    }
+                )
             except Exception as exc:
-                rows.append({"kernel": kern.name, "tokens": n, "segments": lens,
-                             "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                rows.append(
+                    {
+                        "kernel": kern.name,
+                        "tokens": n,
+                        "segments": lens,
+                        "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                    }
+                )
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         del q, k, v
@@ -224,8 +257,21 @@ def attention_report(device: Any, dtype: Any, sizes: CheckSizes, deadline: float
 
 
 def _step_plan(n: int) -> Any:
-    return StepPlan(world_size=1, rounds=[Round(groups=[Group(start=0, size=1, micro_batches=[
-        MicroBatch(samples=tuple(range(n)), ckpt_layers=0)])])], mode="fair")
+    return StepPlan(
+        world_size=1,
+        rounds=[
+            Round(
+                groups=[
+                    Group(
+                        start=0,
+                        size=1,
+                        micro_batches=[MicroBatch(samples=tuple(range(n)), ckpt_layers=0)],
+                    )
+                ]
+            )
+        ],
+        mode="fair",
+    )
 
 
 def _eval_loss(model: Any, batch: Any, seed: int, kernel: Any) -> float:
@@ -245,8 +291,12 @@ def _reference_gradients(reference: Any, batch: Any, seed: int) -> Any:
     reference.zero_grad(set_to_none=True)
     inputs = reference.make_inputs(batch.sample_ids, batch.tokens, batch.frames, SINGLE, seed)
     (reference.loss_sum(inputs, SINGLE, 0) / batch.total_tokens).backward()
-    grads = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1).float()
-                       for p in reference.parameters()])
+    grads = torch.cat(
+        [
+            (torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1).float()
+            for p in reference.parameters()
+        ]
+    )
     reference.zero_grad(set_to_none=True)
     return grads
 
@@ -262,16 +312,34 @@ def gradient_agreement(got: Any, ref: Any, names: list[tuple[str, int]]) -> dict
         rn, rmax = float(r.norm()), float(r.abs().max())
         if rn == 0.0:
             continue
-        rows.append({"param": name, "rel_l2": float((g - r).norm()) / rn,
-                     "rel_max": float((g - r).abs().max()) / rmax})
+        rows.append(
+            {
+                "param": name,
+                "rel_l2": float((g - r).norm()) / rn,
+                "rel_max": float((g - r).abs().max()) / rmax,
+            }
+        )
     worst_l2 = max(rows, key=lambda x: x["rel_l2"]) if rows else None
     worst_max = max(rows, key=lambda x: x["rel_max"]) if rows else None
-    return {"tensors": len(rows), "worst_rel_l2": worst_l2, "worst_rel_max": worst_max,
-            "total_rel_l2": float((got - ref).norm()) / max(float(ref.norm()), 1e-30)}
+    return {
+        "tensors": len(rows),
+        "worst_rel_l2": worst_l2,
+        "worst_rel_max": worst_max,
+        "total_rel_l2": float((got - ref).norm()) / max(float(ref.norm()), 1e-30),
+    }
 
 
-def smoke_model(name: str, steps: list[Any], device: Any, pool: Any, cluster: str, seed: int = 0,
-                deadline: float = math.inf, kernel: Any = None, write: Any = None) -> dict[str, Any]:
+def smoke_model(
+    name: str,
+    steps: list[Any],
+    device: Any,
+    pool: Any,
+    cluster: str,
+    seed: int = 0,
+    deadline: float = math.inf,
+    kernel: Any = None,
+    write: Any = None,
+) -> dict[str, Any]:
     """Train a one-layer ``name`` for ``len(steps)`` steps (see the module docstring). ``kernel``
     replaces the selected attention kernel (the test suite's broken kernels); a step that would
     start after ``deadline`` is skipped; ``write`` gets the result after every step."""
@@ -291,15 +359,26 @@ def smoke_model(name: str, steps: list[Any], device: Any, pool: Any, cluster: st
     pb = param_breakdown(spec)
     policy_bytes = static_state_bytes(pb.total, pb.per_layer, 1, 0, state.policy)  # type: ignore[arg-type]
     out: dict[str, Any] = {
-        "model": spec.name, "layers": 1, "params": pb.total, "attention": model.attention.describe(),
-        "precision": state.describe()["precision"], "zero_stage": 0, "steps": [], "skipped_steps": [],
+        "model": spec.name,
+        "layers": 1,
+        "params": pb.total,
+        "attention": model.attention.describe(),
+        "precision": state.describe()["precision"],
+        "zero_stage": 0,
+        "steps": [],
+        "skipped_steps": [],
     }
     names = [(n, p.numel()) for n, p in reference.named_parameters()]
     last = 0.0
     for i, batch in enumerate(steps):
         if time.time() + 2.0 * last > deadline:
-            out["skipped_steps"].append({"step": i, "tokens": int(batch.total_tokens),
-                                         "reason": "the smoke phase's time budget was spent"})
+            out["skipped_steps"].append(
+                {
+                    "step": i,
+                    "tokens": int(batch.total_tokens),
+                    "reason": "the smoke phase's time budget was spent",
+                }
+            )
             continue
         t_step = time.time()
         with torch.no_grad():
@@ -318,30 +397,46 @@ def smoke_model(name: str, steps: list[Any], device: Any, pool: Any, cluster: st
         mb = cost.microbatch_cost(batch.tokens, batch.frames, 1, 0)
         static = cost.static_memory_breakdown()  # type: ignore[attr-defined]
         flops = mb.model_flops
-        peak_flops = datasheet_peak_flops(torch.cuda.get_device_name(device)) if cuda else float("nan")
-        out["steps"].append({
-            "step": i, "tokens": int(batch.total_tokens), "samples": batch.tokens.tolist(),
-            "frames": batch.frames.tolist(), "losses": losses, "gradients": grads, "finite": res.finite,
-            "grad_norm": res.grad_norm,
-            "busy_s": res.busy_s, "tokens_per_s": batch.total_tokens / res.busy_s if res.busy_s else None,
-            "model_tflop_per_s": flops / res.busy_s / 1e12 if res.busy_s else None,
-            "mfu": flops / res.busy_s / peak_flops if res.busy_s and cuda else None,
-            "memory": {
-                "measured_peak_bytes": res.peak_mem_bytes,
-                "measure": "torch.cuda.max_memory_allocated" if cuda else "cpu lower bound (static + saved tensors)",
-                "predicted_bytes": mb.mem_bytes,
-                "predicted_workspace_bytes": static.get("workspace", 0.0),
-                "predicted_without_workspace_bytes": mb.mem_bytes - static.get("workspace", 0.0),
-                "predicted_static_breakdown": static,
-                "state_bytes": state.static_bytes(),
-                "policy_state_bytes": policy_bytes,
-            },
-        })
-        print(f"  smoke {spec.name} step {i}: {batch.total_tokens} tokens, losses "
-              + ", ".join(f"{k} {v:.5f}" for k, v in losses.items())
-              + f", layer gradients worst rel. L2 {grads['worst_rel_l2']['rel_l2'] if grads['worst_rel_l2'] else 0:.2e}"
-              + f", peak {res.peak_mem_bytes / 2**30:.2f} GiB (predicted {mb.mem_bytes / 2**30:.2f} GiB)",
-              file=sys.stderr, flush=True)
+        peak_flops = (
+            datasheet_peak_flops(torch.cuda.get_device_name(device)) if cuda else float("nan")
+        )
+        out["steps"].append(
+            {
+                "step": i,
+                "tokens": int(batch.total_tokens),
+                "samples": batch.tokens.tolist(),
+                "frames": batch.frames.tolist(),
+                "losses": losses,
+                "gradients": grads,
+                "finite": res.finite,
+                "grad_norm": res.grad_norm,
+                "busy_s": res.busy_s,
+                "tokens_per_s": batch.total_tokens / res.busy_s if res.busy_s else None,
+                "model_tflop_per_s": flops / res.busy_s / 1e12 if res.busy_s else None,
+                "mfu": flops / res.busy_s / peak_flops if res.busy_s and cuda else None,
+                "memory": {
+                    "measured_peak_bytes": res.peak_mem_bytes,
+                    "measure": "torch.cuda.max_memory_allocated"
+                    if cuda
+                    else "cpu lower bound (static + saved tensors)",
+                    "predicted_bytes": mb.mem_bytes,
+                    "predicted_workspace_bytes": static.get("workspace", 0.0),
+                    "predicted_without_workspace_bytes": mb.mem_bytes
+                    - static.get("workspace", 0.0),
+                    "predicted_static_breakdown": static,
+                    "state_bytes": state.static_bytes(),
+                    "policy_state_bytes": policy_bytes,
+                },
+            }
+        )
+        print(
+            f"  smoke {spec.name} step {i}: {batch.total_tokens} tokens, losses "
+            + ", ".join(f"{k} {v:.5f}" for k, v in losses.items())
+            + f", layer gradients worst rel. L2 {grads['worst_rel_l2']['rel_l2'] if grads['worst_rel_l2'] else 0:.2e}"
+            + f", peak {res.peak_mem_bytes / 2**30:.2f} GiB (predicted {mb.mem_bytes / 2**30:.2f} GiB)",
+            file=sys.stderr,
+            flush=True,
+        )
         if cuda:
             torch.cuda.empty_cache()
         last = time.time() - t_step
@@ -362,8 +457,14 @@ def smoke_verdict(smoke: dict[str, Any], fp32: bool) -> list[str]:
         if a.get("error"):
             problems.append(f"attention check at {a['tokens']} tokens: {a['error']}")
         elif not a.get("passed", True):
-            bad = {k: f"{v['max_rel_err']:.3g} > {v['tolerance']:.3g}" for k, v in a["tensors"].items() if not v["passed"]}
-            problems.append(f"attention check at {a['tokens']} tokens: kernel differs from the fp32 reference {bad}")
+            bad = {
+                k: f"{v['max_rel_err']:.3g} > {v['tolerance']:.3g}"
+                for k, v in a["tensors"].items()
+                if not v["passed"]
+            }
+            problems.append(
+                f"attention check at {a['tokens']} tokens: kernel differs from the fp32 reference {bad}"
+            )
     grad_tol = TOL_GRAD_FP32 if fp32 else TOL_GRAD_BF16
     for model in smoke["models"]:
         if not model.get("error") and not model["steps"]:
@@ -372,8 +473,10 @@ def smoke_verdict(smoke: dict[str, Any], fp32: bool) -> list[str]:
             g = st.get("gradients") or {}
             worst = g.get("worst_rel_l2")
             if worst and worst["rel_l2"] > grad_tol:
-                problems.append(f"{model['model']} step {st['step']}: layer gradient {worst['param']} differs from the "
-                                f"fp32 reference by {worst['rel_l2']:.3g} (relative L2; tolerance {grad_tol:g})")
+                problems.append(
+                    f"{model['model']} step {st['step']}: layer gradient {worst['param']} differs from the "
+                    f"fp32 reference by {worst['rel_l2']:.3g} (relative L2; tolerance {grad_tol:g})"
+                )
     for model in smoke["models"]:
         for st in model["steps"]:
             losses = st["losses"]
@@ -388,17 +491,27 @@ def smoke_verdict(smoke: dict[str, Any], fp32: bool) -> list[str]:
                     continue
                 # the runtime's loss is before its update, so it compares with the reference too
                 if abs(val - ref) > tol * abs(ref):
-                    problems.append(f"{where}: {key} loss {val:.6f} vs fp32 reference {ref:.6f} (tolerance {tol:g})")
+                    problems.append(
+                        f"{where}: {key} loss {val:.6f} vs fp32 reference {ref:.6f} (tolerance {tol:g})"
+                    )
             if "runtime" in losses and len(losses) == 3:
                 other = next(v for k, v in losses.items() if k.startswith("sdpa_"))
                 tol_k = TOL_FP32 if fp32 else TOL_KERNELS_BF16
                 if abs(losses["runtime"] - other) > tol_k * abs(other):
-                    problems.append(f"{where}: selected kernel {losses['runtime']:.6f} vs SDPA {other:.6f}")
+                    problems.append(
+                        f"{where}: selected kernel {losses['runtime']:.6f} vs SDPA {other:.6f}"
+                    )
     return problems
 
 
-def run_attention_checks(device: Any, dtype: Any, sizes: CheckSizes, deadline: float = math.inf,
-                         kernel: Any = None, write: Any = None) -> list[dict[str, Any]]:
+def run_attention_checks(
+    device: Any,
+    dtype: Any,
+    sizes: CheckSizes,
+    deadline: float = math.inf,
+    kernel: Any = None,
+    write: Any = None,
+) -> list[dict[str, Any]]:
     """The selected kernel (or ``kernel``) against the exact fp32 reference at every length of
     ``sizes.check_lengths`` (`dcp_bench.profiling.attention_check`); lengths a spent budget
     leaves out are listed as skipped."""
@@ -417,11 +530,21 @@ def run_attention_checks(device: Any, dtype: Any, sizes: CheckSizes, deadline: f
         except Exception as exc:
             row = {"tokens": n, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         rows.append(row)
-        print(f"  attention check {n} tokens: "
-              + ("error " + row["error"] if "error" in row else
-                 ("passed" if row["passed"] else "FAILED") + " "
-                 + ", ".join(f"{k} {v['max_rel_err']:.2e}/{v['tolerance']:.1e}" for k, v in row["tensors"].items())),
-              file=sys.stderr, flush=True)
+        print(
+            f"  attention check {n} tokens: "
+            + (
+                "error " + row["error"]
+                if "error" in row
+                else ("passed" if row["passed"] else "FAILED")
+                + " "
+                + ", ".join(
+                    f"{k} {v['max_rel_err']:.2e}/{v['tolerance']:.1e}"
+                    for k, v in row["tensors"].items()
+                )
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
         if device.type == "cuda":
             torch.cuda.empty_cache()
         last = time.time() - t0
@@ -430,8 +553,14 @@ def run_attention_checks(device: Any, dtype: Any, sizes: CheckSizes, deadline: f
     return rows
 
 
-def run_smoke(device: Any, sizes: CheckSizes, cluster: str, deadline: float = math.inf, kernel: Any = None,
-              write: Any = None) -> dict[str, Any]:
+def run_smoke(
+    device: Any,
+    sizes: CheckSizes,
+    cluster: str,
+    deadline: float = math.inf,
+    kernel: Any = None,
+    write: Any = None,
+) -> dict[str, Any]:
     """The attention checks, then both models' smoke runs on a one-rank process group, each
     within its share of the time left before ``deadline``; ``write`` gets the result so far after
     every check and step."""
@@ -450,21 +579,44 @@ def run_smoke(device: Any, sizes: CheckSizes, cluster: str, deadline: float = ma
         result["attention_check"] = rows
         emit()
 
-    result["attention_check"] = run_attention_checks(device, dtype, sizes, check_deadline, kernel, set_checks)
+    result["attention_check"] = run_attention_checks(
+        device, dtype, sizes, check_deadline, kernel, set_checks
+    )
     emit()
-    text = [GlobalBatch(step=i, sample_ids=np.arange(100 * i, 100 * i + len(s)), tokens=np.array(s, dtype=np.int64),
-                        frames=np.ones(len(s), dtype=np.int64)) for i, s in enumerate(sizes.text_steps)]
-    video = [GlobalBatch(step=i, sample_ids=np.arange(100 * i, 100 * i + len(s)),
-                         tokens=np.array([f * p for f, p in s], dtype=np.int64),
-                         frames=np.array([f for f, _ in s], dtype=np.int64)) for i, s in enumerate(sizes.video_steps)]
+    text = [
+        GlobalBatch(
+            step=i,
+            sample_ids=np.arange(100 * i, 100 * i + len(s)),
+            tokens=np.array(s, dtype=np.int64),
+            frames=np.ones(len(s), dtype=np.int64),
+        )
+        for i, s in enumerate(sizes.text_steps)
+    ]
+    video = [
+        GlobalBatch(
+            step=i,
+            sample_ids=np.arange(100 * i, 100 * i + len(s)),
+            tokens=np.array([f * p for f, p in s], dtype=np.int64),
+            frames=np.array([f for f, _ in s], dtype=np.int64),
+        )
+        for i, s in enumerate(sizes.video_steps)
+    ]
     with tempfile.TemporaryDirectory(prefix="dcp-gpu-check-") as tmp:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{tmp}/pg",
-                                rank=0, world_size=1)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            init_method=f"file://{tmp}/pg",
+            rank=0,
+            world_size=1,
+        )
         try:
             pool = ProcessGroupPool(timeout_s=300)
             jobs = ((sizes.llama, text), (sizes.stdit, video))
             for j, (name, steps) in enumerate(jobs):
-                share = (deadline - time.time()) / (len(jobs) - j) if math.isfinite(deadline) else math.inf
+                share = (
+                    (deadline - time.time()) / (len(jobs) - j)
+                    if math.isfinite(deadline)
+                    else math.inf
+                )
                 model_deadline = time.time() + share
                 result["models"].append({"model": name, "steps": [], "running": True})
 
@@ -473,11 +625,27 @@ def run_smoke(device: Any, sizes: CheckSizes, cluster: str, deadline: float = ma
                     emit()
 
                 try:
-                    result["models"][j] = smoke_model(name, steps, device, pool, cluster, deadline=model_deadline,
-                                                      kernel=kernel, write=set_model)
+                    result["models"][j] = smoke_model(
+                        name,
+                        steps,
+                        device,
+                        pool,
+                        cluster,
+                        deadline=model_deadline,
+                        kernel=kernel,
+                        write=set_model,
+                    )
                 except Exception as exc:  # recorded: the other model and the calibration still run
-                    result["models"][j] = {"model": name, "error": f"{type(exc).__name__}: {str(exc)[:500]}", "steps": []}
-                    print(f"  smoke {name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                    result["models"][j] = {
+                        "model": name,
+                        "error": f"{type(exc).__name__}: {str(exc)[:500]}",
+                        "steps": [],
+                    }
+                    print(
+                        f"  smoke {name}: FAILED {type(exc).__name__}: {exc}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 emit()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -500,8 +668,12 @@ def layer_mfu(artifact: dict[str, Any], tokens: int, peak_flops: float) -> dict[
         h, f, kvd = spec.hidden, spec.ffn_hidden, spec.kv_heads * spec.head_dim
         fwd = 2.0 * tokens * (h * (h + 2 * kvd) + h * h + 3 * h * f) + 2.0 * tokens * tokens * h
         t = p["fwd_s"]["median"] + p["bwd_s"]["median"]
-        return {"tokens": tokens, "fwd_bwd_s": t, "model_tflop_per_s": 3 * fwd / t / 1e12,
-                "mfu": 3 * fwd / t / peak_flops}
+        return {
+            "tokens": tokens,
+            "fwd_bwd_s": t,
+            "model_tflop_per_s": 3 * fwd / t / 1e12,
+            "mfu": 3 * fwd / t / peak_flops,
+        }
     return None
 
 
@@ -516,8 +688,13 @@ def datasheet_peak_flops(device_name: str) -> float:
 def summary_markdown(report: dict[str, Any]) -> str:
     smoke_ran = "smoke" in report.get("phases", {"smoke": 1})
     verdict = ("PASS" if not report["problems"] else "FAIL") if smoke_ran else "NO SMOKE TEST"
-    lines = ["# dcp-bench GPU check", "", f"{report['device']} ({report['dtype']}), torch {report['torch']}, "
-             f"python `{report.get('interpreter')}`, {report['wall_s']:.0f} s. Verdict (the smoke test): **{verdict}**", ""]
+    lines = [
+        "# dcp-bench GPU check",
+        "",
+        f"{report['device']} ({report['dtype']}), torch {report['torch']}, "
+        f"python `{report.get('interpreter')}`, {report['wall_s']:.0f} s. Verdict (the smoke test): **{verdict}**",
+        "",
+    ]
     for p in report["problems"]:
         lines.append(f"- problem: {p}")
     for n in report.get("notes", []):
@@ -526,31 +703,47 @@ def summary_markdown(report: dict[str, Any]) -> str:
     if phases:
         lines += ["", "| phase | budget s | started s | ended s |", "|---|---|---|---|"]
         for name, ph in phases.items():
-            lines.append(f"| {name} | {ph.get('budget_s', '')} | {ph.get('started_s', '-')} | {ph.get('ended_s', '-')} |")
+            lines.append(
+                f"| {name} | {ph.get('budget_s', '')} | {ph.get('started_s', '-')} | {ph.get('ended_s', '-')} |"
+            )
     k = report.get("kernel")
     if k:
         lines += ["", f"## Attention kernel: `{k['selected']['kernel']}`", ""]
         lines += [f"- {n}" for n in k["selected"]["notes"]]
         lines += ["", "| kernel | tokens | fwd+bwd s | TFLOP/s |", "|---|---|---|---|"]
         for r in k["throughput"]:
-            lines.append(f"| {r['kernel']} | {r['tokens']} | {r.get('fwd_bwd_s', float('nan')):.4f} | "
-                         f"{r.get('tflop_per_s', float('nan')):.3g} |" if "error" not in r
-                         else f"| {r['kernel']} | {r['tokens']} | error | {r['error'][:80]} |")
+            lines.append(
+                f"| {r['kernel']} | {r['tokens']} | {r.get('fwd_bwd_s', float('nan')):.4f} | "
+                f"{r.get('tflop_per_s', float('nan')):.3g} |"
+                if "error" not in r
+                else f"| {r['kernel']} | {r['tokens']} | error | {r['error'][:80]} |"
+            )
     smoke = report.get("smoke")
     if smoke and smoke.get("attention_check"):
-        lines += ["", "## Attention against the exact fp32 reference (max element-wise error / tolerance)", "",
-                  "| tokens | out | dq | dk | dv | passed |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Attention against the exact fp32 reference (max element-wise error / tolerance)",
+            "",
+            "| tokens | out | dq | dk | dv | passed |",
+            "|---|---|---|---|---|---|",
+        ]
         for a in smoke["attention_check"]:
             if "tensors" in a:
-                cells = [f"{a['tensors'][t]['max_rel_err']:.2e} / {a['tensors'][t]['tolerance']:.1e}"
-                         for t in ("out", "dq", "dk", "dv")]
+                cells = [
+                    f"{a['tensors'][t]['max_rel_err']:.2e} / {a['tensors'][t]['tolerance']:.1e}"
+                    for t in ("out", "dq", "dk", "dv")
+                ]
                 lines.append(f"| {a['tokens']} | {' | '.join(cells)} | {a['passed']} |")
             else:
                 lines.append(f"| {a['tokens']} | {a.get('error') or a.get('skipped')} | | | | |")
     if smoke:
-        lines += ["", "## Smoke test (one rank, one layer, 3 steps)", "",
-                  "| model | step | tokens | losses | layer grads: worst rel. L2 | measured peak GiB | predicted GiB (w/o workspace) | MFU |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Smoke test (one rank, one layer, 3 steps)",
+            "",
+            "| model | step | tokens | losses | layer grads: worst rel. L2 | measured peak GiB | predicted GiB (w/o workspace) | MFU |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for m in smoke["models"]:
             if m.get("error"):
                 lines.append(f"| {m['model']} | - | - | error: {m['error'][:100]} | | | | |")
@@ -560,16 +753,25 @@ def summary_markdown(report: dict[str, Any]) -> str:
                 mfu = "-" if st["mfu"] is None else f"{st['mfu']:.2f}"
                 w = (st.get("gradients") or {}).get("worst_rel_l2")
                 gcell = f"{w['rel_l2']:.2e} ({w['param']})" if w else "-"
-                lines.append(f"| {m['model']} | {st['step']} | {st['tokens']} | {losses} | {gcell} | "
-                             f"{mem['measured_peak_bytes'] / 2**30:.2f} | "
-                             f"{mem['predicted_without_workspace_bytes'] / 2**30:.2f} | {mfu} |")
+                lines.append(
+                    f"| {m['model']} | {st['step']} | {st['tokens']} | {losses} | {gcell} | "
+                    f"{mem['measured_peak_bytes'] / 2**30:.2f} | "
+                    f"{mem['predicted_without_workspace_bytes'] / 2**30:.2f} | {mfu} |"
+                )
     for name, info in report.get("calibration", {}).items():
-        lines += ["", f"## Calibration: {name}", "", f"- file: `{info['file']}` (sha256 {info['sha256'][:16]}...)",
-                  f"- points measured: {info['points']}, out of memory: {info['oom']}, failed or skipped: {info['failures']}"]
+        lines += [
+            "",
+            f"## Calibration: {name}",
+            "",
+            f"- file: `{info['file']}` (sha256 {info['sha256'][:16]}...)",
+            f"- points measured: {info['points']}, out of memory: {info['oom']}, failed or skipped: {info['failures']}",
+        ]
         if info.get("layer_mfu"):
             m = info["layer_mfu"]
-            lines.append(f"- one layer at {m['tokens']} tokens: fwd+bwd {m['fwd_bwd_s']:.3f} s, "
-                         f"{m['model_tflop_per_s']:.0f} model TFLOP/s, MFU {m['mfu']:.2f}")
+            lines.append(
+                f"- one layer at {m['tokens']} tokens: fwd+bwd {m['fwd_bwd_s']:.3f} s, "
+                f"{m['model_tflop_per_s']:.0f} model TFLOP/s, MFU {m['mfu']:.2f}"
+            )
     lines += summary_lines(report)
     return "\n".join(lines) + "\n"
 
@@ -581,7 +783,13 @@ def summary_markdown(report: dict[str, Any]) -> str:
 # A phase stops starting new work at its deadline: its planned end, or half its budget from its
 # actual start when earlier phases ran late, but never into the halves the later phases keep.
 PHASES: dict[str, float] = {
-    "kernel": 35.0, "smoke": 110.0, "calibration": 190.0, "buckets": 110.0, "floor": 20.0, "fit": 10.0, "claim": 65.0,
+    "kernel": 35.0,
+    "smoke": 110.0,
+    "calibration": 190.0,
+    "buckets": 110.0,
+    "floor": 20.0,
+    "fit": 10.0,
+    "claim": 65.0,
 }
 
 
@@ -608,22 +816,42 @@ def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]] 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the check's files (at most 8)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--tiny", action="store_true", help="the CPU dry run: tiny models, small sizes, fp32")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="seconds for the whole check (default 540; 150 with --tiny)")
-    parser.add_argument("--phases", default=",".join(PHASES),
-                        help=f"comma-separated phases to run, in this order: {','.join(PHASES)} (default all)")
-    parser.add_argument("--no-calibration", action="store_true", help="only the kernel and smoke phases")
-    parser.add_argument("--commit", default=None, help="the project's commit, recorded when the tree has no .git")
-    parser.add_argument("--fault", default=None, choices=["attention"],
-                        help="the check's self-test: run the smoke phase with a deliberately wrong attention kernel "
-                             "(it must fail)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="the CPU dry run: tiny models, small sizes, fp32"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for the whole check (default 540; 150 with --tiny)",
+    )
+    parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated phases to run, in this order: {','.join(PHASES)} (default all)",
+    )
+    parser.add_argument(
+        "--no-calibration", action="store_true", help="only the kernel and smoke phases"
+    )
+    parser.add_argument(
+        "--commit", default=None, help="the project's commit, recorded when the tree has no .git"
+    )
+    parser.add_argument(
+        "--fault",
+        default=None,
+        choices=["attention"],
+        help="the check's self-test: run the smoke phase with a deliberately wrong attention kernel "
+        "(it must fail)",
+    )
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
     unknown = [p for p in phases if p not in PHASES]
     if unknown or not phases:
-        print(f"gpu_check: --phases {args.phases!r}: unknown phase {(unknown or [''])[0]!r}; expected names from "
-              f"{', '.join(PHASES)}", file=sys.stderr)
+        print(
+            f"gpu_check: --phases {args.phases!r}: unknown phase {(unknown or [''])[0]!r}; expected names from "
+            f"{', '.join(PHASES)}",
+            file=sys.stderr,
+        )
         return 2
     if args.no_calibration:
         phases = [p for p in phases if p in ("kernel", "smoke")]
@@ -633,7 +861,10 @@ def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]] 
     if args.budget_s is None:
         args.budget_s = 150.0 if args.tiny else 540.0
     if not args.budget_s > 0:
-        print(f"gpu_check: --budget-s {args.budget_s}: expected a number of seconds > 0", file=sys.stderr)
+        print(
+            f"gpu_check: --budget-s {args.budget_s}: expected a number of seconds > 0",
+            file=sys.stderr,
+        )
         return 2
     return args, [p for p in PHASES if p in phases]
 
@@ -658,8 +889,11 @@ class CheckFiles:
     def begin(self, phase: str) -> float:
         self.check["phases"][phase]["started_s"] = round(time.time() - self.clock.start, 1)
         self.write_check()
-        print(f"gpu_check: phase {phase} (deadline in {self.clock.deadline(phase) - time.time():.0f} s)",
-              file=sys.stderr, flush=True)
+        print(
+            f"gpu_check: phase {phase} (deadline in {self.clock.deadline(phase) - time.time():.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         return self.clock.deadline(phase)
 
     def finish(self, phase: str) -> None:
@@ -682,8 +916,9 @@ def _kernel_phase(files: CheckFiles, device: Any, dtype: Any, sizes: CheckSizes)
     files.finish("kernel")
 
 
-def _smoke_phase(files: CheckFiles, device: Any, dtype: Any, sizes: CheckSizes, cluster: str,
-                 fault: str | None) -> None:
+def _smoke_phase(
+    files: CheckFiles, device: Any, dtype: Any, sizes: CheckSizes, cluster: str, fault: str | None
+) -> None:
     deadline = files.begin("smoke")
     broken = broken_attention_kernel(device) if fault == "attention" else None
 
@@ -697,7 +932,9 @@ def _smoke_phase(files: CheckFiles, device: Any, dtype: Any, sizes: CheckSizes, 
     report["problems"] += [f"{m['model']}: {m['error']}" for m in smoke["models"] if m.get("error")]
     report["problems"] += smoke_verdict(smoke, fp32=dtype == torch.float32)
     if fault:
-        report["notes"].append(f"--fault {fault}: the smoke phase ran a deliberately wrong attention kernel")
+        report["notes"].append(
+            f"--fault {fault}: the smoke phase ran a deliberately wrong attention kernel"
+        )
     files.finish("smoke")
 
 
@@ -706,16 +943,22 @@ def _calibration_phase(files: CheckFiles, device_name: str, tiny: bool, sizes: C
     report = files.report
     cmd = "scripts/gpu_check.sh" + (" --device cpu --tiny" if tiny else "")
     try:
-        paths = calibrate(files.out, device_name, tiny, sizes.reps, max(deadline - time.time(), 1.0), cmd)
+        paths = calibrate(
+            files.out, device_name, tiny, sizes.reps, max(deadline - time.time(), 1.0), cmd
+        )
     except Exception as exc:  # the calibration informs; the exit status follows the smoke test
         report["notes"].append(f"calibration: {type(exc).__name__}: {str(exc)[:300]}")
         paths = []
     for path in paths:
         art = json.loads(path.read_text())
         points = [p for p in art["layers"] if not p.get("oom")]
-        info: dict[str, Any] = {"file": path.name, "sha256": sha256_file(path), "points": len(points),
-                                "oom": sum(1 for p in art["layers"] if p.get("oom")),
-                                "failures": len(art.get("failures", []))}
+        info: dict[str, Any] = {
+            "file": path.name,
+            "sha256": sha256_file(path),
+            "points": len(points),
+            "oom": sum(1 for p in art["layers"] if p.get("oom")),
+            "failures": len(art.get("failures", [])),
+        }
         if art["model"]["arch"] == "llama":
             info["layer_mfu"] = layer_mfu(art, 32768, datasheet_peak_flops(report["device"]))
         report["calibration"][art["model"]["name"]] = info
@@ -725,10 +968,20 @@ def _calibration_phase(files: CheckFiles, device_name: str, tiny: bool, sizes: C
 
 def _measure_phases(files: CheckFiles, phases: list[str], device: Any, tiny: bool) -> None:
     """The `gpu_measure` phases asked for (buckets, floor, fit, claim), each recorded on failure."""
-    state = gpu_measure.MeasureRun(out=files.out, device=device, tiny=tiny, check=files.check,
-                                   write=files.write_check, notes=files.report["notes"])
-    for phase, fn in (("buckets", gpu_measure.bucket_phase), ("floor", gpu_measure.floor_phase),
-                      ("fit", gpu_measure.fit_phase), ("claim", gpu_measure.claim_phase)):
+    state = gpu_measure.MeasureRun(
+        out=files.out,
+        device=device,
+        tiny=tiny,
+        check=files.check,
+        write=files.write_check,
+        notes=files.report["notes"],
+    )
+    for phase, fn in (
+        ("buckets", gpu_measure.bucket_phase),
+        ("floor", gpu_measure.floor_phase),
+        ("fit", gpu_measure.fit_phase),
+        ("claim", gpu_measure.claim_phase),
+    ):
         if phase not in phases:
             continue
         deadline = files.begin(phase)
@@ -736,7 +989,11 @@ def _measure_phases(files: CheckFiles, phases: list[str], device: Any, tiny: boo
             fn(state, deadline)
         except Exception as exc:  # recorded; the exit status follows the smoke test
             files.report["notes"].append(f"{phase}: {type(exc).__name__}: {str(exc)[:300]}")
-            print(f"gpu_check: phase {phase} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            print(
+                f"gpu_check: phase {phase} failed: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
         files.report[phase] = files.check.get(phase)
         files.finish(phase)
 
@@ -746,13 +1003,18 @@ def _verdict(files: CheckFiles, phases: list[str]) -> int:
     report, out = files.report, files.out
     written = sorted(p.name for p in out.iterdir())
     if len(written) > MAX_FILES:
-        report["notes"].append(f"{len(written)} files in {out} (at most {MAX_FILES} come back): {written}")
+        report["notes"].append(
+            f"{len(written)} files in {out} (at most {MAX_FILES} come back): {written}"
+        )
     files.write_summary()
     verdict = "PASS" if not report["problems"] else "FAIL"
     if "smoke" not in phases:
         verdict = "NO SMOKE TEST"
-    print(f"gpu_check: {verdict} in {time.time() - files.clock.start:.0f} s (interpreter {sys.executable}); "
-          f"files in {out}: {', '.join(written)}", flush=True)
+    print(
+        f"gpu_check: {verdict} in {time.time() - files.clock.start:.0f} s (interpreter {sys.executable}); "
+        f"files in {out}: {', '.join(written)}",
+        flush=True,
+    )
     for p in report["problems"]:
         print(f"gpu_check: problem: {p}", flush=True)
     for n in report["notes"]:
@@ -766,7 +1028,9 @@ def main(argv: list[str] | None = None) -> int:
         return parsed
     args, phases = parsed
     if args.commit:
-        os.environ[COMMIT_ENV] = args.commit  # read by every env description, the spawned points' too
+        os.environ[COMMIT_ENV] = (
+            args.commit
+        )  # read by every env description, the spawned points' too
     clock = PhaseClock(args.budget_s, phases)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -777,11 +1041,20 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.float32 if args.tiny or device.type == "cpu" else torch.bfloat16
     # the cluster whose GPU prices the smoke steps' memory (the GPU's capacity plays no part)
     cluster = "cpu" if device.type == "cpu" else "h200x8"
-    check: dict[str, Any] = {"env": collect_env(), "phases": {p: {"budget_s": round(clock.budget[p], 1)} for p in phases}}
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                              "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
-                              "interpreter": sys.executable, "problems": [], "notes": [], "calibration": {},
-                              "phases": check["phases"]}
+    check: dict[str, Any] = {
+        "env": collect_env(),
+        "phases": {p: {"budget_s": round(clock.budget[p], 1)} for p in phases},
+    }
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).replace("torch.", ""),
+        "torch": torch.__version__,
+        "interpreter": sys.executable,
+        "problems": [],
+        "notes": [],
+        "calibration": {},
+        "phases": check["phases"],
+    }
     files = CheckFiles(out, clock, check, report)
     files.write_check()
     files.write_summary()
@@ -802,10 +1075,16 @@ def broken_attention_kernel(device: Any) -> Any:
     good = AttentionKernel("sdpa", fused_only=device.type == "cuda")
 
     class NotCausal(AttentionKernel):
-        def __call__(self, q: Any, k: Any, v: Any, seg_lens: list[int], valid: list[int], causal: bool) -> Any:
+        def __call__(
+            self, q: Any, k: Any, v: Any, seg_lens: list[int], valid: list[int], causal: bool
+        ) -> Any:
             return good(q, k, v, seg_lens, valid, False)
 
-    return NotCausal("sdpa", fused_only=good.fused_only, notes=["deliberately wrong: not causal (--fault attention)"])
+    return NotCausal(
+        "sdpa",
+        fused_only=good.fused_only,
+        notes=["deliberately wrong: not causal (--fault attention)"],
+    )
 
 
 if __name__ == "__main__":

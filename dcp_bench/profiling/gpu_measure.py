@@ -116,7 +116,9 @@ def reference_buckets(tiny: bool) -> list[dict[str, Any]]:
         frames, spatial = b.latent_frames, b.spatial
         if tiny:
             frames, spatial = max(1, frames // 8), max(2, spatial // 64)
-        rows.append({"bucket": b.label, "frames": frames, "spatial": spatial, "tokens": frames * spatial})
+        rows.append(
+            {"bucket": b.label, "frames": frames, "spatial": spatial, "tokens": frames * spatial}
+        )
     return sorted(rows, key=lambda r: (r["tokens"], r["frames"]))
 
 
@@ -153,8 +155,17 @@ def claim_rank_state_bytes(model: str) -> float:
     spec = model_spec(model)
     c = cluster_spec(CLAIM_CLUSTER)
     pb = param_breakdown(spec)
-    return float(sum(static_state_bytes(pb.total, pb.per_layer, c.num_nodes * c.gpus_per_node, DEFAULT_ZERO_STAGE,
-                                        precision_policy(spec.dtype)).values()))
+    return float(
+        sum(
+            static_state_bytes(
+                pb.total,
+                pb.per_layer,
+                c.num_nodes * c.gpus_per_node,
+                DEFAULT_ZERO_STAGE,
+                precision_policy(spec.dtype),
+            ).values()
+        )
+    )
 
 
 class TrialRunner:
@@ -190,7 +201,9 @@ class TrialRunner:
         if cuda:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0
-        peak = int(torch.cuda.max_memory_allocated(self.device) - base) if cuda else int(meter.bytes)
+        peak = (
+            int(torch.cuda.max_memory_allocated(self.device) - base) if cuda else int(meter.bytes)
+        )
         return elapsed, peak, int(meter.bytes)
 
     def trial(self, frames: int, spatial: int, bs: int, ckpt: int) -> dict[str, Any]:
@@ -209,8 +222,15 @@ class TrialRunner:
             row.update(oom=True, fits=False)
             return row
         total = peak + self.rank_state
-        row.update(oom=False, time_s=t, runs=reps, activation_peak_bytes=peak, saved_bytes=saved,
-                   rank_total_bytes=total, fits=bool(total <= self.cap))
+        row.update(
+            oom=False,
+            time_s=t,
+            runs=reps,
+            activation_peak_bytes=peak,
+            saved_bytes=saved,
+            rank_total_bytes=total,
+            fits=bool(total <= self.cap),
+        )
         self._release()
         return row
 
@@ -226,22 +246,32 @@ def bucket_phase(run: MeasureRun, deadline: float) -> None:
     runner = TrialRunner(run.stdit, run.device, run.tiny)
     L = runner.spec.num_layers
     result: dict[str, Any] = {
-        "model": run.stdit, "sp": 1, "mem_cap_fraction": MEM_CAP_FRACTION, "device_bytes": runner.capacity,
-        "cap_bytes": runner.cap, "rank_state_bytes": runner.rank_state,
-        "rank_state": "tiny: the one-rank state as held" if run.tiny else
-                      f"{CLAIM_CLUSTER} rank at the default ZeRO stage (train_policy.static_state_bytes)",
-        "memory": "allocator peak above the state (torch.cuda.max_memory_allocated)" if run.device.type == "cuda"
-                  else "bytes autograd saved (CPU: no allocator peak)",
-        "search": "dcp_bench.reference.trial_search.baseline_search at SP 1", "buckets": [], "not_reached": [],
+        "model": run.stdit,
+        "sp": 1,
+        "mem_cap_fraction": MEM_CAP_FRACTION,
+        "device_bytes": runner.capacity,
+        "cap_bytes": runner.cap,
+        "rank_state_bytes": runner.rank_state,
+        "rank_state": "tiny: the one-rank state as held"
+        if run.tiny
+        else f"{CLAIM_CLUSTER} rank at the default ZeRO stage (train_policy.static_state_bytes)",
+        "memory": "allocator peak above the state (torch.cuda.max_memory_allocated)"
+        if run.device.type == "cuda"
+        else "bytes autograd saved (CPU: no allocator peak)",
+        "search": "dcp_bench.reference.trial_search.baseline_search at SP 1",
+        "buckets": [],
+        "not_reached": [],
     }
     path = run.out / "stdit_buckets.json"
     run.check["buckets"] = {"file": path.name, "buckets": 0, "trials": 0}
 
     def save() -> None:
         atomic_write_json(path, result)
-        run.check["buckets"].update(buckets=len(result["buckets"]),
-                                    trials=sum(len(b["trials"]) for b in result["buckets"]),
-                                    not_reached=len(result["not_reached"]))
+        run.check["buckets"].update(
+            buckets=len(result["buckets"]),
+            trials=sum(len(b["trials"]) for b in result["buckets"]),
+            not_reached=len(result["not_reached"]),
+        )
         run.write()
 
     save()
@@ -254,8 +284,14 @@ def bucket_phase(run: MeasureRun, deadline: float) -> None:
             for ckpt in (0, L):
                 last = [0.0]
 
-                def measure(sp: int, bs: int, b: dict[str, Any] = b, ckpt: int = ckpt, last: list[float] = last,
-                            entry: dict[str, Any] = entry) -> Trial:
+                def measure(
+                    sp: int,
+                    bs: int,
+                    b: dict[str, Any] = b,
+                    ckpt: int = ckpt,
+                    last: list[float] = last,
+                    entry: dict[str, Any] = entry,
+                ) -> Trial:
                     if time.time() + 2.5 * last[0] > deadline:
                         raise BudgetSpent
                     t0 = time.time()
@@ -263,19 +299,29 @@ def bucket_phase(run: MeasureRun, deadline: float) -> None:
                     last[0] = time.time() - t0
                     entry["trials"].append(row)
                     save()
-                    return Trial(row["fits"], row.get("time_s", 0.0), row.get("activation_peak_bytes", 0.0), ckpt)
+                    return Trial(
+                        row["fits"],
+                        row.get("time_s", 0.0),
+                        row.get("activation_peak_bytes", 0.0),
+                        ckpt,
+                    )
 
                 prof = baseline_search(measure, 1)
                 entry["chosen"]["ckpt" if ckpt else "no_ckpt"] = (
-                    None if prof is None else {"bs": prof.bs, "time_s": prof.time_s})
+                    None if prof is None else {"bs": prof.bs, "time_s": prof.time_s}
+                )
                 save()
         except BudgetSpent:
             entry["stopped"] = "the phase's time budget was spent"
-            result["not_reached"] = [buckets[j]["bucket"] for j in order[n + 1:]]
+            result["not_reached"] = [buckets[j]["bucket"] for j in order[n + 1 :]]
             save()
             break
-    print(f"  buckets: {len(result['buckets'])} of {len(buckets)} searched, "
-          f"{sum(len(b['trials']) for b in result['buckets'])} trials", file=sys.stderr, flush=True)
+    print(
+        f"  buckets: {len(result['buckets'])} of {len(buckets)} searched, "
+        f"{sum(len(b['trials']) for b in result['buckets'])} trials",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -307,8 +353,11 @@ def _layer_time(name: str, layers: int, tokens: int, device: Any, reps: int) -> 
 def floor_phase(run: MeasureRun, deadline: float) -> None:
     reps = 3 if run.tiny else 10
     rows: list[dict[str, Any]] = []
-    run.check["floor"] = {"method": "forward+backward of a 2-layer minus a 1-layer model, one sample, median of "
-                                    f"{reps} after 2 warm-ups", "rows": rows}
+    run.check["floor"] = {
+        "method": "forward+backward of a 2-layer minus a 1-layer model, one sample, median of "
+        f"{reps} after 2 warm-ups",
+        "rows": rows,
+    }
     for name in (run.llama, run.stdit):
         for tokens in FLOOR_TOKENS:
             if time.time() > deadline:
@@ -317,8 +366,15 @@ def floor_phase(run: MeasureRun, deadline: float) -> None:
                 return
             t1 = _layer_time(name, 1, tokens, run.device, reps)
             t2 = _layer_time(name, 2, tokens, run.device, reps)
-            rows.append({"model": name, "tokens": tokens, "one_layer_model_s": t1, "two_layer_model_s": t2,
-                         "per_layer_s": max(t2 - t1, 0.0)})
+            rows.append(
+                {
+                    "model": name,
+                    "tokens": tokens,
+                    "one_layer_model_s": t1,
+                    "two_layer_model_s": t2,
+                    "per_layer_s": max(t2 - t1, 0.0),
+                }
+            )
             run.write()
 
 
@@ -331,8 +387,12 @@ def _bucket_rows(run: MeasureRun) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    return [{**t, "frames": b["frames"], "spatial": b["spatial"]} for b in data["buckets"] for t in b["trials"]
-            if not t.get("oom") and t.get("time_s")]
+    return [
+        {**t, "frames": b["frames"], "spatial": b["spatial"]}
+        for b in data["buckets"]
+        for t in b["trials"]
+        if not t.get("oom") and t.get("time_s")
+    ]
 
 
 def _median_rel_err(cost: Any, rows: list[dict[str, Any]]) -> float:
@@ -356,8 +416,13 @@ def fit_constants(model: str, cluster: str, rows: list[dict[str, Any]]) -> dict[
         if best is None or err < best[0]:
             best = (err, consts)
     assert best is not None
-    return {"cost_constants": best[1], "median_rel_err_before": before, "median_rel_err_after": best[0],
-            "points": len(rows), "grid": {k: list(v) for k, v in FIT_GRID.items()}}
+    return {
+        "cost_constants": best[1],
+        "median_rel_err_before": before,
+        "median_rel_err_after": best[0],
+        "points": len(rows),
+        "grid": {k: list(v) for k, v in FIT_GRID.items()},
+    }
 
 
 def fit_allocator(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -370,17 +435,24 @@ def fit_allocator(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     a = np.vstack([x, np.ones_like(x)]).T
     (factor, offset), *_ = np.linalg.lstsq(a, y, rcond=None)
     rel = np.abs(a @ np.array([factor, offset]) - y) / np.maximum(y, 1.0)
-    return {"allocator_factor": float(factor), "allocator_offset_bytes": float(offset), "points": len(pts),
-            "max_rel_err": float(rel.max())}
+    return {
+        "allocator_factor": float(factor),
+        "allocator_offset_bytes": float(offset),
+        "points": len(pts),
+        "max_rel_err": float(rel.max()),
+    }
 
 
 def fit_phase(run: MeasureRun, deadline: float) -> None:
     rows = _bucket_rows(run)
     cluster = "cpu" if run.tiny else "h200x8"
-    fit: dict[str, Any] = {"model": run.stdit, "cluster": cluster,
-                           "device": run.check.get("env", {}).get("gpu_model") or "cpu",
-                           "commit": run.check.get("env", {}).get("git_sha"),
-                           "measured": "stdit_buckets.json trials (time: one forward+backward; memory: allocator peak)"}
+    fit: dict[str, Any] = {
+        "model": run.stdit,
+        "cluster": cluster,
+        "device": run.check.get("env", {}).get("gpu_model") or "cpu",
+        "commit": run.check.get("env", {}).get("git_sha"),
+        "measured": "stdit_buckets.json trials (time: one forward+backward; memory: allocator peak)",
+    }
     if rows:
         fit.update(fit_constants(run.stdit, cluster, rows))
     else:
@@ -389,14 +461,17 @@ def fit_phase(run: MeasureRun, deadline: float) -> None:
     if floor:
         fit["small_work_floor_s_per_layer"] = {
             name: statistics.median([r["per_layer_s"] for r in floor if r["model"] == name])
-            for name in sorted({r["model"] for r in floor})}
+            for name in sorted({r["model"] for r in floor})
+        }
     alloc = fit_allocator(rows)
     if alloc:
         fit["allocator"] = alloc
     name = "cpu_constants.yaml" if run.tiny else "h200_constants.yaml"
-    text = ("# Constants fitted by scripts/gpu_check.sh from its own measurements (dcp_bench/profiling/gpu_measure.py).\n"
-            "# cost_constants: keys of the analytical cost model (a cluster or GPU config's cost_constants).\n"
-            + yaml.safe_dump(fit, sort_keys=True))
+    text = (
+        "# Constants fitted by scripts/gpu_check.sh from its own measurements (dcp_bench/profiling/gpu_measure.py).\n"
+        "# cost_constants: keys of the analytical cost model (a cluster or GPU config's cost_constants).\n"
+        + yaml.safe_dump(fit, sort_keys=True)
+    )
     atomic_write_text(run.out / name, text)
     run.check["fit"] = {"file": name, **{k: v for k, v in fit.items() if k != "grid"}}
     run.write()
@@ -421,10 +496,17 @@ def claim_config(run: MeasureRun, base: Path, dest: Path) -> Path:
         if profile.exists() and f"model={run.stdit}" in grid:
             grids.append([*grid, "cost.source=profiled", f"cost.profile={profile.resolve()}"])
         if consts:
-            grids.append([*grid, "cost.source=analytical",
-                          *[f"++cluster.cost_constants.{k}={v}" for k, v in consts.items()]])
+            grids.append(
+                [
+                    *grid,
+                    "cost.source=analytical",
+                    *[f"++cluster.cost_constants.{k}={v}" for k, v in consts.items()],
+                ]
+            )
     if not grids:
-        raise RuntimeError("no calibrated model to run the claim on (no STDiT profile and no fitted constants)")
+        raise RuntimeError(
+            "no calibrated model to run the claim on (no STDiT profile and no fitted constants)"
+        )
     section = {**section, "grids": grids}
     cfg["sections"] = [section]
     path = dest / "claim.yaml"
@@ -439,12 +521,26 @@ def claim_phase(run: MeasureRun, deadline: float) -> None:
     with tempfile.TemporaryDirectory(prefix="dcp-claim-") as tmp:
         root = Path(tmp)
         cfg = claim_config(run, CONF_DIR / "reproduce" / "default.yaml", root)
-        cmd = [sys.executable, "-m", "dcp_bench.cli", "reproduce", f"config={cfg}", "sections=claim",
-               f"root={root / 'r'}", f"out={root / 'report'}", f"budget_s={max(budget - 10, 15):.0f}",
-               f"report_reserve_s={min(30, max(budget / 4, 5)):.0f}", "--no-progress"]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=max(budget, 1.0))
+        cmd = [
+            sys.executable,
+            "-m",
+            "dcp_bench.cli",
+            "reproduce",
+            f"config={cfg}",
+            "sections=claim",
+            f"root={root / 'r'}",
+            f"out={root / 'report'}",
+            f"budget_s={max(budget - 10, 15):.0f}",
+            f"report_reserve_s={min(30, max(budget / 4, 5)):.0f}",
+            "--no-progress",
+        ]
+        proc = subprocess.run(
+            cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=max(budget, 1.0)
+        )
         (root / "report").mkdir(exist_ok=True)
-        (root / "report" / "claim_console.log").write_text(proc.stdout[-20000:] + proc.stderr[-20000:])
+        (root / "report" / "claim_console.log").write_text(
+            proc.stdout[-20000:] + proc.stderr[-20000:]
+        )
         tmp_tar = run.out / ".claim.tar.gz.tmp"
         with tarfile.open(tmp_tar, "w:gz") as tar:
             tar.add(root / "report", arcname="claim")
@@ -454,11 +550,17 @@ def claim_phase(run: MeasureRun, deadline: float) -> None:
         if summary.exists():
             data = json.loads(summary.read_text())
             verdicts = {k: data[k] for k in ("verdict", "claims", "headline") if k in data}
-    run.check["claim"] = {"file": "claim.tar.gz", "exit_status": proc.returncode, "command": " ".join(cmd[1:]),
-                          "summary": verdicts}
+    run.check["claim"] = {
+        "file": "claim.tar.gz",
+        "exit_status": proc.returncode,
+        "command": " ".join(cmd[1:]),
+        "summary": verdicts,
+    }
     run.write()
     if proc.returncode != 0:
-        run.notes.append(f"claim: reproduce exited {proc.returncode}: {(proc.stderr or proc.stdout)[-300:]}")
+        run.notes.append(
+            f"claim: reproduce exited {proc.returncode}: {(proc.stderr or proc.stdout)[-300:]}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -469,30 +571,54 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     b = report.get("buckets")
     if b:
-        lines += ["", "## STDiT buckets (SP 1, power-of-two batch search under the 0.7 cap)", "",
-                  f"- `{b['file']}`: {b['buckets']} buckets searched, {b['trials']} trials, "
-                  f"{b.get('not_reached', 0)} not reached"]
+        lines += [
+            "",
+            "## STDiT buckets (SP 1, power-of-two batch search under the 0.7 cap)",
+            "",
+            f"- `{b['file']}`: {b['buckets']} buckets searched, {b['trials']} trials, "
+            f"{b.get('not_reached', 0)} not reached",
+        ]
     f = report.get("floor")
     if f and f.get("rows"):
-        lines += ["", "## Per-layer small-work floor", "", "| model | tokens | per layer s |", "|---|---|---|"]
+        lines += [
+            "",
+            "## Per-layer small-work floor",
+            "",
+            "| model | tokens | per layer s |",
+            "|---|---|---|",
+        ]
         lines += [f"| {r['model']} | {r['tokens']} | {r['per_layer_s']:.2e} |" for r in f["rows"]]
     fit = report.get("fit")
     if fit:
         lines += ["", f"## Fitted constants (`{fit['file']}`)", ""]
         if "cost_constants" in fit:
-            lines.append(f"- {fit['cost_constants']}: median relative error of micro-batch time "
-                         f"{fit['median_rel_err_before']:.1%} before, {fit['median_rel_err_after']:.1%} after "
-                         f"({fit['points']} trials)")
+            lines.append(
+                f"- {fit['cost_constants']}: median relative error of micro-batch time "
+                f"{fit['median_rel_err_before']:.1%} before, {fit['median_rel_err_after']:.1%} after "
+                f"({fit['points']} trials)"
+            )
         if "small_work_floor_s_per_layer" in fit:
             lines.append(f"- small-work floor per layer: {fit['small_work_floor_s_per_layer']}")
         if "allocator" in fit:
             lines.append(f"- allocator: {fit['allocator']}")
     c = report.get("claim")
     if c:
-        lines += ["", f"## The claim on the calibrated models (`{c['file']}`)", "",
-                  f"- reproduce exit status {c['exit_status']}; {c.get('summary') or 'no summary'}"]
+        lines += [
+            "",
+            f"## The claim on the calibrated models (`{c['file']}`)",
+            "",
+            f"- reproduce exit status {c['exit_status']}; {c.get('summary') or 'no summary'}",
+        ]
     return lines
 
 
-__all__ = ["MeasureRun", "bucket_phase", "claim_phase", "ends_first", "fit_phase", "floor_phase",
-           "reference_buckets", "summary_lines"]
+__all__ = [
+    "MeasureRun",
+    "bucket_phase",
+    "claim_phase",
+    "ends_first",
+    "fit_phase",
+    "floor_phase",
+    "reference_buckets",
+    "summary_lines",
+]

@@ -43,14 +43,25 @@ def holdout_errors(artifact: dict[str, Any], held_out: list[int]) -> list[dict[s
             continue
         tab = fit_layer_tables(train)
         for p in test:
-            x = layer_features(np.array([p["tokens_per_rank"]]), np.array([p["pairs_per_rank"]]),
-                               np.array([float(p.get("n_samples", 1))]))
+            x = layer_features(
+                np.array([p["tokens_per_rank"]]),
+                np.array([p["pairs_per_rank"]]),
+                np.array([float(p.get("n_samples", 1))]),
+            )
             pred = float(tab.time["fwd"].predict(x)[0] + tab.time["bwd"].predict(x)[0])
             meas = float(p["fwd_s"]["median"] + p["bwd_s"]["median"])
-            rows.append({"nproc": nproc, "sp": sp, "shape": p["shape"],
-                         "n_samples": int(p.get("n_samples", 1)),
-                         "tokens_per_rank": int(p["tokens_per_rank"]), "measured_s": meas,
-                         "predicted_s": pred, "rel_err": abs(pred - meas) / meas})
+            rows.append(
+                {
+                    "nproc": nproc,
+                    "sp": sp,
+                    "shape": p["shape"],
+                    "n_samples": int(p.get("n_samples", 1)),
+                    "tokens_per_rank": int(p["tokens_per_rank"]),
+                    "measured_s": meas,
+                    "predicted_s": pred,
+                    "rel_err": abs(pred - meas) / meas,
+                }
+            )
     return rows
 
 
@@ -78,13 +89,23 @@ def main(argv: list[str] | None = None) -> int:
     # default: leave one interior size out at a time; with sizes given, hold them all out at once
     rows = holdout_errors(art, held) if held else leave_one_size_out(art)
     for r in rows:
-        print(f"nproc {r['nproc']} sp {r['sp']} {r['shape']:6s} x{r['n_samples']:<3d} {r['tokens_per_rank']:6d} tok/rank: "
-              f"measured {r['measured_s'] * 1e3:8.1f} ms  predicted {r['predicted_s'] * 1e3:8.1f} ms  "
-              f"error {100 * r['rel_err']:5.1f}%")
+        print(
+            f"nproc {r['nproc']} sp {r['sp']} {r['shape']:6s} x{r['n_samples']:<3d} {r['tokens_per_rank']:6d} tok/rank: "
+            f"measured {r['measured_s'] * 1e3:8.1f} ms  predicted {r['predicted_s'] * 1e3:8.1f} ms  "
+            f"error {100 * r['rel_err']:5.1f}%"
+        )
     errs = [r["rel_err"] for r in rows]
     if errs:
-        print(json.dumps({"held_out_tokens": held or "each interior size in turn", "points": len(errs),
-                          "median_rel_err": float(np.median(errs)), "max_rel_err": float(max(errs))}))
+        print(
+            json.dumps(
+                {
+                    "held_out_tokens": held or "each interior size in turn",
+                    "points": len(errs),
+                    "median_rel_err": float(np.median(errs)),
+                    "max_rel_err": float(max(errs)),
+                }
+            )
+        )
     return 0
 
 

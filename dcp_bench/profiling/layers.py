@@ -59,12 +59,16 @@ def sp_context(size: int, rank: int, group: Any) -> SPContext:
 
 def one_layer_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> RuntimeModel:
     """The runtime model of ``spec`` cut to one layer (built once per profiling process)."""
-    return build_model(dataclasses.replace(spec, num_layers=1), seed=SEED, device=device, dtype=dtype)
+    return build_model(
+        dataclasses.replace(spec, num_layers=1), seed=SEED, device=device, dtype=dtype
+    )
 
 
 def no_layer_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> RuntimeModel:
     """The runtime model of ``spec`` without layers: embedding, conditioning, head, loss."""
-    return build_model(dataclasses.replace(spec, num_layers=0), seed=SEED, device=device, dtype=dtype)
+    return build_model(
+        dataclasses.replace(spec, num_layers=0), seed=SEED, device=device, dtype=dtype
+    )
 
 
 def layer_case(
@@ -114,7 +118,9 @@ def layer_case(
     return LayerCase(module=layer, fn=fn, make_input=make_input, tokens_per_rank=rows)
 
 
-def outer_case(model: RuntimeModel, samples: list[tuple[int, int]], dtype: torch.dtype) -> LayerCase:
+def outer_case(
+    model: RuntimeModel, samples: list[tuple[int, int]], dtype: torch.dtype
+) -> LayerCase:
     """The model without its layers (`no_layer_model`) on one micro-batch of ``samples``
     ((tokens, frames) each)."""
     device = model.device()
@@ -133,7 +139,9 @@ def outer_case(model: RuntimeModel, samples: list[tuple[int, int]], dtype: torch
     return LayerCase(module=model, fn=fn, make_input=make_input, tokens_per_rank=int(tokens.sum()))
 
 
-def time_inputs(model: RuntimeModel, samples: list[tuple[int, int]], reps: int, warmup: int) -> dict[str, float]:
+def time_inputs(
+    model: RuntimeModel, samples: list[tuple[int, int]], reps: int, warmup: int
+) -> dict[str, float]:
     """Time of building one micro-batch's inputs (`RuntimeModel.make_inputs`: the executor does
     it for every micro-batch, on the step clock), median over ``reps``."""
     tokens = np.array([t for t, _ in samples])
@@ -158,20 +166,26 @@ STEP_LR = 1e-4
 STEP_GRAD_CLIP = 1.0  # the runs' default ``train.grad_clip``
 
 
-def step_state(spec: ModelSpec, device: torch.device, dtype: torch.dtype, zero_stage: int) -> TrainingState:
+def step_state(
+    spec: ModelSpec, device: torch.device, dtype: torch.dtype, zero_stage: int
+) -> TrainingState:
     """The whole model with its training states as a run's rank holds them at ``zero_stage``
     (`dcp_bench.runtime.training.build_training_state`: the same builder the runs use)."""
     return build_training_state(spec, SEED, device, STEP_LR, zero_stage=zero_stage, compute=dtype)
 
 
-def _micro_batch(state: TrainingState, samples: list[tuple[int, int]], seed: int, meter: Any = None) -> tuple[Tensor, int]:
+def _micro_batch(
+    state: TrainingState, samples: list[tuple[int, int]], seed: int, meter: Any = None
+) -> tuple[Tensor, int]:
     """Forward and backward of one micro-batch of ``samples`` through the state's model (its
     gradients accumulate as in training); returns the detached loss and, with a
     `SavedTensorMeter`, the bytes autograd saved."""
     model = state.model
     tokens = np.array([t for t, _ in samples])
     frames = np.array([f for _, f in samples])
-    shard = model.make_inputs(np.arange(len(samples)) + 1000 * seed, tokens, frames, SINGLE, SEED + seed)
+    shard = model.make_inputs(
+        np.arange(len(samples)) + 1000 * seed, tokens, frames, SINGLE, SEED + seed
+    )
     saved = 0
     if meter is not None:
         with meter.active():
@@ -183,7 +197,9 @@ def _micro_batch(state: TrainingState, samples: list[tuple[int, int]], seed: int
     return loss.detach(), saved
 
 
-def time_training_step(state: TrainingState, samples: list[tuple[int, int]], reps: int, warmup: int) -> list[float]:
+def time_training_step(
+    state: TrainingState, samples: list[tuple[int, int]], reps: int, warmup: int
+) -> list[float]:
     """This rank's seconds of the runtime's end-of-step work, ``state.finish_step`` (the gradient
     reduction of its ZeRO stage, the norm, clipping, the AdamW step and, under ZeRO-1, the
     all-gather of the updated parameters), once per repetition after one micro-batch of
@@ -235,9 +251,12 @@ def step_costs(
     state = step_state(spec, device, dtype, zero_stage)
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     times = time_training_step(state, step_samples, reps, warmup)
-    out: dict[str, Any] = {"zero_stage": state.zero_stage, "step_overhead_s": summarize(slowest_rank_times(times)),
-                           "state_bytes": int(state.static_bytes()),
-                           "optimizer_state_bytes": optimizer_state_bytes(getattr(state, "optimizer", None))}
+    out: dict[str, Any] = {
+        "zero_stage": state.zero_stage,
+        "step_overhead_s": summarize(slowest_rank_times(times)),
+        "state_bytes": int(state.static_bytes()),
+        "optimizer_state_bytes": optimizer_state_bytes(getattr(state, "optimizer", None)),
+    }
     rss = resident_bytes()
     if rss is not None:
         base = torch.tensor([float(rss - state.static_bytes())], dtype=torch.float64)
@@ -264,12 +283,14 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
     return int(out)
 
 
-def _resident_law(state: TrainingState, memory_batches: list[list[tuple[int, int]]], rss: int,
-                  distributed: bool) -> dict[str, Any]:
+def _resident_law(
+    state: TrainingState, memory_batches: list[list[tuple[int, int]]], rss: int, distributed: bool
+) -> dict[str, Any]:
     """The resident-memory law of `step_costs` from one `_resident_point` per micro-batch."""
     points = [_resident_point(state, samples, rss) for samples in memory_batches]
-    growth = torch.tensor([[float(p["resident_bytes"]), float(p["saved_bytes"])] for p in points],
-                          dtype=torch.float64)
+    growth = torch.tensor(
+        [[float(p["resident_bytes"]), float(p["saved_bytes"])] for p in points], dtype=torch.float64
+    )
     if distributed:  # the rank that grew most at each point
         dist.all_reduce(growth, op=dist.ReduceOp.MAX)
     for p, (g, _) in zip(points, growth.tolist()):
@@ -283,8 +304,12 @@ def _resident_law(state: TrainingState, memory_batches: list[list[tuple[int, int
     fixed = float(fit.coef[0])
     factor = max(float(np.max((r - fixed) / np.maximum(saved, 1.0))), 0.0)
     pred = fixed + factor * saved
-    return {"resident_points": points, "resident_fixed_bytes": fixed, "resident_factor": factor,
-            "resident_fit_max_rel_err": float(np.max(np.abs(pred - r) / np.maximum(r, 1.0)))}
+    return {
+        "resident_points": points,
+        "resident_fixed_bytes": fixed,
+        "resident_factor": factor,
+        "resident_fit_max_rel_err": float(np.max(np.abs(pred - r) / np.maximum(r, 1.0))),
+    }
 
 
 def _release_free_memory() -> None:
@@ -300,7 +325,9 @@ def _release_free_memory() -> None:
             pass
 
 
-def _resident_point(state: TrainingState, samples: list[tuple[int, int]], rss_before: int) -> dict[str, Any]:
+def _resident_point(
+    state: TrainingState, samples: list[tuple[int, int]], rss_before: int
+) -> dict[str, Any]:
     """Resident growth over ``rss_before`` during a training step of the state (two
     micro-batches of ``samples`` forward and backward, then ``finish_step``: the runtime's
     gradient reduction, clipping and optimizer step; the third of three such steps, as
@@ -320,8 +347,12 @@ def _resident_point(state: TrainingState, samples: list[tuple[int, int]], rss_be
         state.finish_step(loss, STEP_GRAD_CLIP)
         peak = int(resident_peak_bytes() or 0)
     state.begin_step()
-    return {"tokens": int(sum(t for t, _ in samples)), "samples": len(samples), "saved_bytes": int(saved),
-            "resident_bytes": max(0, peak - rss_before)}
+    return {
+        "tokens": int(sum(t for t, _ in samples)),
+        "samples": len(samples),
+        "saved_bytes": int(saved),
+        "resident_bytes": max(0, peak - rss_before),
+    }
 
 
 def count_params(spec: ModelSpec) -> tuple[int, int]:
@@ -342,7 +373,9 @@ def static_costs(
     """Parameter counts and the optimizer step time. The AdamW step is timed on a one-layer
     model and scaled by the parameter ratio (the step is elementwise: linear in parameters)."""
     params, per_layer = count_params(spec)
-    model = build_model(dataclasses.replace(spec, num_layers=1), seed=SEED, device=device, dtype=dtype)
+    model = build_model(
+        dataclasses.replace(spec, num_layers=1), seed=SEED, device=device, dtype=dtype
+    )
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

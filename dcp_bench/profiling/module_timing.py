@@ -134,7 +134,9 @@ class ModuleTiming:
         return out
 
 
-def measure_interleaved(timings: list[ModuleTiming], reps: int, warmup: int) -> list[dict[str, Any]]:
+def measure_interleaved(
+    timings: list[ModuleTiming], reps: int, warmup: int
+) -> list[dict[str, Any]]:
     """Time several cases repetition-major (rep 1 of every case, then rep 2, ...), so a burst of
     load from other processes on a shared machine spreads over all sizes instead of skewing one;
     each case gets its own warm-up first."""

@@ -53,17 +53,24 @@ def request_from_payload(data: dict[str, Any]) -> ProfileRequest:
 
 
 def _report(entry: dict[str, Any]) -> None:
-    msg = "out of memory" if entry.get("oom") else (
-        f"fwd {entry['fwd_s']['median'] * 1e3:.1f} ms, bwd {entry['bwd_s']['median'] * 1e3:.1f} ms"
+    msg = (
+        "out of memory"
+        if entry.get("oom")
+        else (
+            f"fwd {entry['fwd_s']['median'] * 1e3:.1f} ms, bwd {entry['bwd_s']['median'] * 1e3:.1f} ms"
+        )
     )
     print(
         f"  nproc {entry['nproc']} sp {entry['sp']} {entry['shape']:6s} "
         f"{entry['tokens_per_rank']:7d} tok/rank: {msg}",
-        file=sys.stderr, flush=True,
+        file=sys.stderr,
+        flush=True,
     )
 
 
-def _step_entry(req: ProfileRequest, device: torch.device, dtype: torch.dtype, world: int) -> dict[str, Any] | None:
+def _step_entry(
+    req: ProfileRequest, device: torch.device, dtype: torch.dtype, world: int
+) -> dict[str, Any] | None:
     """CPU: the step's costs and the process's memory (`layers.step_costs`), first, while the
     process holds nothing else. The memory points: the grid's sizes from 256 tokens up, as one
     sample and packed as densely as the grid packs (allocation patterns, and so the allocator's
@@ -72,15 +79,24 @@ def _step_entry(req: ProfileRequest, device: torch.device, dtype: torch.dtype, w
         return None
     model = req.model
     sizes = [t for t in sorted(req.tokens) if t >= 256] or sorted(req.tokens)[-1:]
-    shapes = [("single", 1)] + ([("packed", max(req.packed_samples))] if "packed" in req.shapes else [])
-    batches = [sample_shapes(model, t, shape, n, req.video_spatial, 1) for t in sizes for shape, n in shapes]
+    shapes = [("single", 1)] + (
+        [("packed", max(req.packed_samples))] if "packed" in req.shapes else []
+    )
+    batches = [
+        sample_shapes(model, t, shape, n, req.video_spatial, 1)
+        for t in sizes
+        for shape, n in shapes
+    ]
     step_samples = sample_shapes(model, min(req.tokens), "single", 1, req.video_spatial, 1)
-    costs = layer_cases.step_costs(model, device, dtype, req.reps, req.warmup, req.zero_stage, step_samples, batches)
+    costs = layer_cases.step_costs(
+        model, device, dtype, req.reps, req.warmup, req.zero_stage, step_samples, batches
+    )
     return {"nproc": world, **costs}
 
 
-def _grid_entries(req: ProfileRequest, world: int, rank: int,
-                  pool: ProcessGroupPool | None) -> tuple[list[dict[str, Any]], list[SPContext]]:
+def _grid_entries(
+    req: ProfileRequest, world: int, rank: int, pool: ProcessGroupPool | None
+) -> tuple[list[dict[str, Any]], list[SPContext]]:
     """The layer grid's entries (sizes only) and this rank's SP context of each."""
     entries: list[dict[str, Any]] = []
     contexts = []
@@ -91,16 +107,29 @@ def _grid_entries(req: ProfileRequest, world: int, rank: int,
         tokens = [t for t, _ in point["samples"]]
         frames = [f for _, f in point["samples"]]
         pairs = float(attention_pairs(np.array(tokens), np.array(frames), req.model.arch).sum())
-        entries.append({
-            "nproc": world, "sp": sp, "shape": point["shape"], "n_samples": len(tokens),
-            "sample_tokens": tokens, "sample_frames": frames, "pairs_per_rank": pairs / sp,
-            "tokens_per_rank": sum(tokens) // sp,
-        })
+        entries.append(
+            {
+                "nproc": world,
+                "sp": sp,
+                "shape": point["shape"],
+                "n_samples": len(tokens),
+                "sample_tokens": tokens,
+                "sample_frames": frames,
+                "pairs_per_rank": pairs / sp,
+                "tokens_per_rank": sum(tokens) // sp,
+            }
+        )
     return entries, contexts
 
 
-def _time_layers(req: ProfileRequest, device: torch.device, dtype: torch.dtype, world: int, rank: int,
-                 pool: ProcessGroupPool | None) -> list[dict[str, Any]]:
+def _time_layers(
+    req: ProfileRequest,
+    device: torch.device,
+    dtype: torch.dtype,
+    world: int,
+    rank: int,
+    pool: ProcessGroupPool | None,
+) -> list[dict[str, Any]]:
     """Every layer grid point, timed. CPU grids are small: all cases at once, repetition-major
     (`measure_interleaved`); on CUDA one point at a time, a point too large for the device
     recorded as such (``oom``) and left out of the fits."""
@@ -108,10 +137,14 @@ def _time_layers(req: ProfileRequest, device: torch.device, dtype: torch.dtype, 
     entries, contexts = _grid_entries(req, world, rank, pool)
     if device.type == "cpu":
         cases = [
-            layer_cases.layer_case(one_layer, ctx, list(zip(e["sample_tokens"], e["sample_frames"])), dtype)
+            layer_cases.layer_case(
+                one_layer, ctx, list(zip(e["sample_tokens"], e["sample_frames"])), dtype
+            )
             for ctx, e in zip(contexts, entries)
         ]
-        results = measure_interleaved([ModuleTiming(c.module, c.fn, c.make_input) for c in cases], req.reps, req.warmup)
+        results = measure_interleaved(
+            [ModuleTiming(c.module, c.fn, c.make_input) for c in cases], req.reps, req.warmup
+        )
         for entry, case, res in zip(entries, cases, results):
             entry["tokens_per_rank"] = case.tokens_per_rank
             entry.update(res)
@@ -124,7 +157,9 @@ def _time_layers(req: ProfileRequest, device: torch.device, dtype: torch.dtype, 
             samples = list(zip(entry["sample_tokens"], entry["sample_frames"]))
             case = layer_cases.layer_case(one_layer, ctx, samples, dtype)
             entry["tokens_per_rank"] = case.tokens_per_rank
-            entry.update(measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup))
+            entry.update(
+                measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup)
+            )
         except torch.cuda.OutOfMemoryError:
             entry["oom"] = True
         finally:
@@ -135,7 +170,9 @@ def _time_layers(req: ProfileRequest, device: torch.device, dtype: torch.dtype, 
     return entries
 
 
-def _time_outer(req: ProfileRequest, device: torch.device, dtype: torch.dtype, world: int) -> list[dict[str, Any]]:
+def _time_outer(
+    req: ProfileRequest, device: torch.device, dtype: torch.dtype, world: int
+) -> list[dict[str, Any]]:
     """The model without layers (embedding, head, loss) and its input building, at each grid
     size up to ``outer_max_tokens`` and each shape."""
     out: list[dict[str, Any]] = []
@@ -147,15 +184,34 @@ def _time_outer(req: ProfileRequest, device: torch.device, dtype: torch.dtype, w
             samples = sample_shapes(req.model, tpr, shape, n, req.video_spatial, 1)
             try:
                 case = layer_cases.outer_case(no_layers, samples, dtype)
-                m = measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup, ckpt=False)
+                m = measure_module(
+                    case.module, case.fn, case.make_input, req.reps, req.warmup, ckpt=False
+                )
                 inputs = layer_cases.time_inputs(no_layers, samples, req.reps, req.warmup)
-                out.append({
-                    "nproc": world, "sp": 1, "shape": shape, "n_samples": len(samples),
-                    "tokens_per_rank": case.tokens_per_rank, "fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"],
-                    "inputs_s": inputs, "act_bytes": m["act_bytes"],
-                })
+                out.append(
+                    {
+                        "nproc": world,
+                        "sp": 1,
+                        "shape": shape,
+                        "n_samples": len(samples),
+                        "tokens_per_rank": case.tokens_per_rank,
+                        "fwd_s": m["fwd_s"],
+                        "bwd_s": m["bwd_s"],
+                        "inputs_s": inputs,
+                        "act_bytes": m["act_bytes"],
+                    }
+                )
             except torch.cuda.OutOfMemoryError:
-                out.append({"nproc": world, "sp": 1, "shape": shape, "n_samples": n, "tokens_per_rank": tpr, "oom": True})
+                out.append(
+                    {
+                        "nproc": world,
+                        "sp": 1,
+                        "shape": shape,
+                        "n_samples": n,
+                        "tokens_per_rank": tpr,
+                        "oom": True,
+                    }
+                )
             finally:
                 case = None  # type: ignore[assignment]
                 if device.type == "cuda":
@@ -163,7 +219,9 @@ def _time_outer(req: ProfileRequest, device: torch.device, dtype: torch.dtype, w
     return out
 
 
-def measure_rank(req: ProfileRequest, rank: int, world: int, device: torch.device) -> dict[str, Any]:
+def measure_rank(
+    req: ProfileRequest, rank: int, world: int, device: torch.device
+) -> dict[str, Any]:
     """Everything one rank measures (the process group, when ``world`` > 1, is initialised).
     Collective: every rank of the world calls it. The result is complete on rank 0 (``static``
     and ``step`` are rank 0's, already reduced over ranks where that matters)."""
@@ -177,7 +235,9 @@ def measure_rank(req: ProfileRequest, rank: int, world: int, device: torch.devic
     step = _step_entry(req, device, dtype, world)
     if req.collectives and pool is not None:
         groups = [g for g in (2, 4, 8, 16, 32, 64) if g <= world]
-        result["collectives"] = measure_collectives(req.collective_bytes, groups, req.reps, req.warmup, pool)
+        result["collectives"] = measure_collectives(
+            req.collective_bytes, groups, req.reps, req.warmup, pool
+        )
     result["layers"] = _time_layers(req, device, dtype, world, rank, pool)
     if req.outer:
         result["outer"] = _time_outer(req, device, dtype, world)
@@ -208,8 +268,12 @@ def rank_main(req: ProfileRequest, out_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="one rank of a dcp-bench profile (started by torchrun)")
-    parser.add_argument("--request", required=True, help="the ProfileRequest as JSON (request_payload)")
+    parser = argparse.ArgumentParser(
+        description="one rank of a dcp-bench profile (started by torchrun)"
+    )
+    parser.add_argument(
+        "--request", required=True, help="the ProfileRequest as JSON (request_payload)"
+    )
     parser.add_argument("--out", required=True, help="where rank 0 writes the result")
     args = parser.parse_args(argv)
     try:
@@ -217,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:
         rank = os.environ.get("RANK", "?")
-        sys.stderr.write(f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(
+            f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n"
+        )
         return 1
 
 

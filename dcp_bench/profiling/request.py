@@ -55,9 +55,13 @@ class ProfileRequest:
         if isinstance(self.packed_samples, int):  # one count, as older requests wrote it
             self.packed_samples = [self.packed_samples]
         if not self.packed_samples or min(self.packed_samples) < 2:
-            raise ConfigError(f"profile.packed_samples must be counts >= 2, got {self.packed_samples}")
+            raise ConfigError(
+                f"profile.packed_samples must be counts >= 2, got {self.packed_samples}"
+            )
         if self.reps < 1 or self.warmup < 0:
-            raise ConfigError(f"profile.reps must be >= 1 and warmup >= 0 (got {self.reps}, {self.warmup})")
+            raise ConfigError(
+                f"profile.reps must be >= 1 and warmup >= 0 (got {self.reps}, {self.warmup})"
+            )
         bad = set(self.shapes) - {"single", "packed"}
         if bad:
             raise ConfigError(f"profile.shapes: {sorted(bad)}; expected 'single' and/or 'packed'")
@@ -69,7 +73,9 @@ class ProfileRequest:
             raise ConfigError("profile.device=cuda measures one device: use nproc=1")
         check_zero_stage(self.zero_stage)
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ConfigError(f"profile.timeout_s must be a number of seconds > 0, got {self.timeout_s}")
+            raise ConfigError(
+                f"profile.timeout_s must be a number of seconds > 0, got {self.timeout_s}"
+            )
 
 
 def sample_shapes(
@@ -116,7 +122,9 @@ def grid_points(req: ProfileRequest, world: int) -> list[dict[str, Any]]:
         for tpr in req.tokens:
             for shape, n in shape_counts(req):
                 samples = sample_shapes(req.model, tpr * sp, shape, n, req.video_spatial, sp)
-                out.append({"sp": sp, "tokens_per_rank_target": tpr, "shape": shape, "samples": samples})
+                out.append(
+                    {"sp": sp, "tokens_per_rank_target": tpr, "shape": shape, "samples": samples}
+                )
     return out
 
 
@@ -148,7 +156,9 @@ def _nproc(value: Any) -> int:
     """One rank count: an integer power of two (the ranks form aligned SP groups, and the rank
     baseline run is a training run of that many ranks), checked before anything is measured."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-        raise ConfigError(f"nproc={value!r}: expected a power of two (1, 2, 4, ...) or a list of them")
+        raise ConfigError(
+            f"nproc={value!r}: expected a power of two (1, 2, 4, ...) or a list of them"
+        )
     return value
 
 

@@ -57,27 +57,51 @@ def launch_ranks(req: ProfileRequest, nproc: int) -> dict[str, Any]:
         request_path = os.path.join(tmp, "request.json")
         out_path = os.path.join(tmp, "result.json")
         Path(request_path).write_text(json.dumps(request_payload(req)))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "--max-restarts", "0", "-m", "dcp_bench.profiling.rank", "--request", request_path, "--out", out_path]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "--max-restarts",
+            "0",
+            "-m",
+            "dcp_bench.profiling.rank",
+            "--request",
+            request_path,
+            "--out",
+            out_path,
+        ]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(req.threads_per_rank))
         code, stderr, survivors = _run_session(cmd, env, req.timeout_s)
-        sys.stderr.write("".join(ln + "\n" for ln in stderr.splitlines() if ln.startswith("  nproc ")))
+        sys.stderr.write(
+            "".join(ln + "\n" for ln in stderr.splitlines() if ln.startswith("  nproc "))
+        )
         if survivors:
-            raise ProfileError(f"{len(survivors)} process(es) of the {nproc}-rank profile could not be stopped "
-                               f"(pids {', '.join(map(str, survivors[:8]))})")
+            raise ProfileError(
+                f"{len(survivors)} process(es) of the {nproc}-rank profile could not be stopped "
+                f"(pids {', '.join(map(str, survivors[:8]))})"
+            )
         if code is None:
-            raise ProfileError(f"the {nproc}-rank profile of {req.model.name} passed profile.timeout_s="
-                               f"{req.timeout_s:g} s; every process it started was ended")
+            raise ProfileError(
+                f"the {nproc}-rank profile of {req.model.name} passed profile.timeout_s="
+                f"{req.timeout_s:g} s; every process it started was ended"
+            )
         written = Path(out_path).exists()
         if code != 0 and (not written or RANK_ERROR_MARK in stderr):
-            raise ProfileError(f"the {nproc}-rank profile of {req.model.name} failed (torchrun exit {code}): "
-                               f"{_error_tail(stderr)}")
+            raise ProfileError(
+                f"the {nproc}-rank profile of {req.model.name} failed (torchrun exit {code}): "
+                f"{_error_tail(stderr)}"
+            )
         if code != 0:
             # A rank ended by a signal after rank 0 wrote the complete result (gloo can abort in
             # the process group's teardown even after a barrier) loses no measurement.
-            sys.stderr.write(f"note: a profiling rank ended abnormally after the result was written (torchrun exit "
-                             f"{code}: {_error_tail(stderr)}); the result is complete\n")
+            sys.stderr.write(
+                f"note: a profiling rank ended abnormally after the result was written (torchrun exit "
+                f"{code}: {_error_tail(stderr)}); the result is complete\n"
+            )
         return dict(json.loads(Path(out_path).read_text()))
 
 
@@ -88,7 +112,9 @@ def _measure_here(req: ProfileRequest) -> dict[str, Any]:
     if dist.is_initialized():
         return measure_rank(req, 0, 1, device)
     with tempfile.TemporaryDirectory(prefix="dcp-profile-") as tmp:
-        dist.init_process_group(backend_for("auto", device), init_method=f"file://{tmp}/pg", rank=0, world_size=1)
+        dist.init_process_group(
+            backend_for("auto", device), init_method=f"file://{tmp}/pg", rank=0, world_size=1
+        )
         try:
             return measure_rank(req, 0, 1, device)
         finally:
@@ -99,9 +125,14 @@ def software_versions() -> dict[str, Any]:
     env = collect_env()
     deps = env.get("dependencies", {})
     return {
-        "python": env["python"], "torch": env["torch"], "numpy": _version("numpy"),
-        "dcp_bench": env.get("dcp_bench"), "cuda": env.get("cuda"), "nccl": env.get("nccl"),
-        "flash_attn": deps.get("flash-attn"), "git_sha": env.get("git_sha"),
+        "python": env["python"],
+        "torch": env["torch"],
+        "numpy": _version("numpy"),
+        "dcp_bench": env.get("dcp_bench"),
+        "cuda": env.get("cuda"),
+        "nccl": env.get("nccl"),
+        "flash_attn": deps.get("flash-attn"),
+        "git_sha": env.get("git_sha"),
         "git_dirty": env.get("git_dirty"),
     }
 
@@ -115,7 +146,15 @@ def _version(name: str) -> str | None:
 
 def hardware_description() -> dict[str, Any]:
     env = collect_env()
-    keys = ("cpu_model", "cpu_cores", "memory_bytes", "gpu_model", "gpu_count", "platform", "hostname")
+    keys = (
+        "cpu_model",
+        "cpu_cores",
+        "memory_bytes",
+        "gpu_model",
+        "gpu_count",
+        "platform",
+        "hostname",
+    )
     return {k: env.get(k) for k in keys}
 
 
@@ -149,17 +188,26 @@ def run_profile(req: ProfileRequest, command: str = "") -> dict[str, Any]:
         "hardware": hardware_description(),
         "software": software_versions(),
         "settings": {
-            "device": req.device, "dtype": req.dtype, "threads_per_rank": req.threads_per_rank,
-            "nprocs": req.nprocs, "reps": req.reps, "warmup": req.warmup,
-            "grid": {"tokens_per_rank": req.tokens, "sp": req.sp, "shapes": req.shapes,
-                     "packed_samples": req.packed_samples, "collective_bytes": req.collective_bytes,
-                     "video_spatial": req.video_spatial},
+            "device": req.device,
+            "dtype": req.dtype,
+            "threads_per_rank": req.threads_per_rank,
+            "nprocs": req.nprocs,
+            "reps": req.reps,
+            "warmup": req.warmup,
+            "grid": {
+                "tokens_per_rank": req.tokens,
+                "sp": req.sp,
+                "shapes": req.shapes,
+                "packed_samples": req.packed_samples,
+                "collective_bytes": req.collective_bytes,
+                "video_spatial": req.video_spatial,
+            },
             "zero_stage": req.zero_stage,
             "step_method": "TrainingState.finish_step (dcp_bench.runtime.training) of the whole model at "
-                           f"ZeRO stage {req.zero_stage}, after one micro-batch's backward",
+            f"ZeRO stage {req.zero_stage}, after one micro-batch's backward",
             "memory_method": "bytes saved by autograd (saved_tensors_hooks), parameters excluded; "
-                             "static.process_baseline_bytes: resident set of a rank ready to train, "
-                             "minus its parameters, gradients and optimizer state (CPU)",
+            "static.process_baseline_bytes: resident set of a rank ready to train, "
+            "minus its parameters, gradients and optimizer state (CPU)",
         },
         "layers": layers,
         "outer": outer,
@@ -167,8 +215,12 @@ def run_profile(req: ProfileRequest, command: str = "") -> dict[str, Any]:
         "static": static,
         "steps": steps,
         "ceilings": ceilings,
-        "cost": {"wall_s": round(finished - started, 2), "started_at": started,
-                 "finished_at": finished, "command": command},
+        "cost": {
+            "wall_s": round(finished - started, 2),
+            "started_at": started,
+            "finished_at": finished,
+            "command": command,
+        },
     }
 
 
@@ -182,7 +234,9 @@ def measure_ceilings(device_name: str, dtype_name: str) -> dict[str, Any]:
     }
 
 
-def measure_rank_baseline(model: ModelSpec, nproc: int, static: dict[str, Any], zero_stage: int) -> dict[str, Any]:
+def measure_rank_baseline(
+    model: ModelSpec, nproc: int, static: dict[str, Any], zero_stage: int
+) -> dict[str, Any]:
     """The resident baseline of a real training rank (CPU): a short `dcp-bench train`-style run
     of ``nproc`` ranks at ``zero_stage`` under torchrun on near-empty batches (16-token samples),
     its largest measured peak resident set (`dcp_bench.runtime.step_meter`) minus parameters,
@@ -190,36 +244,67 @@ def measure_rank_baseline(model: ModelSpec, nproc: int, static: dict[str, Any], 
     profiling process (its own process-group store, the run loop, the records), which the
     profiled model's workspace must include; the profiling process's own figure is kept as
     ``process_baseline_bytes_profiler``."""
-    workload = (["workload=videosys_zipf", "workload.length_scale=4096", "workload.tokens_per_gpu=4096"]
-                if model.arch == "stdit" else
-                ["workload=synthetic_fixed", "workload.length=16", "workload.tokens_per_gpu=64"])
+    workload = (
+        ["workload=videosys_zipf", "workload.length_scale=4096", "workload.tokens_per_gpu=4096"]
+        if model.arch == "stdit"
+        else ["workload=synthetic_fixed", "workload.length=16", "workload.tokens_per_gpu=64"]
+    )
     with tempfile.TemporaryDirectory(prefix="dcp-baseline-") as tmp:
-        cfg = to_container(load_config([
-            f"model={model.name}", "cluster=cpu", f"nproc={nproc}", *workload, "method=bucket_static",
-            "run.executor=torch", "run.steps=3", "run.warmup_steps=1", f"run.root={tmp}", "run.campaign=baseline",
-            "run.timeout_s=300", "cost.source=analytical", f"cost.zero_stage={zero_stage}",
-        ]))
+        cfg = to_container(
+            load_config(
+                [
+                    f"model={model.name}",
+                    "cluster=cpu",
+                    f"nproc={nproc}",
+                    *workload,
+                    "method=bucket_static",
+                    "run.executor=torch",
+                    "run.steps=3",
+                    "run.warmup_steps=1",
+                    f"run.root={tmp}",
+                    "run.campaign=baseline",
+                    "run.timeout_s=300",
+                    "cost.source=analytical",
+                    f"cost.zero_stage={zero_stage}",
+                ]
+            )
+        )
         summary = launch_torch_run(parse_run_spec(cfg))
         if summary.status != "ok":
-            raise ProfileError(f"the rank baseline run of {model.name} on {nproc} ranks failed: {summary.error}")
+            raise ProfileError(
+                f"the rank baseline run of {model.name} on {nproc} ranks failed: {summary.error}"
+            )
         steps = [s for s in read_steps(Path(tmp) / "baseline" / summary.run_id) if not s.warmup]
     peak = max(max(s.peak_mem_per_rank_gib or [0.0]) for s in steps) * 2**30
     # the training states the run's ranks held (its ZeRO stage and precision: `train_policy`)
-    states = static_state_bytes(int(static["params"]), int(static.get("layer_params") or 0), nproc, zero_stage,
-                                precision_policy(model.dtype))
+    states = static_state_bytes(
+        int(static["params"]),
+        int(static.get("layer_params") or 0),
+        nproc,
+        zero_stage,
+        precision_policy(model.dtype),
+    )
     held = float(sum(states.values()))
-    return {"process_baseline_bytes": int(peak - held), "process_baseline_method":
-            f"peak resident set of a {nproc}-rank torchrun training run at ZeRO stage {zero_stage} on 16-token "
-            "samples, minus parameters, gradients and AdamW state"}
+    return {
+        "process_baseline_bytes": int(peak - held),
+        "process_baseline_method": f"peak resident set of a {nproc}-rank torchrun training run at ZeRO stage {zero_stage} on 16-token "
+        "samples, minus parameters, gradients and AdamW state",
+    }
 
 
-def profile_to_file(req: ProfileRequest, out: Path, command: str = "", rank_baseline: bool = True) -> dict[str, Any]:
+def profile_to_file(
+    req: ProfileRequest, out: Path, command: str = "", rank_baseline: bool = True
+) -> dict[str, Any]:
     """`run_profile`, then on CPU (``rank_baseline``) a real training rank's baseline per world
     size (`measure_rank_baseline`); the artifact written to ``out`` and returned."""
     artifact = run_profile(req, command=command)
     if req.device == "cpu" and rank_baseline:
         for entry in artifact.get("steps", []):
-            entry.update(measure_rank_baseline(req.model, int(entry["nproc"]), artifact["static"], req.zero_stage))
+            entry.update(
+                measure_rank_baseline(
+                    req.model, int(entry["nproc"]), artifact["static"], req.zero_stage
+                )
+            )
         artifact["cost"]["wall_s"] = round(time.time() - artifact["cost"]["started_at"], 2)
     atomic_write_text(out, dumps_artifact(artifact))
     return artifact

@@ -69,8 +69,13 @@ def bucket_label(key: Hashable) -> str:
     return f"{frames}x{tokens // frames}"
 
 
-def iteration_plan(groups: Sequence[GroupWork], world_size: int, method: str, step: int,
-                   info: dict[str, Any] | None = None) -> EpochIteration:
+def iteration_plan(
+    groups: Sequence[GroupWork],
+    world_size: int,
+    method: str,
+    step: int,
+    info: dict[str, Any] | None = None,
+) -> EpochIteration:
     """One iteration as a plan over its own sub-batch (module docstring)."""
     ordered = sorted(groups, key=lambda g: -g.sp)
     positions: list[int] = []
@@ -86,8 +91,14 @@ def iteration_plan(groups: Sequence[GroupWork], world_size: int, method: str, st
         start += g.sp
     if start > world_size:
         raise ConfigError(f"{method}: an iteration needs {start} ranks, the world has {world_size}")
-    plan = StepPlan(world_size=world_size, rounds=[Round(groups=out)], method=method, mode="paper",
-                    step=step, info=dict(info or {}))
+    plan = StepPlan(
+        world_size=world_size,
+        rounds=[Round(groups=out)],
+        method=method,
+        mode="paper",
+        step=step,
+        info=dict(info or {}),
+    )
     return EpochIteration(np.asarray(positions, dtype=np.int64), plan)
 
 
@@ -100,8 +111,13 @@ def merge_iterations(deal: EpochDeal, per_step: int) -> list[list[list[GroupWork
     return [its[i : i + per_step] for i in range(0, len(its), per_step)]
 
 
-def packed_plan(iterations: Iterable[Sequence[GroupWork]], world_size: int, method: str, step: int,
-                info: dict[str, Any] | None = None) -> EpochIteration:
+def packed_plan(
+    iterations: Iterable[Sequence[GroupWork]],
+    world_size: int,
+    method: str,
+    step: int,
+    info: dict[str, Any] | None = None,
+) -> EpochIteration:
     """Several iterations of equal, fixed groups (the baseline's deals) as one plan: each group
     runs its micro-batches of every iteration back to back, one sync at the end."""
     merged: dict[int, GroupWork] = {}

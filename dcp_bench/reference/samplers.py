@@ -117,7 +117,9 @@ def _mismatch(t: float, target: float) -> float:
     return 1.2 * (t - target) if t > target else target - t
 
 
-def accumulation_counts(times: Sequence[float], max_steps: int, min_steps: int, bounds: str = "literal") -> list[int]:
+def accumulation_counts(
+    times: Sequence[float], max_steps: int, min_steps: int, bounds: str = "literal"
+) -> list[int]:
     """Gradient-accumulation micro-steps per group so the groups finish together.
 
     ``literal`` (the reference's code): horizon ``H = max(t) * max_steps``; candidate targets
@@ -179,7 +181,9 @@ def _accumulation_per_group(times: list[float], min_steps: int, max_steps: int) 
                 break
             steps, score = [], 0.0
             for t in times:
-                g = min(range(min_steps, max_steps + 1), key=lambda k: (_mismatch(t * k, target), k))
+                g = min(
+                    range(min_steps, max_steps + 1), key=lambda k: (_mismatch(t * k, target), k)
+                )
                 steps.append(g)
                 score += _mismatch(t * g, target)
             if score < best_score - 1e-15:
@@ -235,7 +239,9 @@ def _assign(iterations: list[list[GroupWork]], lists: Mapping[Hashable, list[int
                 c = cursor.get(g.bucket, 0)
                 take = lists[g.bucket][c : c + n]
                 if len(take) != n:
-                    raise AssertionError(f"bucket {g.bucket!r}: {n} samples asked, {len(take)} left")
+                    raise AssertionError(
+                        f"bucket {g.bucket!r}: {n} samples asked, {len(take)} left"
+                    )
                 g.positions.append(take)
                 cursor[g.bucket] = c + n
 
@@ -357,7 +363,9 @@ def dcp_inter_epoch(
             if taken[key] == len(lists[key]):
                 exhaust(key)
             if eject and free <= 0:
-                gas = accumulation_counts([prof(k).time_s for k, _ in entries], max_steps, min_steps, bounds)
+                gas = accumulation_counts(
+                    [prof(k).time_s for k, _ in entries], max_steps, min_steps, bounds
+                )
                 t_max = max(prof(k).time_s * g for (k, _), g in zip(entries, gas))
                 i = 0
                 while i < len(entries):
@@ -377,7 +385,9 @@ def dcp_inter_epoch(
             dropped["discarded_iteration"] += sum(n for _, n in entries)
             continue
         entries.sort(key=lambda e: -prof(e[0]).sp)  # stable: the reference sorts by SP, descending
-        gas = accumulation_counts([prof(k).time_s for k, _ in entries], max_steps, min_steps, bounds)
+        gas = accumulation_counts(
+            [prof(k).time_s for k, _ in entries], max_steps, min_steps, bounds
+        )
         it: list[GroupWork] = []
         for (key, n), g in zip(entries, gas):
             p = prof(key)
@@ -548,8 +558,12 @@ def dcp_intra_epoch(
                     take(pl.key, inc)
                     pl.n += inc
                     pl.time_s += unit * inc
-        iterations.append([GroupWork(pl.key, pl.sp, [pl.n], prof(pl.key).ckpt_layers, time_s=pl.time_s)
-                           for pl in plans])
+        iterations.append(
+            [
+                GroupWork(pl.key, pl.sp, [pl.n], prof(pl.key).ckpt_layers, time_s=pl.time_s)
+                for pl in plans
+            ]
+        )
     deal = EpochDeal(iterations, sum(len(b.positions) for b in buckets), dropped)
     _assign(iterations, lists)
     return deal

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from dcp_bench.cost.base import CostModel
 
 VARIANTS = ("intra", "inter", "pac")
-MAX_DOUBLINGS = 40  # batch sizes up to 2^40: memory grows with the batch, so a real search stops long before
+MAX_DOUBLINGS = (
+    40  # batch sizes up to 2^40: memory grows with the batch, so a real search stops long before
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,9 @@ def baseline_search(measure: Measure, sp: int) -> BucketProfile | None:
         rows.append(ProfileRow(sp, bs, trial.time_s, trial.ckpt_layers))
         bs *= 2
     else:
-        raise InfeasibleError(f"baseline profile: batch size {bs} still fits at sp={sp}; memory does not grow")
+        raise InfeasibleError(
+            f"baseline profile: batch size {bs} still fits at sp={sp}; memory does not grow"
+        )
     if not rows:
         return None
     best = rows[-1]
@@ -121,7 +125,9 @@ def damp_to_median(profiles: Mapping[Hashable, BucketProfile]) -> dict[Hashable,
     return out
 
 
-def dcp_search(measure: Measure, max_sp: int, world_size: int, variant: str) -> BucketProfile | None:
+def dcp_search(
+    measure: Measure, max_sp: int, world_size: int, variant: str
+) -> BucketProfile | None:
     """The DCP profiler's search (module docstring) for ``variant`` intra, inter or pac."""
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}; expected one of {', '.join(VARIANTS)}")
@@ -140,7 +146,9 @@ def dcp_search(measure: Measure, max_sp: int, world_size: int, variant: str) -> 
                 candidates.append(latest)
             bs *= 2
         else:
-            raise InfeasibleError(f"DCP profile: batch size {bs} still fits at sp={sp}; memory does not grow")
+            raise InfeasibleError(
+                f"DCP profile: batch size {bs} still fits at sp={sp}; memory does not grow"
+            )
         if variant == "intra" and bs > 1 and latest is not None:
             # The reference appends its latest success when a degree fails above batch size 1.
             candidates.append(latest)
@@ -179,8 +187,14 @@ def fewest_ckpt_fitting(mem_at: Callable[[int], float], num_layers: int, cap: fl
     return hi
 
 
-def cost_measure(cost: CostModel, tokens: int, frames: int, pac: bool, ckpt_layers: int | None = None,
-                 split: str = "sequence") -> Measure:
+def cost_measure(
+    cost: CostModel,
+    tokens: int,
+    frames: int,
+    pac: bool,
+    ckpt_layers: int | None = None,
+    split: str = "sequence",
+) -> Measure:
     """A trial priced on ``cost``: ``bs`` copies of one (tokens, frames) shape on ``sp`` ranks.
     It fits when its memory with ``ckpt_layers`` checkpointed layers (default: every layer, the
     benchmark's ``grad_checkpoint``) is under the cap; with ``pac`` the memory left then buys

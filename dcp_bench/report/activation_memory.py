@@ -49,8 +49,10 @@ def render_markdown(rows: list[dict[str, Any]], layers: int, tolerance: float, w
         "|---|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['samples']} | {r['frames']} | {r['checkpoint']} | "
-                     f"{r['unit']} | {_mib(r['counted_bytes'])} | {_mib(r['model_bytes'])} | {r['rel_err']:+.2%} |")
+        lines.append(
+            f"| {r['model']} | {r['tokens']} | {r['samples']} | {r['frames']} | {r['checkpoint']} | "
+            f"{r['unit']} | {_mib(r['counted_bytes'])} | {_mib(r['model_bytes'])} | {r['rel_err']:+.2%} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -62,7 +64,9 @@ class ActivationTable:
     worst: float
 
 
-def write_activation_table(out: str, layers: int, cluster: str, tolerance: float) -> ActivationTable:
+def write_activation_table(
+    out: str, layers: int, cluster: str, tolerance: float
+) -> ActivationTable:
     """Count and compare (the module docstring) with ``layers`` full-width layer units against the
     analytical cost model of ``cluster``; write the three files to ``out`` (``tolerance`` is the
     bound the table states)."""
@@ -76,11 +80,16 @@ def write_activation_table(out: str, layers: int, cluster: str, tolerance: float
     writer.writerows(rows)
     atomic_write_text(folder / "table.csv", buf.getvalue())
     atomic_write_text(folder / "table.md", render_markdown(rows, layers, tolerance, worst))
-    atomic_write_json(folder / "summary.json", {
-        "command": f"dcp-bench memory --out {out} --layers {layers} --cluster {cluster}",
-        "method": "saved_tensors_hooks under FakeTensorMode (CPU device, fused SDPA), storages deduplicated, "
-                  "parameters excluded; checkpointed units add the inputs they hold",
-        "cost_model": f"analytical, cluster {cluster}",
-        "max_abs_rel_err": worst, "tolerance": tolerance, "rows": len(rows),
-    })
+    atomic_write_json(
+        folder / "summary.json",
+        {
+            "command": f"dcp-bench memory --out {out} --layers {layers} --cluster {cluster}",
+            "method": "saved_tensors_hooks under FakeTensorMode (CPU device, fused SDPA), storages deduplicated, "
+            "parameters excluded; checkpointed units add the inputs they hold",
+            "cost_model": f"analytical, cluster {cluster}",
+            "max_abs_rel_err": worst,
+            "tolerance": tolerance,
+            "rows": len(rows),
+        },
+    )
     return ActivationTable(rows=rows, worst=worst)

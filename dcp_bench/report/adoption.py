@@ -32,15 +32,30 @@ class Adoption:
 
 
 EXAMPLES = (
-    Adoption("tiny Llama (the runtime's own model)", "dcp_bench", "examples/train_plain.py", "examples/train_dcp.py",
-             "nothing here, but the model was written for SP: its attention calls the SP exchanges and it "
-             "builds its own shards (tens of lines in a model not written for it)"),
-    Adoption("Llama from LlamaConfig", "transformers", "examples/transformers_plain.py", "examples/transformers_dcp.py",
-             "nothing: the adapter registers Ulysses attention with AttentionInterface; the loop hands it the "
-             "same sample_tokens(sample_id, length) function the plain loop reads its data with"),
-    Adoption("Wan video transformer", "diffusers", "examples/diffusers_plain.py", "examples/diffusers_dcp.py",
-             "nothing: the adapter sets the self-attention processor and the split/gather hooks; the loop "
-             "hands it the plain loop's sample_clip function"),
+    Adoption(
+        "tiny Llama (the runtime's own model)",
+        "dcp_bench",
+        "examples/train_plain.py",
+        "examples/train_dcp.py",
+        "nothing here, but the model was written for SP: its attention calls the SP exchanges and it "
+        "builds its own shards (tens of lines in a model not written for it)",
+    ),
+    Adoption(
+        "Llama from LlamaConfig",
+        "transformers",
+        "examples/transformers_plain.py",
+        "examples/transformers_dcp.py",
+        "nothing: the adapter registers Ulysses attention with AttentionInterface; the loop hands it the "
+        "same sample_tokens(sample_id, length) function the plain loop reads its data with",
+    ),
+    Adoption(
+        "Wan video transformer",
+        "diffusers",
+        "examples/diffusers_plain.py",
+        "examples/diffusers_dcp.py",
+        "nothing: the adapter sets the self-attention processor and the split/gather hooks; the loop "
+        "hands it the plain loop's sample_clip function",
+    ),
 )
 
 
@@ -63,10 +78,17 @@ def code_lines(source: str) -> list[str]:
     skip: set[int] = set()
     body = ast.parse(source).body
     first = body[0] if body else None
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
         skip.update(range(first.lineno - 1, first.end_lineno or first.lineno))
-    return [ln.rstrip() for i, ln in enumerate(lines)
-            if i not in skip and ln.strip() and not ln.strip().startswith("#")]
+    return [
+        ln.rstrip()
+        for i, ln in enumerate(lines)
+        if i not in skip and ln.strip() and not ln.strip().startswith("#")
+    ]
 
 
 def count_changed_lines(plain: str | Path, dcp: str | Path) -> LineCount:
@@ -88,10 +110,17 @@ def adoption_rows(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
         if not (plain.exists() and dcp.exists()):
             continue
         n = count_changed_lines(plain, dcp)
-        rows.append({"model": ex.model, "library": ex.library, "lines added or rewritten": n.added,
-                     "lines removed": n.removed, "plain loop lines": n.plain_lines,
-                     "anything else the user wrote": ex.also_written,
-                     "example": f"{ex.plain} -> {ex.dcp}"})
+        rows.append(
+            {
+                "model": ex.model,
+                "library": ex.library,
+                "lines added or rewritten": n.added,
+                "lines removed": n.removed,
+                "plain loop lines": n.plain_lines,
+                "anything else the user wrote": ex.also_written,
+                "example": f"{ex.plain} -> {ex.dcp}",
+            }
+        )
     return rows
 
 
@@ -103,7 +132,11 @@ def adoption_section(doc: Any, data: Any) -> None:
     if not rows:
         return
     doc.h2("Lines to adopt")
-    doc.p(f"The paper says DCP takes about {PAPER_LINES} lines to adopt. Counted here by a line diff of each "
-          "shipped plain training loop against its DCP version (code lines; docstrings, comments and blank lines "
-          "left out); the tests run both versions and check they train alike. `docs/integration.md` shows the diffs.")
-    doc.table(pd.DataFrame(rows), "counted from examples/ at this commit (a count, not a measurement)")
+    doc.p(
+        f"The paper says DCP takes about {PAPER_LINES} lines to adopt. Counted here by a line diff of each "
+        "shipped plain training loop against its DCP version (code lines; docstrings, comments and blank lines "
+        "left out); the tests run both versions and check they train alike. `docs/integration.md` shows the diffs."
+    )
+    doc.table(
+        pd.DataFrame(rows), "counted from examples/ at this commit (a count, not a measurement)"
+    )

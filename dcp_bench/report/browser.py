@@ -72,22 +72,41 @@ def find_chromium() -> str | None:
 
 def _run(chromium: str, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory(prefix="dcp-bench-chromium-") as profile:
-        cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--mute-audio",
-               "--no-first-run", "--disable-extensions", "--disable-dev-shm-usage",
-               f"--user-data-dir={profile}", *args]
+        cmd = [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--mute-audio",
+            "--no-first-run",
+            "--disable-extensions",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}",
+            *args,
+        ]
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+            return subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
         except subprocess.TimeoutExpired:
             raise DcpBenchError(f"{chromium} did not finish within {timeout_s:g} s") from None
 
 
-def measure_page(page: str | os.PathLike[str], width: int = PAGE_WIDTH, height: int = FIRST_SCREEN,
-                 chromium: str | None = None, timeout_s: float = 120.0) -> dict[str, Any]:
+def measure_page(
+    page: str | os.PathLike[str],
+    width: int = PAGE_WIDTH,
+    height: int = FIRST_SCREEN,
+    chromium: str | None = None,
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
     """The rendered geometry of ``page`` (an HTML file) in a ``width`` x ``height`` window: see the
     module docstring for the fields (positions in CSS px from the top of the page)."""
     browser = chromium or find_chromium()
     if browser is None:
-        raise DcpBenchError("no Chromium found (install Debian's `chromium`, or set CHROMIUM=/path/to/chrome)")
+        raise DcpBenchError(
+            "no Chromium found (install Debian's `chromium`, or set CHROMIUM=/path/to/chrome)"
+        )
     src = Path(page)
     text = src.read_text()
     body_end = text.rfind("</body>")
@@ -95,37 +114,69 @@ def measure_page(page: str | os.PathLike[str], width: int = PAGE_WIDTH, height: 
     with tempfile.TemporaryDirectory(prefix="dcp-bench-page-") as tmp:
         copy = Path(tmp) / src.name
         copy.write_text(probe)
-        res = _run(browser, [f"--window-size={width},{height}", "--virtual-time-budget=10000", "--dump-dom",
-                             copy.resolve().as_uri()], timeout_s)
+        res = _run(
+            browser,
+            [
+                f"--window-size={width},{height}",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                copy.resolve().as_uri(),
+            ],
+            timeout_s,
+        )
     m = re.search(r"<pre id=\"dcp-bench-measurements\">(.*?)</pre>", res.stdout, re.S)
     if m is None:
-        raise DcpBenchError(f"{browser} returned no measurements of {src.name} (exit {res.returncode}): "
-                            + (res.stderr.strip().splitlines() or ["no output"])[-1])
+        raise DcpBenchError(
+            f"{browser} returned no measurements of {src.name} (exit {res.returncode}): "
+            + (res.stderr.strip().splitlines() or ["no output"])[-1]
+        )
     return dict(json.loads(html.unescape(m.group(1))))
 
 
-def screenshot(page: str | os.PathLike[str], out: str | os.PathLike[str], width: int = PAGE_WIDTH,
-               height: int = FIRST_SCREEN, chromium: str | None = None, timeout_s: float = 120.0) -> Path:
+def screenshot(
+    page: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    width: int = PAGE_WIDTH,
+    height: int = FIRST_SCREEN,
+    chromium: str | None = None,
+    timeout_s: float = 120.0,
+) -> Path:
     """A PNG of the first ``height`` px of ``page`` rendered ``width`` px wide, written to ``out``."""
     browser = chromium or find_chromium()
     if browser is None:
-        raise DcpBenchError("no Chromium found (install Debian's `chromium`, or set CHROMIUM=/path/to/chrome)")
+        raise DcpBenchError(
+            "no Chromium found (install Debian's `chromium`, or set CHROMIUM=/path/to/chrome)"
+        )
     target = Path(out).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dcp-bench-shot-") as tmp:
         shot = Path(tmp) / "shot.png"
-        res = _run(browser, [f"--window-size={width},{height}", "--virtual-time-budget=10000",
-                             f"--screenshot={shot}", Path(page).resolve().as_uri()], timeout_s)
+        res = _run(
+            browser,
+            [
+                f"--window-size={width},{height}",
+                "--virtual-time-budget=10000",
+                f"--screenshot={shot}",
+                Path(page).resolve().as_uri(),
+            ],
+            timeout_s,
+        )
         if not shot.is_file():
-            raise DcpBenchError(f"{browser} wrote no screenshot of {page} (exit {res.returncode}): "
-                                + (res.stderr.strip().splitlines() or ["no output"])[-1])
+            raise DcpBenchError(
+                f"{browser} wrote no screenshot of {page} (exit {res.returncode}): "
+                + (res.stderr.strip().splitlines() or ["no output"])[-1]
+            )
         tmp_target = target.with_name(target.name + ".tmp")
         shutil.copyfile(shot, tmp_target)
-        os.replace(tmp_target, target)  # atomic: an earlier screenshot stays whole until this one is
+        os.replace(
+            tmp_target, target
+        )  # atomic: an earlier screenshot stays whole until this one is
     return target
 
 
-def layout_problems(m: dict[str, Any], first_screen: int = FIRST_SCREEN, min_shown: float = 0.6) -> list[str]:
+def layout_problems(
+    m: dict[str, Any], first_screen: int = FIRST_SCREEN, min_shown: float = 0.6
+) -> list[str]:
     """What the rendered page (`measure_page`) does wrong, one line each; empty when it meets the
     rules: the verdict and the forest plot inside the first ``first_screen`` px, every image
     displayed at >= ``min_shown`` of its natural width or no wider than the page, every image
@@ -136,7 +187,9 @@ def layout_problems(m: dict[str, Any], first_screen: int = FIRST_SCREEN, min_sho
         if b is None:
             out.append(f"no {name} on the page")
         elif b["bottom"] > first_screen:
-            out.append(f"the {name} ends at {b['bottom']:.0f} px, below the first {first_screen} px")
+            out.append(
+                f"the {name} ends at {b['bottom']:.0f} px, below the first {first_screen} px"
+            )
     page = float(m["client_width"])
     for im in m["images"]:
         shown = float(im["box"]["width"]) if im.get("box") else 0.0
@@ -144,11 +197,15 @@ def layout_problems(m: dict[str, Any], first_screen: int = FIRST_SCREEN, min_sho
         if not im["complete"] or nat == 0:
             out.append(f"image {im['id'] or '?'} did not load")
         elif shown < min_shown * nat and nat > page:
-            out.append(f"image {im['id'] or '?'} is {nat:.0f} px wide, shown at {shown:.0f} px "
-                       f"({shown / nat:.0%} < {min_shown:.0%}) on a {page:.0f} px page")
+            out.append(
+                f"image {im['id'] or '?'} is {nat:.0f} px wide, shown at {shown:.0f} px "
+                f"({shown / nat:.0%} < {min_shown:.0%}) on a {page:.0f} px page"
+            )
     if m["scroll_width"] > m["client_width"]:
-        out.append(f"the page scrolls sideways: {m['scroll_width']} px of content in a {m['client_width']} px window"
-                   + (f" ({', '.join(m['overflowing'])})" if m.get("overflowing") else ""))
+        out.append(
+            f"the page scrolls sideways: {m['scroll_width']} px of content in a {m['client_width']} px window"
+            + (f" ({', '.join(m['overflowing'])})" if m.get("overflowing") else "")
+        )
     elif m.get("overflowing"):
         out.append("elements reach past the window: " + ", ".join(m["overflowing"]))
     return out

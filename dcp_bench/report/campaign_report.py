@@ -30,8 +30,10 @@ def check_baselines(baselines: Sequence[str], root: str, campaign: str) -> None:
             methods.add(summary.method)
     unknown = [b for b in baselines if b not in methods]
     if unknown:
-        raise ConfigError(f"baselines={','.join(baselines)}: campaign {campaign!r} has no runs of method "
-                          f"{unknown[0]!r}; expected methods from {', '.join(sorted(methods)) or '-'}")
+        raise ConfigError(
+            f"baselines={','.join(baselines)}: campaign {campaign!r} has no runs of method "
+            f"{unknown[0]!r}; expected methods from {', '.join(sorted(methods)) or '-'}"
+        )
 
 
 def report_campaign(
@@ -53,15 +55,21 @@ def report_campaign(
     check_output(out_dir, "out")
     runs = list_runs(root, campaign)
     if not runs["complete"]:
-        raise ConfigError(f"campaign {campaign!r} under {root!r} has no complete runs; run `dcp-bench sweep "
-                          f"run.campaign={campaign}` first")
+        raise ConfigError(
+            f"campaign {campaign!r} under {root!r} has no complete runs; run `dcp-bench sweep "
+            f"run.campaign={campaign}` first"
+        )
     if baselines is not None:
         check_baselines(baselines, root, campaign)
-    return build_report(ReportInputs(
-        root=root, campaign=campaign, out_dir=out_dir,
-        claims_path=claims if claims is not None else str(DEFAULT_CLAIMS),
-        command=command if command is not None else f"dcp-bench report campaign={campaign}",
-        baselines=baselines,
-        baseline_pairs=baseline_pairs,
-        n_boot=n_boot,
-    ))
+    return build_report(
+        ReportInputs(
+            root=root,
+            campaign=campaign,
+            out_dir=out_dir,
+            claims_path=claims if claims is not None else str(DEFAULT_CLAIMS),
+            command=command if command is not None else f"dcp-bench report campaign={campaign}",
+            baselines=baselines,
+            baseline_pairs=baseline_pairs,
+            n_boot=n_boot,
+        )
+    )

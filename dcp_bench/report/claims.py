@@ -40,7 +40,9 @@ from dcp_bench.report.tables import STEP_PARTS, Campaign, cell_seeds, speedup_be
 def load_claims(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"claims file {str(path)!r} not found (expected results/reference/claims.yaml)")
+        raise ConfigError(
+            f"claims file {str(path)!r} not found (expected results/reference/claims.yaml)"
+        )
     data = yaml.safe_load(path.read_text()) or {}
     for c in data.get("claims", []):
         for key in ("id", "value", "tolerance", "context", "baseline", "method"):
@@ -65,7 +67,9 @@ def method_defaults(name: str) -> dict[str, Any] | None:
         except DcpBenchError:
             _DEFAULTS[name] = None
         else:
-            _DEFAULTS[name] = {k: v for k, v in node.items() if k not in ("name", "_target_", "mode")}
+            _DEFAULTS[name] = {
+                k: v for k, v in node.items() if k not in ("name", "_target_", "mode")
+            }
     return _DEFAULTS[name]
 
 
@@ -138,7 +142,9 @@ class PairResult:
     baseline_cell: str | None
     method_cell: str | None
     note: str = ""
-    steps_per_run: dict[str, float] = field(default_factory=dict)  # median measured steps per run, each side
+    steps_per_run: dict[str, float] = field(
+        default_factory=dict
+    )  # median measured steps per run, each side
     unit: str = ""  # epoch (the reference's epoch loop) or step
 
 
@@ -172,18 +178,48 @@ def compare(
                 break
         if pair is None:
             missing = "baseline" if bw.empty else ("method" if mw.empty else "a shared context")
-            out.append(PairResult(wl, b_name, m_name, math.nan, math.nan, math.nan, 0, "", None, None,
-                                  note=f"no data: {missing} not in this campaign"))
+            out.append(
+                PairResult(
+                    wl,
+                    b_name,
+                    m_name,
+                    math.nan,
+                    math.nan,
+                    math.nan,
+                    0,
+                    "",
+                    None,
+                    None,
+                    note=f"no data: {missing} not in this campaign",
+                )
+            )
             continue
         b, m = pair
         sp = speedup_between(c, b["config_hash"], m["config_hash"], n_boot=n_boot, seeds=seeds)
         note = ""
         if b["failures"] or m["failures"]:
             note = f"failures: baseline {b['failures']}/{b['repeats']}, method {m['failures']}/{m['repeats']}"
-        steps = {side: _median_steps(c, cell["config_hash"]) for side, cell in (("baseline", b), ("method", m))}
-        out.append(PairResult(wl, b_name, m_name, sp["value"], sp["ci_low"], sp["ci_high"], sp["pairs"],
-                              sp["metric"], b["config_hash"], m["config_hash"], note, steps,
-                              unit_of_label(str(m["label"]))))
+        steps = {
+            side: _median_steps(c, cell["config_hash"])
+            for side, cell in (("baseline", b), ("method", m))
+        }
+        out.append(
+            PairResult(
+                wl,
+                b_name,
+                m_name,
+                sp["value"],
+                sp["ci_low"],
+                sp["ci_high"],
+                sp["pairs"],
+                sp["metric"],
+                b["config_hash"],
+                m["config_hash"],
+                note,
+                steps,
+                unit_of_label(str(m["label"])),
+            )
+        )
     return out
 
 
@@ -210,7 +246,7 @@ def _selector_label(sel: dict[str, Any]) -> str:
 
 
 def verdict(value: float, tolerance: float, lo: float, hi: float) -> str:
-    """"reproduced" when the CI lies inside the tolerance band [value/(1+tol), value*(1+tol)],
+    """ "reproduced" when the CI lies inside the tolerance band [value/(1+tol), value*(1+tol)],
     "not reproduced" when it lies wholly outside it (below or above), "undecided" when it
     straddles an edge of the band; "no data" without a CI."""
     if any(math.isnan(x) for x in (lo, hi)):
@@ -228,8 +264,10 @@ def verdict_words(v: str, value: float, tolerance: float, lo: float, hi: float) 
     band_lo, band_hi = value / (1.0 + tolerance), value * (1.0 + tolerance)
     where = {
         "reproduced": f"the whole 95% CI [{lo:.2f}, {hi:.2f}] lies inside the tolerance band [{band_lo:.2f}, {band_hi:.2f}]",
-        "not reproduced": (f"the whole 95% CI [{lo:.2f}, {hi:.2f}] lies "
-                           f"{'below' if hi < band_lo else 'above'} the tolerance band [{band_lo:.2f}, {band_hi:.2f}]"),
+        "not reproduced": (
+            f"the whole 95% CI [{lo:.2f}, {hi:.2f}] lies "
+            f"{'below' if hi < band_lo else 'above'} the tolerance band [{band_lo:.2f}, {band_hi:.2f}]"
+        ),
         "undecided": f"the 95% CI [{lo:.2f}, {hi:.2f}] straddles an edge of the tolerance band [{band_lo:.2f}, {band_hi:.2f}]",
     }.get(v, "no confidence interval")
     return f"{v}: {where}"
@@ -237,14 +275,16 @@ def verdict_words(v: str, value: float, tolerance: float, lo: float, hi: float) 
 
 # What every verdict rests on until a GPU calibration of this suite is committed (the cost
 # model's constants are calibrated on published measurements, its memory on the counted models).
-SIMULATED_BASIS = ("in simulation (analytical model calibrated on published measurements, activation memory "
-                   "counted from the runtime's models; not validated on a GPU)")
+SIMULATED_BASIS = (
+    "in simulation (analytical model calibrated on published measurements, activation memory "
+    "counted from the runtime's models; not validated on a GPU)"
+)
 
 
 # What a claim's confidence interval covers, by run unit (the report prints it beside the verdict).
 CI_COVERS = {
     "epoch": "the seeds' different dealing of the fixed dataset (the samplers' shuffles and draws); "
-             "the dataset, the cost model and the profile are the same for every seed",
+    "the dataset, the cost model and the profile are the same for every seed",
     "step": "the seeds' different global batches (data sampling)",
 }
 
@@ -267,9 +307,15 @@ class ClaimResult:
     model_band_low: float = math.nan
     model_band_high: float = math.nan
     model_variants: list[dict[str, Any]] = field(default_factory=list)
-    trained_fraction: dict[str, float | None] = field(default_factory=dict)  # samples trained / epoch samples
-    imbalance: dict[str, float | None] = field(default_factory=dict)  # median idle share of rank-seconds
-    accounting: dict[str, Any] = field(default_factory=dict)  # per side: the epoch's samples and settings
+    trained_fraction: dict[str, float | None] = field(
+        default_factory=dict
+    )  # samples trained / epoch samples
+    imbalance: dict[str, float | None] = field(
+        default_factory=dict
+    )  # median idle share of rank-seconds
+    accounting: dict[str, Any] = field(
+        default_factory=dict
+    )  # per side: the epoch's samples and settings
     basis: str = SIMULATED_BASIS
     verdict_text: str = ""
 
@@ -303,8 +349,12 @@ class ClaimResult:
             "model_band_low": _clean(self.model_band_low),
             "model_band_high": _clean(self.model_band_high),
             "model_variants": self.model_variants,
-            "trained_fraction": {k: _clean(v) if v is not None else None for k, v in self.trained_fraction.items()},
-            "imbalance": {k: _clean(v) if v is not None else None for k, v in self.imbalance.items()},
+            "trained_fraction": {
+                k: _clean(v) if v is not None else None for k, v in self.trained_fraction.items()
+            },
+            "imbalance": {
+                k: _clean(v) if v is not None else None for k, v in self.imbalance.items()
+            },
             "epoch_accounting": self.accounting,
             "basis": self.basis,
             "verdict_text": self.verdict_text,
@@ -315,7 +365,9 @@ def _clean(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
-def evaluate_claims(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_boot: int = 2000) -> list[ClaimResult]:
+def evaluate_claims(
+    c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_boot: int = 2000
+) -> list[ClaimResult]:
     """Every claim's verdict, with its statistics (what the CI covers, steps or epochs per run,
     whether the CI met the convergence target), and for the claims that have them, the
     "what it takes" readings and the paper-mode table."""
@@ -332,20 +384,34 @@ def evaluate_claims(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_
         covers = CI_COVERS.get(r.unit, "")
         if v != "no data":
             band = (cl["value"] / (1 + cl["tolerance"]), cl["value"] * (1 + cl["tolerance"]))
-            per_run = ", ".join(f"{k} {x:g}" for k, x in r.steps_per_run.items() if not math.isnan(x))
+            per_run = ", ".join(
+                f"{k} {x:g}" for k, x in r.steps_per_run.items() if not math.isnan(x)
+            )
             unit = "iterations of one epoch" if r.unit == "epoch" else "measured steps"
             reasons.append(
                 f"measured {r.speedup:.2f}x, 95% CI [{r.ci_low:.2f}, {r.ci_high:.2f}] (median of {r.pairs} paired "
                 f"per-seed ratios, {r.metric}; {unit} per run: {per_run}); tolerance band [{band[0]:.2f}, {band[1]:.2f}]"
             )
             half = relative_half_width(r.speedup, r.ci_low, r.ci_high)
-            reasons.append(f"the CI covers {covers}; its half-width is {half:.1%} of the value "
-                           f"({'within' if half <= target else 'ABOVE'} the {target:.0%} target)")
+            reasons.append(
+                f"the CI covers {covers}; its half-width is {half:.1%} of the value "
+                f"({'within' if half <= target else 'ABOVE'} the {target:.0%} target)"
+            )
         readings = evaluate_readings(c, cells, claims, cl, n_boot=n_boot)
         table = evaluate_paper_table(c, cells, claims, cl, n_boot=n_boot)
-        res_ = ClaimResult(cl["id"], " ".join(str(cl.get("statement", "")).split()), float(cl["value"]),
-                           float(cl["tolerance"]), r, v, reasons, epochs, covers,
-                           _records(readings), _records(table))
+        res_ = ClaimResult(
+            cl["id"],
+            " ".join(str(cl.get("statement", "")).split()),
+            float(cl["value"]),
+            float(cl["tolerance"]),
+            r,
+            v,
+            reasons,
+            epochs,
+            covers,
+            _records(readings),
+            _records(table),
+        )
         _add_model_band(res_, c, cells, claims, cl)
         for side, cell in (("method", r.method_cell), ("baseline", r.baseline_cell)):
             acc = epoch_accounting(c, cell)
@@ -353,14 +419,17 @@ def evaluate_claims(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_
             res_.trained_fraction[side] = acc.get("trained_fraction")
             res_.imbalance[side] = median_imbalance(c, cell)
         if v != "no data":
-            res_.verdict_text = (f"{verdict_words(v, float(cl['value']), float(cl['tolerance']), r.ci_low, r.ci_high)}; "
-                                 f"{res_.basis}")
+            res_.verdict_text = (
+                f"{verdict_words(v, float(cl['value']), float(cl['tolerance']), r.ci_low, r.ci_high)}; "
+                f"{res_.basis}"
+            )
             res_.reasons.insert(0, res_.verdict_text)
             if not math.isnan(res_.model_band_low):
                 res_.reasons.append(
                     f"model band [{res_.model_band_low:.2f}, {res_.model_band_high:.2f}]: the headline over "
                     f"{len(res_.model_variants)} cost-model variants (the same seeds), beside the seed CI "
-                    f"[{r.ci_low:.2f}, {r.ci_high:.2f}]")
+                    f"[{r.ci_low:.2f}, {r.ci_high:.2f}]"
+                )
         out.append(res_)
     return out
 
@@ -382,11 +451,17 @@ def epoch_accounting(c: Campaign, cell: str | None) -> dict[str, Any]:
             infos.append(epochs[0])
     if not infos:
         return {}
-    fractions = [float(i["trained_samples"]) / float(i["dataset_samples"]) for i in infos if i.get("dataset_samples")]
+    fractions = [
+        float(i["trained_samples"]) / float(i["dataset_samples"])
+        for i in infos
+        if i.get("dataset_samples")
+    ]
     first = infos[0]
     return {
         "dataset_samples": first.get("dataset_samples"),
-        "trained_samples_median": float(np.median([float(i.get("trained_samples", 0)) for i in infos])),
+        "trained_samples_median": float(
+            np.median([float(i.get("trained_samples", 0)) for i in infos])
+        ),
         "dropped_samples": first.get("dropped_samples", {}),
         "trained_fraction": float(np.median(fractions)) if fractions else None,
         "profile": first.get("profile", {}),
@@ -400,12 +475,17 @@ def median_imbalance(c: Campaign, cell: str | None) -> float | None:
     if cell is None:
         return None
     runs = c.runs[(c.runs["config_hash"] == cell) & (c.runs["status"] == "ok")]
-    vals = [float(v) for v in runs["imbalance"] if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    vals = [
+        float(v)
+        for v in runs["imbalance"]
+        if v is not None and not (isinstance(v, float) and math.isnan(v))
+    ]
     return float(np.median(vals)) if vals else None
 
 
-def _add_model_band(res: ClaimResult, c: Campaign, cells: pd.DataFrame, claims: dict[str, Any],
-                    cl: dict[str, Any]) -> None:
+def _add_model_band(
+    res: ClaimResult, c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], cl: dict[str, Any]
+) -> None:
     """Fill the claim's model band: the headline's speedup under every model variant of the
     ``model_band`` spec in claims.yaml (cost scales, cost-model options, memory caps) whose runs
     are in the campaign, each over the seeds it shares with the headline, the default included."""
@@ -419,13 +499,28 @@ def _add_model_band(res: ClaimResult, c: Campaign, cells: pd.DataFrame, claims: 
     for var in spec.get("variants", []):
         scales = {k: float(v) for k, v in (var.get("scales") or {}).items()}
         cap = float(var.get("mem_cap_fraction", DEFAULT_MEM_CAP_FRACTION))
-        vr = compare(c, cells, cl["context"], cl["baseline"], cl["method"], scales=scales or None,
-                     mem_cap_fraction=cap, n_boot=200)[0]
+        vr = compare(
+            c,
+            cells,
+            cl["context"],
+            cl["baseline"],
+            cl["method"],
+            scales=scales or None,
+            mem_cap_fraction=cap,
+            n_boot=200,
+        )[0]
         if math.isnan(vr.speedup):
             continue
         values.append(vr.speedup)
-        res.model_variants.append({"variant": _variant_label(scales, cap), "speedup": vr.speedup,
-                                   "ci_low": vr.ci_low, "ci_high": vr.ci_high, "pairs": vr.pairs})
+        res.model_variants.append(
+            {
+                "variant": _variant_label(scales, cap),
+                "speedup": vr.speedup,
+                "ci_low": vr.ci_low,
+                "ci_high": vr.ci_high,
+                "pairs": vr.pairs,
+            }
+        )
     if res.model_variants:
         res.model_band_low, res.model_band_high = float(min(values)), float(max(values))
 
@@ -440,8 +535,16 @@ def _variant_label(scales: dict[str, float], cap: float) -> str:
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     if df.empty:
         return []
-    rows = df.replace([np.inf, -np.inf], np.nan).astype(object).where(df.notna(), None).to_dict(orient="records")
-    return [{str(k): (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
+    rows = (
+        df.replace([np.inf, -np.inf], np.nan)
+        .astype(object)
+        .where(df.notna(), None)
+        .to_dict(orient="records")
+    )
+    return [
+        {str(k): (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+        for row in rows
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,9 +561,14 @@ def _merge(sel: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def evaluate_readings(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], claim: dict[str, Any],
-                      n_boot: int = 2000) -> pd.DataFrame:
-    """"What it takes to get the claimed value": the claim's speedup and verdict under each
+def evaluate_readings(
+    c: Campaign,
+    cells: pd.DataFrame,
+    claims: dict[str, Any],
+    claim: dict[str, Any],
+    n_boot: int = 2000,
+) -> pd.DataFrame:
+    """ "What it takes to get the claimed value": the claim's speedup and verdict under each
     reading of the reference's code listed under ``readings`` (a reading changes the baseline
     and/or the method selector of the claim: a parameter, or the run unit). One row per reading;
     the first row of each question is the reading the headline uses."""
@@ -472,13 +580,24 @@ def evaluate_readings(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], 
         base = _merge(claim["baseline"], rd.get("baseline"))
         meth = _merge(claim["method"], rd.get("method"))
         r = compare(c, cells, ctx, base, meth, n_boot=n_boot)[0]
-        rows.append({
-            "question": rd.get("question", ""), "reading": rd.get("reading", rd.get("id", "")),
-            "headline_reading": bool(rd.get("headline", False)), "workload": r.workload,
-            "speedup": r.speedup, "ci_low": r.ci_low, "ci_high": r.ci_high, "pairs": r.pairs,
-            "verdict": verdict(float(claim["value"]), float(claim["tolerance"]), r.ci_low, r.ci_high),
-            "baseline": r.baseline, "method": r.method, "note": r.note or rd.get("note", ""),
-        })
+        rows.append(
+            {
+                "question": rd.get("question", ""),
+                "reading": rd.get("reading", rd.get("id", "")),
+                "headline_reading": bool(rd.get("headline", False)),
+                "workload": r.workload,
+                "speedup": r.speedup,
+                "ci_low": r.ci_low,
+                "ci_high": r.ci_high,
+                "pairs": r.pairs,
+                "verdict": verdict(
+                    float(claim["value"]), float(claim["tolerance"]), r.ci_low, r.ci_high
+                ),
+                "baseline": r.baseline,
+                "method": r.method,
+                "note": r.note or rd.get("note", ""),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -486,8 +605,13 @@ def evaluate_readings(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], 
 # The paper-mode table
 
 
-def evaluate_paper_table(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], claim: dict[str, Any],
-                         n_boot: int = 2000) -> pd.DataFrame:
+def evaluate_paper_table(
+    c: Campaign,
+    cells: pd.DataFrame,
+    claims: dict[str, Any],
+    claim: dict[str, Any],
+    n_boot: int = 2000,
+) -> pd.DataFrame:
     """Every method of ``paper_table`` over the claim's baseline on every workload and cluster
     listed there: median throughput of each side and the paired speedup with its CI."""
     spec = claims.get("paper_table") or {}
@@ -500,31 +624,66 @@ def evaluate_paper_table(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any
             base = select_cells(cells, ctx, claim["baseline"])
             base_thr = _median_thr(c, base.iloc[0]["config_hash"]) if len(base) else math.nan
             base_cell = str(base.iloc[0]["config_hash"]) if len(base) else None
-            rows.append({"cluster": cluster, "workload": wl, "method": _selector_label(claim["baseline"]),
-                         "tokens_per_s": base_thr, "speedup": 1.0 if len(base) else math.nan,
-                         "ci_low": math.nan, "ci_high": math.nan, "pairs": 0,
-                         "imbalance": median_imbalance(c, base_cell),
-                         "trained_fraction": epoch_accounting(c, base_cell).get("trained_fraction")})
+            rows.append(
+                {
+                    "cluster": cluster,
+                    "workload": wl,
+                    "method": _selector_label(claim["baseline"]),
+                    "tokens_per_s": base_thr,
+                    "speedup": 1.0 if len(base) else math.nan,
+                    "ci_low": math.nan,
+                    "ci_high": math.nan,
+                    "pairs": 0,
+                    "imbalance": median_imbalance(c, base_cell),
+                    "trained_fraction": epoch_accounting(c, base_cell).get("trained_fraction"),
+                }
+            )
             for msel in _as_list(spec.get("methods", [])):
                 r = compare(c, cells, ctx, claim["baseline"], msel, n_boot=n_boot)[0]
                 thr = _median_thr(c, r.method_cell) if r.method_cell else math.nan
-                rows.append({"cluster": cluster, "workload": wl, "method": r.method, "tokens_per_s": thr,
-                             "speedup": r.speedup, "ci_low": r.ci_low, "ci_high": r.ci_high, "pairs": r.pairs,
-                             "imbalance": median_imbalance(c, r.method_cell),
-                             "trained_fraction": epoch_accounting(c, r.method_cell).get("trained_fraction")})
+                rows.append(
+                    {
+                        "cluster": cluster,
+                        "workload": wl,
+                        "method": r.method,
+                        "tokens_per_s": thr,
+                        "speedup": r.speedup,
+                        "ci_low": r.ci_low,
+                        "ci_high": r.ci_high,
+                        "pairs": r.pairs,
+                        "imbalance": median_imbalance(c, r.method_cell),
+                        "trained_fraction": epoch_accounting(c, r.method_cell).get(
+                            "trained_fraction"
+                        ),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
-def evaluate_comparisons(c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_boot: int = 2000) -> pd.DataFrame:
+def evaluate_comparisons(
+    c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_boot: int = 2000
+) -> pd.DataFrame:
     rows = []
     for comp in claims.get("comparisons", []):
         for base in _as_list(comp["baseline"]):
             for meth in _as_list(comp["method"]):
                 for r in compare(c, cells, comp["context"], base, meth, n_boot=n_boot):
-                    rows.append({"comparison": comp["id"], "workload": r.workload, "method": r.method,
-                                 "baseline": r.baseline, "speedup": r.speedup, "ci_low": r.ci_low,
-                                 "ci_high": r.ci_high, "pairs": r.pairs, "metric": r.metric, "note": r.note,
-                                 "baseline_cell": r.baseline_cell, "method_cell": r.method_cell})
+                    rows.append(
+                        {
+                            "comparison": comp["id"],
+                            "workload": r.workload,
+                            "method": r.method,
+                            "baseline": r.baseline,
+                            "speedup": r.speedup,
+                            "ci_low": r.ci_low,
+                            "ci_high": r.ci_high,
+                            "pairs": r.pairs,
+                            "metric": r.metric,
+                            "note": r.note,
+                            "baseline_cell": r.baseline_cell,
+                            "method_cell": r.method_cell,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -544,7 +703,10 @@ def _cell_parts(c: Campaign, cell: str) -> dict[str, float]:
 
 def _median_thr(c: Campaign, cell: str) -> float:
     runs = c.runs[c.runs["config_hash"] == cell]
-    vals = [float(v) if s == "ok" and v is not None else 0.0 for v, s in zip(runs["tokens_per_s"], runs["status"])]
+    vals = [
+        float(v) if s == "ok" and v is not None else 0.0
+        for v, s in zip(runs["tokens_per_s"], runs["status"])
+    ]
     return float(np.median(vals)) if vals else math.nan
 
 
@@ -553,8 +715,12 @@ def part_names(c: Campaign) -> dict[str, str]:
     micro-batch parts last declared first (the added ones, communication, recomputation, compute),
     the once-per-step sync and the planner."""
     micro = {**time_parts(MICROBATCH_TIME_TERMS), **c.added_parts}
-    return {"idle_s": "load imbalance (ranks waiting)", **{k: micro[k] for k in reversed(micro)},
-            SYNC_PART: STEP_TIME_TERMS[0].label, "planner_s": "planner time not hidden"}
+    return {
+        "idle_s": "load imbalance (ranks waiting)",
+        **{k: micro[k] for k in reversed(micro)},
+        SYNC_PART: STEP_TIME_TERMS[0].label,
+        "planner_s": "planner time not hidden",
+    }
 
 
 def decompose(c: Campaign, cells: pd.DataFrame, claim: dict[str, Any]) -> pd.DataFrame | None:
@@ -583,18 +749,37 @@ def decompose(c: Campaign, cells: pd.DataFrame, claim: dict[str, Any]) -> pd.Dat
     parts_b = _cell_parts(c, sel[("baseline", "fair")])
     parts_m = _cell_parts(c, sel[("method", "fair")])
     T_b, T_m = sum(parts_b.values()), sum(parts_m.values())
-    rows = [{"factor": "paper mode, baseline side (dealing, drops, optimizer-step amortisation)",
-             "log_share": math.log(thr[("baseline", "fair")] / thr[("baseline", "paper")])}]
+    rows = [
+        {
+            "factor": "paper mode, baseline side (dealing, drops, optimizer-step amortisation)",
+            "log_share": math.log(thr[("baseline", "fair")] / thr[("baseline", "paper")]),
+        }
+    ]
     fair_log = math.log(thr[("method", "fair")] / thr[("baseline", "fair")])
     acct_log = math.log(T_b / T_m) if T_m > 0 and T_b > 0 else 0.0
     for key, name in part_names(c).items():
         saving = parts_b[key] - parts_m[key]
         share = acct_log * saving / (T_b - T_m) if T_b != T_m else 0.0
-        rows.append({"factor": f"fair mode: {name}", "log_share": share,
-                     "baseline_s": parts_b[key], "method_s": parts_m[key]})
-    rows.append({"factor": "fair mode: median vs mean (statistical residual)", "log_share": fair_log - acct_log})
-    rows.append({"factor": "paper mode, method side (dealing, drops, optimizer-step amortisation)",
-                 "log_share": math.log(thr[("method", "paper")] / thr[("method", "fair")])})
+        rows.append(
+            {
+                "factor": f"fair mode: {name}",
+                "log_share": share,
+                "baseline_s": parts_b[key],
+                "method_s": parts_m[key],
+            }
+        )
+    rows.append(
+        {
+            "factor": "fair mode: median vs mean (statistical residual)",
+            "log_share": fair_log - acct_log,
+        }
+    )
+    rows.append(
+        {
+            "factor": "paper mode, method side (dealing, drops, optimizer-step amortisation)",
+            "log_share": math.log(thr[("method", "paper")] / thr[("method", "fair")]),
+        }
+    )
     df = pd.DataFrame(rows)
     df["factor_x"] = np.exp(df["log_share"])
     total = math.log(thr[("method", "paper")] / thr[("baseline", "paper")])
@@ -621,18 +806,48 @@ def sensitivity(
             for f in sens.get("factors", [0.5, 2.0]):
                 if const == "mem_cap":
                     # A cap cannot exceed the GPU's usable memory: doubling 0.7 is clipped to 1.0.
-                    r = compare(c, cells, t["context"], t["baseline"], t["method"],
-                                mem_cap_fraction=min(1.0, DEFAULT_MEM_CAP_FRACTION * float(f)), n_boot=n_boot)[0]
+                    r = compare(
+                        c,
+                        cells,
+                        t["context"],
+                        t["baseline"],
+                        t["method"],
+                        mem_cap_fraction=min(1.0, DEFAULT_MEM_CAP_FRACTION * float(f)),
+                        n_boot=n_boot,
+                    )[0]
                 else:
-                    r = compare(c, cells, t["context"], t["baseline"], t["method"],
-                                scales={const: float(f)}, n_boot=n_boot)[0]
+                    r = compare(
+                        c,
+                        cells,
+                        t["context"],
+                        t["baseline"],
+                        t["method"],
+                        scales={const: float(f)},
+                        n_boot=n_boot,
+                    )[0]
                 # The reference (default constants) over the same seeds as this variant, so a bar
                 # shows the constant's effect, not a difference in which batches were drawn.
-                seeds = (cell_seeds(c, r.baseline_cell) & cell_seeds(c, r.method_cell)) if r.method_cell and r.baseline_cell else None
-                base = compare(c, cells, t["context"], t["baseline"], t["method"], n_boot=n_boot, seeds=seeds)[0]
-                rows.append({"comparison": t["id"], "constant": const, "factor": float(f),
-                             "speedup": r.speedup, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                             "reference_speedup": base.speedup, "pairs": r.pairs, "note": r.note})
+                seeds = (
+                    (cell_seeds(c, r.baseline_cell) & cell_seeds(c, r.method_cell))
+                    if r.method_cell and r.baseline_cell
+                    else None
+                )
+                base = compare(
+                    c, cells, t["context"], t["baseline"], t["method"], n_boot=n_boot, seeds=seeds
+                )[0]
+                rows.append(
+                    {
+                        "comparison": t["id"],
+                        "constant": const,
+                        "factor": float(f),
+                        "speedup": r.speedup,
+                        "ci_low": r.ci_low,
+                        "ci_high": r.ci_high,
+                        "reference_speedup": base.speedup,
+                        "pairs": r.pairs,
+                        "note": r.note,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -646,18 +861,47 @@ def reference_tables_section(doc: Any, claim_results: list[ClaimResult]) -> None
     for r in claim_results:
         if r.paper_mode_table:
             doc.h2(f"Paper mode: every faithful method on the reference's three mixes ({r.id})")
-            doc.p("Paper mode is the reference runtime: one epoch over the mix's fixed dataset, dealt by each "
-                  "method's reference sampler, every iteration its own optimizer step; throughput = the epoch's "
-                  "(patch) tokens / the epoch's time. Speedup: median of paired per-seed ratios over the baseline, "
-                  f"95% bootstrap CI; the CI covers {r.ci_covers or 'the seeds'}.")
-            doc.table(pd.DataFrame(r.paper_mode_table), f"{r.id}: paper-mode throughput and speedup",
-                      ["cluster", "workload", "method", "tokens_per_s", "speedup", "ci_low", "ci_high", "pairs",
-                       "imbalance", "trained_fraction"])
+            doc.p(
+                "Paper mode is the reference runtime: one epoch over the mix's fixed dataset, dealt by each "
+                "method's reference sampler, every iteration its own optimizer step; throughput = the epoch's "
+                "(patch) tokens / the epoch's time. Speedup: median of paired per-seed ratios over the baseline, "
+                f"95% bootstrap CI; the CI covers {r.ci_covers or 'the seeds'}."
+            )
+            doc.table(
+                pd.DataFrame(r.paper_mode_table),
+                f"{r.id}: paper-mode throughput and speedup",
+                [
+                    "cluster",
+                    "workload",
+                    "method",
+                    "tokens_per_s",
+                    "speedup",
+                    "ci_low",
+                    "ci_high",
+                    "pairs",
+                    "imbalance",
+                    "trained_fraction",
+                ],
+            )
         if r.what_it_takes:
             doc.h2(f"What it takes to get {r.claimed:g}x ({r.id})")
-            doc.p("The claim's verdict under each reading of the reference's code that matters; one choice "
-                  "changes at a time from the headline's readings (marked `headline_reading`). "
-                  "docs/reference_semantics.md gives each reading with the reference's file and line.")
-            doc.table(pd.DataFrame(r.what_it_takes), f"{r.id}: verdict by reading",
-                      ["question", "reading", "headline_reading", "speedup", "ci_low", "ci_high", "pairs",
-                       "verdict", "note"])
+            doc.p(
+                "The claim's verdict under each reading of the reference's code that matters; one choice "
+                "changes at a time from the headline's readings (marked `headline_reading`). "
+                "docs/reference_semantics.md gives each reading with the reference's file and line."
+            )
+            doc.table(
+                pd.DataFrame(r.what_it_takes),
+                f"{r.id}: verdict by reading",
+                [
+                    "question",
+                    "reading",
+                    "headline_reading",
+                    "speedup",
+                    "ci_low",
+                    "ci_high",
+                    "pairs",
+                    "verdict",
+                    "note",
+                ],
+            )

@@ -71,8 +71,13 @@ def compare_with_configs(fitted: dict[str, float]) -> list[str]:
     return problems
 
 
-def render_markdown(published: Published, table: list[Any], summ: dict[str, Any], cal: dict[str, Any],
-                    mismatches: list[str]) -> str:
+def render_markdown(
+    published: Published,
+    table: list[Any],
+    summ: dict[str, Any],
+    cal: dict[str, Any],
+    mismatches: list[str],
+) -> str:
     b, a = summ["before"], summ["after"]
     lines = [
         "# Analytical cost model vs published H100/H200 measurements",
@@ -88,34 +93,75 @@ def render_markdown(published: Published, table: list[Any], summ: dict[str, Any]
         "| rows | n | median abs error before | max before | median abs error after | max after |",
         "|---|---|---|---|---|---|",
     ]
-    for name, label in (("holdout", "held-out half"), ("fit", "fit half"), ("priced", "all priced rows"),
-                        ("reference", "reference rows (not priced, not fitted)")):
-        lines.append(f"| {label} | {a[name]['n']} | {abs_pct(b[name]['median_abs_error'])} | "
-                     f"{abs_pct(b[name]['max_abs_error'])} | {abs_pct(a[name]['median_abs_error'])} | "
-                     f"{abs_pct(a[name]['max_abs_error'])} |")
-    lines += ["", "Held-out half by kind (after):", "", "| kind | n | median abs error | max |", "|---|---|---|---|"]
+    for name, label in (
+        ("holdout", "held-out half"),
+        ("fit", "fit half"),
+        ("priced", "all priced rows"),
+        ("reference", "reference rows (not priced, not fitted)"),
+    ):
+        lines.append(
+            f"| {label} | {a[name]['n']} | {abs_pct(b[name]['median_abs_error'])} | "
+            f"{abs_pct(b[name]['max_abs_error'])} | {abs_pct(a[name]['median_abs_error'])} | "
+            f"{abs_pct(a[name]['max_abs_error'])} |"
+        )
+    lines += [
+        "",
+        "Held-out half by kind (after):",
+        "",
+        "| kind | n | median abs error | max |",
+        "|---|---|---|---|",
+    ]
     for kind, st in summ["by_kind_holdout_after"].items():
         if st["n"]:
-            lines.append(f"| {kind} | {st['n']} | {abs_pct(st['median_abs_error'])} | {abs_pct(st['max_abs_error'])} |")
+            lines.append(
+                f"| {kind} | {st['n']} | {abs_pct(st['median_abs_error'])} | {abs_pct(st['max_abs_error'])} |"
+            )
     lines += ["", "Rows more than 2x off after calibration:", ""]
     over = summ["off_by_more_than_2x_after"]
-    lines += [f"- `{o['id']}` ({o['role']}): ratio {o['ratio']:.2f}; {o['reason']}" for o in over] or ["- none"]
-    lines += ["", "## Calibrated constants", "",
-              "Fitted block by block on the fit-half rows of each block (mean squared log ratio, grid "
-              "search refined twice, 3 significant digits), in this order:", "",
-              "| block | constants | fit rows | rms log error of the fit |", "|---|---|---|---|"]
+    lines += [
+        f"- `{o['id']}` ({o['role']}): ratio {o['ratio']:.2f}; {o['reason']}" for o in over
+    ] or ["- none"]
+    lines += [
+        "",
+        "## Calibrated constants",
+        "",
+        "Fitted block by block on the fit-half rows of each block (mean squared log ratio, grid "
+        "search refined twice, 3 significant digits), in this order:",
+        "",
+        "| block | constants | fit rows | rms log error of the fit |",
+        "|---|---|---|---|",
+    ]
     for blk in cal["blocks"]:
-        consts = ", ".join(f"`{k}` = {_num(v)} (assumed {_num(ASSUMED_CONSTANTS[k]) if k in ASSUMED_CONSTANTS else DERIVED[k]})"
-                           for k, v in blk["constants"].items())
-        lines.append(f"| {blk['block']}: {blk['rows']} | {consts} | {len(blk['fit_rows'])} | {blk['fit_loss_rms_log']:.3f} |")
-    lines += ["", ("The configs carry this fit." if not mismatches else
-                   "**The configs differ from this fit** (run the calibration again): " + "; ".join(mismatches)), ""]
-    lines += ["## Every row", "",
-              "| id | role | kind | source | config | precision / power | published | before | after | after / published | certainty | not priced |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        consts = ", ".join(
+            f"`{k}` = {_num(v)} (assumed {_num(ASSUMED_CONSTANTS[k]) if k in ASSUMED_CONSTANTS else DERIVED[k]})"
+            for k, v in blk["constants"].items()
+        )
+        lines.append(
+            f"| {blk['block']}: {blk['rows']} | {consts} | {len(blk['fit_rows'])} | {blk['fit_loss_rms_log']:.3f} |"
+        )
+    lines += [
+        "",
+        (
+            "The configs carry this fit."
+            if not mismatches
+            else "**The configs differ from this fit** (run the calibration again): "
+            + "; ".join(mismatches)
+        ),
+        "",
+    ]
+    lines += [
+        "## Every row",
+        "",
+        "| id | role | kind | source | config | precision / power | published | before | after | after / published | certainty | not priced |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for t in table:
         r = t.row
-        cfg = ", ".join(f"{k}={v}" for k, v in r.config.items() if k not in ("gpu_overrides", "cluster_overrides"))
+        cfg = ", ".join(
+            f"{k}={v}"
+            for k, v in r.config.items()
+            if k not in ("gpu_overrides", "cluster_overrides")
+        )
         unp = r.reason if not r.priced else "; ".join(r.unpriced)
         lines.append(
             f"| {r.id} | {t.role} | {r.kind} | {r.source} | {cfg} | {r.precision}, {r.power} | "
@@ -124,8 +170,11 @@ def render_markdown(published: Published, table: list[Any], summ: dict[str, Any]
         )
     lines += ["", "## Sources", ""]
     for key, src in published.sources.items():
-        lines.append(f"- `{key}`: {src.get('project')}, {src.get('where')}"
-                     + (f" @ {src['commit']}" if src.get("commit") else "") + f" ({src.get('date')}). {src.get('what')}")
+        lines.append(
+            f"- `{key}`: {src.get('project')}, {src.get('where')}"
+            + (f" @ {src['commit']}" if src.get("commit") else "")
+            + f" ({src.get('date')}). {src.get('what')}"
+        )
     lines.append("")
     return "\n".join(lines)
 
@@ -133,15 +182,54 @@ def render_markdown(published: Published, table: list[Any], summ: dict[str, Any]
 def render_csv(table: list[Any]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["id", "role", "series", "kind", "source", "gpu", "precision", "power", "config", "unit",
-                "published", "model_before", "model_after", "ratio_after", "error_before", "error_after",
-                "certainty", "priced", "not_priced"])
+    w.writerow(
+        [
+            "id",
+            "role",
+            "series",
+            "kind",
+            "source",
+            "gpu",
+            "precision",
+            "power",
+            "config",
+            "unit",
+            "published",
+            "model_before",
+            "model_after",
+            "ratio_after",
+            "error_before",
+            "error_after",
+            "certainty",
+            "priced",
+            "not_priced",
+        ]
+    )
     for t in table:
         r = t.row
-        w.writerow([r.id, t.role, r.series, r.kind, r.source, r.gpu, r.precision, r.power,
-                    json.dumps(dict(r.config), sort_keys=True), r.unit, r.published, f"{t.before:.6g}",
-                    f"{t.after:.6g}", f"{t.after / r.published:.4f}", f"{t.err_before:.4f}", f"{t.err_after:.4f}",
-                    r.certainty, r.priced, r.reason if not r.priced else "; ".join(r.unpriced)])
+        w.writerow(
+            [
+                r.id,
+                t.role,
+                r.series,
+                r.kind,
+                r.source,
+                r.gpu,
+                r.precision,
+                r.power,
+                json.dumps(dict(r.config), sort_keys=True),
+                r.unit,
+                r.published,
+                f"{t.before:.6g}",
+                f"{t.after:.6g}",
+                f"{t.after / r.published:.4f}",
+                f"{t.err_before:.4f}",
+                f"{t.err_after:.4f}",
+                r.certainty,
+                r.priced,
+                r.reason if not r.priced else "; ".join(r.unpriced),
+            ]
+        )
     return buf.getvalue()
 
 
@@ -156,7 +244,9 @@ class CostValidation:
     out: Path
 
 
-def validate_cost_model(published_path: Path | None = None, out: Path | None = None) -> CostValidation:
+def validate_cost_model(
+    published_path: Path | None = None, out: Path | None = None
+) -> CostValidation:
     """Price, fit and compare (the module docstring); write ``table.md``, ``table.csv`` and
     ``summary.json`` to ``out`` (default: beside the validation set)."""
     path = published_path if published_path is not None else DEFAULT_PUBLISHED
@@ -197,11 +287,11 @@ DERIVED = {
 NOT_PINNED = {
     "act_bytes": "activation bytes per token: no public per-token activation memory on these GPUs was found",
     "small_kernel_eff": "short attention (STDiT temporal attention over 15-120 frames) is below every "
-                        "published length (512+); GEMM and attention half points are pinned only at "
-                        "the shapes listed",
+    "published length (512+); GEMM and attention half points are pinned only at "
+    "the shapes listed",
     "a2a_eff (inter-node)": "no published all-to-all across nodes; the intra-node fit is applied to the network",
     "elementwise": "elementwise_bytes_factor is pinned by one fit row (torchtitan 8 x H100, eager bf16) on "
-                   "500 W HBM2e parts: it absorbs every per-token cost eager training pays there that the "
-                   "model does not price (memory-bound kernels, the power cap, exposed FSDP traffic)",
+    "500 W HBM2e parts: it absorbs every per-token cost eager training pays there that the "
+    "model does not price (memory-bound kernels, the power cap, exposed FSDP traffic)",
     "allreduce_inter_eff": "fitted at its bound (line rate): two-node rows do not separate it from the overlap",
 }

@@ -54,7 +54,9 @@ def fmt(x: Any, digits: int = 3) -> str:
 class Document:
     title: str
     blocks: list[Block] = field(default_factory=list)
-    appendix: list[Block] = field(default_factory=list)  # long tables, rendered after everything else
+    appendix: list[Block] = field(
+        default_factory=list
+    )  # long tables, rendered after everything else
 
     def h2(self, text: str) -> None:
         self.blocks.append(Block("h2", text))
@@ -76,8 +78,13 @@ class Document:
     def code(self, text: str) -> None:
         self.blocks.append(Block("code", text))
 
-    def table(self, df: pd.DataFrame, caption: str = "", columns: list[str] | None = None,
-              appendix: bool | None = None) -> None:
+    def table(
+        self,
+        df: pd.DataFrame,
+        caption: str = "",
+        columns: list[str] | None = None,
+        appendix: bool | None = None,
+    ) -> None:
         """A table in place, or (``appendix``; by default when it has more than `LONG_TABLE_ROWS`
         rows) in the appendix with a link left in its place."""
         if df is None or df.empty:
@@ -102,14 +109,22 @@ class Document:
 
     def to_markdown(self, figure_dir: str = "figures") -> str:
         out = [f"# {self.title}", ""]
-        blocks = [*self.blocks, *([Block("h2", APPENDIX_TITLE)] + self.appendix if self.appendix else [])]
+        blocks = [
+            *self.blocks,
+            *([Block("h2", APPENDIX_TITLE)] + self.appendix if self.appendix else []),
+        ]
         for b in blocks:
             if b.kind in ("h2", "h3"):
                 out += ["#" * int(b.kind[1]) + " " + b.content, ""]
             elif b.kind == "p":
                 out += [b.content, ""]
             elif b.kind == "callout":
-                out += [f'<a id="{b.name}"></a>', "", *[f"> {line}" for line in str(b.content).splitlines()], ""]
+                out += [
+                    f'<a id="{b.name}"></a>',
+                    "",
+                    *[f"> {line}" for line in str(b.content).splitlines()],
+                    "",
+                ]
             elif b.kind == "tableref":
                 out += [_table_ref(b.content, f"#{b.content.name}"), ""]
             elif b.kind == "list":
@@ -139,15 +154,19 @@ class Document:
             f"<style>{_CSS}</style></head><body>",
             f"<h1>{html.escape(self.title)}</h1>",
         ]
-        seen: set[str] = {b.name for b in self.blocks if b.kind == "callout"}  # headings never reuse an anchor
+        seen: set[str] = {
+            b.name for b in self.blocks if b.kind == "callout"
+        }  # headings never reuse an anchor
         for b in self.blocks:
             parts.append(self._html_block(b, seen))
         if self.appendix:
             parts.append(f"<h2 id='appendix'>{html.escape(APPENDIX_TITLE)}</h2>")
             for b in self.appendix:
                 rows = len(b.content)
-                parts.append(f"<details id='{b.name}'><summary>{_inline(b.caption or 'table')} ({rows} rows)</summary>"
-                             f"{_html_table(b.content, '')}</details>")
+                parts.append(
+                    f"<details id='{b.name}'><summary>{_inline(b.caption or 'table')} ({rows} rows)</summary>"
+                    f"{_html_table(b.content, '')}</details>"
+                )
         parts.append(f"<script>{_OPEN_LINKED_DETAILS}</script>")
         parts.append("</body></html>")
         return "\n".join(parts)
@@ -172,8 +191,10 @@ class Document:
             return _html_table(b.content, b.caption)
         if b.kind == "figure":
             data = base64.b64encode(b.content).decode()
-            return (f"<figure id='fig-{html.escape(b.name)}'><img alt='{html.escape(b.caption)}' "
-                    f"src='data:image/png;base64,{data}'><figcaption>{_inline(b.caption)}</figcaption></figure>")
+            return (
+                f"<figure id='fig-{html.escape(b.name)}'><img alt='{html.escape(b.caption)}' "
+                f"src='data:image/png;base64,{data}'><figcaption>{_inline(b.caption)}</figcaption></figure>"
+            )
         return ""
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
@@ -234,7 +255,10 @@ def _table_ref(table: Block, href: str) -> str:
 def _html_table(df: pd.DataFrame, caption: str) -> str:
     cap = f"<caption><b>{_inline(caption)}</b></caption>" if caption else ""
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>" for _, row in df.iterrows())
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>"
+        for _, row in df.iterrows()
+    )
     return f"<div class='scroll'><table>{cap}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
 
 

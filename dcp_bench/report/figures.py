@@ -132,7 +132,9 @@ def _mode(label: str) -> str:
 
 
 def _wrap(label: str, width: int = 36) -> str:
-    return "\n".join(textwrap.wrap(str(label), width, break_long_words=False, break_on_hyphens=False)) or str(label)
+    return "\n".join(
+        textwrap.wrap(str(label), width, break_long_words=False, break_on_hyphens=False)
+    ) or str(label)
 
 
 def _grid(n: int, columns: int) -> tuple[int, int]:
@@ -164,7 +166,9 @@ def draw_speedup_bars(sp: pd.DataFrame, title: str, colors: Colors) -> Any:
     panels = speedup_panels(sp)
     several = sp["workload"].nunique() > 1
     ok = sp[np.isfinite(sp["speedup"].astype(float)) & ~sp["outcome"].str.contains("failed")]
-    tops = [float(x) for x in ok["ci_high"].astype(float) if math.isfinite(x)] + [float(x) for x in ok["speedup"]]
+    tops = [float(x) for x in ok["ci_high"].astype(float) if math.isfinite(x)] + [
+        float(x) for x in ok["speedup"]
+    ]
     top = 1.12 * max([1.2, *tops])
     long_labels = max(len(str(m)) for m in sp["method"]) > 24
     nrows, ncols = _grid(len(panels), 2 if long_labels else MAX_FACET_COLUMNS)
@@ -182,11 +186,19 @@ def draw_speedup_bars(sp: pd.DataFrame, title: str, colors: Colors) -> Any:
                 rows.append((y, "bar", r))
                 y += 1 + 0.3 * (lines - 1)
         layout.append((rows, y))
-    heights = [max(layout[i][1] for i in range(k * ncols, min(len(panels), (k + 1) * ncols))) for k in range(nrows)]
-    fig, axes = plt.subplots(nrows, ncols, figsize=(MAX_WIDTH_IN, sum(0.2 * h + 0.8 for h in heights) + 0.4),
-                             squeeze=False, layout="constrained",
-                             gridspec_kw={"height_ratios": [0.2 * h + 0.8 for h in heights]})
-    for ax in axes.flat[len(panels):]:
+    heights = [
+        max(layout[i][1] for i in range(k * ncols, min(len(panels), (k + 1) * ncols)))
+        for k in range(nrows)
+    ]
+    fig, axes = plt.subplots(
+        nrows,
+        ncols,
+        figsize=(MAX_WIDTH_IN, sum(0.2 * h + 0.8 for h in heights) + 0.4),
+        squeeze=False,
+        layout="constrained",
+        gridspec_kw={"height_ratios": [0.2 * h + 0.8 for h in heights]},
+    )
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for i, (ax, (base, _), (rows, _h)) in enumerate(zip(axes.flat, panels, layout)):
         height = heights[i // ncols]  # one bar thickness in every panel of a grid row
@@ -194,33 +206,59 @@ def draw_speedup_bars(sp: pd.DataFrame, title: str, colors: Colors) -> Any:
         ticks, labels = [], []
         for y, kind, r in rows:
             if kind == "head":
-                ax.text(0.0, y, f" {r}", transform=text_at, va="center", fontsize=7, fontweight="bold")
+                ax.text(
+                    0.0, y, f" {r}", transform=text_at, va="center", fontsize=7, fontweight="bold"
+                )
                 continue
             m = str(r["method"])
             ticks.append(y)
             labels.append(_wrap(_short(m, base)))
             v = float(r["speedup"])
             if "failed" in str(r["outcome"]) or not math.isfinite(v):
-                ax.barh(y, 0.2 * top, height=0.7, facecolor="none", edgecolor=_color(colors, m), hatch=FAILED_HATCH)
+                ax.barh(
+                    y,
+                    0.2 * top,
+                    height=0.7,
+                    facecolor="none",
+                    edgecolor=_color(colors, m),
+                    hatch=FAILED_HATCH,
+                )
                 ax.text(0.21 * top, y, str(r["outcome"]).split(" (")[0], va="center", fontsize=7)
                 continue
             lo, hi = float(r["ci_low"]), float(r["ci_high"])
-            err = [[max(0.0, v - lo) if math.isfinite(lo) else 0.0], [max(0.0, hi - v) if math.isfinite(hi) else 0.0]]
-            ax.barh(y, v, height=0.7, color=_color(colors, m), xerr=err, capsize=2, error_kw={"lw": 0.8})
+            err = [
+                [max(0.0, v - lo) if math.isfinite(lo) else 0.0],
+                [max(0.0, hi - v) if math.isfinite(hi) else 0.0],
+            ]
+            ax.barh(
+                y, v, height=0.7, color=_color(colors, m), xerr=err, capsize=2, error_kw={"lw": 0.8}
+            )
             if r.get("flags"):
-                ax.text(min(top * 0.98, (hi if math.isfinite(hi) else v) + 0.02 * top), y, "!", va="center",
-                        fontsize=7, color="red")
+                ax.text(
+                    min(top * 0.98, (hi if math.isfinite(hi) else v) + 0.02 * top),
+                    y,
+                    "!",
+                    va="center",
+                    fontsize=7,
+                    color="red",
+                )
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_xlim(0, top)
         ax.set_ylim(max(height, 1) - 0.4, -0.6)
         ax.set_yticks(ticks, labels, fontsize=6.5)
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="y", visible=False)
-        ax.set_title(f"over {_wrap(base, 60)}" + (" (labels: paper mode)" if base.endswith("(paper mode)") else ""), fontsize=8)
+        ax.set_title(
+            f"over {_wrap(base, 60)}"
+            + (" (labels: paper mode)" if base.endswith("(paper mode)") else ""),
+            fontsize=8,
+        )
     for ax in axes[-1]:
         ax.set_xlabel("speedup (x), 95% CI", fontsize=7)
     flagged = ok["flags"].astype(bool).any() if "flags" in ok else False
-    fig.suptitle(title + ("; ! = flagged (few repeats or degenerate CI)" if flagged else ""), fontsize=9)
+    fig.suptitle(
+        title + ("; ! = flagged (few repeats or degenerate CI)" if flagged else ""), fontsize=9
+    )
     return fig
 
 
@@ -254,20 +292,28 @@ def readable_log_axis(axis: Any, lo: float, hi: float) -> None:
 
 def _horizontal(ax: Any) -> dict[str, Any]:
     # matplotlib 3.10 renamed boxplot's vert=False to orientation="horizontal" (and deprecated vert)
-    return {"orientation": "horizontal"} if "orientation" in inspect.signature(ax.boxplot).parameters else {"vert": False}
+    return (
+        {"orientation": "horizontal"}
+        if "orientation" in inspect.signature(ax.boxplot).parameters
+        else {"vert": False}
+    )
 
 
 def _workload_panels(cells: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(cells["workload"])) if not cells.empty else []
 
 
-def step_time_distributions(steps: pd.DataFrame, cells: pd.DataFrame, title: str, colors: Colors) -> bytes | None:
+def step_time_distributions(
+    steps: pd.DataFrame, cells: pd.DataFrame, title: str, colors: Colors
+) -> bytes | None:
     """`draw_step_time_distributions` as PNG bytes (None without data)."""
     fig = draw_step_time_distributions(steps, cells, title, colors)
     return None if fig is None else _png(fig)
 
 
-def draw_step_time_distributions(steps: pd.DataFrame, cells: pd.DataFrame, title: str, colors: Colors) -> Any:
+def draw_step_time_distributions(
+    steps: pd.DataFrame, cells: pd.DataFrame, title: str, colors: Colors
+) -> Any:
     """Step times of every measured step of every repeat, one box per method, one panel per
     workload; a method that failed in every repeat has no box but a label saying so."""
     if cells.empty:
@@ -275,8 +321,13 @@ def draw_step_time_distributions(steps: pd.DataFrame, cells: pd.DataFrame, title
     plt, _ = _plt(), _sns()
     panels = _workload_panels(cells)
     heights = [0.32 * cells[cells["workload"] == w]["label"].nunique() + 0.9 for w in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(MAX_WIDTH_IN * 0.8, sum(heights) + 0.5), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(MAX_WIDTH_IN * 0.8, sum(heights) + 0.5),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     drawn = False
     for ax, w in zip(axes[:, 0], panels):
         sub = cells[cells["workload"] == w]
@@ -286,21 +337,47 @@ def draw_step_time_distributions(steps: pd.DataFrame, cells: pd.DataFrame, title
             st = steps[steps["config_hash"] == cell["config_hash"]] if not steps.empty else steps
             vals = st["step_time_s"].astype(float).dropna().to_numpy() if len(st) else np.array([])
             if _failed(cell) or vals.size == 0:
-                ax.text(0.01, y, _failed_text(cell) if _failed(cell) else "no measured steps", transform=ax.get_yaxis_transform(),
-                        va="center", fontsize=7, color=_color(colors, label))
+                ax.text(
+                    0.01,
+                    y,
+                    _failed_text(cell) if _failed(cell) else "no measured steps",
+                    transform=ax.get_yaxis_transform(),
+                    va="center",
+                    fontsize=7,
+                    color=_color(colors, label),
+                )
                 continue
-            box = ax.boxplot(vals, positions=[y], widths=0.6, patch_artist=True, showfliers=True,
-                             flierprops={"markersize": 2}, **_horizontal(ax))
+            box = ax.boxplot(
+                vals,
+                positions=[y],
+                widths=0.6,
+                patch_artist=True,
+                showfliers=True,
+                flierprops={"markersize": 2},
+                **_horizontal(ax),
+            )
             for patch in box["boxes"]:
                 patch.set_facecolor(_color(colors, label))
             if int(cell["failures"]):
-                ax.text(0.99, y, f"+ {int(cell['failures'])}/{int(cell['repeats'])} repeats failed",
-                        transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=7, color="red")
+                ax.text(
+                    0.99,
+                    y,
+                    f"+ {int(cell['failures'])}/{int(cell['repeats'])} repeats failed",
+                    transform=ax.get_yaxis_transform(),
+                    ha="right",
+                    va="center",
+                    fontsize=7,
+                    color="red",
+                )
             drawn = True
         ax.set_yticks(range(len(labels)), [_wrap(lb, 60) for lb in labels], fontsize=7)
         ax.set_ylim(-0.7, len(labels) - 0.3)
         ax.set_xscale("log")
-        times = steps.loc[steps["config_hash"].isin(sub["config_hash"]), "step_time_s"].astype(float) if len(steps) else None
+        times = (
+            steps.loc[steps["config_hash"].isin(sub["config_hash"]), "step_time_s"].astype(float)
+            if len(steps)
+            else None
+        )
         times = times[np.isfinite(times) & (times > 0)] if times is not None else None
         if times is not None and len(times):
             readable_log_axis(ax.xaxis, float(times.min()), float(times.max()))
@@ -314,7 +391,9 @@ def draw_step_time_distributions(steps: pd.DataFrame, cells: pd.DataFrame, title
     return fig
 
 
-def peak_memory_per_rank(steps: pd.DataFrame, cells: pd.DataFrame, title: str, colors: Colors) -> bytes | None:
+def peak_memory_per_rank(
+    steps: pd.DataFrame, cells: pd.DataFrame, title: str, colors: Colors
+) -> bytes | None:
     """Peak memory of each rank (max over steps and repeats) per method, against the cap: one
     panel per workload, one row per method (colour = method) showing every rank's peak as a tick,
     their range as a line and their median as a dot, so any number of variants stays legible;
@@ -343,13 +422,28 @@ def peak_memory_per_rank(steps: pd.DataFrame, cells: pd.DataFrame, title: str, c
     if not any(isinstance(v, np.ndarray) for _, rows in panels for _, v in rows):
         return None
     heights = [0.26 * len(rows) + 0.7 for _, rows in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(MAX_WIDTH_IN * 0.8, sum(heights) + 0.4), squeeze=False,
-                             layout="constrained", gridspec_kw={"height_ratios": heights}, sharex=True)
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(MAX_WIDTH_IN * 0.8, sum(heights) + 0.4),
+        squeeze=False,
+        layout="constrained",
+        gridspec_kw={"height_ratios": heights},
+        sharex=True,
+    )
     for ax, (w, rows) in zip(axes[:, 0], panels):
         for y, (label, v) in enumerate(rows):
             color = _color(colors, label)
             if isinstance(v, str):
-                ax.text(0.01, y, v, transform=ax.get_yaxis_transform(), va="center", fontsize=7, color=color)
+                ax.text(
+                    0.01,
+                    y,
+                    v,
+                    transform=ax.get_yaxis_transform(),
+                    va="center",
+                    fontsize=7,
+                    color=color,
+                )
                 continue
             ax.plot([v.min(), v.max()], [y, y], color=color, lw=1.2)
             ax.plot(v, np.full(len(v), y), ls="none", marker="|", ms=6, color=color, alpha=0.7)
@@ -360,8 +454,11 @@ def peak_memory_per_rank(steps: pd.DataFrame, cells: pd.DataFrame, title: str, c
         ax.set_ylim(len(rows) - 0.4, -0.6)
         ax.grid(axis="y", visible=False)
         ax.set_title(w, fontsize=8)
-    axes[-1, 0].set_xlabel("peak memory per rank (GiB), max over steps: ticks = ranks, dot = median rank"
-                           + ("; red dashed = memory cap" if math.isfinite(cap) else ""), fontsize=7)
+    axes[-1, 0].set_xlabel(
+        "peak memory per rank (GiB), max over steps: ticks = ranks, dot = median rank"
+        + ("; red dashed = memory cap" if math.isfinite(cap) else ""),
+        fontsize=7,
+    )
     fig.suptitle(title, fontsize=9)
     return _png(fig)
 
@@ -376,7 +473,7 @@ def _hist_table(steps: pd.DataFrame, cells: pd.DataFrame, column: str) -> pd.Dat
             continue
         st = steps[steps["config_hash"] == cell["config_hash"]] if not steps.empty else steps
         total: dict[str, int] = {}
-        for h in (st[column] if len(st) else []):
+        for h in st[column] if len(st) else []:
             for k, v in (h or {}).items():
                 total[str(k)] = total.get(str(k), 0) + int(v)
         n = sum(total.values())
@@ -385,7 +482,9 @@ def _hist_table(steps: pd.DataFrame, cells: pd.DataFrame, column: str) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def share_histogram(steps: pd.DataFrame, cells: pd.DataFrame, column: str, xlabel: str, title: str) -> bytes | None:
+def share_histogram(
+    steps: pd.DataFrame, cells: pd.DataFrame, column: str, xlabel: str, title: str
+) -> bytes | None:
     """Stacked share (of samples or tokens, by ``column``) per bin (SP degree, or checkpointed
     share of layers) per method; a method that failed has a row saying so."""
     if cells.empty:
@@ -415,8 +514,15 @@ def share_histogram(steps: pd.DataFrame, cells: pd.DataFrame, column: str, xlabe
     ax.set_ylim(len(table) - 0.5, -0.5)
     ax.set_xlabel("share")
     ax.set_title(title, fontsize=9, pad=24)
-    ax.legend(title=xlabel, fontsize=7, title_fontsize=7, ncol=min(8, len(table.columns)), loc="lower center",
-              bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.legend(
+        title=xlabel,
+        fontsize=7,
+        title_fontsize=7,
+        ncol=min(8, len(table.columns)),
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.0),
+        frameon=False,
+    )
     return _png(fig)
 
 
@@ -442,26 +548,36 @@ def scaling_series(cells: pd.DataFrame, column: str) -> pd.DataFrame:
     return df[counts >= 2]
 
 
-def versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, colors: Colors, log: bool = False) -> bytes | None:
+def versus_gpus(
+    cells: pd.DataFrame, column: str, ylabel: str, title: str, colors: Colors, log: bool = False
+) -> bytes | None:
     """`draw_versus_gpus` as PNG bytes (None without a series of two GPU counts)."""
     fig = draw_versus_gpus(cells, column, ylabel, title, colors, log)
     return None if fig is None else _png(fig)
 
 
-def draw_versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, colors: Colors, log: bool = False) -> Any:
+def draw_versus_gpus(
+    cells: pd.DataFrame, column: str, ylabel: str, title: str, colors: Colors, log: bool = False
+) -> Any:
     """``column`` against the GPU count: one panel per (model, GPU kind), one line per workload
     and method (colour = method, line style = workload); a failed cell is an x labelled failed."""
     df = scaling_series(cells, column)
     if df.empty:
         return None
     plt, _ = _plt(), _sns()
-    series = df.groupby(["model", "gpu"])[["workload", "label", "executor"]].apply(lambda g: len(g.drop_duplicates()))
-    by_workload = bool((series > MAX_SERIES).any())  # too many lines for one axis: one panel per workload too
+    series = df.groupby(["model", "gpu"])[["workload", "label", "executor"]].apply(
+        lambda g: len(g.drop_duplicates())
+    )
+    by_workload = bool(
+        (series > MAX_SERIES).any()
+    )  # too many lines for one axis: one panel per workload too
     keys = ["model", "gpu", "workload"] if by_workload else ["model", "gpu"]
     panels = list(dict.fromkeys(zip(*(df[k] for k in keys))))
     nrows, ncols = _grid(len(panels), MAX_FACET_COLUMNS)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(min(MAX_WIDTH_IN, 4.6 * ncols), 3.3 * nrows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(min(MAX_WIDTH_IN, 4.6 * ncols), 3.3 * nrows), squeeze=False
+    )
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     styles = ["-", "--", ":", "-."]
     workloads = [None] if by_workload else list(dict.fromkeys(df["workload"]))
@@ -476,12 +592,34 @@ def draw_versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, 
             failed = _mostly_failed(s)
             name = f"{label} ({w})" if len(workloads) > 1 else str(label)
             ok = s[~failed]
-            ax.plot(ok["world_size"].astype(float), ok[column].astype(float), marker="o" if executor == "sim" else "s",
-                    color=_color(colors, label), ls=styles[workloads.index(w if not by_workload else None) % len(styles)],
-                    label=name if executor == "sim" else f"{name}, measured")
-            for x in s.loc[failed, "world_size"].astype(float):  # a failed point: an x on the floor, labelled
-                ax.plot([x], [0.03], marker="x", color=_color(colors, label), ls="none", transform=bottom)
-                ax.text(x, 0.06, "failed", transform=bottom, fontsize=6, ha="center", color=_color(colors, label))
+            ax.plot(
+                ok["world_size"].astype(float),
+                ok[column].astype(float),
+                marker="o" if executor == "sim" else "s",
+                color=_color(colors, label),
+                ls=styles[workloads.index(w if not by_workload else None) % len(styles)],
+                label=name if executor == "sim" else f"{name}, measured",
+            )
+            for x in s.loc[failed, "world_size"].astype(
+                float
+            ):  # a failed point: an x on the floor, labelled
+                ax.plot(
+                    [x],
+                    [0.03],
+                    marker="x",
+                    color=_color(colors, label),
+                    ls="none",
+                    transform=bottom,
+                )
+                ax.text(
+                    x,
+                    0.06,
+                    "failed",
+                    transform=bottom,
+                    fontsize=6,
+                    ha="center",
+                    color=_color(colors, label),
+                )
         ax.set_xscale("log", base=2)
         ticks = sorted(sub["world_size"].astype(int).unique())
         ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -500,7 +638,9 @@ def draw_versus_gpus(cells: pd.DataFrame, column: str, ylabel: str, title: str, 
     return fig
 
 
-def tornado(sens: pd.DataFrame, comparison: str, claimed: float | None, tolerance: float | None, title: str) -> bytes | None:
+def tornado(
+    sens: pd.DataFrame, comparison: str, claimed: float | None, tolerance: float | None, title: str
+) -> bytes | None:
     sub = sens[(sens["comparison"] == comparison) & np.isfinite(sens["speedup"].astype(float))]
     if sub.empty:
         return None
@@ -517,8 +657,14 @@ def tornado(sens: pd.DataFrame, comparison: str, claimed: float | None, toleranc
         for _, r in s.iterrows():
             color = "tab:blue" if r["factor"] < 1 else "tab:orange"
             r_ref = float(r["reference_speedup"])  # default constants, same seeds as this variant
-            ax.barh(i, float(r["speedup"]) - r_ref, left=r_ref, color=color, alpha=0.8,
-                    label=f"x{r['factor']:g}" if i == 0 else None)
+            ax.barh(
+                i,
+                float(r["speedup"]) - r_ref,
+                left=r_ref,
+                color=color,
+                alpha=0.8,
+                label=f"x{r['factor']:g}" if i == 0 else None,
+            )
             ax.plot([r["ci_low"], r["ci_high"]], [i, i], color="k", lw=0.8)
     if claimed is not None:
         band = (claimed / (1 + (tolerance or 0)), claimed * (1 + (tolerance or 0)))
@@ -540,8 +686,15 @@ def decomposition_bars(dec: pd.DataFrame, title: str) -> bytes | None:
     ax.barh(dec["factor"], dec["factor_x"] - 1.0, left=1.0, color=colors)
     ax.axvline(1.0, color="k", lw=0.8)
     for y, v in enumerate(dec["factor_x"]):
-        ax.annotate(f"x{v:.2f}", (float(v), y), xytext=(3 if v >= 1 else -3, 0), textcoords="offset points",
-                    ha="left" if v >= 1 else "right", va="center", fontsize=7)
+        ax.annotate(
+            f"x{v:.2f}",
+            (float(v), y),
+            xytext=(3 if v >= 1 else -3, 0),
+            textcoords="offset points",
+            ha="left" if v >= 1 else "right",
+            va="center",
+            fontsize=7,
+        )
     lo, hi = float(dec["factor_x"].min()), float(dec["factor_x"].max())
     ax.set_xlim(min(lo, 1.0) - 0.15, max(hi, 1.0) + 0.25)
     ax.set_xlabel("multiplicative factor of the speedup (product = headline speedup)")
@@ -551,16 +704,38 @@ def decomposition_bars(dec: pd.DataFrame, title: str) -> bytes | None:
 
 
 def sim_vs_measured(df: pd.DataFrame, title: str, colors: Colors | None = None) -> bytes | None:
-    df = df[np.isfinite(df["measured_s"].astype(float)) & np.isfinite(df["simulated_s"].astype(float))] if not df.empty else df
+    df = (
+        df[
+            np.isfinite(df["measured_s"].astype(float))
+            & np.isfinite(df["simulated_s"].astype(float))
+        ]
+        if not df.empty
+        else df
+    )
     if df.empty:
         return None
     plt, sns = _plt(), _sns()
     fig, ax = plt.subplots(figsize=(4.2, 4))
     palette = {m: _color(colors or {}, m) for m in df["method"]} if colors else None
-    sns.scatterplot(data=df, x="measured_s", y="simulated_s", hue="method", style="workload", ax=ax, palette=palette)
+    sns.scatterplot(
+        data=df,
+        x="measured_s",
+        y="simulated_s",
+        hue="method",
+        style="workload",
+        ax=ax,
+        palette=palette,
+    )
     lim = [0, 1.1 * float(max(df["measured_s"].max(), df["simulated_s"].max()))]
     ax.plot(lim, lim, "k-", lw=0.8)
-    ax.fill_between(lim, [x * 0.85 for x in lim], [x * 1.15 for x in lim], color="green", alpha=0.1, label="+/-15%")
+    ax.fill_between(
+        lim,
+        [x * 0.85 for x in lim],
+        [x * 1.15 for x in lim],
+        color="green",
+        alpha=0.1,
+        label="+/-15%",
+    )
     ax.set_xlim(lim)
     ax.set_ylim(lim)
     ax.set_xlabel("measured median step time (s)")
@@ -616,10 +791,20 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
             y_of.append((y, r))
             y += 1.0
         y += 0.3
-    finite = [float(v) for _, r in y_of for v in (r["speedup"], r.get("ci_low"), r.get("ci_high"),
-                                                    r.get("model_band_low"), r.get("model_band_high"),
-                                                    r.get("band_low"), r.get("band_high"))
-              if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))]
+    finite = [
+        float(v)
+        for _, r in y_of
+        for v in (
+            r["speedup"],
+            r.get("ci_low"),
+            r.get("ci_high"),
+            r.get("model_band_low"),
+            r.get("model_band_high"),
+            r.get("band_low"),
+            r.get("band_high"),
+        )
+        if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
+    ]
     if not finite:
         return None
     lo, hi = min([1.0, *finite]), max([1.0, *finite])
@@ -634,35 +819,72 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
         ys = [yy for yy, r in y_of if r["group"] == g and _finite(r.get("band_low"))]
         if ys:
             r0 = next(r for yy, r in y_of if yy == ys[0])
-            ax.fill_betweenx([min(ys) - 0.5, max(ys) + 0.5], float(r0["band_low"]), float(r0["band_high"]),
-                             color="tab:green", alpha=0.15, lw=0, zorder=0,
-                             label=None if band_drawn else "claimed value's tolerance band")
+            ax.fill_betweenx(
+                [min(ys) - 0.5, max(ys) + 0.5],
+                float(r0["band_low"]),
+                float(r0["band_high"]),
+                color="tab:green",
+                alpha=0.15,
+                lw=0,
+                zorder=0,
+                label=None if band_drawn else "claimed value's tolerance band",
+            )
             band_drawn = True
     value_x = ax.get_yaxis_transform()
     for yy, r in y_of:
         color = _color(colors, str(r["method"]))
         v = float(r["speedup"]) if _finite(r["speedup"]) else math.nan
         if _finite(r.get("model_band_low")) and _finite(r.get("model_band_high")):
-            ax.barh(yy, float(r["model_band_high"]) - float(r["model_band_low"]), left=float(r["model_band_low"]),
-                    height=0.55, color=color, alpha=0.25, lw=0, zorder=2,
-                    label=None if model_drawn else "model band (cost-model uncertainty)")
+            ax.barh(
+                yy,
+                float(r["model_band_high"]) - float(r["model_band_low"]),
+                left=float(r["model_band_low"]),
+                height=0.55,
+                color=color,
+                alpha=0.25,
+                lw=0,
+                zorder=2,
+                label=None if model_drawn else "model band (cost-model uncertainty)",
+            )
             model_drawn = True
         if math.isnan(v):
-            ax.text(1.0, yy, "  " + str(r.get("why") or "no data"), va="center", fontsize=8, color="0.35")
+            ax.text(
+                1.0,
+                yy,
+                "  " + str(r.get("why") or "no data"),
+                va="center",
+                fontsize=8,
+                color="0.35",
+            )
             continue
         lo_ci, hi_ci = r.get("ci_low"), r.get("ci_high")
         if _finite(lo_ci) and _finite(hi_ci):
             ax.plot([float(lo_ci), float(hi_ci)], [yy, yy], color=color, lw=1.6, zorder=3)
         ax.plot([v], [yy], marker="o", ms=5, color=color, zorder=4)
-        ci = f" [{float(lo_ci):.2f}, {float(hi_ci):.2f}]" if _finite(lo_ci) and _finite(hi_ci) else ""
+        ci = (
+            f" [{float(lo_ci):.2f}, {float(hi_ci):.2f}]"
+            if _finite(lo_ci) and _finite(hi_ci)
+            else ""
+        )
         ax.text(1.01, yy, f"{v:.2f}x{ci}", transform=value_x, va="center", fontsize=8)
     ax.set_yticks([yy for yy, _ in y_of], [str(r["label"]) for _, r in y_of], fontsize=8)
     for yy, text in headers:
-        ax.text(0.005, yy, text, transform=value_x, ha="left", va="center", fontsize=8.5, fontweight="bold")
+        ax.text(
+            0.005,
+            yy,
+            text,
+            transform=value_x,
+            ha="left",
+            va="center",
+            fontsize=8.5,
+            fontweight="bold",
+        )
     ax.tick_params(axis="y", length=0)
     ax.grid(axis="y", visible=False)
-    ax.set_xlabel("speedup (x): point = median of paired per-seed ratios, whiskers = 95% CI over seeds; 1x = no gain",
-                  fontsize=7)
+    ax.set_xlabel(
+        "speedup (x): point = median of paired per-seed ratios, whiskers = 95% CI over seeds; 1x = no gain",
+        fontsize=7,
+    )
     ax.tick_params(axis="x", labelsize=7)
     legend = band_drawn or model_drawn
     if legend:

@@ -32,7 +32,9 @@ from dcp_bench.report.document import Document
 ReportData = Any
 
 VERDICT_WORDS = ("reproduced", "not reproduced", "exceeded", "undecided", "no data")
-FOREST_MAX_ROWS = 30  # a user's campaign with more comparisons shows the first ones; the table has all
+FOREST_MAX_ROWS = (
+    30  # a user's campaign with more comparisons shows the first ones; the table has all
+)
 FOREST_FIGURE = "forest_headline"
 
 
@@ -48,7 +50,7 @@ def _ci(lo: Any, hi: Any) -> str:
 
 
 def model_band_text(row: dict[str, Any]) -> str:
-    """"model band [a, b]" when the row carries one, else says it was not computed."""
+    """ "model band [a, b]" when the row carries one, else says it was not computed."""
     lo, hi = row.get("model_band_low"), row.get("model_band_high")
     if _finite(lo) and _finite(hi):
         return f"model band {_ci(lo, hi)}"
@@ -76,14 +78,27 @@ def claim_basis(data: ReportData, claim: dict[str, Any]) -> str:
         return "no data"
     if (sel["executor"] != "sim").any():
         runs = data.campaign.runs
-        hw = sorted({str(h) for h in runs.loc[runs["config_hash"].isin(sel["config_hash"]), "hardware"] if h}) \
-            if not runs.empty and "hardware" in runs else []
+        hw = (
+            sorted(
+                {
+                    str(h)
+                    for h in runs.loc[runs["config_hash"].isin(sel["config_hash"]), "hardware"]
+                    if h
+                }
+            )
+            if not runs.empty and "hardware" in runs
+            else []
+        )
         return f"measured on {', '.join(hw) or 'the recorded hardware'}"
     sources = sorted({str(s) for s in sel["cost_source"] if s})
-    gpu = (sel["cluster"].astype(str) != "cpu").all() and not any(str(c).startswith("cpu") for c in sel["cluster"])
+    gpu = (sel["cluster"].astype(str) != "cpu").all() and not any(
+        str(c).startswith("cpu") for c in sel["cluster"]
+    )
     if sources == ["analytical"] and gpu:
-        return ("in simulation (analytical cost model calibrated on published H100/H200 measurements, "
-                "not validated on a GPU run of this suite)")
+        return (
+            "in simulation (analytical cost model calibrated on published H100/H200 measurements, "
+            "not validated on a GPU run of this suite)"
+        )
     if sources == ["profiled"]:
         return "in simulation (cost model profiled on measured runs; its fit error is in the provenance section)"
     return f"in simulation ({', '.join(sources) or 'unnamed'} cost model)"
@@ -96,8 +111,11 @@ def _claim_rows(data: ReportData) -> list[dict[str, Any]]:
     for r in data.claim_results:
         if r.id in ids:
             row = r.to_summary()
-            row.update(method_cell=r.result.method_cell, baseline_cell=r.result.baseline_cell,
-                       workload=r.result.workload)
+            row.update(
+                method_cell=r.result.method_cell,
+                baseline_cell=r.result.baseline_cell,
+                workload=r.result.workload,
+            )
             out.append(row)
     return out
 
@@ -111,9 +129,11 @@ def completeness_line(data: ReportData) -> str | None:
     if comp.get("complete"):
         return f"Complete: all {comp.get('sections_total', '?')} sections ran."
     cut = comp.get("cut") or []
-    return (f"**Incomplete**: {comp.get('sections_done', '?')} of {comp.get('sections_total', '?')} sections ran"
-            + (f" (cut: {', '.join(str(c) for c in cut)})" if cut else "")
-            + "; rerun `make reproduce` to resume.")
+    return (
+        f"**Incomplete**: {comp.get('sections_done', '?')} of {comp.get('sections_total', '?')} sections ran"
+        + (f" (cut: {', '.join(str(c) for c in cut)})" if cut else "")
+        + "; rerun `make reproduce` to resume."
+    )
 
 
 def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
@@ -132,9 +152,12 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
             f"{float(v):.2f}x, 95% CI over {claim.get('pairs', '?')} paired seeds {_ci(claim.get('ci_low'), claim.get('ci_high'))}; "
             f"{model_band_text(claim)}; claimed {claimed:g}x, tolerance band {_ci(*band)} "
             f"(reproduced when the whole CI lies inside the band). `{claim['method']}` over `{claim['baseline']}`, "
-            f"{claim.get('workload', '')}.")
+            f"{claim.get('workload', '')}."
+        )
     else:
-        lines.append(f"No number: {'; '.join(claim.get('reasons') or ['a side is not in this campaign'])}.")
+        lines.append(
+            f"No number: {'; '.join(claim.get('reasons') or ['a side is not in this campaign'])}."
+        )
     lines.append(f"Claim: {claim['statement']}")
     return lines
 
@@ -145,13 +168,23 @@ def headline_rows(data: ReportData) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for cl in _claim_rows(data):
         claimed, tol = float(cl["claimed"]), float(cl["tolerance"])
-        rows.append({"group": f"claim {cl['id']} (paper mode: the reference's epoch loop)",
-                     "label": f"{cl['method']} over {cl['baseline']}", "method": cl["method"],
-                     "speedup": cl.get("speedup"), "ci_low": cl.get("ci_low"), "ci_high": cl.get("ci_high"),
-                     "model_band_low": cl.get("model_band_low"), "model_band_high": cl.get("model_band_high"),
-                     "band_low": claimed / (1 + tol), "band_high": claimed * (1 + tol),
-                     "method_cell": cl.get("method_cell"), "baseline_cell": cl.get("baseline_cell"),
-                     "why": "; ".join(cl.get("reasons") or [])})
+        rows.append(
+            {
+                "group": f"claim {cl['id']} (paper mode: the reference's epoch loop)",
+                "label": f"{cl['method']} over {cl['baseline']}",
+                "method": cl["method"],
+                "speedup": cl.get("speedup"),
+                "ci_low": cl.get("ci_low"),
+                "ci_high": cl.get("ci_high"),
+                "model_band_low": cl.get("model_band_low"),
+                "model_band_high": cl.get("model_band_high"),
+                "band_low": claimed / (1 + tol),
+                "band_high": claimed * (1 + tol),
+                "method_cell": cl.get("method_cell"),
+                "baseline_cell": cl.get("baseline_cell"),
+                "why": "; ".join(cl.get("reasons") or []),
+            }
+        )
     comps = data.comparisons
     if not comps.empty:
         ids = {cl["id"] for cl in data.claims_in_campaign}
@@ -161,11 +194,25 @@ def headline_rows(data: ReportData) -> pd.DataFrame:
             if int(r["pairs"]) == 0:
                 continue
             wl = f", {r['workload']}" if several.get(r["comparison"], 1) > 1 else ""
-            rows.append({"group": f"{r['comparison']}: {titles.get(r['comparison'], '')}",
-                         "method_cell": r.get("method_cell"), "baseline_cell": r.get("baseline_cell"),
-                         "label": f"{r['method']} over {r['baseline']}{wl}" + (f" ({int(r['pairs'])} seed{'s' if int(r['pairs']) != 1 else ''})" if int(r["pairs"]) < 5 else ""),
-                         "method": r["method"], "speedup": r["speedup"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
-                         "model_band_low": r.get("model_band_low"), "model_band_high": r.get("model_band_high")})
+            rows.append(
+                {
+                    "group": f"{r['comparison']}: {titles.get(r['comparison'], '')}",
+                    "method_cell": r.get("method_cell"),
+                    "baseline_cell": r.get("baseline_cell"),
+                    "label": f"{r['method']} over {r['baseline']}{wl}"
+                    + (
+                        f" ({int(r['pairs'])} seed{'s' if int(r['pairs']) != 1 else ''})"
+                        if int(r["pairs"]) < 5
+                        else ""
+                    ),
+                    "method": r["method"],
+                    "speedup": r["speedup"],
+                    "ci_low": r["ci_low"],
+                    "ci_high": r["ci_high"],
+                    "model_band_low": r.get("model_band_low"),
+                    "model_band_high": r.get("model_band_high"),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -179,18 +226,36 @@ def own_rows(data: ReportData) -> pd.DataFrame:
     several = own["workload"].nunique() > 1
     for _, r in own.head(FOREST_MAX_ROWS).iterrows():
         failed = "failed" in str(r["outcome"])
-        rows.append({"group": f"{r['cluster']}, {r['model']} ({'simulated' if r['executor'] == 'sim' else 'measured'})",
-                     "label": f"{r['method']} over {r['baseline']}" + (f", {r['workload']}" if several else ""),
-                     "method": r["method"], "speedup": math.nan if failed else r["speedup"],
-                     "ci_low": r["ci_low"], "ci_high": r["ci_high"], "why": r["outcome"]})
+        rows.append(
+            {
+                "group": f"{r['cluster']}, {r['model']} ({'simulated' if r['executor'] == 'sim' else 'measured'})",
+                "label": f"{r['method']} over {r['baseline']}"
+                + (f", {r['workload']}" if several else ""),
+                "method": r["method"],
+                "speedup": math.nan if failed else r["speedup"],
+                "ci_low": r["ci_low"],
+                "ci_high": r["ci_high"],
+                "why": r["outcome"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def _rows_evidence(data: ReportData, rows: pd.DataFrame) -> str:
-    """"simulated", "measured" or both, from the executors of the cells behind ``rows``."""
-    hashes = {h for col in ("method_cell", "baseline_cell") if col in rows for h in rows[col] if isinstance(h, str)}
+    """ "simulated", "measured" or both, from the executors of the cells behind ``rows``."""
+    hashes = {
+        h
+        for col in ("method_cell", "baseline_cell")
+        if col in rows
+        for h in rows[col]
+        if isinstance(h, str)
+    }
     sel = data.cells[data.cells["config_hash"].isin(hashes)] if not data.cells.empty else data.cells
-    kinds = {"simulated" if e == "sim" else "measured" for e in sel["executor"]} if not sel.empty else set()
+    kinds = (
+        {"simulated" if e == "sim" else "measured" for e in sel["executor"]}
+        if not sel.empty
+        else set()
+    )
     return " and ".join(sorted(kinds, reverse=True)) or "no data"
 
 
@@ -210,25 +275,50 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
     if not comps.empty:
         fair = comps[(comps["comparison"] == "fair_mode") & (comps["pairs"] > 0)]
         for _, r in fair.iterrows():
-            out.append(f"Fair mode (same samples, one optimizer step per global batch): {float(r['speedup']):.2f}x "
-                       f"{_ci(r['ci_low'], r['ci_high'])}.")
+            out.append(
+                f"Fair mode (same samples, one optimizer step per global batch): {float(r['speedup']):.2f}x "
+                f"{_ci(r['ci_low'], r['ci_high'])}."
+            )
     sens = data.sensitivity
     if not sens.empty:
         sub = sens[(sens["comparison"] == claim["id"]) & np.isfinite(sens["speedup"].astype(float))]
         if len(sub):
-            changed = [(r["constant"], float(r["factor"]), float(r["speedup"]),
-                        verdict_of(float(claim["claimed"]), float(claim["tolerance"]), float(r["ci_low"]), float(r["ci_high"])))
-                       for _, r in sub.iterrows()]
+            changed = [
+                (
+                    r["constant"],
+                    float(r["factor"]),
+                    float(r["speedup"]),
+                    verdict_of(
+                        float(claim["claimed"]),
+                        float(claim["tolerance"]),
+                        float(r["ci_low"]),
+                        float(r["ci_high"]),
+                    ),
+                )
+                for _, r in sub.iterrows()
+            ]
             flipped = [c for c in changed if c[3] != verdict]
-            out.append(f"Cost-model constants halved or doubled ({len(changed)} variants, same seeds): "
-                       f"{min(c[2] for c in changed):.2f}x to {max(c[2] for c in changed):.2f}x; "
-                       + ("the verdict changes with " + "; ".join(f"{k} x{f:g} ({s:.2f}x: {v})" for k, f, s, v in flipped)
-                          if flipped else "no variant changes the verdict") + ".")
+            out.append(
+                f"Cost-model constants halved or doubled ({len(changed)} variants, same seeds): "
+                f"{min(c[2] for c in changed):.2f}x to {max(c[2] for c in changed):.2f}x; "
+                + (
+                    "the verdict changes with "
+                    + "; ".join(f"{k} x{f:g} ({s:.2f}x: {v})" for k, f, s, v in flipped)
+                    if flipped
+                    else "no variant changes the verdict"
+                )
+                + "."
+            )
     readings = [r for r in claim.get("what_it_takes") or [] if not r.get("headline_reading")]
     flips = [r for r in readings if str(r.get("verdict")) != verdict and _finite(r.get("speedup"))]
     if flips:
-        out.append("Readings of the reference's code that change the verdict (one choice at a time): " + "; ".join(
-            f"{_reading_name(r)}: {float(r['speedup']):.2f}x ({r['verdict']})" for r in flips) + ".")
+        out.append(
+            "Readings of the reference's code that change the verdict (one choice at a time): "
+            + "; ".join(
+                f"{_reading_name(r)}: {float(r['speedup']):.2f}x ({r['verdict']})" for r in flips
+            )
+            + "."
+        )
     table = pd.DataFrame(claim.get("paper_mode_table") or [])
     if not table.empty:
         wl = claim.get("workload")
@@ -238,12 +328,22 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
             if len(ctx):
                 others = others[others["cluster"].isin(set(ctx["cluster"].head(1)))]
         if len(others):
-            out.append("Other mixes, same clusters and loop: " + "; ".join(
-                f"{r['workload']} {float(r['speedup']):.2f}x" for _, r in others.iterrows() if _finite(r["speedup"])) + ".")
+            out.append(
+                "Other mixes, same clusters and loop: "
+                + "; ".join(
+                    f"{r['workload']} {float(r['speedup']):.2f}x"
+                    for _, r in others.iterrows()
+                    if _finite(r["speedup"])
+                )
+                + "."
+            )
     same = [r for r in readings if str(r.get("verdict")) == verdict and _finite(r.get("speedup"))]
     if same:
-        out.append(f"Readings that keep it {verdict}: " + "; ".join(
-            f"{_reading_name(r)}: {float(r['speedup']):.2f}x" for r in same) + ".")
+        out.append(
+            f"Readings that keep it {verdict}: "
+            + "; ".join(f"{_reading_name(r)}: {float(r['speedup']):.2f}x" for r in same)
+            + "."
+        )
     return out
 
 
@@ -255,8 +355,10 @@ def _simulator_error_line(data: ReportData) -> str | None:
     arr = arr[np.isfinite(arr)]
     if not arr.size:
         return None
-    return (f"The simulator against real training, measured here on CPU ranks: median error {float(np.median(arr)):.0%} "
-            "on step time ([details](#simulator-against-measurement)); no GPU run of this suite checks the GPU model.")
+    return (
+        f"The simulator against real training, measured here on CPU ranks: median error {float(np.median(arr)):.0%} "
+        "on step time ([details](#simulator-against-measurement)); no GPU run of this suite checks the GPU model."
+    )
 
 
 def first_screen_section(doc: Document, data: ReportData) -> None:
@@ -273,23 +375,35 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
     doc.h2("Verdict")
     comp = completeness_line(data)
     if not claims:
-        doc.callout("No claim of the claims file has runs in this campaign; the comparisons it holds follow."
-                    + (f"\n{comp}" if comp else ""), anchor="answer")
+        doc.callout(
+            "No claim of the claims file has runs in this campaign; the comparisons it holds follow."
+            + (f"\n{comp}" if comp else ""),
+            anchor="answer",
+        )
     for i, cl in enumerate(claims):
-        doc.callout("\n".join([*verdict_lines(data, cl), *([comp] if comp else [])]),
-                    anchor="answer" if i == 0 else f"answer-{i + 1}")
+        doc.callout(
+            "\n".join([*verdict_lines(data, cl), *([comp] if comp else [])]),
+            anchor="answer" if i == 0 else f"answer-{i + 1}",
+        )
         comp = None
     rows = headline_rows(data)
     if not rows.empty:
         kind = _rows_evidence(data, rows)
-        bands = rows[["model_band_low", "model_band_high"]].map(_finite).all(axis=1).any() \
-            if {"model_band_low", "model_band_high"} <= set(rows.columns) else False
-        doc.figure(fig.forest_plot(rows, f"Every headline comparison ({kind}; the headings name the mode)", data.colors),
-                   FOREST_FIGURE,
-                   f"Every headline comparison ({kind}): speedup of method over baseline, 95% CI over paired seeds"
-                   + ("; pale bar: model band" if bands else "; model band: not computed")
-                   + "; shaded: the claimed value's tolerance band; line: 1x. Exact numbers: "
-                     "[headline comparisons](#headline-comparisons).")
+        bands = (
+            rows[["model_band_low", "model_band_high"]].map(_finite).all(axis=1).any()
+            if {"model_band_low", "model_band_high"} <= set(rows.columns)
+            else False
+        )
+        doc.figure(
+            fig.forest_plot(
+                rows, f"Every headline comparison ({kind}; the headings name the mode)", data.colors
+            ),
+            FOREST_FIGURE,
+            f"Every headline comparison ({kind}): speedup of method over baseline, 95% CI over paired seeds"
+            + ("; pale bar: model band" if bands else "; model band: not computed")
+            + "; shaded: the claimed value's tolerance band; line: 1x. Exact numbers: "
+            "[headline comparisons](#headline-comparisons).",
+        )
     facts = []
     for cl in claims:
         facts.append(_per_side(cl.get("trained_fraction"), "Share of the epoch each side trains"))
@@ -299,8 +413,10 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
     err = _simulator_error_line(data)
     if err:
         facts.append(err)
-    facts.append("Method labels: [glossary](#method-labels); statistics and robustness: "
-                 "[verdict in detail](#verdict-in-detail); long tables: [appendix](#appendix).")
+    facts.append(
+        "Method labels: [glossary](#method-labels); statistics and robustness: "
+        "[verdict in detail](#verdict-in-detail); long tables: [appendix](#appendix)."
+    )
     doc.p("**What the verdict rests on**")
     doc.bullets(facts)
 
@@ -313,16 +429,25 @@ def _own_first_screen(doc: Document, data: ReportData) -> None:
     if own.empty:
         return
     counts = own["outcome"].astype(str).str.split(" \\(").str[0].value_counts()
-    kind = "simulated" if (own["executor"] == "sim").all() else (
-        "measured" if (own["executor"] != "sim").all() else "simulated and measured")
-    doc.callout(f"{len(own)} comparisons of a method over a baseline ({kind}): "
-                + ", ".join(f"{n} {k}" for k, n in counts.items()) + ". Speedup = the baseline's median step time over "
-                "the method's, seeds paired; the table and figures follow the plot.",
-                anchor="answer")
+    kind = (
+        "simulated"
+        if (own["executor"] == "sim").all()
+        else ("measured" if (own["executor"] != "sim").all() else "simulated and measured")
+    )
+    doc.callout(
+        f"{len(own)} comparisons of a method over a baseline ({kind}): "
+        + ", ".join(f"{n} {k}" for k, n in counts.items())
+        + ". Speedup = the baseline's median step time over "
+        "the method's, seeds paired; the table and figures follow the plot.",
+        anchor="answer",
+    )
     rows = own_rows(data)
     more = f"; the first {FOREST_MAX_ROWS} of {len(own)}" if len(own) > FOREST_MAX_ROWS else ""
-    doc.figure(fig.forest_plot(rows, f"Methods over baselines ({kind})", data.colors), FOREST_FIGURE,
-               f"Every method over every baseline ({kind}{more}): speedup, 95% CI over paired seeds; line: 1x")
+    doc.figure(
+        fig.forest_plot(rows, f"Methods over baselines ({kind})", data.colors),
+        FOREST_FIGURE,
+        f"Every method over every baseline ({kind}{more}): speedup, 95% CI over paired seeds; line: 1x",
+    )
 
 
 def glossary_section(doc: Document, data: ReportData) -> None:
@@ -334,11 +459,19 @@ def glossary_section(doc: Document, data: ReportData) -> None:
     rows = []
     for label, df in cells.groupby("label", sort=True):
         first = df.iloc[0]
-        rows.append({"label": label, "family (colour)": fig.method_family(str(label)),
-                     "mode": first.get("mode", ""), "baseline": bool(first["is_baseline"]),
-                     "parameters": first.get("params", "")})
+        rows.append(
+            {
+                "label": label,
+                "family (colour)": fig.method_family(str(label)),
+                "mode": first.get("mode", ""),
+                "baseline": bool(first["is_baseline"]),
+                "parameters": first.get("params", ""),
+            }
+        )
     doc.h2("Method labels")
-    doc.p("A label is the method's name, the parameters it runs with where they differ from its defaults, and its "
-          "mode: paper mode is the reference's own loop, otherwise fair mode. Every figure gives a family one hue "
-          "and its variants shades of it.")
+    doc.p(
+        "A label is the method's name, the parameters it runs with where they differ from its defaults, and its "
+        "mode: paper mode is the reference's own loop, otherwise fair mode. Every figure gives a family one hue "
+        "and its variants shades of it."
+    )
     doc.table(pd.DataFrame(rows), "Method labels", appendix=False)

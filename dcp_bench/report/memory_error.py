@@ -20,7 +20,9 @@ import numpy as np
 from dcp_bench.records import read_steps, read_summary
 
 
-def step_memory_pairs(run_dir: str | Path, include_warmup: bool = False) -> list[tuple[float, float]]:
+def step_memory_pairs(
+    run_dir: str | Path, include_warmup: bool = False
+) -> list[tuple[float, float]]:
     """(measured, predicted) GiB per rank and step of one real run's records."""
     pairs: list[tuple[float, float]] = []
     for s in read_steps(Path(run_dir)):
@@ -38,8 +40,14 @@ def summarize_memory_pairs(pairs: list[tuple[float, float]]) -> dict[str, Any]:
     """Median and max |error|, the signed extremes, and the share of ranks measured at or under
     the prediction."""
     if not pairs:
-        return {"n": 0, "median_abs_error": None, "max_abs_error": None, "max_error": None,
-                "min_error": None, "share_measured_le_predicted": None}
+        return {
+            "n": 0,
+            "median_abs_error": None,
+            "max_abs_error": None,
+            "max_error": None,
+            "min_error": None,
+            "share_measured_le_predicted": None,
+        }
     err = np.array([m / p - 1.0 for m, p in pairs])
     return {
         "n": int(err.size),
@@ -68,10 +76,21 @@ def memory_prediction_error(root: str | os.PathLike[str], campaign: str) -> dict
         if not pairs:
             continue
         all_pairs += pairs
-        runs.append({"run_id": summ.run_id, "method": summ.method, "workload": summ.workload,
-                     "model": summ.model, "hardware": summ.hardware,
-                     "memory_measure": summ.extra.get("memory_measure"),
-                     "measured_gib": max(m for m, _ in pairs), "predicted_gib": max(p for _, p in pairs),
-                     **summarize_memory_pairs(pairs)})
-    return {**summarize_memory_pairs(all_pairs), "runs": runs,
-            "definition": "per rank and measured step: measured peak / predicted peak - 1"}
+        runs.append(
+            {
+                "run_id": summ.run_id,
+                "method": summ.method,
+                "workload": summ.workload,
+                "model": summ.model,
+                "hardware": summ.hardware,
+                "memory_measure": summ.extra.get("memory_measure"),
+                "measured_gib": max(m for m, _ in pairs),
+                "predicted_gib": max(p for _, p in pairs),
+                **summarize_memory_pairs(pairs),
+            }
+        )
+    return {
+        **summarize_memory_pairs(all_pairs),
+        "runs": runs,
+        "definition": "per rank and measured step: measured peak / predicted peak - 1",
+    }

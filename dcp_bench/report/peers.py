@@ -27,8 +27,18 @@ if TYPE_CHECKING:
 FAILURE_KINDS = ("oom", "infeasible", "timeout", "error")
 GROUP_KEYS = ["workload", "model", "cluster", "world_size", "executor", "method"]
 PEER_COLUMNS = [
-    *GROUP_KEYS, "runs", "ok", "step_over_bound", "step_over_bound_min", "step_over_bound_max",
-    "steps", "step_time_s", "lower_bound_s", "planner_ms", *FAILURE_KINDS, "cost_source",
+    *GROUP_KEYS,
+    "runs",
+    "ok",
+    "step_over_bound",
+    "step_over_bound_min",
+    "step_over_bound_max",
+    "steps",
+    "step_time_s",
+    "lower_bound_s",
+    "planner_ms",
+    *FAILURE_KINDS,
+    "cost_source",
 ]
 # Our planner first, then the faithful DCP methods; every other method (the peers) after them.
 LEADING_METHODS = ("dcp", "dcp_inter_pac", "dcp_inter", "dcp_intra")
@@ -55,8 +65,14 @@ def _default_constants(runs: pd.DataFrame) -> pd.Series:
         return all(float(v) == 1.0 for v in values.values())
 
     scales = runs["scales"] if "scales" in runs else pd.Series(["{}"] * len(runs), index=runs.index)
-    cap = runs["mem_cap_fraction"] if "mem_cap_fraction" in runs else pd.Series([None] * len(runs), index=runs.index)
-    cap_ok = cap.isna() | np.isclose(cap.astype(float).fillna(DEFAULT_MEM_CAP_FRACTION), DEFAULT_MEM_CAP_FRACTION)
+    cap = (
+        runs["mem_cap_fraction"]
+        if "mem_cap_fraction" in runs
+        else pd.Series([None] * len(runs), index=runs.index)
+    )
+    cap_ok = cap.isna() | np.isclose(
+        cap.astype(float).fillna(DEFAULT_MEM_CAP_FRACTION), DEFAULT_MEM_CAP_FRACTION
+    )
     return scales.map(plain) & cap_ok
 
 
@@ -72,7 +88,14 @@ def _method_names(runs: pd.DataFrame) -> pd.Series:
         if df["params"].nunique() < 2:
             continue
         parsed = {p: json.loads(p) for p in df["params"].unique()}
-        differing = sorted({k for d in parsed.values() for k in d if len({json.dumps(x.get(k)) for x in parsed.values()}) > 1})
+        differing = sorted(
+            {
+                k
+                for d in parsed.values()
+                for k in d
+                if len({json.dumps(x.get(k)) for x in parsed.values()}) > 1
+            }
+        )
         for idx, p in zip(df.index, df["params"]):
             tag = ", ".join(f"{k}={json.dumps(parsed[p].get(k))}" for k in differing)
             out.loc[idx] = f"{names.loc[idx]}({tag})"
@@ -98,18 +121,32 @@ def peer_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.Data
     if runs.empty:
         return pd.DataFrame(columns=PEER_COLUMNS)
     runs["method"] = _method_names(runs)
-    runs["failure"] = [failure_kind(s, e) for s, e in zip(runs["status"], runs.get("error", [None] * len(runs)))]
-    per_step = steps is not None and not steps.empty and "lower_bound_s" in steps and "run_id" in steps
+    runs["failure"] = [
+        failure_kind(s, e) for s, e in zip(runs["status"], runs.get("error", [None] * len(runs)))
+    ]
+    per_step = (
+        steps is not None and not steps.empty and "lower_bound_s" in steps and "run_id" in steps
+    )
     rows = []
     for key, df in runs.groupby(GROUP_KEYS, sort=False, dropna=False):
         ok = df[df["status"] == "ok"]
         if per_step and steps is not None:
             st = steps[steps["run_id"].isin(ok["run_id"])]
-            ratios = (st["step_time_s"].astype(float) / st["lower_bound_s"].astype(float)).to_numpy()
+            ratios = (
+                st["step_time_s"].astype(float) / st["lower_bound_s"].astype(float)
+            ).to_numpy()
         else:
-            ratios = (ok["step_time_s"].astype(float) / ok["lower_bound_s"].astype(float)).to_numpy()
+            ratios = (
+                ok["step_time_s"].astype(float) / ok["lower_bound_s"].astype(float)
+            ).to_numpy()
         ratios = ratios[np.isfinite(ratios)]
-        n_steps = len(ratios) if per_step else int(ok["n_steps"].fillna(0).astype(int).sum()) if "n_steps" in ok else len(ratios)
+        n_steps = (
+            len(ratios)
+            if per_step
+            else int(ok["n_steps"].fillna(0).astype(int).sum())
+            if "n_steps" in ok
+            else len(ratios)
+        )
         row: dict[str, Any] = dict(zip(GROUP_KEYS, key))
         row.update(
             runs=len(df),
@@ -119,10 +156,15 @@ def peer_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.Data
             step_over_bound_max=float(ratios.max()) if len(ratios) else math.nan,
             steps=int(n_steps),
             step_time_s=float(np.median(ok["step_time_s"].astype(float))) if len(ok) else math.nan,
-            lower_bound_s=float(np.median(ok["lower_bound_s"].astype(float))) if len(ok) else math.nan,
+            lower_bound_s=float(np.median(ok["lower_bound_s"].astype(float)))
+            if len(ok)
+            else math.nan,
             planner_ms=float(np.nanmedian(ok["planner_ms"].astype(float)))
-            if len(ok) and "planner_ms" in ok and ok["planner_ms"].notna().any() else math.nan,
-            cost_source=str(df["cost_source"].dropna().iloc[0]) if "cost_source" in df and df["cost_source"].notna().any() else "",
+            if len(ok) and "planner_ms" in ok and ok["planner_ms"].notna().any()
+            else math.nan,
+            cost_source=str(df["cost_source"].dropna().iloc[0])
+            if "cost_source" in df and df["cost_source"].notna().any()
+            else "",
         )
         for kind in FAILURE_KINDS:
             row[kind] = int((df["failure"] == kind).sum())
@@ -130,7 +172,9 @@ def peer_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.Data
     out = pd.DataFrame(rows, columns=PEER_COLUMNS)
     order = {m: i for i, m in enumerate(LEADING_METHODS)}
     out["_m"] = [order.get(m.split("(")[0], len(order)) for m in out["method"]]
-    out = out.sort_values(["workload", "model", "world_size", "executor", "_m", "method"], kind="stable")
+    out = out.sort_values(
+        ["workload", "model", "world_size", "executor", "_m", "method"], kind="stable"
+    )
     return out.drop(columns="_m").reset_index(drop=True)
 
 
@@ -182,8 +226,13 @@ def peer_section(doc: Document, data: Any) -> None:
         "`infeasible` (the method found no configuration that runs the batch under the memory "
         "cap), `timeout` (the run passed its time limit), `error` (any other failure). Paper-mode "
         "runs and sensitivity variants are left out. "
-        + (f"Measured steps per cell: {int(n_steps.min())}"
-           + (f"-{int(n_steps.max())}" if n_steps.max() != n_steps.min() else "") + ". " if len(n_steps) else "")
+        + (
+            f"Measured steps per cell: {int(n_steps.min())}"
+            + (f"-{int(n_steps.max())}" if n_steps.max() != n_steps.min() else "")
+            + ". "
+            if len(n_steps)
+            else ""
+        )
         + (f"Cost model: {', '.join(sources)} (simulated)." if sources else "")
     )
     doc.table(peer_matrix(table), "Step time / lower bound per workload, GPU count and method")

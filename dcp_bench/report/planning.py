@@ -44,18 +44,25 @@ def planning_cost_table(runs: pd.DataFrame) -> pd.DataFrame:
         plan_ms = _num(g["planner_ms"])
         step = _num(g["step_time_s"])
         share = (plan_ms / 1e3 / step).replace([np.inf, -np.inf], np.nan)
-        rows.append({
-            "workload": key[0], "model": key[1],
-            "GPUs": int(key[2]) if key[2] is not None and not pd.isna(key[2]) else "-",
-            "method": key[3], "runs": len(g),
-            "plan() ms/step": _fmt(plan_ms.median()),
-            "longest step ms": _fmt(_column(g, "planner_max_ms").max()),
-            "plan() / step time": _fmt(share.median(), pct=True),
-            "clock": ",".join(sorted({str(c) for c in g.get("planner_clock", pd.Series(dtype=str)).dropna()})) or "-",
-            "offline tuning s/run": _fmt(_column(g, "offline_tune_total_s").median()),
-            "retunes": _int(_column(g, "retunes").sum(min_count=1)),
-            "steps over budget": _int(_column(g, "planner_over_budget_steps").sum(min_count=1)),
-        })
+        rows.append(
+            {
+                "workload": key[0],
+                "model": key[1],
+                "GPUs": int(key[2]) if key[2] is not None and not pd.isna(key[2]) else "-",
+                "method": key[3],
+                "runs": len(g),
+                "plan() ms/step": _fmt(plan_ms.median()),
+                "longest step ms": _fmt(_column(g, "planner_max_ms").max()),
+                "plan() / step time": _fmt(share.median(), pct=True),
+                "clock": ",".join(
+                    sorted({str(c) for c in g.get("planner_clock", pd.Series(dtype=str)).dropna()})
+                )
+                or "-",
+                "offline tuning s/run": _fmt(_column(g, "offline_tune_total_s").median()),
+                "retunes": _int(_column(g, "retunes").sum(min_count=1)),
+                "steps over budget": _int(_column(g, "planner_over_budget_steps").sum(min_count=1)),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -70,14 +77,19 @@ def machine_bound_table(runs: pd.DataFrame) -> pd.DataFrame:
     for key, g in ok.groupby(GROUP, sort=False, dropna=False):
         step = _num(g["step_time_s"])
         cap = _num(g.get("mem_cap_fraction", pd.Series(dtype=float)))
-        rows.append({
-            "workload": key[0], "model": key[1],
-            "GPUs": int(key[2]) if key[2] is not None and not pd.isna(key[2]) else "-",
-            "method": key[3],
-            "cap": _fmt(cap.median()),
-            "step / bound at cap": _fmt((step / _num(g["lower_bound_s"])).median(), digits=3),
-            "step / physical bound": _fmt((step / _num(g["lower_bound_physical_s"])).median(), digits=3),
-        })
+        rows.append(
+            {
+                "workload": key[0],
+                "model": key[1],
+                "GPUs": int(key[2]) if key[2] is not None and not pd.isna(key[2]) else "-",
+                "method": key[3],
+                "cap": _fmt(cap.median()),
+                "step / bound at cap": _fmt((step / _num(g["lower_bound_s"])).median(), digits=3),
+                "step / physical bound": _fmt(
+                    (step / _num(g["lower_bound_physical_s"])).median(), digits=3
+                ),
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -114,7 +114,9 @@ def cell_stats(
     repeat values."""
     vals = np.array([math.inf if v is None else float(v) for v in run_values], dtype=float)
     failures = int(np.sum(~np.isfinite(vals)))
-    pool = np.asarray(pooled_steps if pooled_steps is not None and len(pooled_steps) else vals, float)
+    pool = np.asarray(
+        pooled_steps if pooled_steps is not None and len(pooled_steps) else vals, float
+    )
     if failures and pooled_steps is not None:
         pool = np.concatenate([pool, np.full(failures, math.inf)])
     return CellStats(

@@ -35,8 +35,14 @@ CONFIG_GROUPS = ("workload", "method", "cluster", "model", "run", "cost", "train
 MICROBATCH_PARTS = tuple(time_parts(MICROBATCH_TIME_TERMS))
 STEP_PARTS = (*MICROBATCH_PARTS, SYNC_PART, "idle_s")
 # Planning cost and the machine's bound, from the run summary's extra (`dcp_bench.run.loop`).
-RUN_PLANNING_KEYS = ("planner_clock", "offline_tune_total_s", "retunes", "planner_max_ms",
-                     "planner_over_budget_steps", "lower_bound_physical_s")
+RUN_PLANNING_KEYS = (
+    "planner_clock",
+    "offline_tune_total_s",
+    "retunes",
+    "planner_max_ms",
+    "planner_over_budget_steps",
+    "lower_bound_physical_s",
+)
 
 
 @dataclass
@@ -68,8 +74,18 @@ class Campaign:
 
 
 # The run fields repeated on every row of a per-step index.
-STEP_INDEX_KEYS = ("run_id", "campaign", "status", "executor", "method", "workload", "cluster",
-                   "model", "seed", "config_hash")
+STEP_INDEX_KEYS = (
+    "run_id",
+    "campaign",
+    "status",
+    "executor",
+    "method",
+    "workload",
+    "cluster",
+    "model",
+    "seed",
+    "config_hash",
+)
 
 
 def build_index(
@@ -128,7 +144,9 @@ def _read_run(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]] | None:
             raise ValueError("not a mapping")
         for group in CONFIG_GROUPS:  # what the report reads from the config, typed as it reads it
             if cfg.get(group) is not None and not isinstance(cfg[group], dict):
-                raise TypeError(f"{group} is {cfg[group]!r} ({type(cfg[group]).__name__}); expected a mapping")
+                raise TypeError(
+                    f"{group} is {cfg[group]!r} ({type(cfg[group]).__name__}); expected a mapping"
+                )
         what = "steps.jsonl"
         steps = read_steps(run_dir) if summary.status == "ok" else []
     except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as exc:
@@ -137,7 +155,9 @@ def _read_run(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]] | None:
     return summary, cfg, steps
 
 
-def _run_row(summary: RunSummary, cfg: dict[str, Any], baselines: list[str] | None) -> dict[str, Any]:
+def _run_row(
+    summary: RunSummary, cfg: dict[str, Any], baselines: list[str] | None
+) -> dict[str, Any]:
     """One run's row of `Campaign.runs`, from its summary and config (see `load_campaign`)."""
     extra = summary.extra or {}
     method_cfg = dict(cfg.get("method") or {})
@@ -148,7 +168,9 @@ def _run_row(summary: RunSummary, cfg: dict[str, Any], baselines: list[str] | No
         "status": summary.status,
         "executor": summary.executor,
         "method": summary.method,
-        "label": with_overrides(str(extra.get("label", summary.method)), extra.get("overrides") or []),
+        "label": with_overrides(
+            str(extra.get("label", summary.method)), extra.get("overrides") or []
+        ),
         "mode": extra.get("mode", method_cfg.get("mode", "fair")),
         "params": json.dumps(params, sort_keys=True, default=str),
         "workload": summary.workload,
@@ -162,7 +184,8 @@ def _run_row(summary: RunSummary, cfg: dict[str, Any], baselines: list[str] | No
         "world_size": extra.get("world_size"),
         "scales": json.dumps(extra.get("scales") or {}, sort_keys=True),
         "mem_cap_fraction": extra.get("mem_cap_fraction", cfg.get("mem_cap_fraction")),
-        "is_baseline": (summary.method in baselines) if baselines is not None
+        "is_baseline": (summary.method in baselines)
+        if baselines is not None
         else _is_baseline(extra.get("target", method_cfg.get("_target_"))),
         "step_time_s": summary.step_time_s,
         "tokens_per_s": summary.tokens_per_s,
@@ -178,7 +201,9 @@ def _run_row(summary: RunSummary, cfg: dict[str, Any], baselines: list[str] | No
         "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,
         # the epoch's accounting (paper mode: dataset / trained / dropped samples, the
         # reference profile's per-bucket settings), JSON; "" when the run has none
-        "epoch_info": json.dumps(extra["epoch_info"], sort_keys=True, default=str) if extra.get("epoch_info") else "",
+        "epoch_info": json.dumps(extra["epoch_info"], sort_keys=True, default=str)
+        if extra.get("epoch_info")
+        else "",
         "cost_source": summary.cost_source,
         "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
         "hardware": summary.hardware,
@@ -255,13 +280,27 @@ def load_campaign(
             # the system description is context, not a number: a damaged one is left out
             with contextlib.suppress(OSError, ValueError):
                 envs[summary.run_id] = json.loads(env_path.read_text())
-        added_parts.update(part for st in steps if not st.warmup for part in ((st.extra or {}).get("added_parts") or {}).items())
+        added_parts.update(
+            part
+            for st in steps
+            if not st.warmup
+            for part in ((st.extra or {}).get("added_parts") or {}).items()
+        )
         step_rows += _step_rows(summary, steps)
     runs = pd.DataFrame(rows)
     if not runs.empty:
         runs["label"] = distinct_labels(runs)
-    return Campaign(campaign, runs, pd.DataFrame(step_rows), envs, incomplete, skipped, workloads, cut_by_budget,
-                    added_parts)
+    return Campaign(
+        campaign,
+        runs,
+        pd.DataFrame(step_rows),
+        envs,
+        incomplete,
+        skipped,
+        workloads,
+        cut_by_budget,
+        added_parts,
+    )
 
 
 PAPER_SUFFIX = " (paper mode)"
@@ -281,8 +320,12 @@ def with_overrides(label: str, overrides: list[str]) -> str:
     for ov in overrides:
         key, sep, value = str(ov).partition("=")
         key = key.lstrip("+~")
-        if sep and key.startswith("method.") and key[len("method."):] not in ("mode", "name", "_target_"):
-            shown.append(f"{key[len('method.'):]}={value}")
+        if (
+            sep
+            and key.startswith("method.")
+            and key[len("method.") :] not in ("mode", "name", "_target_")
+        ):
+            shown.append(f"{key[len('method.') :]}={value}")
     if not shown:
         return label
     base, paper = _split_paper(label)
@@ -304,7 +347,14 @@ def distinct_labels(runs: pd.DataFrame) -> list[str]:
             out.append(label)
             continue
         decoded = [json.loads(v) for v in sorted(variants)]
-        keys = sorted({k for d in decoded for k in d if len({json.dumps(x.get(k), default=str) for x in decoded}) > 1})
+        keys = sorted(
+            {
+                k
+                for d in decoded
+                for k in d
+                if len({json.dumps(x.get(k), default=str) for x in decoded}) > 1
+            }
+        )
         mine = json.loads(str(params))
         shown = ", ".join(f"{k}={'default' if mine.get(k) is None else mine.get(k)}" for k in keys)
         base, paper = _split_paper(label)
@@ -363,20 +413,31 @@ def cell_table(c: Campaign) -> pd.DataFrame:
                 "p5_s": stats.p5,
                 "p95_s": stats.p95,
                 "tokens_per_s": float(np.median(thr)) if thr else math.nan,
-                "imbalance": float(np.nanmedian(df["imbalance"].astype(float))) if df["imbalance"].notna().any() else math.nan,
+                "imbalance": float(np.nanmedian(df["imbalance"].astype(float)))
+                if df["imbalance"].notna().any()
+                else math.nan,
                 "peak_mem_gib": _num(df["peak_mem_gib"].max()),
                 "mem_cap_gib": cap,
-                "mfu": float(np.nanmedian(df["mfu"].astype(float))) if df["mfu"].notna().any() else math.nan,
-                "planner_ms": float(np.nanmedian(df["planner_ms"].astype(float))) if df["planner_ms"].notna().any() else math.nan,
+                "mfu": float(np.nanmedian(df["mfu"].astype(float)))
+                if df["mfu"].notna().any()
+                else math.nan,
+                "planner_ms": float(np.nanmedian(df["planner_ms"].astype(float)))
+                if df["planner_ms"].notna().any()
+                else math.nan,
                 "flags": "; ".join(stats.flags),
-                "first_error": next((str(e) for e, st in zip(df["error"], df["status"]) if st != "ok" and e), ""),
+                "first_error": next(
+                    (str(e) for e, st in zip(df["error"], df["status"]) if st != "ok" and e), ""
+                ),
             }
         )
     return pd.DataFrame(out)
 
 
 def _per_seed(df: pd.DataFrame, col: str, fail: float | None) -> dict[int, float | None]:
-    return {int(s): (_num(v) if st == "ok" else fail) for s, v, st in zip(df["seed"], df[col], df["status"])}
+    return {
+        int(s): (_num(v) if st == "ok" else fail)
+        for s, v, st in zip(df["seed"], df[col], df["status"])
+    }
 
 
 def cell_seeds(c: Campaign, cell: str) -> set[int]:
@@ -384,7 +445,11 @@ def cell_seeds(c: Campaign, cell: str) -> set[int]:
 
 
 def speedup_between(
-    c: Campaign, baseline_cell: str, method_cell: str, n_boot: int = 2000, seeds: set[int] | None = None
+    c: Campaign,
+    baseline_cell: str,
+    method_cell: str,
+    n_boot: int = 2000,
+    seeds: set[int] | None = None,
 ) -> dict[str, Any]:
     """Speedup of one cell over another (same context), paired by seed (only ``seeds`` when
     given). Step-time ratio in fair mode; throughput (tokens/s) ratio when either side runs in
@@ -396,16 +461,27 @@ def speedup_between(
         m = m[m["seed"].isin(seeds)]
     paper = "paper" in set(b["mode"]) | set(m["mode"])
     if paper:
-        sp = paired_speedup(_per_seed(b, "tokens_per_s", 0.0), _per_seed(m, "tokens_per_s", 0.0),
-                            metric="throughput", n_boot=n_boot)
+        sp = paired_speedup(
+            _per_seed(b, "tokens_per_s", 0.0),
+            _per_seed(m, "tokens_per_s", 0.0),
+            metric="throughput",
+            n_boot=n_boot,
+        )
     else:
-        sp = paired_speedup(_per_seed(b, "step_time_s", None), _per_seed(m, "step_time_s", None),
-                            metric="step_time", n_boot=n_boot)
+        sp = paired_speedup(
+            _per_seed(b, "step_time_s", None),
+            _per_seed(m, "step_time_s", None),
+            metric="step_time",
+            n_boot=n_boot,
+        )
     return sp.to_dict()
 
 
 def speedup_table(
-    c: Campaign, cells: pd.DataFrame, keep: Callable[[pd.Series], bool] | None = None, n_boot: int = 2000
+    c: Campaign,
+    cells: pd.DataFrame,
+    keep: Callable[[pd.Series], bool] | None = None,
+    n_boot: int = 2000,
 ) -> pd.DataFrame:
     """Every method over every baseline within each context."""
     rows = []
@@ -465,7 +541,9 @@ def comparison_flags(speedup: float, ci_low: float, ci_high: float, pairs: int) 
     return flags
 
 
-def comparison_outcome(speedup: float, ci_low: float, ci_high: float, method: pd.Series, baseline: pd.Series) -> str:
+def comparison_outcome(
+    speedup: float, ci_low: float, ci_high: float, method: pd.Series, baseline: pd.Series
+) -> str:
     """The comparison in words: a side that failed in every repeat is named as failed (never a
     speedup of 0 or inf); otherwise faster, slower or no clear difference by the 95% CI."""
     m_failed = int(method["failures"]) >= int(method["repeats"])
@@ -478,7 +556,9 @@ def comparison_outcome(speedup: float, ci_low: float, ci_high: float, method: pd
         return f"baseline failed ({_failure_kind(baseline)})"
     if not math.isfinite(speedup) or speedup == 0:
         # failures in most repeats of a side make its median infinitely slow
-        if speedup == 0 or (math.isnan(speedup) and int(method["failures"]) > int(baseline["failures"])):
+        if speedup == 0 or (
+            math.isnan(speedup) and int(method["failures"]) > int(baseline["failures"])
+        ):
             return f"method failed in {int(method['failures'])}/{int(method['repeats'])} repeats ({_failure_kind(method)})"
         return f"baseline failed in {int(baseline['failures'])}/{int(baseline['repeats'])} repeats ({_failure_kind(baseline)})"
     if math.isfinite(ci_low) and ci_low > 1:
@@ -495,7 +575,9 @@ def _failure_kind(cell: pd.Series) -> str:
     return f"{statuses}: {kind}" if kind and " " not in kind else statuses
 
 
-def comparison_table(speedups: pd.DataFrame, cells: pd.DataFrame, baseline_pairs: bool = False) -> pd.DataFrame:
+def comparison_table(
+    speedups: pd.DataFrame, cells: pd.DataFrame, baseline_pairs: bool = False
+) -> pd.DataFrame:
     """The campaign's own comparisons: every method over every baseline of its context
     (``speedups`` from `speedup_table`), with the outcome in words and flags. Baseline-over-
     baseline rows only with ``baseline_pairs``."""
@@ -507,20 +589,40 @@ def comparison_table(speedups: pd.DataFrame, cells: pd.DataFrame, baseline_pairs
         m, b = by_cell.loc[r["method_cell"]], by_cell.loc[r["baseline_cell"]]
         if bool(m["is_baseline"]) and not baseline_pairs:
             continue
-        sp, lo, hi, pairs = (float(r["speedup"]), float(r["ci_low"]), float(r["ci_high"]), int(r["pairs"]))
+        sp, lo, hi, pairs = (
+            float(r["speedup"]),
+            float(r["ci_low"]),
+            float(r["ci_high"]),
+            int(r["pairs"]),
+        )
         outcome = comparison_outcome(sp, lo, hi, m, b)
         flags = comparison_flags(sp, lo, hi, pairs) if "failed" not in outcome else []
         if 0 < int(m["failures"]) < int(m["repeats"]) or 0 < int(b["failures"]) < int(b["repeats"]):
-            flags.append(f"failed repeats: method {int(m['failures'])}/{int(m['repeats'])}, "
-                         f"baseline {int(b['failures'])}/{int(b['repeats'])}")
-        rows.append({
-            "workload": r["workload"], "cluster": r["cluster"], "model": r["model"],
-            "executor": m["executor"], "method": r["method"], "baseline": r["baseline"],
-            "speedup": sp, "ci_low": lo, "ci_high": hi, "pairs": pairs, "metric": r["metric"],
-            "outcome": outcome, "flags": "; ".join(flags),
-            "method_is_baseline": bool(m["is_baseline"]),
-            "method_cell": r["method_cell"], "baseline_cell": r["baseline_cell"], "context_hash": r["context_hash"],
-        })
+            flags.append(
+                f"failed repeats: method {int(m['failures'])}/{int(m['repeats'])}, "
+                f"baseline {int(b['failures'])}/{int(b['repeats'])}"
+            )
+        rows.append(
+            {
+                "workload": r["workload"],
+                "cluster": r["cluster"],
+                "model": r["model"],
+                "executor": m["executor"],
+                "method": r["method"],
+                "baseline": r["baseline"],
+                "speedup": sp,
+                "ci_low": lo,
+                "ci_high": hi,
+                "pairs": pairs,
+                "metric": r["metric"],
+                "outcome": outcome,
+                "flags": "; ".join(flags),
+                "method_is_baseline": bool(m["is_baseline"]),
+                "method_cell": r["method_cell"],
+                "baseline_cell": r["baseline_cell"],
+                "context_hash": r["context_hash"],
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -64,12 +64,34 @@ from dcp_bench.report.tables import (
 )
 
 CELL_COLUMNS = [
-    "workload", "cluster", "model", "label", "params", "scales_label", "executor", "repeats",
-    "failures", "median_s", "olympic_mean_s", "cv", "p5_s", "p95_s", "tokens_per_s", "imbalance",
-    "peak_mem_gib", "mem_cap_gib", "mfu", "planner_ms", "cost_source", "config_hash", "flags",
+    "workload",
+    "cluster",
+    "model",
+    "label",
+    "params",
+    "scales_label",
+    "executor",
+    "repeats",
+    "failures",
+    "median_s",
+    "olympic_mean_s",
+    "cv",
+    "p5_s",
+    "p95_s",
+    "tokens_per_s",
+    "imbalance",
+    "peak_mem_gib",
+    "mem_cap_gib",
+    "mfu",
+    "planner_ms",
+    "cost_source",
+    "config_hash",
+    "flags",
 ]
 SIM_ERROR_TARGET = 0.15
-MAX_CONTEXT_FIGURES = 4  # contexts (cluster, model, executor) that get step-time / memory / plan-shape figures
+MAX_CONTEXT_FIGURES = (
+    4  # contexts (cluster, model, executor) that get step-time / memory / plan-shape figures
+)
 
 
 @dataclass
@@ -82,7 +104,9 @@ class ReportInputs:
     notes: list[str] = field(default_factory=list)  # what was not run, budgets, deviations
     n_boot: int = 2000
     title: str = ""
-    baselines: list[str] | None = None  # method names treated as baselines (default: classes in `baselines.`)
+    baselines: list[str] | None = (
+        None  # method names treated as baselines (default: classes in `baselines.`)
+    )
     baseline_pairs: bool = False  # also compare baselines with each other
     # How much of a budgeted reproduction ran: {"complete": bool, "sections_done": n,
     # "sections_total": m, "cut": [...]}; shown on the first screen and kept in summary.json.
@@ -123,7 +147,10 @@ def _default_context(cells: pd.DataFrame) -> pd.DataFrame:
     """Cells at the default cost constants and memory cap (not sensitivity variants)."""
     if cells.empty:
         return cells
-    return cells[(cells["scales"] == "{}") & np.isclose(cells["mem_cap_fraction"].astype(float), DEFAULT_MEM_CAP_FRACTION)]
+    return cells[
+        (cells["scales"] == "{}")
+        & np.isclose(cells["mem_cap_fraction"].astype(float), DEFAULT_MEM_CAP_FRACTION)
+    ]
 
 
 def calibration_error() -> dict[str, Any] | None:
@@ -147,6 +174,7 @@ def calibration_error() -> dict[str, Any] | None:
                     found[str(path.relative_to(REPO_ROOT))] = {key: data[key]}
     return found or None
 
+
 def cost_models_used(c: Campaign) -> list[str]:
     """One line per cost model behind the simulated runs: source, cluster, model, and for a
     profiled source its artifact, hash and fit error."""
@@ -165,13 +193,19 @@ def cost_models_used(c: Campaign) -> list[str]:
         bits = [f"`{d.get('source')}` cost model of {d.get('model')} on {d.get('cluster')}"]
         path = prof.get("path") or d.get("profile_path")
         if path:
-            bits.append(f"profile `{path}` (sha256 {str(prof.get('sha256') or d.get('profile_sha256'))[:12]})")
+            bits.append(
+                f"profile `{path}` (sha256 {str(prof.get('sha256') or d.get('profile_sha256'))[:12]})"
+            )
         err = d.get("fit_max_rel_err") or prof.get("fit_max_rel_err")
         if err is not None:
             bits.append(f"in-sample fit max relative error {json.dumps(err, default=str)[:200]}")
         if d.get("source") == "analytical":
-            bits.append("calibrated against published H100/H200 measurements (results/validation), not yet against "
-                        "a measured run of this suite" if "cpu" not in str(d.get("cluster")) else "analytical CPU constants")
+            bits.append(
+                "calibrated against published H100/H200 measurements (results/validation), not yet against "
+                "a measured run of this suite"
+                if "cpu" not in str(d.get("cluster"))
+                else "analytical CPU constants"
+            )
         out.append(", ".join(bits))
     if variants:
         out.append(f"and {variants} sensitivity variants of these (constants halved / doubled)")
@@ -186,18 +220,30 @@ def validation_table(c: Campaign, cells: pd.DataFrame) -> pd.DataFrame:
     sim = cells[cells["executor"] == "sim"]
     rows = []
     for _, t in cells[cells["executor"] == "torch"].iterrows():
-        match = sim[(sim["label"] == t["label"]) & (sim["workload"] == t["workload"])
-                    & (sim["model"] == t["model"]) & (sim["cluster"] == t["cluster"])
-                    & (sim["params"] == t["params"])]
+        match = sim[
+            (sim["label"] == t["label"])
+            & (sim["workload"] == t["workload"])
+            & (sim["model"] == t["model"])
+            & (sim["cluster"] == t["cluster"])
+            & (sim["params"] == t["params"])
+        ]
         s = match.iloc[0] if len(match) else None
         sim_s = float(s["median_s"]) if s is not None else math.nan
-        rows.append({
-            "workload": t["workload"], "model": t["model"], "method": t["label"],
-            "is_baseline": t["is_baseline"], "measured_s": float(t["median_s"]), "measured_cv": t["cv"],
-            "simulated_s": sim_s, "error": relative_error(sim_s, float(t["median_s"])),
-            "cost_source": s["cost_source"] if s is not None else None,
-            "measured_cell": t["config_hash"], "simulated_cell": s["config_hash"] if s is not None else None,
-        })
+        rows.append(
+            {
+                "workload": t["workload"],
+                "model": t["model"],
+                "method": t["label"],
+                "is_baseline": t["is_baseline"],
+                "measured_s": float(t["median_s"]),
+                "measured_cv": t["cv"],
+                "simulated_s": sim_s,
+                "error": relative_error(sim_s, float(t["median_s"])),
+                "cost_source": s["cost_source"] if s is not None else None,
+                "measured_cell": t["config_hash"],
+                "simulated_cell": s["config_hash"] if s is not None else None,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -209,12 +255,17 @@ def validation_speedups(v: pd.DataFrame) -> pd.DataFrame:
             for _, m in df[~df["is_baseline"]].iterrows():
                 meas = b["measured_s"] / m["measured_s"]
                 simv = b["simulated_s"] / m["simulated_s"]
-                rows.append({"workload": wl, "method": m["method"], "baseline": b["method"],
-                             "measured_speedup": meas, "simulated_speedup": simv,
-                             "error": relative_error(simv, meas)})
+                rows.append(
+                    {
+                        "workload": wl,
+                        "method": m["method"],
+                        "baseline": b["method"],
+                        "measured_speedup": meas,
+                        "simulated_speedup": simv,
+                        "error": relative_error(simv, meas),
+                    }
+                )
     return pd.DataFrame(rows)
-
-
 
 
 @dataclass
@@ -236,7 +287,9 @@ class ReportData:
     git: dict[str, Any]
     env: dict[str, Any]
     calibration: dict[str, Any] | None
-    colors: dict[str, Any] = field(default_factory=dict)  # one colour per method label, every figure
+    colors: dict[str, Any] = field(
+        default_factory=dict
+    )  # one colour per method label, every figure
     decompositions: list[pd.DataFrame] = field(default_factory=list)
 
     @property
@@ -255,7 +308,8 @@ class ReportData:
     def leads_with_claims(self) -> bool:
         ids = {cl["id"] for cl in self.claims_in_campaign}
         return any(r.id in ids and r.result.pairs > 0 for r in self.claim_results) or (
-            not self.comparisons.empty and bool((self.comparisons["pairs"] > 0).any()))
+            not self.comparisons.empty and bool((self.comparisons["pairs"] > 0).any())
+        )
 
 
 def _context_cells(cells: pd.DataFrame, context: dict[str, Any]) -> pd.DataFrame:
@@ -275,20 +329,44 @@ def gather_report_data(inp: ReportInputs) -> ReportData:
     claims = load_claims(inp.claims_path)
     cells = cell_table(c)
     if not cells.empty:
-        cells["scales_label"] = [fig.scales_label(s, m) for s, m in zip(cells["scales"], cells["mem_cap_fraction"])]
+        cells["scales_label"] = [
+            fig.scales_label(s, m) for s, m in zip(cells["scales"], cells["mem_cap_fraction"])
+        ]
     default = _default_context(cells)
     speedups = speedup_table(c, default, n_boot=inp.n_boot) if not default.empty else pd.DataFrame()
     own = comparison_table(speedups, default, baseline_pairs=inp.baseline_pairs)
     claim_results = evaluate_claims(c, cells, claims, n_boot=inp.n_boot) if not cells.empty else []
-    comparisons = evaluate_comparisons(c, cells, claims, n_boot=inp.n_boot) if not cells.empty else pd.DataFrame()
-    sens = sensitivity(c, cells, claims, n_boot=max(500, inp.n_boot // 2)) if not cells.empty else pd.DataFrame()
+    comparisons = (
+        evaluate_comparisons(c, cells, claims, n_boot=inp.n_boot)
+        if not cells.empty
+        else pd.DataFrame()
+    )
+    sens = (
+        sensitivity(c, cells, claims, n_boot=max(500, inp.n_boot // 2))
+        if not cells.empty
+        else pd.DataFrame()
+    )
     validation = validation_table(c, cells)
     val_sp = validation_speedups(validation) if not validation.empty else pd.DataFrame()
     colors = fig.method_colors(cells["label"]) if not cells.empty else {}
-    return ReportData(inp=inp, campaign=c, claims=claims, cells=cells, default=default, speedups=speedups, own=own,
-                      claim_results=claim_results, comparisons=comparisons, sensitivity=sens,
-                      validation=validation, validation_speedups=val_sp, git=git_state(),
-                      env=next(iter(c.envs.values()), {}), calibration=calibration_error(), colors=colors)
+    return ReportData(
+        inp=inp,
+        campaign=c,
+        claims=claims,
+        cells=cells,
+        default=default,
+        speedups=speedups,
+        own=own,
+        claim_results=claim_results,
+        comparisons=comparisons,
+        sensitivity=sens,
+        validation=validation,
+        validation_speedups=val_sp,
+        git=git_state(),
+        env=next(iter(c.envs.values()), {}),
+        calibration=calibration_error(),
+        colors=colors,
+    )
 
 
 Section = Callable[[Document, "ReportData"], None]
@@ -299,21 +377,46 @@ def report_sections(data: ReportData) -> list[Section]:
     when the campaign holds a claim's runs, else its own methods against its baselines), the
     section that answer comes from follows it, then the rest of the evidence, the glossary and
     provenance; long tables land in the appendix (`Document.table`)."""
-    claim_sections: list[Section] = [_verdict_section, _headline_section, _reference_section, _decomposition_section,
-                                     _sensitivity_section, _calibration_section]
-    lead: list[Section] = [*claim_sections, _opening, _comparison_section] if data.leads_with_claims \
+    claim_sections: list[Section] = [
+        _verdict_section,
+        _headline_section,
+        _reference_section,
+        _decomposition_section,
+        _sensitivity_section,
+        _calibration_section,
+    ]
+    lead: list[Section] = (
+        [*claim_sections, _opening, _comparison_section]
+        if data.leads_with_claims
         else [_comparison_section, _opening, *claim_sections]
-    return [first_screen_section, *lead, peer_section, machine_bound_section, planning_cost_section,
-            _context_section, _scaling_section, _validation_section,
-            _cells_section, _workloads_section, adoption_section, glossary_section, _provenance_section]
+    )
+    return [
+        first_screen_section,
+        *lead,
+        peer_section,
+        machine_bound_section,
+        planning_cost_section,
+        _context_section,
+        _scaling_section,
+        _validation_section,
+        _cells_section,
+        _workloads_section,
+        adoption_section,
+        glossary_section,
+        _provenance_section,
+    ]
 
 
 def _reference_section(doc: Document, data: ReportData) -> None:
     """The claims' paper-mode table on the reference's mixes and "what it takes" table, for the
     claims this campaign holds runs of."""
     ids = {cl["id"] for cl in data.claims_in_campaign}
-    reference_tables_section(doc, [r for r in data.claim_results if r.id in ids and r.result.pairs > 0])
-    memory_decisions_section(doc, [r for r in data.claim_results if r.id in ids and r.result.pairs > 0])
+    reference_tables_section(
+        doc, [r for r in data.claim_results if r.id in ids and r.result.pairs > 0]
+    )
+    memory_decisions_section(
+        doc, [r for r in data.claim_results if r.id in ids and r.result.pairs > 0]
+    )
 
 
 def build_report(inp: ReportInputs) -> dict[str, Any]:
@@ -342,8 +445,17 @@ def evidence(cells: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
         parts.append(f"simulated ({sources} cost model)" if sources else "simulated")
     real = cells[cells["executor"] != "sim"]
     if not real.empty:
-        hw = sorted({str(h) for h in runs.loc[runs["config_hash"].isin(real["config_hash"]), "hardware"] if h}) \
-            if runs is not None and not runs.empty else []
+        hw = (
+            sorted(
+                {
+                    str(h)
+                    for h in runs.loc[runs["config_hash"].isin(real["config_hash"]), "hardware"]
+                    if h
+                }
+            )
+            if runs is not None and not runs.empty
+            else []
+        )
         parts.append(f"measured ({', '.join(hw)})" if hw else "measured")
     return " and ".join(parts)
 
@@ -352,8 +464,10 @@ def _contexts(cells: pd.DataFrame) -> list[tuple[tuple[str, str, str], pd.DataFr
     """Default-constant cells grouped by (cluster, model, executor), largest group first."""
     if cells.empty:
         return []
-    groups = [((str(key[0]), str(key[1]), str(key[2])), df)
-              for key, df in cells.groupby(["cluster", "model", "executor"], sort=False)]
+    groups = [
+        ((str(key[0]), str(key[1]), str(key[2])), df)
+        for key, df in cells.groupby(["cluster", "model", "executor"], sort=False)
+    ]
     return sorted(groups, key=lambda g: -len(g[1]))
 
 
@@ -373,36 +487,58 @@ def _opening(doc: Document, data: ReportData) -> None:
     inp, c, cells, git = data.inp, data.campaign, data.cells, data.git
     runs = c.runs
     n_ok = int((runs["status"] == "ok").sum()) if not runs.empty else 0
-    bits = [f"Campaign `{inp.campaign}`: {len(runs)} complete runs ({n_ok} ok, {len(runs) - n_ok} failed) in "
-            f"{len(cells)} cells"]
+    bits = [
+        f"Campaign `{inp.campaign}`: {len(runs)} complete runs ({n_ok} ok, {len(runs) - n_ok} failed) in "
+        f"{len(cells)} cells"
+    ]
     if c.incomplete:
         bits.append(f"{len(c.incomplete)} incomplete runs ignored")
     if c.cut_by_budget:
-        bits.append(f"{len(c.cut_by_budget)} runs cut short by the time budget left out (not counted as failures; "
-                    "a resumed run redoes them)")
+        bits.append(
+            f"{len(c.cut_by_budget)} runs cut short by the time budget left out (not counted as failures; "
+            "a resumed run redoes them)"
+        )
     if c.skipped:
-        bits.append(f"**{len(c.skipped)} unreadable record(s) skipped**: " + "; ".join(
-            f"`{rid}` ({scrub_paths(why)})" for rid, why in c.skipped[:10]) + (" ..." if len(c.skipped) > 10 else ""))
+        bits.append(
+            f"**{len(c.skipped)} unreadable record(s) skipped**: "
+            + "; ".join(f"`{rid}` ({scrub_paths(why)})" for rid, why in c.skipped[:10])
+            + (" ..." if len(c.skipped) > 10 else "")
+        )
     text = ", ".join(bits) + "."
     doc.h2("About this campaign")
     if not cells.empty:
         methods = sorted(set(cells.loc[~cells["is_baseline"].astype(bool), "label"]))
         bases = sorted(set(cells.loc[cells["is_baseline"].astype(bool), "label"]))
-        text += (f" {len(methods)} method label(s) and {len(bases) or 'no'} baseline label(s)"
-                 f"{'' if bases else ' (name them with baselines=a,b)'} (every label: [glossary](#method-labels)); workloads "
-                 f"{', '.join(sorted(set(cells['workload'])))}; clusters {', '.join(sorted(set(cells['cluster'])))}; "
-                 f"models {', '.join(sorted(set(cells['model'])))}. Numbers are {evidence(cells, runs)}.")
-        if not data.default.empty and ((data.default["executor"] == "sim") & (data.default["cost_source"] == "analytical")
-                                       & (data.default["cluster"] != "cpu")).any():
-            text += (" The analytical GPU cost model is calibrated against published H100/H200 measurements "
-                     "(`dcp-bench validate`, results/validation: its held-out error is in the section on published measurements), "
-                     "not yet against a GPU run of this suite: its speedups are model predictions"
-                     + (" (the sensitivity section shows how they move with its uncertain constants)."
-                        if _has_sensitivity(data) else "."))
+        text += (
+            f" {len(methods)} method label(s) and {len(bases) or 'no'} baseline label(s)"
+            f"{'' if bases else ' (name them with baselines=a,b)'} (every label: [glossary](#method-labels)); workloads "
+            f"{', '.join(sorted(set(cells['workload'])))}; clusters {', '.join(sorted(set(cells['cluster'])))}; "
+            f"models {', '.join(sorted(set(cells['model'])))}. Numbers are {evidence(cells, runs)}."
+        )
+        if (
+            not data.default.empty
+            and (
+                (data.default["executor"] == "sim")
+                & (data.default["cost_source"] == "analytical")
+                & (data.default["cluster"] != "cpu")
+            ).any()
+        ):
+            text += (
+                " The analytical GPU cost model is calibrated against published H100/H200 measurements "
+                "(`dcp-bench validate`, results/validation: its held-out error is in the section on published measurements), "
+                "not yet against a GPU run of this suite: its speedups are model predictions"
+                + (
+                    " (the sensitivity section shows how they move with its uncertain constants)."
+                    if _has_sensitivity(data)
+                    else "."
+                )
+            )
         if "torch" not in set(cells["executor"]):
             text += " No measured runs: the simulator's error is not measured in this campaign."
-    text += (f" Generated by `{scrub_paths(inp.command or 'dcp-bench report campaign=' + inp.campaign)}` at git "
-             f"`{(git.get('git_sha') or 'unknown')[:12]}`{' (dirty tree)' if git.get('git_dirty') else ''}.")
+    text += (
+        f" Generated by `{scrub_paths(inp.command or 'dcp-bench report campaign=' + inp.campaign)}` at git "
+        f"`{(git.get('git_sha') or 'unknown')[:12]}`{' (dirty tree)' if git.get('git_dirty') else ''}."
+    )
     doc.p(text)
 
 
@@ -412,40 +548,81 @@ def _comparison_section(doc: Document, data: ReportData) -> None:
     if cells.empty:
         return
     if data.leads_with_claims:
-        doc.h2("Methods against baselines")  # a user's campaign: the first screen opened this section
+        doc.h2(
+            "Methods against baselines"
+        )  # a user's campaign: the first screen opened this section
     if not cells["is_baseline"].astype(bool).any():
-        doc.p("No baseline in this campaign, so nothing to compare against: name the baselines with "
-              "`dcp-bench report ... baselines=a,b` (by default, methods whose class lives in `baselines/`).")
+        doc.p(
+            "No baseline in this campaign, so nothing to compare against: name the baselines with "
+            "`dcp-bench report ... baselines=a,b` (by default, methods whose class lives in `baselines/`)."
+        )
         return
     if own.empty:
         if cells["is_baseline"].astype(bool).all():
-            doc.p("Every method of this campaign is a baseline: add `baseline_pairs=true` to compare them with each "
-                  "other, or name fewer with `baselines=a,b`.")
+            doc.p(
+                "Every method of this campaign is a baseline: add `baseline_pairs=true` to compare them with each "
+                "other, or name fewer with `baselines=a,b`."
+            )
         else:
-            doc.p("No context (workload, cluster, model) holds both a method and a baseline, so no speedup can be paired.")
+            doc.p(
+                "No context (workload, cluster, model) holds both a method and a baseline, so no speedup can be paired."
+            )
         return
-    doc.p(f"Speedup of each method over each baseline on the same workload, cluster and model: the baseline's "
-          f"median step time over the method's (> 1: the method is faster), repeats paired by seed (the same "
-          f"global batches), 95% paired-bootstrap CI. {evidence(cells, data.campaign.runs).capitalize()}. "
-          + ("Baselines are also compared with each other (`baseline_pairs=true`). " if data.inp.baseline_pairs else "")
-          + "`flags`: fewer than 5 paired repeats, or a degenerate CI (too few repeats for the bootstrap to move the "
-          "median), or failed repeats.")
-    shown = own.assign(
-        speedup=[_x(v) if "failed" not in o else "-" for v, o in zip(own["speedup"], own["outcome"])],
-        ci95=[f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) and "failed" not in o else "-"
-              for lo, hi, o in zip(own["ci_low"], own["ci_high"], own["outcome"])],
+    doc.p(
+        f"Speedup of each method over each baseline on the same workload, cluster and model: the baseline's "
+        f"median step time over the method's (> 1: the method is faster), repeats paired by seed (the same "
+        f"global batches), 95% paired-bootstrap CI. {evidence(cells, data.campaign.runs).capitalize()}. "
+        + (
+            "Baselines are also compared with each other (`baseline_pairs=true`). "
+            if data.inp.baseline_pairs
+            else ""
+        )
+        + "`flags`: fewer than 5 paired repeats, or a degenerate CI (too few repeats for the bootstrap to move the "
+        "median), or failed repeats."
     )
-    cols = ["workload", "cluster", "model", "method", "baseline", "speedup", "ci95", "pairs", "outcome", "flags"]
+    shown = own.assign(
+        speedup=[
+            _x(v) if "failed" not in o else "-" for v, o in zip(own["speedup"], own["outcome"])
+        ],
+        ci95=[
+            f"[{lo:.2f}, {hi:.2f}]"
+            if math.isfinite(lo) and math.isfinite(hi) and "failed" not in o
+            else "-"
+            for lo, hi, o in zip(own["ci_low"], own["ci_high"], own["outcome"])
+        ],
+    )
+    cols = [
+        "workload",
+        "cluster",
+        "model",
+        "method",
+        "baseline",
+        "speedup",
+        "ci95",
+        "pairs",
+        "outcome",
+        "flags",
+    ]
     if set(own["metric"]) - {"step_time"}:
         cols.insert(8, "metric")
     doc.table(shown, "", cols)
-    for (cluster, model, executor), sub in own.groupby(["cluster", "model", "executor"], sort=False):
-        ctx_cells = cells[(cells["cluster"] == cluster) & (cells["model"] == model) & (cells["executor"] == executor)]
+    for (cluster, model, executor), sub in own.groupby(
+        ["cluster", "model", "executor"], sort=False
+    ):
+        ctx_cells = cells[
+            (cells["cluster"] == cluster)
+            & (cells["model"] == model)
+            & (cells["executor"] == executor)
+        ]
         kind = evidence(ctx_cells, data.campaign.runs)
-        doc.figure(fig.speedup_bars(sub, f"{kind}: speedup over each baseline, {cluster}, {model}", data.colors),
-                   _fig_name("speedup", cluster, model, executor),
-                   f"Speedup over each baseline ({kind}; {cluster}, {model}); error bars: 95% paired-bootstrap CI; "
-                   "hatched: failed")
+        doc.figure(
+            fig.speedup_bars(
+                sub, f"{kind}: speedup over each baseline, {cluster}, {model}", data.colors
+            ),
+            _fig_name("speedup", cluster, model, executor),
+            f"Speedup over each baseline ({kind}; {cluster}, {model}); error bars: 95% paired-bootstrap CI; "
+            "hatched: failed",
+        )
 
 
 def _verdict_section(doc: Document, data: ReportData) -> None:
@@ -456,20 +633,34 @@ def _verdict_section(doc: Document, data: ReportData) -> None:
     doc.h2("Verdict in detail")
     robustness = _robustness(data.sensitivity, data.claims)
     for r in results:
-        doc.p(f"**{r.id}: {r.verdict.upper()}.** Claim: {r.statement} (claimed {r.claimed:g}x, tolerance "
-              f"{r.tolerance:.0%}).")
-        flags = [] if r.result.pairs == 0 else _flag_text(r.result.speedup, r.result.ci_low, r.result.ci_high, r.result.pairs)
+        doc.p(
+            f"**{r.id}: {r.verdict.upper()}.** Claim: {r.statement} (claimed {r.claimed:g}x, tolerance "
+            f"{r.tolerance:.0%})."
+        )
+        flags = (
+            []
+            if r.result.pairs == 0
+            else _flag_text(r.result.speedup, r.result.ci_low, r.result.ci_high, r.result.pairs)
+        )
         simulated = _all_simulated(data.cells, [r.result.method_cell, r.result.baseline_cell])
-        doc.bullets([*(_simulated_word(x) if simulated else x for x in r.reasons), *robustness.get(r.id, []), *flags])
+        doc.bullets(
+            [
+                *(_simulated_word(x) if simulated else x for x in r.reasons),
+                *robustness.get(r.id, []),
+                *flags,
+            ]
+        )
     calib = data.calibration
     if calib and _uses_calibration(data):
         doc.p("CPU calibration on record: " + ", ".join(f"`{k}`" for k in calib) + ".")
     validation = data.validation
     if not validation.empty and validation["error"].notna().any():
         med = _nanmedian_abs(validation["error"])
-        doc.p(f"The simulator's own error, measured here on CPU ranks against real training (section "
-              f"'Simulator against measurement'): median {med:.0%} on median step time "
-              f"(target {SIM_ERROR_TARGET:.0%}){'' if med <= SIM_ERROR_TARGET else ': above target, so read simulated speedups as estimates of that precision'}.")
+        doc.p(
+            f"The simulator's own error, measured here on CPU ranks against real training (section "
+            f"'Simulator against measurement'): median {med:.0%} on median step time "
+            f"(target {SIM_ERROR_TARGET:.0%}){'' if med <= SIM_ERROR_TARGET else ': above target, so read simulated speedups as estimates of that precision'}."
+        )
 
 
 def _all_simulated(cells: pd.DataFrame, hashes: list[str | None]) -> bool:
@@ -479,7 +670,7 @@ def _all_simulated(cells: pd.DataFrame, hashes: list[str | None]) -> bool:
 
 def _simulated_word(reason: str) -> str:
     """A reason line of a simulated result: it says "simulated", not "measured"."""
-    return "simulated " + reason[len("measured "):] if reason.startswith("measured ") else reason
+    return "simulated " + reason[len("measured ") :] if reason.startswith("measured ") else reason
 
 
 def _flag_text(speedup: float, lo: float, hi: float, pairs: int) -> list[str]:
@@ -492,13 +683,28 @@ def _headline_section(doc: Document, data: ReportData) -> None:
     if not ids:
         return
     head_rows = [
-        {"comparison": r.id, "workload": r.result.workload, "method": r.result.method, "baseline": r.result.baseline,
-         "speedup": r.result.speedup, "ci_low": r.result.ci_low, "ci_high": r.result.ci_high,
-         "pairs": r.result.pairs, "metric": r.result.metric, "note": r.verdict,
-         "baseline_cell": r.result.baseline_cell, "method_cell": r.result.method_cell} for r in data.claim_results
+        {
+            "comparison": r.id,
+            "workload": r.result.workload,
+            "method": r.result.method,
+            "baseline": r.result.baseline,
+            "speedup": r.result.speedup,
+            "ci_low": r.result.ci_low,
+            "ci_high": r.result.ci_high,
+            "pairs": r.result.pairs,
+            "metric": r.result.metric,
+            "note": r.verdict,
+            "baseline_cell": r.result.baseline_cell,
+            "method_cell": r.result.method_cell,
+        }
+        for r in data.claim_results
     ]
     comparisons = data.comparisons
-    head = pd.concat([pd.DataFrame(head_rows), comparisons], ignore_index=True) if head_rows or not comparisons.empty else pd.DataFrame()
+    head = (
+        pd.concat([pd.DataFrame(head_rows), comparisons], ignore_index=True)
+        if head_rows or not comparisons.empty
+        else pd.DataFrame()
+    )
     if head.empty:
         return
     head = head[head["comparison"].isin(ids)]
@@ -512,27 +718,57 @@ def _headline_section(doc: Document, data: ReportData) -> None:
     for _, r in head.iterrows():
         v, lo, hi, n = float(r["speedup"]), float(r["ci_low"]), float(r["ci_high"]), int(r["pairs"])
         if r["method_cell"] in by_cell.index and r["baseline_cell"] in by_cell.index:
-            outcomes.append(comparison_outcome(v, lo, hi, by_cell.loc[r["method_cell"]], by_cell.loc[r["baseline_cell"]]))
+            outcomes.append(
+                comparison_outcome(
+                    v, lo, hi, by_cell.loc[r["method_cell"]], by_cell.loc[r["baseline_cell"]]
+                )
+            )
         else:
             outcomes.append("")
-        flags.append("; ".join(comparison_flags(v, lo, hi, n)) if "failed" not in outcomes[-1] else "")
+        flags.append(
+            "; ".join(comparison_flags(v, lo, hi, n)) if "failed" not in outcomes[-1] else ""
+        )
     failed = ["failed" in o for o in outcomes]
     shown = head.assign(
-        outcome=outcomes, flags=flags,
+        outcome=outcomes,
+        flags=flags,
         speedup=["-" if f else _x(float(v)) for v, f in zip(head["speedup"], failed)],
-        ci95=["-" if f or not (math.isfinite(float(lo)) and math.isfinite(float(hi))) else f"[{float(lo):.2f}, {float(hi):.2f}]"
-              for lo, hi, f in zip(head["ci_low"], head["ci_high"], failed)],
+        ci95=[
+            "-"
+            if f or not (math.isfinite(float(lo)) and math.isfinite(float(hi)))
+            else f"[{float(lo):.2f}, {float(hi):.2f}]"
+            for lo, hi, f in zip(head["ci_low"], head["ci_high"], failed)
+        ],
     )
-    doc.table(shown, "Speedup of method over baseline: median of paired per-seed ratios, 95% paired-bootstrap CI",
-              ["comparison", "workload", "method", "baseline", "speedup", "ci95", "pairs", "metric", "outcome", "note",
-               "flags"])
+    doc.table(
+        shown,
+        "Speedup of method over baseline: median of paired per-seed ratios, 95% paired-bootstrap CI",
+        [
+            "comparison",
+            "workload",
+            "method",
+            "baseline",
+            "speedup",
+            "ci95",
+            "pairs",
+            "metric",
+            "outcome",
+            "note",
+            "flags",
+        ],
+    )
     if not missing.empty:
         by_id = missing.groupby("comparison", sort=False).size()
-        doc.p(f"Not in this campaign (no runs, so no number): {len(missing)} pair(s) of "
-              + ", ".join(f"`{k}` ({v})" for k, v in by_id.items()) + "; `tables/comparisons.csv` lists them.")
-    doc.p("`metric=throughput`: tokens per second (used whenever a side runs in paper mode, which trains a "
-          "different number of samples per step); `metric=step_time`: ratio of median step times (fair mode: "
-          "every method trains the same samples with one optimizer step per global batch).")
+        doc.p(
+            f"Not in this campaign (no runs, so no number): {len(missing)} pair(s) of "
+            + ", ".join(f"`{k}` ({v})" for k, v in by_id.items())
+            + "; `tables/comparisons.csv` lists them."
+        )
+    doc.p(
+        "`metric=throughput`: tokens per second (used whenever a side runs in paper mode, which trains a "
+        "different number of samples per step); `metric=step_time`: ratio of median step times (fair mode: "
+        "every method trains the same samples with one optimizer step per global batch)."
+    )
 
 
 def _decomposition_section(doc: Document, data: ReportData) -> None:
@@ -545,20 +781,30 @@ def _decomposition_section(doc: Document, data: ReportData) -> None:
     doc.h2("Where the speedup comes from")
     for cl, dec in decs:
         if dec is None:
-            doc.p(f"{cl['id']}: decomposition needs the baseline and the method in both fair and paper mode "
-                  "in the claim's context; not all four are in this campaign.")
+            doc.p(
+                f"{cl['id']}: decomposition needs the baseline and the method in both fair and paper mode "
+                "in the claim's context; not all four are in this campaign."
+            )
             continue
         dec.insert(0, "claim", cl["id"])
         data.decompositions.append(dec)
-        doc.table(dec, f"{cl['id']}: factors of the speedup (their product is the headline speedup)",
-                  ["factor", "factor_x", "share_of_log_speedup", "baseline_s", "method_s"])
+        doc.table(
+            dec,
+            f"{cl['id']}: factors of the speedup (their product is the headline speedup)",
+            ["factor", "factor_x", "share_of_log_speedup", "baseline_s", "method_s"],
+        )
         kind = evidence(_context_cells(data.default, cl["context"]), c.runs)
-        doc.figure(fig.decomposition_bars(dec, f"{kind}: {cl['id']} decomposition"), f"decomposition_{cl['id']}",
-                   f"{cl['id']}: multiplicative factors of the speedup ({kind})")
-    doc.p("Fair-mode parts come from the simulator's time accounting (mean per rank per step: compute, "
-          "recomputation, all-to-all, gradient sync + optimizer, and the rest of the step: ranks idle "
-          "waiting for the slowest); the paper-mode factors are the switch from fair to paper mode on each "
-          "side (sample dealing and dropping, optimizer steps over different sample counts).")
+        doc.figure(
+            fig.decomposition_bars(dec, f"{kind}: {cl['id']} decomposition"),
+            f"decomposition_{cl['id']}",
+            f"{cl['id']}: multiplicative factors of the speedup ({kind})",
+        )
+    doc.p(
+        "Fair-mode parts come from the simulator's time accounting (mean per rank per step: compute, "
+        "recomputation, all-to-all, gradient sync + optimizer, and the rest of the step: ranks idle "
+        "waiting for the slowest); the paper-mode factors are the switch from fair to paper mode on each "
+        "side (sample dealing and dropping, optimizer steps over different sample counts)."
+    )
 
 
 def _has_sensitivity(data: ReportData) -> bool:
@@ -575,16 +821,38 @@ def _sensitivity_section(doc: Document, data: ReportData) -> None:
     for comp_id in dict.fromkeys(sens["comparison"]):
         cl = by_id.get(comp_id, {})
         kind = evidence(_context_cells(data.cells, cl.get("context", {})), data.campaign.runs)
-        doc.figure(fig.tornado(sens, comp_id, cl.get("value"), cl.get("tolerance"),
-                               f"{kind}: {comp_id} speedup with each constant halved / doubled"),
-                   f"tornado_{comp_id}", f"Tornado: {comp_id} speedup when each uncertain constant is halved and doubled ({kind})")
-    doc.table(sens, "Sensitivity runs", ["comparison", "constant", "factor", "speedup", "ci_low", "ci_high",
-                                         "reference_speedup", "note"])
-    doc.p("Constants: `act_bytes` (activation bytes per token), `attn_eff` (attention kernel efficiency), "
-          "`small_kernel_eff` (efficiency of small kernels), `a2a_eff` (all-to-all efficiency), `elementwise` "
-          "(memory-bound per-token traffic, `elementwise_bytes_factor`, pinned by one whole-model row only), all "
-          f"multipliers of the analytical model; `mem_cap` scales the per-GPU memory cap ({DEFAULT_MEM_CAP_FRACTION} of usable "
-          "memory: x0.5 = 0.35; x2 is clipped to 1.0, all usable memory, since a cap cannot exceed it).")
+        doc.figure(
+            fig.tornado(
+                sens,
+                comp_id,
+                cl.get("value"),
+                cl.get("tolerance"),
+                f"{kind}: {comp_id} speedup with each constant halved / doubled",
+            ),
+            f"tornado_{comp_id}",
+            f"Tornado: {comp_id} speedup when each uncertain constant is halved and doubled ({kind})",
+        )
+    doc.table(
+        sens,
+        "Sensitivity runs",
+        [
+            "comparison",
+            "constant",
+            "factor",
+            "speedup",
+            "ci_low",
+            "ci_high",
+            "reference_speedup",
+            "note",
+        ],
+    )
+    doc.p(
+        "Constants: `act_bytes` (activation bytes per token), `attn_eff` (attention kernel efficiency), "
+        "`small_kernel_eff` (efficiency of small kernels), `a2a_eff` (all-to-all efficiency), `elementwise` "
+        "(memory-bound per-token traffic, `elementwise_bytes_factor`, pinned by one whole-model row only), all "
+        f"multipliers of the analytical model; `mem_cap` scales the per-GPU memory cap ({DEFAULT_MEM_CAP_FRACTION} of usable "
+        "memory: x0.5 = 0.35; x2 is clipped to 1.0, all usable memory, since a cap cannot exceed it)."
+    )
 
 
 def published_validation() -> dict[str, Any] | None:
@@ -601,28 +869,57 @@ def _calibration_section(doc: Document, data: ReportData) -> None:
     """Beside the sensitivity section: how far the analytical GPU model is from published
     measurements, before and after its constants were fitted (held-out rows)."""
     cells = data.default
-    if cells.empty or not ((cells["executor"] == "sim") & (cells["cost_source"] == "analytical")
-                           & (cells["cluster"] != "cpu")).any():
+    if (
+        cells.empty
+        or not (
+            (cells["executor"] == "sim")
+            & (cells["cost_source"] == "analytical")
+            & (cells["cluster"] != "cpu")
+        ).any()
+    ):
         return
     val = published_validation()
     if val is None:
         return
     doc.h2("The GPU cost model against published measurements")
     rows = []
-    for part, label in (("holdout", "held-out half"), ("fit", "fit half"), ("reference", "references (not priced)")):
+    for part, label in (
+        ("holdout", "held-out half"),
+        ("fit", "fit half"),
+        ("reference", "references (not priced)"),
+    ):
         b, a = val["before"].get(part) or {}, val["after"].get(part) or {}
-        rows.append({"rows": label, "n": a.get("n"), "median_abs_error_before": b.get("median_abs_error"),
-                     "median_abs_error_after": a.get("median_abs_error"), "max_abs_error_before": b.get("max_abs_error"),
-                     "max_abs_error_after": a.get("max_abs_error")})
-    kinds = [{"rows": f"held-out: {kind}", "n": v.get("n"), "median_abs_error_after": v.get("median_abs_error"),
-              "max_abs_error_after": v.get("max_abs_error")}
-             for kind, v in sorted((val.get("by_kind_holdout_after") or {}).items()) if v.get("n")]
-    doc.table(pd.DataFrame([*rows, *kinds]), "Error of the analytical model's rates against published H100/H200 "
-              "measurements (model / published - 1), before and after fitting its uncertain constants on half the rows")
-    doc.p("From results/validation (rebuilt by `dcp-bench validate`; every row, its source and what the model does "
-          "not price are in results/validation/table.md). The constants no public number pins stay in the "
-          "sensitivity sweep above. These are kernel, collective and whole-model rates, not a GPU run of this "
-          "suite: the simulated speedups remain model predictions.")
+        rows.append(
+            {
+                "rows": label,
+                "n": a.get("n"),
+                "median_abs_error_before": b.get("median_abs_error"),
+                "median_abs_error_after": a.get("median_abs_error"),
+                "max_abs_error_before": b.get("max_abs_error"),
+                "max_abs_error_after": a.get("max_abs_error"),
+            }
+        )
+    kinds = [
+        {
+            "rows": f"held-out: {kind}",
+            "n": v.get("n"),
+            "median_abs_error_after": v.get("median_abs_error"),
+            "max_abs_error_after": v.get("max_abs_error"),
+        }
+        for kind, v in sorted((val.get("by_kind_holdout_after") or {}).items())
+        if v.get("n")
+    ]
+    doc.table(
+        pd.DataFrame([*rows, *kinds]),
+        "Error of the analytical model's rates against published H100/H200 "
+        "measurements (model / published - 1), before and after fitting its uncertain constants on half the rows",
+    )
+    doc.p(
+        "From results/validation (rebuilt by `dcp-bench validate`; every row, its source and what the model does "
+        "not price are in results/validation/table.md). The constants no public number pins stay in the "
+        "sensitivity sweep above. These are kernel, collective and whole-model rates, not a GPU run of this "
+        "suite: the simulated speedups remain model predictions."
+    )
 
 
 def _context_section(doc: Document, data: ReportData) -> None:
@@ -632,31 +929,71 @@ def _context_section(doc: Document, data: ReportData) -> None:
         return
     if data.leads_with_claims:
         # The claims' contexts first: they are what the campaign was run for.
-        claimed = {(str(cl["context"].get("cluster")), str(cl["context"].get("model")))
-                   for cl in data.claims_in_campaign if isinstance(cl.get("context"), dict)}
+        claimed = {
+            (str(cl["context"].get("cluster")), str(cl["context"].get("model")))
+            for cl in data.claims_in_campaign
+            if isinstance(cl.get("context"), dict)
+        }
         contexts.sort(key=lambda g: (g[0][:2] not in claimed, g[0][2] != "sim"))
     doc.h2("Step times, memory and plan shapes")
     drawn, left = contexts[:MAX_CONTEXT_FIGURES], contexts[MAX_CONTEXT_FIGURES:]
     for (cluster, model, executor), cells in drawn:
         kind = evidence(cells, c.runs)
-        steps = c.steps[c.steps["config_hash"].isin(cells["config_hash"])] if not c.steps.empty else c.steps
+        steps = (
+            c.steps[c.steps["config_hash"].isin(cells["config_hash"])]
+            if not c.steps.empty
+            else c.steps
+        )
         where = f"{cluster}, {model}"
         doc.h3(f"{where} ({kind})")
         name = _fig_name(cluster, model, executor)
-        doc.figure(fig.step_time_distributions(steps, cells, f"{kind}: step time per method, {where}", data.colors),
-                   f"step_times_{name}", f"Step time per method, all measured steps of all repeats ({kind})")
-        doc.figure(fig.peak_memory_per_rank(steps, cells, f"{kind}: peak memory per rank, {where}", data.colors),
-                   f"peak_memory_{name}", f"Peak memory per rank (max over steps) against the cap ({kind})")
-        doc.figure(fig.share_histogram(steps, cells, "sp_tokens", "SP degree", f"{kind}: SP degree (share of tokens), {where}"),
-                   f"sp_degree_{name}", f"Share of tokens run at each SP degree, per method ({kind}; token-weighted: the "
-                   "few long sequences carry most of the work; sample-weighted counts are in the run records)")
-        doc.figure(fig.share_histogram(steps, cells, "ckpt_tokens", "checkpointed share of layers",
-                                       f"{kind}: recomputation (share of tokens), {where}"),
-                   f"recompute_{name}", f"Share of tokens per checkpointed fraction of layers ({kind}; 0 = no "
-                   "recomputation, 1 = full)")
+        doc.figure(
+            fig.step_time_distributions(
+                steps, cells, f"{kind}: step time per method, {where}", data.colors
+            ),
+            f"step_times_{name}",
+            f"Step time per method, all measured steps of all repeats ({kind})",
+        )
+        doc.figure(
+            fig.peak_memory_per_rank(
+                steps, cells, f"{kind}: peak memory per rank, {where}", data.colors
+            ),
+            f"peak_memory_{name}",
+            f"Peak memory per rank (max over steps) against the cap ({kind})",
+        )
+        doc.figure(
+            fig.share_histogram(
+                steps,
+                cells,
+                "sp_tokens",
+                "SP degree",
+                f"{kind}: SP degree (share of tokens), {where}",
+            ),
+            f"sp_degree_{name}",
+            f"Share of tokens run at each SP degree, per method ({kind}; token-weighted: the "
+            "few long sequences carry most of the work; sample-weighted counts are in the run records)",
+        )
+        doc.figure(
+            fig.share_histogram(
+                steps,
+                cells,
+                "ckpt_tokens",
+                "checkpointed share of layers",
+                f"{kind}: recomputation (share of tokens), {where}",
+            ),
+            f"recompute_{name}",
+            f"Share of tokens per checkpointed fraction of layers ({kind}; 0 = no "
+            "recomputation, 1 = full)",
+        )
     if left:
-        doc.p("Not drawn (the cells table holds their numbers): " + "; ".join(
-            f"{cl}, {m} ({'simulated' if ex == 'sim' else 'measured'}, {len(df)} cells)" for (cl, m, ex), df in left) + ".")
+        doc.p(
+            "Not drawn (the cells table holds their numbers): "
+            + "; ".join(
+                f"{cl}, {m} ({'simulated' if ex == 'sim' else 'measured'}, {len(df)} cells)"
+                for (cl, m, ex), df in left
+            )
+            + "."
+        )
 
 
 def _scaling_section(doc: Document, data: ReportData) -> None:
@@ -669,11 +1006,30 @@ def _scaling_section(doc: Document, data: ReportData) -> None:
     doc.h2("Scaling with the number of GPUs")
     series = fig.scaling_series(cells, "tokens_per_s")
     kind = evidence(series, data.campaign.runs)
-    doc.figure(fig.versus_gpus(cells, "imbalance", "imbalance (idle share)", f"{kind}: load imbalance vs GPUs", data.colors),
-               "imbalance_vs_gpus", f"Load imbalance (idle share of rank-seconds) against GPU count ({kind}); one panel "
-               "per model and GPU kind")
-    doc.figure(fig.versus_gpus(cells, "tokens_per_s", "tokens / s", f"{kind}: throughput vs GPUs", data.colors, log=True),
-               "scaling", f"Throughput (tokens/s) against GPU count ({kind})")
+    doc.figure(
+        fig.versus_gpus(
+            cells,
+            "imbalance",
+            "imbalance (idle share)",
+            f"{kind}: load imbalance vs GPUs",
+            data.colors,
+        ),
+        "imbalance_vs_gpus",
+        f"Load imbalance (idle share of rank-seconds) against GPU count ({kind}); one panel "
+        "per model and GPU kind",
+    )
+    doc.figure(
+        fig.versus_gpus(
+            cells,
+            "tokens_per_s",
+            "tokens / s",
+            f"{kind}: throughput vs GPUs",
+            data.colors,
+            log=True,
+        ),
+        "scaling",
+        f"Throughput (tokens/s) against GPU count ({kind})",
+    )
 
 
 def _validation_section(doc: Document, data: ReportData) -> None:
@@ -684,39 +1040,69 @@ def _validation_section(doc: Document, data: ReportData) -> None:
         return
     doc.h2("Simulator against measurement")
     med_err = _nanmedian_abs(validation["error"])
-    max_err = float(np.nanmax(np.abs(validation["error"].astype(float)))) if validation["error"].notna().any() else math.nan
-    doc.p(f"Median absolute error of the simulated median step time: **{med_err:.1%}** (max {max_err:.1%}; "
-          f"target within {SIM_ERROR_TARGET:.0%}). The simulated runs use the cost model named in "
-          "`cost_source`; the measured ones ran on this machine's ranks.")
-    doc.table(validation, "Median step time, measured vs simulated",
-              ["workload", "model", "method", "measured_s", "measured_cv", "simulated_s", "error", "cost_source"])
+    max_err = (
+        float(np.nanmax(np.abs(validation["error"].astype(float))))
+        if validation["error"].notna().any()
+        else math.nan
+    )
+    doc.p(
+        f"Median absolute error of the simulated median step time: **{med_err:.1%}** (max {max_err:.1%}; "
+        f"target within {SIM_ERROR_TARGET:.0%}). The simulated runs use the cost model named in "
+        "`cost_source`; the measured ones ran on this machine's ranks."
+    )
+    doc.table(
+        validation,
+        "Median step time, measured vs simulated",
+        [
+            "workload",
+            "model",
+            "method",
+            "measured_s",
+            "measured_cv",
+            "simulated_s",
+            "error",
+            "cost_source",
+        ],
+    )
     if not val_sp.empty:
         sp_err = _nanmedian_abs(val_sp["error"])
         doc.p(f"Median absolute error of the simulated speedup: **{sp_err:.1%}**.")
         doc.table(val_sp, "Speedup, measured vs simulated")
-    doc.figure(fig.sim_vs_measured(validation, "simulated vs measured median step time", data.colors),
-               "sim_vs_measured", "Simulated (vertical) against measured (horizontal) median step time")
+    doc.figure(
+        fig.sim_vs_measured(validation, "simulated vs measured median step time", data.colors),
+        "sim_vs_measured",
+        "Simulated (vertical) against measured (horizontal) median step time",
+    )
     loss = _loss_parity(c)
     if not loss.empty:
-        doc.table(loss, "Loss parity: max relative difference of per-step losses against the first method, same seed")
+        doc.table(
+            loss,
+            "Loss parity: max relative difference of per-step losses against the first method, same seed",
+        )
 
 
 def _cells_section(doc: Document, data: ReportData) -> None:
     c = data.campaign
     cells = data.cells
     doc.h2("Every cell")
-    doc.p("A cell is one config without its seed; statistics over its repeats (median, olympic mean = mean "
-          "without the fastest and slowest repeat, CV), p5/p95 over all measured steps. Failed repeats count "
-          "as infinitely slow. Flags: CV > 5%, failures, fewer than 5 repeats.")
+    doc.p(
+        "A cell is one config without its seed; statistics over its repeats (median, olympic mean = mean "
+        "without the fastest and slowest repeat, CV), p5/p95 over all measured steps. Failed repeats count "
+        "as infinitely slow. Flags: CV > 5%, failures, fewer than 5 repeats."
+    )
     doc.table(cells, "Cells", CELL_COLUMNS)
     failed = data.failed
     if len(failed):
-        doc.table(failed.assign(error=[scrub_paths(e) if e else "" for e in failed["error"]]),
-                  "Failed runs (kept, counted as infinitely slow)",
-                  ["run_id", "status", "method", "workload", "cluster", "error"])
+        doc.table(
+            failed.assign(error=[scrub_paths(e) if e else "" for e in failed["error"]]),
+            "Failed runs (kept, counted as infinitely slow)",
+            ["run_id", "status", "method", "workload", "cluster", "error"],
+        )
     if c.skipped:
-        doc.table(pd.DataFrame([{"run_id": rid, "why": scrub_paths(why)} for rid, why in c.skipped]),
-                  "Unreadable records (skipped: in no number of this report)")
+        doc.table(
+            pd.DataFrame([{"run_id": rid, "why": scrub_paths(why)} for rid, why in c.skipped]),
+            "Unreadable records (skipped: in no number of this report)",
+        )
 
 
 def _workloads_section(doc: Document, data: ReportData) -> None:
@@ -728,17 +1114,21 @@ def _workloads_section(doc: Document, data: ReportData) -> None:
         info = c.workloads.get(name, {})
         prov = info.get("provenance") or {}
         data_file = prov.get("data_file")
-        rows.append({
-            "workload": name,
-            "description": info.get("description", ""),
-            "source": scrub_paths(prov.get("source", "not recorded")),
-            "licence": prov.get("licence", "not recorded"),
-            "data file": shown_path(data_file) if data_file else "-",
-            "sha256": prov.get("data_sha256", "-"),
-        })
+        rows.append(
+            {
+                "workload": name,
+                "description": info.get("description", ""),
+                "source": scrub_paths(prov.get("source", "not recorded")),
+                "licence": prov.get("licence", "not recorded"),
+                "data file": shown_path(data_file) if data_file else "-",
+                "sha256": prov.get("data_sha256", "-"),
+            }
+        )
     doc.h2("Workloads and their data")
-    doc.p("What the runs recorded about their workload (`run.json` -> `extra.workload`): the config's description, "
-          "source and licence, and the SHA-256 of the data file the runs read.")
+    doc.p(
+        "What the runs recorded about their workload (`run.json` -> `extra.workload`): the config's description, "
+        "source and licence, and the SHA-256 of the data file the runs read."
+    )
     doc.table(pd.DataFrame(rows), "")
 
 
@@ -753,10 +1143,21 @@ def _provenance_section(doc: Document, data: ReportData) -> None:
         f"system: {env.get('cpu_model', '?')}, {env.get('cpu_cores', '?')} cores, torch {env.get('torch', '?')}, "
         f"python {env.get('python', '?')}, host {env.get('hostname', '?')}",
         *[f"cost model: {scrub_paths(line)}" for line in cost_models_used(c)[:12]],
-        *(["calibration on record: " + ("; ".join(f"`{k}` ({v if isinstance(v, str) else json.dumps(v, default=str)[:200]})"
-                                                  for k, v in calib.items()) if calib else
-                                        "no calibration error on record in results/calibration/")]
-          if _uses_calibration(data) else []),
+        *(
+            [
+                "calibration on record: "
+                + (
+                    "; ".join(
+                        f"`{k}` ({v if isinstance(v, str) else json.dumps(v, default=str)[:200]})"
+                        for k, v in calib.items()
+                    )
+                    if calib
+                    else "no calibration error on record in results/calibration/"
+                )
+            ]
+            if _uses_calibration(data)
+            else []
+        ),
         "planner time: measured on this machine, charged per `run.planner_clock` (default overlap: "
         "max(step, planner))",
     ]
@@ -767,7 +1168,9 @@ def _provenance_section(doc: Document, data: ReportData) -> None:
 def _uses_calibration(data: ReportData) -> bool:
     """Whether any number rests on a measured profile (the calibration matters to it)."""
     cells = data.cells
-    return not cells.empty and bool(((cells["cost_source"] == "profiled") | (cells["executor"] != "sim")).any())
+    return not cells.empty and bool(
+        ((cells["cost_source"] == "profiled") | (cells["executor"] != "sim")).any()
+    )
 
 
 def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
@@ -775,12 +1178,22 @@ def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
     validation, val_sp = data.validation, data.validation_speedups
     out = Path(inp.out_dir)
     decs = data.decompositions
-    runs = c.runs.assign(error=[scrub_paths(e) if e else e for e in c.runs["error"]]) if not c.runs.empty else c.runs
-    tables = {"cells": cells, "speedups": data.speedups, "method_vs_baseline": data.own,
-              "comparisons": data.comparisons, "sensitivity": data.sensitivity,
-              "validation": validation, "validation_speedups": val_sp,
-              "decomposition": pd.concat(decs, ignore_index=True) if decs else pd.DataFrame(),
-              "runs": runs}
+    runs = (
+        c.runs.assign(error=[scrub_paths(e) if e else e for e in c.runs["error"]])
+        if not c.runs.empty
+        else c.runs
+    )
+    tables = {
+        "cells": cells,
+        "speedups": data.speedups,
+        "method_vs_baseline": data.own,
+        "comparisons": data.comparisons,
+        "sensitivity": data.sensitivity,
+        "validation": validation,
+        "validation_speedups": val_sp,
+        "decomposition": pd.concat(decs, ignore_index=True) if decs else pd.DataFrame(),
+        "runs": runs,
+    }
     for name, df in tables.items():
         if df is not None and not df.empty:
             write_csv(df, out / "tables" / f"{name}.csv")
@@ -799,12 +1212,18 @@ def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
         "comparisons": _records(data.comparisons),
         "sensitivity": _records(data.sensitivity),
         "simulator_error": {
-            "median_abs_step_time_error": _none_if_nan(_nanmedian_abs(validation["error"])) if not validation.empty else None,
-            "median_abs_speedup_error": _none_if_nan(_nanmedian_abs(val_sp["error"])) if not val_sp.empty else None,
+            "median_abs_step_time_error": _none_if_nan(_nanmedian_abs(validation["error"]))
+            if not validation.empty
+            else None,
+            "median_abs_speedup_error": _none_if_nan(_nanmedian_abs(val_sp["error"]))
+            if not val_sp.empty
+            else None,
             "target": SIM_ERROR_TARGET,
             "cells": _records(validation),
         },
-        "workloads": {k: json.loads(scrub_paths(json.dumps(v, default=str))) for k, v in c.workloads.items()},
+        "workloads": {
+            k: json.loads(scrub_paths(json.dumps(v, default=str))) for k, v in c.workloads.items()
+        },
         "calibration": data.calibration,
         "notes": [scrub_paths(n) for n in inp.notes],
         **({"completeness": inp.completeness} if inp.completeness is not None else {}),
@@ -813,6 +1232,7 @@ def _write_summary(data: ReportData, paths: dict[str, Any]) -> dict[str, Any]:
     atomic_write_json(out / "summary.json", summary)
     # The caller (a command printing where the report is) gets the real paths; the file does not.
     return {**summary, "report": {k: str(v) for k, v in paths.items()}}
+
 
 def _nanmedian_abs(values: pd.Series) -> float:
     """Median of |values| over the finite ones; nan when there are none (no warning)."""
@@ -842,13 +1262,17 @@ def _robustness(sens: pd.DataFrame, claims: dict[str, Any]) -> dict[str, list[st
             continue
         flips = []
         for _, r in sub.iterrows():
-            v = verdict(float(cl["value"]), float(cl["tolerance"]), float(r["ci_low"]), float(r["ci_high"]))
+            v = verdict(
+                float(cl["value"]), float(cl["tolerance"]), float(r["ci_low"]), float(r["ci_high"])
+            )
             flips.append((r["constant"], r["factor"], float(r["speedup"]), v))
         lo = min(f[2] for f in flips)
         hi = max(f[2] for f in flips)
         changed = [f"{k} x{f:g} ({s:.2f}x: {v})" for k, f, s, v in flips]
-        out[cl["id"]] = [f"sensitivity: with each uncertain constant halved or doubled the speedup ranges "
-                         f"{lo:.2f}x to {hi:.2f}x; verdicts: " + "; ".join(changed)]
+        out[cl["id"]] = [
+            f"sensitivity: with each uncertain constant halved or doubled the speedup ranges "
+            f"{lo:.2f}x to {hi:.2f}x; verdicts: " + "; ".join(changed)
+        ]
     return out
 
 
@@ -868,8 +1292,16 @@ def _loss_parity(c: Campaign) -> pd.DataFrame:
         ref_name, ref = next(iter(losses.items()))
         for name, ls in losses.items():
             if name != ref_name:
-                rows.append({"workload": wl, "seed": seed, "reference": ref_name, "method": name,
-                             "max_rel_loss_diff": max_relative_difference(ref, ls), "steps": min(len(ref), len(ls))})
+                rows.append(
+                    {
+                        "workload": wl,
+                        "seed": seed,
+                        "reference": ref_name,
+                        "method": name,
+                        "max_rel_loss_diff": max_relative_difference(ref, ls),
+                        "steps": min(len(ref), len(ls)),
+                    }
+                )
     return pd.DataFrame(rows)
 
 

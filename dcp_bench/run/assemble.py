@@ -33,7 +33,9 @@ class RunParts:
     def plan_step(self, batch: GlobalBatch) -> StepPlan:
         """The planner's plan of ``batch``, checked by the validator (structure, coverage and
         checkpoint settings: a plan that breaks them never reaches an executor)."""
-        plan = check_is_plan(self.planner.plan(batch, self.plan_cost), f"planner {type(self.planner).__name__}.plan")
+        plan = check_is_plan(
+            self.planner.plan(batch, self.plan_cost), f"planner {type(self.planner).__name__}.plan"
+        )
         validate_plan(plan, batch, num_layers=self.cost.model.num_layers)
         return plan
 
@@ -59,12 +61,19 @@ def assemble(spec: RunSpec) -> RunParts:
     """Build every part of the run ``spec`` describes (see the module docstring)."""
     cost = build_cost_model(spec)
     planner_source = spec.cost.planner_source
-    plan_cost = build_cost_model(spec, planner_source) if planner_source and planner_source != spec.cost.source else cost
+    plan_cost = (
+        build_cost_model(spec, planner_source)
+        if planner_source and planner_source != spec.cost.source
+        else cost
+    )
     noise = None
     if spec.noise.active:
-        noise = NoiseModel(seed=spec.seed, jitter_sigma=spec.noise.jitter_sigma,
-                           straggler_prob=spec.noise.straggler_prob,
-                           straggler_slowdown=spec.noise.straggler_slowdown)
+        noise = NoiseModel(
+            seed=spec.seed,
+            jitter_sigma=spec.noise.jitter_sigma,
+            straggler_prob=spec.noise.straggler_prob,
+            straggler_slowdown=spec.noise.straggler_slowdown,
+        )
     return RunParts(
         workload=make_workload(spec.workload, seed=spec.seed),
         cost=cost,

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 class StepWorkload(Protocol):
     """A workload: the global batch of ``step`` for ``world_size`` ranks."""
 
-    def global_batch(self, step: int, world_size: int, max_seq_len: int | None = None) -> GlobalBatch: ...
+    def global_batch(
+        self, step: int, world_size: int, max_seq_len: int | None = None
+    ) -> GlobalBatch: ...
 
 
 @runtime_checkable

@@ -74,8 +74,10 @@ def epoch_capabilities(parts: RunParts, spec: RunSpec) -> tuple[EpochSampler, Fi
     lacks the capability)."""
     planner, workload = parts.planner, parts.workload
     if not isinstance(planner, EpochSampler) or not isinstance(workload, FixedDataset):
-        raise ConfigError(f"run.unit=epoch needs a method with a reference epoch sampler and a workload "
-                          f"with a fixed dataset ({spec.method_name} on {spec.workload_name})")
+        raise ConfigError(
+            f"run.unit=epoch needs a method with a reference epoch sampler and a workload "
+            f"with a fixed dataset ({spec.method_name} on {spec.workload_name})"
+        )
     return planner, workload
 
 
@@ -87,7 +89,9 @@ def deal_steps(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[Step
         return
     for step in range(spec.total_steps):
         batch = parts.workload.global_batch(step, world_size, spec.model.max_seq_len)
-        yield StepDeal(step=step, batch=batch, plan_fn=parts.plan_step, warmup=step < spec.warmup_steps)
+        yield StepDeal(
+            step=step, batch=batch, plan_fn=parts.plan_step, warmup=step < spec.warmup_steps
+        )
 
 
 def _epoch_deals(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[StepDeal]:
@@ -99,17 +103,28 @@ def _epoch_deals(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[St
         deal = sampler.plan_epoch(dataset, parts.plan_cost, epoch)
         share = (time.perf_counter() - t0) / max(1, len(deal.iterations))
         if not deal.iterations:
-            drops = ", ".join(f"{k} {v}" for k, v in deal.info.get("dropped_samples", {}).items() if v)
-            raise ConfigError(f"epoch {epoch}: the sampler dealt no iteration from the dataset's {dataset.n} samples "
-                              f"(dropped: {drops or 'none'}); expected buckets of at least one batch each "
-                              "(a larger workload.data_size)")
+            drops = ", ".join(
+                f"{k} {v}" for k, v in deal.info.get("dropped_samples", {}).items() if v
+            )
+            raise ConfigError(
+                f"epoch {epoch}: the sampler dealt no iteration from the dataset's {dataset.n} samples "
+                f"(dropped: {drops or 'none'}); expected buckets of at least one batch each "
+                "(a larger workload.data_size)"
+            )
         for i, it in enumerate(deal.iterations):
             sub = dataset.subset(it.positions)
             batch = dataclasses.replace(sub, step=step, info={"epoch": epoch, "iteration": i})
             validate_plan(it.plan, batch, num_layers=parts.cost.model.num_layers)
             info = {**deal.info, "planner_s": share * len(deal.iterations)} if i == 0 else None
-            yield StepDeal(step=step, batch=batch, plan_fn=_planned(it.plan), planner_s=share, epoch=epoch,
-                           iteration=i, epoch_info=info)
+            yield StepDeal(
+                step=step,
+                batch=batch,
+                plan_fn=_planned(it.plan),
+                planner_s=share,
+                epoch=epoch,
+                iteration=i,
+                epoch_info=info,
+            )
             step += 1
 
 

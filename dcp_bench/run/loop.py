@@ -127,7 +127,9 @@ def step_record(
         predicted = simulate_step(plan, batch, parts.cost)
         extra["predicted_step_time_s"] = predicted.step_time_s
         extra["predicted_peak_mem_gib"] = predicted.peak_mem_gib
-        extra["predicted_peak_mem_per_rank_gib"] = (predicted.peak_mem_bytes / 2**30).round(4).tolist()
+        extra["predicted_peak_mem_per_rank_gib"] = (
+            (predicted.peak_mem_bytes / 2**30).round(4).tolist()
+        )
     return StepRecord(
         step=step,
         step_time_s=charge_planner(out.step_time_s, planner_s - tune_s, spec.planner_clock),
@@ -181,7 +183,9 @@ def run_steps(
         if deal.planner_s is not None:
             planner_s = deal.planner_s
         out = executor.execute(plan, batch)
-        rec = step_record(deal.step, spec, parts, executor, batch, plan, planner_s, out, warmup=deal.warmup)
+        rec = step_record(
+            deal.step, spec, parts, executor, batch, plan, planner_s, out, warmup=deal.warmup
+        )
         if deal.epoch is not None:
             rec.extra.update(epoch=deal.epoch, iteration=deal.iteration)
             latent = latent_token_count(parts, batch, plan)
@@ -242,12 +246,20 @@ def _summary_extra(
         "target": spec.method.target,
         # model variants for the report's sensitivity: the scales and the cost-model options that
         # vary a term (they select the same cells as the scales)
-        "scales": {**spec.cost.scale_map, **{k: v for k, v in spec.cost.options if k in MODEL_VARIANT_OPTIONS}},
+        "scales": {
+            **spec.cost.scale_map,
+            **{k: v for k, v in spec.cost.options if k in MODEL_VARIANT_OPTIONS},
+        },
         "mem_cap_fraction": spec.mem_cap_fraction,
         "world_size": executor.world_size,
         "planner_clock": spec.planner_clock,
-        "noise": {"jitter_sigma": spec.noise.jitter_sigma, "straggler_prob": spec.noise.straggler_prob,
-                  "straggler_slowdown": spec.noise.straggler_slowdown} if spec.noise.active else None,
+        "noise": {
+            "jitter_sigma": spec.noise.jitter_sigma,
+            "straggler_prob": spec.noise.straggler_prob,
+            "straggler_slowdown": spec.noise.straggler_slowdown,
+        }
+        if spec.noise.active
+        else None,
         "samples_per_s": (total_samples / total_time) if ok and total_time > 0 else None,
         "comm_share": _median([s.comm_share for s in measured]),
         "executed_s": _median([s.extra.get("executed_s") for s in measured]),
@@ -260,17 +272,28 @@ def _summary_extra(
     if status == "timeout" and spec.limit_source:
         extra["limit"] = "budget"  # cut by a sweep's deadline, not by the run's own run.timeout_s
     if isinstance(workload, DocumentedWorkload) and isinstance(workload.provenance, dict):
-        extra["workload"] = {"description": str(workload.description), "provenance": dict(workload.provenance)}
+        extra["workload"] = {
+            "description": str(workload.description),
+            "provenance": dict(workload.provenance),
+        }
     if any(v is not None for v in losses):
         extra["losses"] = losses
         extra["grad_norms"] = [s.grad_norm for s in steps]
         extra["step_times_s"] = [s.step_time_s for s in steps]
-    extra["lower_bound_physical_s"] = _median([s.extra.get("lower_bound_physical_s") for s in measured])
+    extra["lower_bound_physical_s"] = _median(
+        [s.extra.get("lower_bound_physical_s") for s in measured]
+    )
     extra.update(planning_cost(steps))
     if executor.measured:
-        extra["predicted_step_time_s"] = _median([s.extra.get("predicted_step_time_s") for s in measured])
+        extra["predicted_step_time_s"] = _median(
+            [s.extra.get("predicted_step_time_s") for s in measured]
+        )
         extra["predicted_peak_mem_gib"] = max(
-            (s.extra["predicted_peak_mem_gib"] for s in steps if s.extra.get("predicted_peak_mem_gib") is not None),
+            (
+                s.extra["predicted_peak_mem_gib"]
+                for s in steps
+                if s.extra.get("predicted_peak_mem_gib") is not None
+            ),
             default=None,
         )
     return extra
@@ -314,7 +337,9 @@ def summarise(
         step_time_s=_median([s.step_time_s for s in measured]) if ok else None,
         lower_bound_s=_median([s.lower_bound_s for s in measured]),
         imbalance=_median([s.imbalance for s in measured]),
-        peak_mem_gib=max((s.peak_mem_gib for s in steps if s.peak_mem_gib is not None), default=None),
+        peak_mem_gib=max(
+            (s.peak_mem_gib for s in steps if s.peak_mem_gib is not None), default=None
+        ),
         mfu=_median([s.mfu for s in measured]) if ok else None,
         planner_ms=_median([s.planner_ms for s in measured]),
         tokens_per_s=(total_tokens / total_time) if ok and total_time > 0 else None,
@@ -361,20 +386,32 @@ def execute_run(
         if not isinstance(exc, DcpBenchError):
             error += " @ " + traceback.format_exc().strip().splitlines()[-3].strip()[:200]
     desc: ExecutorInfo = executor or described(spec)
-    summary = summarise(spec, writer.steps, status, error, desc, parts.cost if parts else None, started,
-                        parts.workload if parts else None)
+    summary = summarise(
+        spec,
+        writer.steps,
+        status,
+        error,
+        desc,
+        parts.cost if parts else None,
+        started,
+        parts.workload if parts else None,
+    )
     return writer.finish(summary)
 
 
 def described(spec: RunSpec) -> ExecutorDescription:
     """The executor a run names, for a summary written without it."""
     measured = spec.executor == "torch"
-    return ExecutorDescription(world_size=spec.world_size, measured=measured,
-                               hardware=f"{'' if measured else 'simulated '}{spec.cluster.name}")
+    return ExecutorDescription(
+        world_size=spec.world_size,
+        measured=measured,
+        hardware=f"{'' if measured else 'simulated '}{spec.cluster.name}",
+    )
 
 
-def record_unfinished(spec: RunSpec, status: str, error: str, started: float,
-                      extra: dict[str, Any] | None = None) -> RunSummary:
+def record_unfinished(
+    spec: RunSpec, status: str, error: str, started: float, extra: dict[str, Any] | None = None
+) -> RunSummary:
     """The summary of a run whose processes ended without writing one (killed at its time
     limit, crashed, killed by the OS), from the steps they did write. The folder is taken over
     first, so a writer of the run that is somehow still alive can no longer write to it."""

@@ -61,10 +61,16 @@ def forecast_memory(spec: RunSpec, build: Assemble = assemble) -> MemoryForecast
             where = deal.where
             plan = deal.plan_fn(deal.batch)
         except DcpBenchError as exc:
-            raise MemoryPrecheckError(f"refusing to launch: {where} cannot be planned: {exc}") from None
+            raise MemoryPrecheckError(
+                f"refusing to launch: {where} cannot be planned: {exc}"
+            ) from None
         planned += 1
         peak = np.asarray(simulate_step(plan, deal.batch, parts.cost).peak_mem_bytes, dtype=float)
-        node = float(peak.reshape(-1, per_node).sum(axis=1).max()) if peak.size % per_node == 0 else float(peak.sum())
+        node = (
+            float(peak.reshape(-1, per_node).sum(axis=1).max())
+            if peak.size % per_node == 0
+            else float(peak.sum())
+        )
         if node > best.node_peak_bytes:
             best = MemoryForecast(float(peak.max()), node, deal.step, per_node, 0)
     return dataclasses.replace(best, steps_planned=planned)

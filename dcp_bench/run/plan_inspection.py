@@ -39,7 +39,10 @@ def load_step(overrides: list[str], step: int) -> StepInput:
 
 def _planner_plan(inp: StepInput) -> StepPlan:
     parts = inp.parts
-    return check_is_plan(parts.planner.plan(inp.batch, parts.plan_cost), f"planner {type(parts.planner).__name__}.plan")
+    return check_is_plan(
+        parts.planner.plan(inp.batch, parts.plan_cost),
+        f"planner {type(parts.planner).__name__}.plan",
+    )
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,12 @@ def plan_step(inp: StepInput, validate: bool = True) -> PlannedStep:
     plan.info = {
         **plan.info,
         "planner_ms": planner_ms,
-        "batch": {"step": batch.step, "sample_ids": batch.sample_ids.tolist(), "tokens": batch.tokens.tolist(),
-                  "frames": batch.frames.tolist()},
+        "batch": {
+            "step": batch.step,
+            "sample_ids": batch.sample_ids.tolist(),
+            "tokens": batch.tokens.tolist(),
+            "frames": batch.frames.tolist(),
+        },
         "cost_model": inp.parts.cost.describe(),
     }
     return PlannedStep(input=inp, plan=plan, planner_ms=planner_ms)
@@ -119,8 +126,16 @@ def check_step_plan(inp: StepInput) -> PlanCheck:
         plan = _planner_plan(inp)
     except Exception as exc:  # the check reports a planner that fails instead of crashing with it
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        return PlanCheck(raised=f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})", offences=[],
-                         rules=len(PLAN_RULES), memory_cap_gib=None)
+        return PlanCheck(
+            raised=f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})",
+            offences=[],
+            rules=len(PLAN_RULES),
+            memory_cap_gib=None,
+        )
     offences = plan_offences(plan, inp.batch, inp.parts.cost)
-    return PlanCheck(raised=None, offences=offences, rules=len(PLAN_RULES),
-                     memory_cap_gib=inp.parts.cost.memory_cap_bytes / 2**30)
+    return PlanCheck(
+        raised=None,
+        offences=offences,
+        rules=len(PLAN_RULES),
+        memory_cap_gib=inp.parts.cost.memory_cap_bytes / 2**30,
+    )

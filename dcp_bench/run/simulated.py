@@ -22,7 +22,9 @@ def run_simulated(
     Failures become the run's status, never an exception (except KeyboardInterrupt, which leaves
     the run incomplete for a resumed sweep to redo). ``build`` replaces the assembly (tests bind
     small stand-ins)."""
-    writer = RunWriter(spec.root, spec.campaign, spec.run_id, config=dict(spec.config), env=env, enabled=write)
+    writer = RunWriter(
+        spec.root, spec.campaign, spec.run_id, config=dict(spec.config), env=env, enabled=write
+    )
     started = time.time()
     try:
         parts = build(spec)

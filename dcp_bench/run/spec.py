@@ -45,8 +45,17 @@ BOOKKEEPING_KEYS = ("root", "campaign", "repeats", "jobs", "progress", "timeout_
 # dcp_bench/conf/config.yaml and conf/run/default.yaml write the same values; a test keeps them
 # equal.
 RUN_DEFAULTS: dict[str, Any] = {
-    "unit": "auto", "epochs": 1, "steps": 20, "warmup_steps": 2, "root": "runs", "campaign": "default",
-    "executor": "sim", "nproc": None, "timeout_s": None, "kill_grace_s": None, "planner_clock": "overlap",
+    "unit": "auto",
+    "epochs": 1,
+    "steps": 20,
+    "warmup_steps": 2,
+    "root": "runs",
+    "campaign": "default",
+    "executor": "sim",
+    "nproc": None,
+    "timeout_s": None,
+    "kill_grace_s": None,
+    "planner_clock": "overlap",
 }
 MEM_CAP_DEFAULT = 0.7
 
@@ -107,8 +116,16 @@ class TrainSettings:
         """torchrun's rendezvous arguments: standalone on one node, c10d across nodes."""
         if self.nnodes == 1 and not self.rdzv_endpoint:
             return ("--standalone",)
-        return ("--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                str(self.rdzv_endpoint), "--rdzv-id", self.rdzv_id)
+        return (
+            "--nnodes",
+            str(self.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            str(self.rdzv_endpoint),
+            "--rdzv-id",
+            self.rdzv_id,
+        )
 
 
 class _Node(Mapping[str, Any]):
@@ -162,18 +179,27 @@ class WorkloadSpec(_Node):
 
 def _method_spec(node: dict[str, Any]) -> MethodSpec:
     if not node.get("_target_"):
-        raise ConfigError(f"method config {node.get('name')!r} has no _target_ naming its planner class")
+        raise ConfigError(
+            f"method config {node.get('name')!r} has no _target_ naming its planner class"
+        )
     mode = node.get("mode", "fair")
     if mode not in ("fair", "paper"):
         raise ConfigError(f"method.mode={mode!r}; expected fair or paper")
-    return MethodSpec(name=str(node.get("name", "method")), target=str(node["_target_"]), mode=str(mode),
-                      node=node)
+    return MethodSpec(
+        name=str(node.get("name", "method")),
+        target=str(node["_target_"]),
+        mode=str(mode),
+        node=node,
+    )
 
 
 def _workload_spec(node: dict[str, Any]) -> WorkloadSpec:
     target = node.get("_target_")
-    return WorkloadSpec(name=str(node.get("name", "workload")), target=None if target is None else str(target),
-                        node=node)
+    return WorkloadSpec(
+        name=str(node.get("name", "workload")),
+        target=None if target is None else str(target),
+        node=node,
+    )
 
 
 @dataclass(frozen=True)
@@ -208,7 +234,9 @@ class RunSpec:
     names: Mapping[str, str] = field(default_factory=dict)
     unit: str = "step"  # step: steps of fresh global batches; epoch: the reference's epoch loop
     epochs: int = 1  # run.unit=epoch: measured epochs over the workload's fixed dataset
-    limit_source: str = ""  # what set timeout_s when not run.timeout_s (e.g. a section's time budget)
+    limit_source: str = (
+        ""  # what set timeout_s when not run.timeout_s (e.g. a section's time budget)
+    )
     # The ZeRO stage of the runtime's training states (real runs) and of the cost model that
     # prices them: ``cost.zero_stage``, or the policy's default when that is null.
     zero_stage: int = DEFAULT_ZERO_STAGE
@@ -235,14 +263,20 @@ class RunSpec:
         returns)."""
         if self.timeout_s is None:
             return None
-        grace = self.kill_grace_s if self.kill_grace_s is not None else max(10.0, 0.25 * self.timeout_s)
+        grace = (
+            self.kill_grace_s if self.kill_grace_s is not None else max(10.0, 0.25 * self.timeout_s)
+        )
         return self.timeout_s + grace
 
-    def with_timeout(self, timeout_s: float | None, source: str = "", kill_grace_s: float | None = None) -> RunSpec:
+    def with_timeout(
+        self, timeout_s: float | None, source: str = "", kill_grace_s: float | None = None
+    ) -> RunSpec:
         """The same run under another time limit, set by ``source`` (e.g. "the time budget"; empty:
         ``run.timeout_s``), optionally with another kill grace: identity unchanged."""
         grace = self.kill_grace_s if kill_grace_s is None else kill_grace_s
-        return dataclasses.replace(self, timeout_s=timeout_s, limit_source=source, kill_grace_s=grace)
+        return dataclasses.replace(
+            self, timeout_s=timeout_s, limit_source=source, kill_grace_s=grace
+        )
 
     def limit_text(self) -> str:
         """What limits the run's time, for messages: ``run.timeout_s=180`` or the budget that cut it."""
@@ -270,7 +304,10 @@ def _int(value: Any, key: str, minimum: int | None = None, allow_none: bool = Fa
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or value is None:
-        raise ConfigError(f"{key}={value!r}: expected an integer" + (f" >= {minimum}" if minimum is not None else ""))
+        raise ConfigError(
+            f"{key}={value!r}: expected an integer"
+            + (f" >= {minimum}" if minimum is not None else "")
+        )
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, str):
@@ -285,8 +322,14 @@ def _int(value: Any, key: str, minimum: int | None = None, allow_none: bool = Fa
     return value
 
 
-def _float(value: Any, key: str, positive: bool = False, allow_none: bool = False, lo: float | None = None,
-           hi: float | None = None) -> Any:
+def _float(
+    value: Any,
+    key: str,
+    positive: bool = False,
+    allow_none: bool = False,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> Any:
     if value is None and allow_none:
         return None
     if isinstance(value, bool):
@@ -309,14 +352,25 @@ CAMPAIGN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def _campaign(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or not CAMPAIGN_NAME.fullmatch(str(value)):
-        raise ConfigError(f"run.campaign={value!r}: expected one folder name of 1 to 100 characters from "
-                          "A-Z a-z 0-9 . _ - (starting with a letter or digit)")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (str, int))
+        or not CAMPAIGN_NAME.fullmatch(str(value))
+    ):
+        raise ConfigError(
+            f"run.campaign={value!r}: expected one folder name of 1 to 100 characters from "
+            "A-Z a-z 0-9 . _ - (starting with a letter or digit)"
+        )
     return str(value)
 
 
 def _path(value: Any, key: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value) or "\0" in str(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (str, int))
+        or not str(value)
+        or "\0" in str(value)
+    ):
         raise ConfigError(f"{key}={value!r}: expected a folder path")
     return str(value)
 
@@ -336,14 +390,20 @@ def _cost_settings(node: dict[str, Any]) -> CostSettings:
     profile = node.pop("profile", None)
     zero_stage = _int(node.pop("zero_stage", None), "cost.zero_stage", minimum=0, allow_none=True)
     if zero_stage is not None and zero_stage not in ZERO_STAGES:
-        raise ConfigError(f"cost.zero_stage={zero_stage}: expected one of {', '.join(map(str, ZERO_STAGES))} or null")
+        raise ConfigError(
+            f"cost.zero_stage={zero_stage}: expected one of {', '.join(map(str, ZERO_STAGES))} or null"
+        )
     raw_scales = node.pop("scales", None) or {}
     if not isinstance(raw_scales, Mapping):
-        raise ConfigError(f"cost.scales={raw_scales!r}: expected a mapping of {', '.join(SCALE_KEYS)}")
+        raise ConfigError(
+            f"cost.scales={raw_scales!r}: expected a mapping of {', '.join(SCALE_KEYS)}"
+        )
     scales = []
     for key, val in sorted(raw_scales.items()):
         if key not in SCALE_KEYS:
-            raise ConfigError(f"cost.scales.{key}: unknown constant; expected one of {', '.join(SCALE_KEYS)}")
+            raise ConfigError(
+                f"cost.scales.{key}: unknown constant; expected one of {', '.join(SCALE_KEYS)}"
+            )
         factor = _float(val, f"cost.scales.{key}", positive=True)
         if factor != SCALE_DEFAULTS[key]:
             scales.append((str(key), factor))
@@ -361,14 +421,18 @@ def _train_settings(node: dict[str, Any]) -> TrainSettings:
     known = {f.name for f in dataclasses.fields(TrainSettings)}
     unknown = sorted(set(node) - known)
     if unknown:
-        raise ConfigError(f"train.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"train.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known))}"
+        )
     d = TrainSettings()
     clip = node.get("grad_clip", d.grad_clip)
     nnodes = _int(node.get("nnodes", d.nnodes), "train.nnodes (nnodes)", minimum=1)
     endpoint = node.get("rdzv_endpoint")
     if nnodes > 1 and not endpoint:
-        raise ConfigError(f"train.nnodes (nnodes)={nnodes}: a multi-node run needs rdzv_endpoint=HOST:PORT "
-                          "(the node that hosts the rendezvous)")
+        raise ConfigError(
+            f"train.nnodes (nnodes)={nnodes}: a multi-node run needs rdzv_endpoint=HOST:PORT "
+            "(the node that hosts the rendezvous)"
+        )
     if endpoint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-\[\]:]+:\d+", str(endpoint)):
         raise ConfigError(f"train.rdzv_endpoint (rdzv_endpoint)={endpoint!r}: expected HOST:PORT")
     return TrainSettings(
@@ -377,7 +441,9 @@ def _train_settings(node: dict[str, Any]) -> TrainSettings:
         backend=_choice(node.get("backend", d.backend), "train.backend", ("auto", "gloo", "nccl")),
         device=_choice(node.get("device", d.device), "train.device", ("auto", "cpu", "cuda")),
         threads=_int(node.get("threads", d.threads), "train.threads", minimum=1),
-        pg_timeout_s=_float(node.get("pg_timeout_s", d.pg_timeout_s), "train.pg_timeout_s", positive=True),
+        pg_timeout_s=_float(
+            node.get("pg_timeout_s", d.pg_timeout_s), "train.pg_timeout_s", positive=True
+        ),
         fail_rank=_int(node.get("fail_rank", d.fail_rank), "train.fail_rank", minimum=-1),
         fail_step=_int(node.get("fail_step", d.fail_step), "train.fail_step", minimum=0),
         nnodes=nnodes,
@@ -389,9 +455,18 @@ def _train_settings(node: dict[str, Any]) -> TrainSettings:
 def _noise_settings(node: dict[str, Any]) -> NoiseSettings:
     d = NoiseSettings()
     return NoiseSettings(
-        jitter_sigma=_float(node.get("jitter_sigma", d.jitter_sigma), "run.noise.jitter_sigma", lo=0.0, hi=10.0),
-        straggler_prob=_float(node.get("straggler_prob", d.straggler_prob), "run.noise.straggler_prob", lo=0.0, hi=1.0),
-        straggler_slowdown=_float(node.get("straggler_slowdown", d.straggler_slowdown), "run.noise.straggler_slowdown", lo=1.0, hi=1e6),
+        jitter_sigma=_float(
+            node.get("jitter_sigma", d.jitter_sigma), "run.noise.jitter_sigma", lo=0.0, hi=10.0
+        ),
+        straggler_prob=_float(
+            node.get("straggler_prob", d.straggler_prob), "run.noise.straggler_prob", lo=0.0, hi=1.0
+        ),
+        straggler_slowdown=_float(
+            node.get("straggler_slowdown", d.straggler_slowdown),
+            "run.noise.straggler_slowdown",
+            lo=1.0,
+            hi=1e6,
+        ),
     )
 
 
@@ -417,8 +492,10 @@ def _class_of(target: Any) -> Any:
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
         text = (str(exc).strip().splitlines() or [""])[0]
-        raise ConfigError(f"_target_ {target!r}: importing module {module!r} raised {type(exc).__name__}"
-                          f"{': ' + text if text else ''}{where}") from None
+        raise ConfigError(
+            f"_target_ {target!r}: importing module {module!r} raised {type(exc).__name__}"
+            f"{': ' + text if text else ''}{where}"
+        ) from None
 
 
 def _epoch_missing(method: MethodSpec, workload: WorkloadSpec) -> str:
@@ -491,11 +568,28 @@ def cell_hashes(cfg: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _check_run_keys(run: Mapping[str, Any]) -> None:
-    known_run = {"steps", "warmup_steps", "repeats", "root", "campaign", "executor", "nproc", "timeout_s",
-                 "kill_grace_s", "planner_clock", "noise", "jobs", "progress", "unit", "epochs"}
+    known_run = {
+        "steps",
+        "warmup_steps",
+        "repeats",
+        "root",
+        "campaign",
+        "executor",
+        "nproc",
+        "timeout_s",
+        "kill_grace_s",
+        "planner_clock",
+        "noise",
+        "jobs",
+        "progress",
+        "unit",
+        "epochs",
+    }
     unknown = sorted(set(run) - known_run)
     if unknown:
-        raise ConfigError(f"run.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known_run))}")
+        raise ConfigError(
+            f"run.{unknown[0]}: unknown key; expected one of {', '.join(sorted(known_run))}"
+        )
 
 
 def _run_unit(run: Mapping[str, Any], method: MethodSpec, workload: WorkloadSpec) -> str:
@@ -507,8 +601,10 @@ def _run_unit(run: Mapping[str, Any], method: MethodSpec, workload: WorkloadSpec
     if unit == "auto":
         unit = "epoch" if mode == "paper" and not missing else "step"
     if unit == "epoch" and mode != "paper":
-        raise ConfigError("run.unit=epoch runs the reference runtime's epoch loop, which is paper mode; "
-                          "expected method.mode=paper (or run.unit=step)")
+        raise ConfigError(
+            "run.unit=epoch runs the reference runtime's epoch loop, which is paper mode; "
+            "expected method.mode=paper (or run.unit=step)"
+        )
     if unit == "epoch" and missing:
         raise ConfigError(f"run.unit=epoch: {missing}; expected run.unit=step")
     return unit
@@ -529,14 +625,20 @@ def _check_ranks(cluster: ClusterSpec, train: TrainSettings, total_steps: int) -
     """The run's ranks split evenly over its nodes, and an injected failure names a rank and a
     step (of ``total_steps``, warm-up included) the run has."""
     if cluster.world_size % train.nnodes:
-        raise ConfigError(f"train.nnodes (nnodes)={train.nnodes}: the run's {cluster.world_size} ranks do not "
-                          "split evenly over the nodes")
+        raise ConfigError(
+            f"train.nnodes (nnodes)={train.nnodes}: the run's {cluster.world_size} ranks do not "
+            "split evenly over the nodes"
+        )
     if train.fail_rank >= cluster.world_size:
-        raise ConfigError(f"train.fail_rank={train.fail_rank}: expected -1 (no injected failure) or a rank "
-                          f"< {cluster.world_size} (the run's world size)")
+        raise ConfigError(
+            f"train.fail_rank={train.fail_rank}: expected -1 (no injected failure) or a rank "
+            f"< {cluster.world_size} (the run's world size)"
+        )
     if train.fail_rank >= 0 and train.fail_step >= total_steps:
-        raise ConfigError(f"train.fail_step={train.fail_step}: expected a step < {total_steps} "
-                          f"(warmup_steps + steps), or the injected failure never happens")
+        raise ConfigError(
+            f"train.fail_step={train.fail_step}: expected a step < {total_steps} "
+            f"(warmup_steps + steps), or the injected failure never happens"
+        )
 
 
 def parse_run_spec(
@@ -555,13 +657,19 @@ def parse_run_spec(
     run = _node(cfg, "run")
     _check_run_keys(run)
     steps = _int(run.get("steps", RUN_DEFAULTS["steps"]), "run.steps (steps)", minimum=1)
-    warmup = _int(run.get("warmup_steps", RUN_DEFAULTS["warmup_steps"]), "run.warmup_steps", minimum=0)
+    warmup = _int(
+        run.get("warmup_steps", RUN_DEFAULTS["warmup_steps"]), "run.warmup_steps", minimum=0
+    )
     executor = _choice(run.get("executor", RUN_DEFAULTS["executor"]), "run.executor", EXECUTORS)
-    clock = _choice(run.get("planner_clock", RUN_DEFAULTS["planner_clock"]), "run.planner_clock", PLANNER_CLOCKS)
+    clock = _choice(
+        run.get("planner_clock", RUN_DEFAULTS["planner_clock"]), "run.planner_clock", PLANNER_CLOCKS
+    )
     timeout = _float(run.get("timeout_s"), "run.timeout_s", positive=True, allow_none=True)
     grace = _float(run.get("kill_grace_s"), "run.kill_grace_s", lo=0.0, hi=1e9, allow_none=True)
     noise = _noise_settings(_node(run, "noise"))
-    mem_cap = _float(cfg.get("mem_cap_fraction", MEM_CAP_DEFAULT), "mem_cap_fraction", lo=1e-6, hi=1.0)
+    mem_cap = _float(
+        cfg.get("mem_cap_fraction", MEM_CAP_DEFAULT), "mem_cap_fraction", lo=1e-6, hi=1.0
+    )
     cost = _cost_settings(_node(cfg, "cost"))
     train = _train_settings(_node(cfg, "train"))
 
@@ -573,7 +681,9 @@ def parse_run_spec(
     cluster = _resolve_group(_node(cfg, "cluster"), "cluster", resolve_cluster)
     model = _resolve_group(_node(cfg, "model"), "model", resolve_model)
     if getattr(model, "num_layers", 1) < 1:
-        raise ConfigError(f"model.num_layers={model.num_layers} (model {model.name!r}): expected an integer >= 1")
+        raise ConfigError(
+            f"model.num_layers={model.num_layers} (model {model.name!r}): expected an integer >= 1"
+        )
     cluster = _resized(cluster, run)
     _check_ranks(cluster, train, warmup + steps)
 
@@ -581,10 +691,16 @@ def parse_run_spec(
     workload_name = names.get("workload") or workload.name
     cell, context = cell_hashes(cfg)
     paper_tag = ("-paper-step" if unit == "step" else "-paper") if mode == "paper" else ""
-    stem = "__".join(_slug(s) for s in (
-        f"{method.name}{paper_tag}",
-        workload_name, cluster.name, model.name, cell,
-    ))
+    stem = "__".join(
+        _slug(s)
+        for s in (
+            f"{method.name}{paper_tag}",
+            workload_name,
+            cluster.name,
+            model.name,
+            cell,
+        )
+    )
     return RunSpec(
         config=cfg,
         seed=seed,

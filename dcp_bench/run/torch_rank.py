@@ -34,7 +34,9 @@ from dcp_bench.runtime.groups import ProcessGroupPool
 from dcp_bench.runtime.training import build_training_state
 
 
-def worker_main(spec: RunSpec, owner: str | None = None, previous_attempt: str | None = None) -> int:
+def worker_main(
+    spec: RunSpec, owner: str | None = None, previous_attempt: str | None = None
+) -> int:
     """One rank of a real run (started by torchrun: RANK, WORLD_SIZE, LOCAL_RANK set). ``owner``:
     the token the launcher claimed the run folder with; rank 0 writes only while it holds."""
     torch.set_num_threads(spec.train.threads)
@@ -45,14 +47,33 @@ def worker_main(spec: RunSpec, owner: str | None = None, previous_attempt: str |
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         if world != spec.world_size:
-            raise TrainError(f"{world} ranks launched for a run of {spec.world_size} (cluster {spec.cluster.name})")
-        writer = RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config),
-                           env=collect_env() if rank == 0 else None, enabled=rank == 0, owner=owner)
+            raise TrainError(
+                f"{world} ranks launched for a run of {spec.world_size} (cluster {spec.cluster.name})"
+            )
+        writer = RunWriter(
+            spec.root,
+            spec.campaign,
+            spec.run_id,
+            dict(spec.config),
+            env=collect_env() if rank == 0 else None,
+            enabled=rank == 0,
+            owner=owner,
+        )
         pool = ProcessGroupPool(timeout_s=spec.train.pg_timeout_s)
         # The run's ZeRO stage, the one its cost model prices.
-        state = build_training_state(spec.model, spec.seed, device, spec.train.lr, zero_stage=spec.zero_stage)
-        executor = TorchExecutor(state, None, pool, seed=spec.seed, grad_clip=spec.train.grad_clip,
-                                 fail_rank=spec.train.fail_rank, fail_step=spec.train.fail_step, backend=backend)
+        state = build_training_state(
+            spec.model, spec.seed, device, spec.train.lr, zero_stage=spec.zero_stage
+        )
+        executor = TorchExecutor(
+            state,
+            None,
+            pool,
+            seed=spec.seed,
+            grad_clip=spec.train.grad_clip,
+            fail_rank=spec.train.fail_rank,
+            fail_step=spec.train.fail_step,
+            backend=backend,
+        )
         executor.info.update({"lr": spec.train.lr})
         if previous_attempt:  # the launcher's first attempt died without a rank's exception
             executor.info["previous_attempt"] = previous_attempt
@@ -67,16 +88,23 @@ def worker_main(spec: RunSpec, owner: str | None = None, previous_attempt: str |
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="one rank of a dcp-bench real run (started by torchrun)")
+    parser = argparse.ArgumentParser(
+        description="one rank of a dcp-bench real run (started by torchrun)"
+    )
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
     try:
         payload = json.loads(Path(args.spec).read_text())
-        return worker_main(spec_from_payload(payload), owner=payload.get("owner"),
-                           previous_attempt=payload.get("previous_attempt"))
+        return worker_main(
+            spec_from_payload(payload),
+            owner=payload.get("owner"),
+            previous_attempt=payload.get("previous_attempt"),
+        )
     except Exception as exc:
         rank = os.environ.get("RANK", "?")
-        sys.stderr.write(f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(
+            f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n"
+        )
         return 1
 
 

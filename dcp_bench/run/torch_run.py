@@ -66,16 +66,29 @@ class TrainError(DcpBenchError):
 
 def spec_payload(spec: RunSpec, owner: str | None) -> dict[str, Any]:
     """What the launcher hands every rank (as JSON in a file): the run's spec and the owner token."""
-    return {"config": dict(spec.config), "seed": spec.seed, "sweep": spec.sweep, "overrides": list(spec.overrides),
-            "timeout_s": spec.timeout_s, "limit_source": spec.limit_source, "kill_grace_s": spec.kill_grace_s,
-            "owner": owner}
+    return {
+        "config": dict(spec.config),
+        "seed": spec.seed,
+        "sweep": spec.sweep,
+        "overrides": list(spec.overrides),
+        "timeout_s": spec.timeout_s,
+        "limit_source": spec.limit_source,
+        "kill_grace_s": spec.kill_grace_s,
+        "owner": owner,
+    }
 
 
 def spec_from_payload(data: dict[str, Any]) -> RunSpec:
     """The `RunSpec` a rank parses from `spec_payload`'s dict (the same spec the launcher ran)."""
-    spec = parse_run_spec(data["config"], seed=data["seed"], sweep=data.get("sweep", ""),
-                          overrides=data.get("overrides", ()))
-    return spec.with_timeout(data.get("timeout_s"), data.get("limit_source", ""), data.get("kill_grace_s"))
+    spec = parse_run_spec(
+        data["config"],
+        seed=data["seed"],
+        sweep=data.get("sweep", ""),
+        overrides=data.get("overrides", ()),
+    )
+    return spec.with_timeout(
+        data.get("timeout_s"), data.get("limit_source", ""), data.get("kill_grace_s")
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -116,8 +129,10 @@ def check_local_ranks(spec: RunSpec) -> None:
     limit, why = local_rank_limit(spec)
     if local > limit:
         key = "run.nproc (nproc)" if spec.train.nnodes == 1 else "ranks per node (nproc / nnodes)"
-        raise ConfigError(f"{key}={local}: this machine can run at most {limit} ranks ({why}); lower nproc, "
-                          f"or set {MAX_LOCAL_RANKS_ENV}=N to allow more")
+        raise ConfigError(
+            f"{key}={local}: this machine can run at most {limit} ranks ({why}); lower nproc, "
+            f"or set {MAX_LOCAL_RANKS_ENV}=N to allow more"
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,11 +180,14 @@ def _signal_all(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def kill_run_tree(proc: subprocess.Popen[Any], mark: str, grace_s: float = 5.0, wait_s: float = 60.0) -> list[int]:
+def kill_run_tree(
+    proc: subprocess.Popen[Any], mark: str, grace_s: float = 5.0, wait_s: float = 60.0
+) -> list[int]:
     """Stop ``proc`` (started in its own session) and every process carrying ``mark``: SIGTERM to
     all of them (torchrun forwards it to its ranks), SIGKILL to whatever is left after
     ``grace_s``, then wait until none is alive (at most ``wait_s``). Returns the pids still alive
     after that (none, unless the kernel could not end them)."""
+
     def group(sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
@@ -195,14 +213,18 @@ def kill_run_tree(proc: subprocess.Popen[Any], mark: str, grace_s: float = 5.0, 
     return marked_processes(mark)
 
 
-def _run_session(cmd: list[str], env: dict[str, str], limit_s: float | None) -> tuple[int | None, str, list[int]]:
+def _run_session(
+    cmd: list[str], env: dict[str, str], limit_s: float | None
+) -> tuple[int | None, str, list[int]]:
     """Run ``cmd`` in a session of its own, every process of it marked; returns (exit code, or
     None when killed at ``limit_s``; stderr; pids that survived the cleanup). Whatever happens,
     the whole tree is gone (or reported) when this returns."""
     mark = uuid.uuid4().hex
     env = {**env, RUN_MARK_ENV: mark}
     with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
         try:
             code: int | None = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
@@ -232,8 +254,13 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
         owner = claim_run(run_dir)
         # A fresh folder (config, no steps, no summary): what an earlier run of this id left is
         # gone even if no rank ever starts.
-        RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config), enabled=True, owner=owner)
-        for name in (STDERR_LOG, STDERR_FIRST_ATTEMPT_LOG):  # an earlier failure's output is not this run's
+        RunWriter(
+            spec.root, spec.campaign, spec.run_id, dict(spec.config), enabled=True, owner=owner
+        )
+        for name in (
+            STDERR_LOG,
+            STDERR_FIRST_ATTEMPT_LOG,
+        ):  # an earlier failure's output is not this run's
             (run_dir / name).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="dcp-bench-run-") as tmp:
         spec_path = str(Path(tmp) / "spec.json")
@@ -248,18 +275,29 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
         for attempt in range(attempts):
             remaining = None if limit is None else max(1.0, limit - (time.time() - started))
             try:
-                code, stderr, survivors = _run_session(torchrun_command(spec, spec_path), env, remaining)
-            except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the ranks are stopped; say so in the record
+                code, stderr, survivors = _run_session(
+                    torchrun_command(spec, spec_path), env, remaining
+                )
+            except (
+                KeyboardInterrupt
+            ) as exc:  # Ctrl-C or SIGTERM: the ranks are stopped; say so in the record
                 if owner is not None or run_dir.exists():
                     _record_stopped(spec, run_dir, started, exc)
                 raise
-            if code not in (None, 0) and attempt + 1 < attempts and not survivors \
-                    and _not_summarised(run_dir, started) and _retryable(stderr):
+            if (
+                code not in (None, 0)
+                and attempt + 1 < attempts
+                and not survivors
+                and _not_summarised(run_dir, started)
+                and _retryable(stderr)
+            ):
                 # The launch failed, or a rank died without an exception of its own (a signal,
                 # a crash below Python): start the run once more, fresh, and say so in its record.
                 _keep_stderr(run_dir, stderr, STDERR_FIRST_ATTEMPT_LOG)
-                payload["previous_attempt"] = (f"attempt {attempt + 1} failed (torchrun exit {code}): "
-                                               f"{_error_tail(stderr)}; its output: {STDERR_FIRST_ATTEMPT_LOG}")
+                payload["previous_attempt"] = (
+                    f"attempt {attempt + 1} failed (torchrun exit {code}): "
+                    f"{_error_tail(stderr)}; its output: {STDERR_FIRST_ATTEMPT_LOG}"
+                )
                 Path(spec_path).write_text(json.dumps(payload, default=str))
                 continue
             break
@@ -268,8 +306,13 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
     summary = read_summary(run_dir) if run_dir.exists() else None
     fresh = summary is not None and (summary.started_at or 0.0) >= started - 1.0
     if survivors:
-        return record_unfinished(spec, "error", f"{len(survivors)} process(es) of the run could not be stopped "
-                                 f"(pids {', '.join(map(str, survivors[:8]))})", started)
+        return record_unfinished(
+            spec,
+            "error",
+            f"{len(survivors)} process(es) of the run could not be stopped "
+            f"(pids {', '.join(map(str, survivors[:8]))})",
+            started,
+        )
     if summary is not None and fresh and (code == 0 or summary.status != "ok"):
         return summary
     if summary is not None and fresh and code is not None and _retryable(stderr):
@@ -281,30 +324,55 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
     if code == 0 and summary is None and spec.train.nnodes > 1:
         # This node's ranks finished cleanly; rank 0 ran on another node and wrote the records there.
         note = summarise(spec, [], "ok", None, described(spec), None, started)
-        return dataclasses.replace(note, status="ok", error=None,
-                                   extra={**note.extra, "note": "rank 0 ran on another node, which holds the records"})
+        return dataclasses.replace(
+            note,
+            status="ok",
+            error=None,
+            extra={**note.extra, "note": "rank 0 ran on another node, which holds the records"},
+        )
     if code is None:
         steps = len(read_steps(run_dir)) if run_dir.exists() else 0
-        return record_unfinished(spec, "timeout", f"killed after {limit:.0f} s ({spec.limit_text()} plus grace); "
-                                 f"{steps} step(s) recorded", started)
+        return record_unfinished(
+            spec,
+            "timeout",
+            f"killed after {limit:.0f} s ({spec.limit_text()} plus grace); "
+            f"{steps} step(s) recorded",
+            started,
+        )
     _keep_stderr(run_dir, stderr)
-    return record_unfinished(spec, "error", f"training failed (torchrun exit {code}): {_error_tail(stderr)} "
-                             f"(ranks' output: {STDERR_LOG})", started)
+    return record_unfinished(
+        spec,
+        "error",
+        f"training failed (torchrun exit {code}): {_error_tail(stderr)} "
+        f"(ranks' output: {STDERR_LOG})",
+        started,
+    )
 
 
 def _record_stopped(spec: RunSpec, run_dir: Path, started: float, exc: BaseException) -> None:
     """The record of a run its command was stopped in (SIGTERM arrives as an exception whose
     text is ``signal N``; Ctrl-C as a bare KeyboardInterrupt): status error, naming the signal."""
     text = str(exc)
-    signum = int(text.split()[-1]) if text.startswith("signal ") and text.split()[-1].isdigit() else signal.SIGINT
+    signum = (
+        int(text.split()[-1])
+        if text.startswith("signal ") and text.split()[-1].isdigit()
+        else signal.SIGINT
+    )
     name = signal.Signals(signum).name
     steps = len(read_steps(run_dir)) if run_dir.exists() else 0
     with contextlib.suppress(Exception):  # the stop goes on whatever the record does
-        record_unfinished(spec, "error", f"stopped by {name} (signal {int(signum)}) after {steps} step(s) recorded",
-                          started, extra={"signal": int(signum), "signal_name": name})
+        record_unfinished(
+            spec,
+            "error",
+            f"stopped by {name} (signal {int(signum)}) after {steps} step(s) recorded",
+            started,
+            extra={"signal": int(signum), "signal_name": name},
+        )
 
 
-STDERR_LOG = "stderr.log"  # beside the records of a failed run: the tail of torchrun's and the ranks' stderr
+STDERR_LOG = (
+    "stderr.log"  # beside the records of a failed run: the tail of torchrun's and the ranks' stderr
+)
 STDERR_FIRST_ATTEMPT_LOG = "stderr.attempt1.log"  # the same for a first attempt that was retried
 STDERR_KEEP_LINES = 400
 
@@ -336,8 +404,12 @@ def _error_tail(stderr: str) -> str:
     marked = [ln[len(RANK_ERROR_MARK) :].strip() for ln in lines if ln.startswith(RANK_ERROR_MARK)]
     if marked:
         return marked[0][:500]
-    own = [ln for ln in lines if not ln.startswith(("File ", "[", "raise ", "Traceback", "=", "-"))
-           and not ln.endswith("ChildFailedError:")]
+    own = [
+        ln
+        for ln in lines
+        if not ln.startswith(("File ", "[", "raise ", "Traceback", "=", "-"))
+        and not ln.endswith("ChildFailedError:")
+    ]
     for signs in (("Error",), ("Signal", "exitcode")):
         for ln in reversed(own):
             if any(sign in ln for sign in signs):

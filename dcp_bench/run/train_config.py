@@ -21,8 +21,12 @@ from dcp_bench.workloads import make_workload
 # 2-core machine). Any of `CPU_SIZING_KEYS` given on the command line keeps the workload as it is.
 CPU_TOKENS_PER_RANK = 2048
 CPU_MAX_LEN = 2048
-CPU_SIZING_KEYS = ("workload.length_scale", "workload.tokens_per_gpu", "workload.samples_per_step",
-                   "workload.max_len")
+CPU_SIZING_KEYS = (
+    "workload.length_scale",
+    "workload.tokens_per_gpu",
+    "workload.samples_per_step",
+    "workload.max_len",
+)
 
 
 def resolve_train_config(overrides: list[str], notes: list[str] | None = None) -> dict[str, Any]:
@@ -34,8 +38,11 @@ def resolve_train_config(overrides: list[str], notes: list[str] | None = None) -
         raise ConfigError("train needs workload=NAME (see `dcp-bench workloads list`)")
     if "method" not in keys:
         raise ConfigError("train needs method=NAME (one of dcp_bench/conf/method)")
-    ovs = [*overrides, "run.executor=torch", "run.campaign=train"] if "campaign" not in keys and "run.campaign" not in keys \
+    ovs = (
+        [*overrides, "run.executor=torch", "run.campaign=train"]
+        if "campaign" not in keys and "run.campaign" not in keys
         else [*overrides, "run.executor=torch"]
+    )
     if "cluster" not in keys and not torch.cuda.is_available():
         ovs.append("cluster=cpu")
     cfg = to_container(load_config(ovs))
@@ -48,9 +55,11 @@ def resolve_train_config(overrides: list[str], notes: list[str] | None = None) -
         cfg = to_container(load_config([*ovs, *sizing]))
         full = cfg["workload"].get("tokens_per_gpu")
         if notes is not None:
-            notes.append(f"CPU-sized workload: {' '.join(sizing)} (about {CPU_TOKENS_PER_RANK} tokens per rank a "
-                         f"step, lengths divided by the scale and capped; the workload's full size, {full} tokens "
-                         "per rank: add workload.length_scale=1)")
+            notes.append(
+                f"CPU-sized workload: {' '.join(sizing)} (about {CPU_TOKENS_PER_RANK} tokens per rank a "
+                f"step, lengths divided by the scale and capped; the workload's full size, {full} tokens "
+                "per rank: add workload.length_scale=1)"
+            )
     return cfg
 
 
@@ -60,17 +69,25 @@ def cpu_sizing(cfg: dict[str, Any], keys: set[str], cuda: bool) -> list[str]:
     model = cfg.get("model") or {}
     work = cfg.get("workload") or {}
     cluster = cfg.get("cluster") or {}
-    cpu = str(cluster.get("name", "")) == "cpu" and (str((cfg.get("train") or {}).get("device", "auto")) == "cpu"
-                                                   or not cuda)
+    cpu = str(cluster.get("name", "")) == "cpu" and (
+        str((cfg.get("train") or {}).get("device", "auto")) == "cpu" or not cuda
+    )
     if not cpu or not str(model.get("name", "")).startswith("tiny_") or keys & set(CPU_SIZING_KEYS):
         return []
     budget = work.get("tokens_per_gpu")
-    if work.get("samples_per_step") is not None or isinstance(budget, bool) or not isinstance(budget, (int, float)):
+    if (
+        work.get("samples_per_step") is not None
+        or isinstance(budget, bool)
+        or not isinstance(budget, (int, float))
+    ):
         return []
     scale = max(1, math.ceil(float(budget) / CPU_TOKENS_PER_RANK))
     current = work.get("length_scale", 1)
-    out = [] if "length_scale" not in work or not isinstance(current, (int, float)) or current >= scale \
+    out = (
+        []
+        if "length_scale" not in work or not isinstance(current, (int, float)) or current >= scale
         else [f"workload.length_scale={scale}"]
+    )
     if "max_len" in work and (work["max_len"] is None or int(work["max_len"]) > CPU_MAX_LEN):
         out.append(f"workload.max_len={CPU_MAX_LEN}")
     return out

@@ -89,7 +89,9 @@ def repeat_kv(x: Tensor, rep: int, dim: int) -> Tensor:
     return x if rep == 1 else x.repeat_interleave(rep, dim=dim)
 
 
-def dense_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, fused_only: bool = False) -> Tensor:
+def dense_attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, fused_only: bool = False
+) -> Tensor:
     """SDPA on 4-D (B, H, S, D) tensors; k and v may have fewer heads (GQA). ``fused_only``
     restricts SDPA to its fused kernels (flash, memory-efficient, cuDNN): a call none of them
     takes is retried with k/v repeated to all heads (not every fused kernel takes GQA), then
@@ -105,7 +107,9 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, fused
         if gqa:
             rep = q.shape[1] // k.shape[1]
             with contextlib.suppress(RuntimeError):
-                return F.scaled_dot_product_attention(q, repeat_kv(k, rep, 1), repeat_kv(v, rep, 1), is_causal=causal)
+                return F.scaled_dot_product_attention(
+                    q, repeat_kv(k, rep, 1), repeat_kv(v, rep, 1), is_causal=causal
+                )
     raise ConfigError(
         f"no fused SDPA kernel takes q {tuple(q.shape)} k {tuple(k.shape)} {q.dtype} on {q.device} "
         f"(causal={causal}): {first}; use bf16/fp16 and a head dim the flash kernel supports"
@@ -117,7 +121,13 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, fused
 
 
 def _segments_sdpa(
-    q: Tensor, k: Tensor, v: Tensor, seg_lens: list[int], valid: list[int], causal: bool, fused_only: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    seg_lens: list[int],
+    valid: list[int],
+    causal: bool,
+    fused_only: bool,
 ) -> Tensor:
     outs: list[Tensor] = []
     start = 0
@@ -131,7 +141,9 @@ def _segments_sdpa(
     return torch.cat(outs, dim=0)
 
 
-def _real_rows(seg_lens: list[int], valid: list[int], device: torch.device) -> tuple[Tensor, Tensor, int]:
+def _real_rows(
+    seg_lens: list[int], valid: list[int], device: torch.device
+) -> tuple[Tensor, Tensor, int]:
     """(indices of the real tokens in the packed rows, cumulative int32 offsets, longest)."""
     idx_parts = []
     start = 0
@@ -156,7 +168,9 @@ def _torch_varlen_func() -> Any:
     return varlen_attn
 
 
-def _call_torch_varlen(fn: Any, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, causal: bool) -> Tensor:
+def _call_torch_varlen(
+    fn: Any, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, causal: bool
+) -> Tensor:
     # The signature changed between releases: older ones take ``is_causal``, newer ones
     # ``window_size`` (causal = (-1, 0)) and ``enable_gqa``.
     params = inspect.signature(fn).parameters
@@ -184,9 +198,13 @@ class AttentionKernel:
 
     def __post_init__(self) -> None:
         if self.name not in KERNELS:
-            raise ConfigError(f"attention kernel {self.name!r}; expected one of {', '.join(KERNELS)}")
+            raise ConfigError(
+                f"attention kernel {self.name!r}; expected one of {', '.join(KERNELS)}"
+            )
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, seg_lens: list[int], valid: list[int], causal: bool) -> Tensor:
+    def __call__(
+        self, q: Tensor, k: Tensor, v: Tensor, seg_lens: list[int], valid: list[int], causal: bool
+    ) -> Tensor:
         """q: (T, H, D), k and v: (T, KV, D) with KV dividing H, T = sum(seg_lens). Returns
         (T, H, D); no token attends across a segment boundary or to padding; padding rows are 0."""
         if self.name == "sdpa":
@@ -206,13 +224,18 @@ class AttentionKernel:
 PORTABLE = AttentionKernel("sdpa")
 
 
-def _probe(kernel: AttentionKernel, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+def _probe(
+    kernel: AttentionKernel, device: torch.device, dtype: torch.dtype, head_dim: int
+) -> str | None:
     """None when ``kernel`` runs forward and backward on this device and agrees with the SDPA
     per-segment reference on a small GQA case; else what went wrong."""
     g = torch.Generator(device="cpu").manual_seed(0)
     lens, valid = [40, 24], [33, 24]
     t = sum(lens)
-    q, k, v = (torch.randn(t, h, head_dim, generator=g).to(device, dtype).requires_grad_() for h in (4, 2, 2))
+    q, k, v = (
+        torch.randn(t, h, head_dim, generator=g).to(device, dtype).requires_grad_()
+        for h in (4, 2, 2)
+    )
     try:
         out = kernel(q, k, v, lens, valid, causal=True)
         out.float().square().sum().backward()
@@ -237,7 +260,9 @@ def select_attention_kernel(
     if not cuda:
         if prefer not in ("auto", "sdpa"):
             notes.append(f"{prefer}: no CPU kernel")
-        return AttentionKernel("sdpa", fused_only=False, notes=notes + ["cpu: per-segment SDPA (4-D, enable_gqa)"])
+        return AttentionKernel(
+            "sdpa", fused_only=False, notes=notes + ["cpu: per-segment SDPA (4-D, enable_gqa)"]
+        )
     order = ["flash_attn", "torch_varlen", "sdpa"] if prefer == "auto" else [prefer, "sdpa"]
     for name in order:
         if name == "sdpa":
@@ -256,7 +281,10 @@ def select_attention_kernel(
         notes.append(f"{name}: probe failed: {problem}")
     kernel = AttentionKernel("sdpa", fused_only=True)
     problem = _probe(kernel, device, dtype, head_dim)
-    kernel.notes = [*notes, "sdpa: per-segment fused SDPA" + ("" if problem is None else f" (probe: {problem})")]
+    kernel.notes = [
+        *notes,
+        "sdpa: per-segment fused SDPA" + ("" if problem is None else f" (probe: {problem})"),
+    ]
     return kernel
 
 
@@ -332,7 +360,9 @@ def ulysses_qkv_to_heads(
     kv = k.shape[1]
     check_heads(heads, P)
     if kv % P:
-        raise ConfigError(f"{kv} KV heads not divisible by the sequence-parallel degree {P}; repeat them first")
+        raise ConfigError(
+            f"{kv} KV heads not divisible by the sequence-parallel degree {P}; repeat them first"
+        )
     parts = [x.reshape(t_loc, P, x.shape[1] // P, dim) for x in (q, k, v)]
     send = torch.cat(parts, dim=2).transpose(0, 1)
     width = (heads + 2 * kv) // P

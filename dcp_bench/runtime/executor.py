@@ -76,7 +76,6 @@ def deal_samples(positions: list[int], tokens: np.ndarray, size: int) -> list[li
     return [[p for p in positions if owner[p] == r] for r in range(size)]
 
 
-
 def rank_work(
     plan: StepPlan, batch: GlobalBatch, rank: int, pool: ProcessGroupPool
 ) -> Iterator[tuple[int, MicroBatch, SPContext, list[int]]]:
@@ -98,7 +97,6 @@ def rank_work(
                     if not positions:
                         continue
                 yield r, mb, ctx, positions
-
 
 
 def round_pass_counts(plan: StepPlan, batch: GlobalBatch) -> list[list[int]]:
@@ -135,7 +133,9 @@ def step_token_count(plan: StepPlan, batch: GlobalBatch) -> int:
 
 
 def _training_state(
-    model: RuntimeModel | TrainingState, optimizer: torch.optim.Optimizer | None, bucket_elements: int
+    model: RuntimeModel | TrainingState,
+    optimizer: torch.optim.Optimizer | None,
+    bucket_elements: int,
 ) -> TrainingState:
     """``model`` itself when it is a `TrainingState` (which brings its own optimizer), else the
     bare model with the caller's ``optimizer`` (`UserOptimizerState`)."""
@@ -187,7 +187,9 @@ def execute_step(
         mine = [w for w in work if w[0] == r]
         for _, mb, ctx, positions in mine:
             pos = np.asarray(positions, dtype=np.int64)
-            inputs = net.make_inputs(batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, seed)
+            inputs = net.make_inputs(
+                batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, seed
+            )
             with busy.span():
                 if measure_memory:
                     with meter.active():
@@ -259,7 +261,9 @@ class TorchExecutor:
         fail_step: int = 0,
         backend: str = "",
     ) -> None:
-        self.state = model if isinstance(model, TrainingState) else UserOptimizerState(model, optimizer)
+        self.state = (
+            model if isinstance(model, TrainingState) else UserOptimizerState(model, optimizer)
+        )
         self.model = self.state.model
         self.optimizer = optimizer
         self.pool = pool
@@ -271,13 +275,18 @@ class TorchExecutor:
         self.world_size = pool.world_size
         self.rank = pool.rank
         self.writes_records = self.rank == 0
-        name = f"cuda {torch.cuda.get_device_name(self.device)}" if self.device.type == "cuda" else "cpu"
+        name = (
+            f"cuda {torch.cuda.get_device_name(self.device)}"
+            if self.device.type == "cuda"
+            else "cpu"
+        )
         self.hardware = f"{self.world_size} x {name} ranks ({backend or dist.get_backend()})"
         self.info: dict[str, Any] = {
             "param_count": sum(p.numel() for p in self.model.parameters()),
             "memory_measure": describe_memory_measure(self.device),
             "threads": torch.get_num_threads(),
-            "step_clock": "cuda events (default stream), after a barrier" if self.device.type == "cuda"
+            "step_clock": "cuda events (default stream), after a barrier"
+            if self.device.type == "cuda"
             else "wall clock between barriers",
             **self.state.describe(),
         }
@@ -309,7 +318,9 @@ class TorchExecutor:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
-        res = execute_step(plan, batch, self.state, None, self.pool, seed=self.seed, grad_clip=self.grad_clip)
+        res = execute_step(
+            plan, batch, self.state, None, self.pool, seed=self.seed, grad_clip=self.grad_clip
+        )
         if cuda:
             end.record()
         synchronize(self.device)
@@ -318,7 +329,9 @@ class TorchExecutor:
         # On CUDA the step is timed by events on the default stream (the GPU's own clock); the
         # slowest rank's time is the step's, gathered below.
         step_time = start.elapsed_time(end) / 1e3 if cuda else wall
-        per_rank = gather_floats([res.busy_s, float(res.peak_mem_bytes), step_time], device=self.device)
+        per_rank = gather_floats(
+            [res.busy_s, float(res.peak_mem_bytes), step_time], device=self.device
+        )
         return StepOutcome(
             step_time_s=max(r[2] for r in per_rank),
             busy_s=[r[0] for r in per_rank],

@@ -58,4 +58,6 @@ class ProcessGroupPool:
         """The SP context of this rank in the group [start, start+size)."""
         if not start <= self.rank < start + size:
             raise PlanError(f"rank {self.rank} is not in the group {start}..{start + size - 1}")
-        return SPContext(size=size, rank=self.rank - start, group=self.get(range(start, start + size)))
+        return SPContext(
+            size=size, rank=self.rank - start, group=self.get(range(start, start + size))
+        )

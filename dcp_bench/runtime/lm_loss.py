@@ -53,7 +53,11 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         h, weight, labels, lse = ctx.saved_tensors
         chunk = ctx.chunk
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            if ctx.needs_input_grad[1]
+            else None
+        )
         rows = h.shape[0]
         for s in range(0, rows, chunk):
             e = min(rows, s + chunk)
@@ -73,7 +77,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
 
 
-def chunked_cross_entropy_sum(h: Tensor, weight: Tensor, labels: Tensor, chunk_tokens: int) -> Tensor:
+def chunked_cross_entropy_sum(
+    h: Tensor, weight: Tensor, labels: Tensor, chunk_tokens: int
+) -> Tensor:
     """Sum over rows of the cross-entropy of ``h @ weight.T`` against ``labels`` (rows labelled
     `IGNORE` count nothing), ``chunk_tokens`` rows at a time (see the module docstring). h: (T,
     hidden), weight: (vocab, hidden), labels: (T,). Returns an fp32 scalar."""

@@ -45,15 +45,27 @@ from dcp_bench.runtime.models import LlamaModel, STDiTModel, build_empty_model
 
 # sub-module name (last component) -> section of a layer
 _STDIT_SECTIONS = {
-    "norm1": "norm_modulation", "norm2": "norm_modulation",
-    "qkv": "self_attention", "q_norm": "self_attention", "k_norm": "self_attention", "proj": "self_attention",
-    "cross_q": "cross_attention", "cross_kv": "cross_attention", "cross_proj": "cross_attention",
+    "norm1": "norm_modulation",
+    "norm2": "norm_modulation",
+    "qkv": "self_attention",
+    "q_norm": "self_attention",
+    "k_norm": "self_attention",
+    "proj": "self_attention",
+    "cross_q": "cross_attention",
+    "cross_kv": "cross_attention",
+    "cross_proj": "cross_attention",
     "mlp": "mlp",
 }
 _LLAMA_SECTIONS = {
-    "attn_norm": "norms", "mlp_norm": "norms",
-    "q_proj": "attention", "k_proj": "attention", "v_proj": "attention", "o_proj": "attention",
-    "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp",
+    "attn_norm": "norms",
+    "mlp_norm": "norms",
+    "q_proj": "attention",
+    "k_proj": "attention",
+    "v_proj": "attention",
+    "o_proj": "attention",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -78,7 +90,7 @@ class CountedMemory:
     def layer_units(self, index: int) -> dict[str, float]:
         """Units of layer ``index`` (names without the ``L<i>.`` prefix)."""
         prefix = f"L{index}."
-        return {k[len(prefix):]: v for k, v in self.units.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in self.units.items() if k.startswith(prefix)}
 
     def by_unit(self) -> dict[str, float]:
         """Per-layer units as the last layer keeps them (nothing shared is first seen there);
@@ -87,7 +99,9 @@ class CountedMemory:
         last = self.layer_units(self.layers - 1)
         layered = sum(v for k, v in self.units.items() if k.startswith("L"))
         out = {f"layer.{k}": v for k, v in sorted(last.items()) if v}
-        out["shared"] = layered - self.layers * sum(last.values()) + self.units.get("conditioning_held", 0.0)
+        out["shared"] = (
+            layered - self.layers * sum(last.values()) + self.units.get("conditioning_held", 0.0)
+        )
         for k, v in sorted(self.units.items()):
             if not k.startswith("L") and k != "conditioning_held" and v:
                 out[k] = v
@@ -154,24 +168,36 @@ def _section_hooks(model: nn.Module, tracker: _Tracker, arch: str) -> list[Any]:
     def setter(name: str) -> Any:
         def hook(mod: nn.Module, args: Any) -> None:
             tracker.set_unit(name)
+
         return hook
 
     for name, mod in model.named_modules():
         parts = name.split(".")
         if arch == "stdit" and len(parts) >= 4 and parts[0] == "pairs" and parts[3] in sections:
-            handles.append(mod.register_forward_pre_hook(setter(f"L{parts[1]}.{parts[2]}.{sections[parts[3]]}")))
+            handles.append(
+                mod.register_forward_pre_hook(
+                    setter(f"L{parts[1]}.{parts[2]}.{sections[parts[3]]}")
+                )
+            )
         elif arch == "llama" and len(parts) >= 3 and parts[0] == "layers" and parts[2] in sections:
-            handles.append(mod.register_forward_pre_hook(setter(f"L{parts[1]}.{sections[parts[2]]}")))
+            handles.append(
+                mod.register_forward_pre_hook(setter(f"L{parts[1]}.{sections[parts[2]]}"))
+            )
     if arch == "stdit":
         handles.append(model.final_norm.register_forward_pre_hook(setter("final_layer")))  # type: ignore[union-attr]
     else:
         handles.append(model.norm.register_forward_pre_hook(setter("final_norm")))  # type: ignore[union-attr]
-        handles.append(model.norm.register_forward_hook(  # type: ignore[union-attr]
-            lambda m, a, o: tracker.set_unit("loss")))
+        handles.append(
+            model.norm.register_forward_hook(  # type: ignore[union-attr]
+                lambda m, a, o: tracker.set_unit("loss")
+            )
+        )
     return handles
 
 
-def _checkpoint_input_hooks(model: nn.Module, tracker: _Tracker, arch: str, layers: int) -> list[Any]:
+def _checkpoint_input_hooks(
+    model: nn.Module, tracker: _Tracker, arch: str, layers: int
+) -> list[Any]:
     """Pre-hooks on the checkpointed units that record the inputs their recomputation keeps."""
     handles = []
 
@@ -184,6 +210,7 @@ def _checkpoint_input_hooks(model: nn.Module, tracker: _Tracker, arch: str, laye
             for a in tensors[1:]:  # modulation, caption features, RoPE tables: shared by every unit
                 tracker.keep(a, "conditioning_held")
             tracker.recent = set()
+
         return hook
 
     if arch == "stdit":
@@ -227,7 +254,9 @@ def count_activations(
         raise ConfigError(f"tokens={tokens}: expected one or more positive token counts")
     fr = list(frames) if frames is not None else [1] * len(tokens)
     if len(fr) != len(tokens) or any(n % f for n, f in zip(tokens, fr)):
-        raise ConfigError(f"frames={fr}: expected one per sample, each dividing its tokens {tokens}")
+        raise ConfigError(
+            f"frames={fr}: expected one per sample, each dividing its tokens {tokens}"
+        )
     torch_dtype = DTYPES.get(dtype or spec.dtype)
     if torch_dtype is None:
         raise ConfigError(f"dtype={dtype or spec.dtype!r}; expected one of {sorted(DTYPES)}")
@@ -243,10 +272,16 @@ def count_activations(
     finally:
         torch.set_default_dtype(previous)
     # Inputs are built for real (small: latents, ids, captions), then converted to fake tensors.
-    model.set_attention(AttentionKernel("sdpa", fused_only=True, notes=["memory count: fused SDPA only"]))
-    real_model_for_inputs = build_empty_model(dataclasses.replace(small, num_layers=1)).to_empty(device=cpu)
+    model.set_attention(
+        AttentionKernel("sdpa", fused_only=True, notes=["memory count: fused SDPA only"])
+    )
+    real_model_for_inputs = build_empty_model(dataclasses.replace(small, num_layers=1)).to_empty(
+        device=cpu
+    )
     with torch.no_grad():
-        inputs = real_model_for_inputs.make_inputs(ids, np.asarray(tokens), np.asarray(fr), SINGLE, 0)
+        inputs = real_model_for_inputs.make_inputs(
+            ids, np.asarray(tokens), np.asarray(fr), SINGLE, 0
+        )
     fake_in = _fake_inputs(mode, inputs)
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     tracker = _Tracker(params)
@@ -261,10 +296,18 @@ def count_activations(
         for h in handles:
             h.remove()
     if tracker.square:
-        raise RuntimeError(f"a saved tensor of square shape {tracker.square[0]}: attention took a non-fused path")
+        raise RuntimeError(
+            f"a saved tensor of square shape {tracker.square[0]}: attention took a non-fused path"
+        )
     return CountedMemory(
-        model=spec.name, tokens=int(sum(tokens)), frames=int(sum(fr)), samples=len(tokens), layers=layers,
-        checkpoint=checkpoint, units=dict(tracker.units), attention_nodes=tuple(sorted(tracker.attention_nodes)),
+        model=spec.name,
+        tokens=int(sum(tokens)),
+        frames=int(sum(fr)),
+        samples=len(tokens),
+        layers=layers,
+        checkpoint=checkpoint,
+        units=dict(tracker.units),
+        attention_nodes=tuple(sorted(tracker.attention_nodes)),
     )
 
 
@@ -288,7 +331,9 @@ DEFAULT_CASES: tuple[tuple[str, tuple[int, ...], tuple[int, ...] | None], ...] =
 )
 
 
-def compare_units(counted: CountedMemory, breakdown: dict[str, float], num_layers: int) -> dict[str, tuple[float, float]]:
+def compare_units(
+    counted: CountedMemory, breakdown: dict[str, float], num_layers: int
+) -> dict[str, tuple[float, float]]:
     """unit -> (counted bytes, model bytes) of one micro-batch: per-layer units for ONE layer
     (the model's stored-layer units divided by the stored layers; its checkpoint inputs by the
     checkpointed layers), what is kept once (``shared``), the outer units, and ``total`` over a
@@ -303,7 +348,10 @@ def compare_units(counted: CountedMemory, breakdown: dict[str, float], num_layer
         elif u.startswith("layer."):
             out[u] = (v, breakdown.get(u, 0.0) / max(num_layers - k, 1))
     if counted.checkpoint:
-        out["layer.checkpoint_inputs"] = (ckpt_counted, breakdown.get("checkpoint_inputs", 0.0) / num_layers)
+        out["layer.checkpoint_inputs"] = (
+            ckpt_counted,
+            breakdown.get("checkpoint_inputs", 0.0) / num_layers,
+        )
     for u, v in units.items():
         if not u.startswith("layer."):
             out[u] = (v, breakdown.get(u, 0.0))
@@ -313,7 +361,9 @@ def compare_units(counted: CountedMemory, breakdown: dict[str, float], num_layer
     return out
 
 
-def memory_table(cases: Any = DEFAULT_CASES, layers: int = 2, cluster: str = "h200x32") -> list[dict[str, Any]]:
+def memory_table(
+    cases: Any = DEFAULT_CASES, layers: int = 2, cluster: str = "h200x32"
+) -> list[dict[str, Any]]:
     """Rows (model, tokens, samples, frames, checkpoint, unit, counted_bytes, model_bytes,
     rel_err): for each case and checkpoint setting, the bytes counted from the runtime's model
     (`count_activations`, ``layers`` full-width layers) beside the analytical cost model's
@@ -323,17 +373,26 @@ def memory_table(cases: Any = DEFAULT_CASES, layers: int = 2, cluster: str = "h2
         spec = model_spec(name)
         cost = make_cost_model(spec, cluster, "analytical")
         for ckpt in (False, True):
-            counted = count_activations(spec, list(toks), list(frs) if frs else None, checkpoint=ckpt, layers=layers)
+            counted = count_activations(
+                spec, list(toks), list(frs) if frs else None, checkpoint=ckpt, layers=layers
+            )
             k = spec.num_layers if ckpt else 0
             breakdown = cost.activation_breakdown(float(sum(toks)), float(len(toks)), 1, k)  # type: ignore[attr-defined]
             for unit, (c, m) in compare_units(counted, breakdown, spec.num_layers).items():
-                rows.append({
-                    "model": name, "tokens": int(sum(toks)), "samples": len(toks), "frames": int(sum(frs or [1] * len(toks))),
-                    "checkpoint": "every layer" if ckpt else "none", "unit": unit,
-                    "counted_bytes": int(round(c)), "model_bytes": int(round(m)),
-                    "rel_err": (m / c - 1.0) if c else (0.0 if m == 0 else float("inf")),
-                    "attention": ",".join(counted.attention_nodes) or "-",
-                })
+                rows.append(
+                    {
+                        "model": name,
+                        "tokens": int(sum(toks)),
+                        "samples": len(toks),
+                        "frames": int(sum(frs or [1] * len(toks))),
+                        "checkpoint": "every layer" if ckpt else "none",
+                        "unit": unit,
+                        "counted_bytes": int(round(c)),
+                        "model_bytes": int(round(m)),
+                        "rel_err": (m / c - 1.0) if c else (0.0 if m == 0 else float("inf")),
+                        "attention": ",".join(counted.attention_nodes) or "-",
+                    }
+                )
     return rows
 
 

@@ -146,7 +146,9 @@ class RuntimeModel(nn.Module, ABC):
                     continue
                 g = torch.Generator(device=local.device)
                 g.manual_seed((int(seed) * 1_000_003 + index) % (2**63 - 1))
-                full = torch.empty(full_shape, dtype=torch.float32, device=local.device).normal_(0.0, scale, generator=g)
+                full = torch.empty(full_shape, dtype=torch.float32, device=local.device).normal_(
+                    0.0, scale, generator=g
+                )
                 if local.shape != full.shape:
                     full = _local_rows(p, full)
                 local.copy_(full)
@@ -160,8 +162,10 @@ def _local_rows(p: Any, full: Tensor) -> Tensor:
     chunks = torch.chunk(full, world, dim=0)
     local = chunks[rank] if rank < len(chunks) else full[:0]
     if tuple(local.shape) != tuple(p.to_local().shape):
-        raise RuntimeError(f"cannot place a parameter of shape {tuple(full.shape)} on shard {rank} of {world}: "
-                           f"local shape {tuple(p.to_local().shape)}")
+        raise RuntimeError(
+            f"cannot place a parameter of shape {tuple(full.shape)} on shard {rank} of {world}: "
+            f"local shape {tuple(p.to_local().shape)}"
+        )
     return local
 
 
@@ -197,7 +201,12 @@ def text_sample(seed: int, sample_id: int, length: int, vocab: int) -> Tensor:
 
 
 def make_text_shard(
-    sample_ids: Any, tokens: Any, vocab: int, sp: SPContext, seed: int, device: torch.device,
+    sample_ids: Any,
+    tokens: Any,
+    vocab: int,
+    sp: SPContext,
+    seed: int,
+    device: torch.device,
     sample_tokens: Any = None,
 ) -> TextShard:
     """``sample_tokens(sample_id, length)``: a sample's length+1 token ids (default `text_sample`)."""
@@ -205,7 +214,11 @@ def make_text_shard(
     ids_parts, lab_parts, pos_parts = [], [], []
     seg_lens, valid, chunks = [], [], []
     for sid, length in zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist()):
-        seq = text_sample(seed, sid, length, vocab) if sample_tokens is None else sample_tokens(sid, length)
+        seq = (
+            text_sample(seed, sid, length, vocab)
+            if sample_tokens is None
+            else sample_tokens(sid, length)
+        )
         padded = _pad_to(length, P)
         c = padded // P
         ids = torch.zeros(padded, dtype=torch.long)
@@ -226,7 +239,9 @@ def make_text_shard(
         full_off = local_off = 0
         for c in chunks:
             for j in range(P):
-                fmap[full_off + j * c : full_off + (j + 1) * c] = j * t_loc + local_off + np.arange(c)
+                fmap[full_off + j * c : full_off + (j + 1) * c] = (
+                    j * t_loc + local_off + np.arange(c)
+                )
             full_off += c * P
             local_off += c
         inv = np.empty_like(fmap)
@@ -258,7 +273,8 @@ class RMSNorm(nn.Module):
 
 def rope_tables(positions: Tensor, head_dim: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     inv_freq = 1.0 / (
-        ROPE_THETA ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+        ROPE_THETA
+        ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     )
     ang = positions.float()[:, None] * inv_freq[None, :]
     ang = torch.cat([ang, ang], dim=-1)  # (T, head_dim)
@@ -287,7 +303,9 @@ class LlamaLayer(nn.Module):
         self.up_proj = nn.Linear(h, spec.ffn_hidden, bias=False)
         self.down_proj = nn.Linear(spec.ffn_hidden, h, bias=False)
 
-    def forward(self, x: Tensor, shard: TextShard, rope: tuple[Tensor, Tensor], sp: SPContext) -> Tensor:
+    def forward(
+        self, x: Tensor, shard: TextShard, rope: tuple[Tensor, Tensor], sp: SPContext
+    ) -> Tensor:
         t = x.shape[0]
         hn = self.attn_norm(x)
         q = self.q_proj(hn).view(t, self.heads, self.head_dim)
@@ -324,7 +342,9 @@ class LlamaModel(RuntimeModel):
     def init_rule(self, name: str) -> tuple[str, float]:
         return ("ones", 0.0) if name.endswith("norm.weight") else ("normal", 0.02)
 
-    def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> TextShard:
+    def make_inputs(
+        self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
+    ) -> TextShard:
         del frames
         return make_text_shard(sample_ids, tokens, self.spec.vocab, sp, seed, self.device())
 
@@ -338,7 +358,9 @@ class LlamaModel(RuntimeModel):
                 x = checkpoint(layer, x, inputs, rope, sp, use_reentrant=False)
             else:
                 x = layer(x, inputs, rope, sp)
-        return chunked_cross_entropy_sum(self.norm(x), self.lm_head.weight, inputs.labels, self.loss_chunk_tokens)
+        return chunked_cross_entropy_sum(
+            self.norm(x), self.lm_head.weight, inputs.labels, self.loss_chunk_tokens
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,7 +391,9 @@ class VideoShard:
         return int(self.weight.sum())
 
 
-def video_sample(seed: int, sample_id: int, frames: int, spatial: int, spec: ModelSpec) -> tuple[Tensor, Tensor, int, Tensor]:
+def video_sample(
+    seed: int, sample_id: int, frames: int, spatial: int, spec: ModelSpec
+) -> tuple[Tensor, Tensor, int, Tensor]:
     """(x0 patches (T', S, C*4), noise, timestep, caption (text_tokens, text_dim))."""
     g = sample_generator(seed, sample_id)
     width = spec.in_channels * math.prod(spec.patch)
@@ -380,7 +404,9 @@ def video_sample(seed: int, sample_id: int, frames: int, spatial: int, spec: Mod
     return x0, noise, t, caption
 
 
-def _dsp_orders(tl: list[int], sp_pad: list[int], P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _dsp_orders(
+    tl: list[int], sp_pad: list[int], P: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Index maps between the spatial layout (per sample: tl local frames x S_p patches) and the
     temporal layout (per sample: T_p = tl*P frames x S_p/P patches), both frame-major, samples
     packed in order."""
@@ -414,14 +440,26 @@ def _dsp_orders(tl: list[int], sp_pad: list[int], P: int) -> tuple[np.ndarray, n
 
 
 def make_video_shard(
-    sample_ids: Any, tokens: Any, frames: Any, spec: ModelSpec, sp: SPContext, seed: int, device: torch.device
+    sample_ids: Any,
+    tokens: Any,
+    frames: Any,
+    spec: ModelSpec,
+    sp: SPContext,
+    seed: int,
+    device: torch.device,
 ) -> VideoShard:
     P, r = sp.size, sp.rank
     width = spec.in_channels * math.prod(spec.patch)
     xs, tgts, ws, fis, pis, sors = [], [], [], [], [], []
     ts, caps = [], []
     fr_l, sp_l, frp_l, spp_l, tl_l = [], [], [], [], []
-    for i, (sid, n, f) in enumerate(zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist(), np.asarray(frames).tolist())):
+    for i, (sid, n, f) in enumerate(
+        zip(
+            np.asarray(sample_ids).tolist(),
+            np.asarray(tokens).tolist(),
+            np.asarray(frames).tolist(),
+        )
+    ):
         s = n // f
         x0, noise, t, cap = video_sample(seed, sid, f, s, spec)
         abar = math.cos(0.5 * math.pi * t / NUM_TIMESTEPS) ** 2
@@ -475,7 +513,9 @@ def make_video_shard(
 def sincos_embedding(idx: Tensor, dim: int) -> Tensor:
     """Fixed sinusoidal embedding of integer (or real) positions, (N,) -> (N, dim)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=idx.device, dtype=torch.float32) / half)
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, device=idx.device, dtype=torch.float32) / half
+    )
     ang = idx.float()[:, None] * freqs[None, :]
     emb = torch.cat([ang.cos(), ang.sin()], dim=-1)
     if dim % 2:
@@ -521,7 +561,9 @@ class STDiTBlock(nn.Module):
         outs = []
         start = 0
         P = sp.size
-        for f, s, fp, spd in zip(shard.frames, shard.spatial, shard.frames_padded, shard.spatial_padded):
+        for f, s, fp, spd in zip(
+            shard.frames, shard.spatial, shard.frames_padded, shard.spatial_padded
+        ):
             if self.temporal:  # layout (T_p, S_p/P): attend over the real frames of each patch
                 rows, cols, length = fp, spd // P, f
             else:  # layout (T_p/P, S_p): attend over the real patches of each frame
@@ -533,7 +575,9 @@ class STDiTBlock(nn.Module):
             else:
                 seq_len = cols
             q, k, v = (blk[:, :length, i].transpose(1, 2) for i in range(3))  # (B, H, len, D)
-            o = dense_attention(q, k, v, fused_only=self.attention.fused_only).transpose(1, 2)  # (B, len, H, D)
+            o = dense_attention(q, k, v, fused_only=self.attention.fused_only).transpose(
+                1, 2
+            )  # (B, len, H, D)
             if seq_len > length:
                 o = F.pad(o, (0, 0, 0, 0, 0, seq_len - length))
             if self.temporal:
@@ -542,7 +586,9 @@ class STDiTBlock(nn.Module):
             start += rows * cols
         return self.proj(torch.cat(outs, dim=0))
 
-    def _cross_attention(self, x: Tensor, shard: VideoShard, caption_h: Tensor, sp: SPContext) -> Tensor:
+    def _cross_attention(
+        self, x: Tensor, shard: VideoShard, caption_h: Tensor, sp: SPContext
+    ) -> Tensor:
         n = x.shape[0]
         q = self.cross_q(x).view(n, self.heads, self.head_dim)
         kv = self.cross_kv(caption_h)  # (n_samples, L_text, 2h)
@@ -556,13 +602,18 @@ class STDiTBlock(nn.Module):
                 continue
             # 4-D (1, H, n, D): SDPA's fused kernels take no 3-D input
             qi = q[start : start + cnt].transpose(0, 1).unsqueeze(0)
-            k, v = (t.transpose(0, 1).unsqueeze(0) for t in kv[i].view(-1, 2, self.heads, self.head_dim).unbind(1))
+            k, v = (
+                t.transpose(0, 1).unsqueeze(0)
+                for t in kv[i].view(-1, 2, self.heads, self.head_dim).unbind(1)
+            )
             o = dense_attention(qi, k, v, fused_only=self.attention.fused_only)[0]
             outs.append(o.transpose(0, 1).reshape(cnt, -1))
             start += cnt
         return self.cross_proj(torch.cat(outs, dim=0))
 
-    def forward(self, x: Tensor, shard: VideoShard, t_mod: Tensor, caption_h: Tensor, sp: SPContext) -> Tensor:
+    def forward(
+        self, x: Tensor, shard: VideoShard, t_mod: Tensor, caption_h: Tensor, sp: SPContext
+    ) -> Tensor:
         mod = (t_mod + self.scale_shift_table[None]).unbind(1)  # 6 x (N, h)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod
         x = x + gate_a * self._self_attention(self.norm1(x) * (1 + scale_a) + shift_a, shard, sp)
@@ -584,7 +635,13 @@ class STDiTPair(nn.Module):
         self.temporal = STDiTBlock(spec, temporal=True)
 
     def forward(
-        self, x: Tensor, shard: VideoShard, t_mod_s: Tensor, t_mod_t: Tensor, caption_h: Tensor, sp: SPContext,
+        self,
+        x: Tensor,
+        shard: VideoShard,
+        t_mod_s: Tensor,
+        t_mod_t: Tensor,
+        caption_h: Tensor,
+        sp: SPContext,
         checkpointed: bool = False,
     ) -> Tensor:
         if checkpointed:
@@ -625,7 +682,9 @@ class STDiTModel(RuntimeModel):
             return "ones", 0.0
         return ("zeros", 0.0) if name.endswith(".bias") else ("normal", 0.02)
 
-    def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> VideoShard:
+    def make_inputs(
+        self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
+    ) -> VideoShard:
         return make_video_shard(sample_ids, tokens, frames, self.spec, sp, seed, self.device())
 
     def forward(self, inputs: VideoShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
@@ -633,8 +692,14 @@ class STDiTModel(RuntimeModel):
             check_heads(self.spec.heads, sp.size)
         h = self.spec.hidden
         x = self.x_embed(inputs.x_t.to(self.x_embed.weight.dtype))  # latents come in fp32
-        x = x + sincos_embedding(inputs.frame_idx, h).to(x.dtype) + sincos_embedding(inputs.patch_idx, h).to(x.dtype)
-        t_emb = self.t_embed(sincos_embedding(inputs.timesteps, self.FREQ_DIM).to(x.dtype))  # (n, h)
+        x = (
+            x
+            + sincos_embedding(inputs.frame_idx, h).to(x.dtype)
+            + sincos_embedding(inputs.patch_idx, h).to(x.dtype)
+        )
+        t_emb = self.t_embed(
+            sincos_embedding(inputs.timesteps, self.FREQ_DIM).to(x.dtype)
+        )  # (n, h)
         fps = torch.full_like(inputs.timesteps, FPS)
         t_emb = t_emb + self.fps_embed(sincos_embedding(fps, self.FREQ_DIM).to(x.dtype))
         t_mod = self.t_block(F.silu(t_emb)).view(-1, 6, h)  # (n, 6, h)
@@ -644,7 +709,9 @@ class STDiTModel(RuntimeModel):
         caption_h = self.y_embed(inputs.captions.to(x.dtype))
         for i, pair in enumerate(self.pairs):
             x = pair(x, inputs, t_mod_s, t_mod_t, caption_h, sp, checkpointed=i < ckpt_layers)
-        shift, scale = (self.final_table[None] + t_emb.index_select(0, inputs.sample_of_row)[:, None]).unbind(1)
+        shift, scale = (
+            self.final_table[None] + t_emb.index_select(0, inputs.sample_of_row)[:, None]
+        ).unbind(1)
         out = self.final_linear(self.final_norm(x) * (1 + scale) + shift)
         noise_pred = out[:, : inputs.target.shape[1]]
         per_row = (noise_pred.float() - inputs.target.float()).pow(2).mean(-1)

@@ -104,7 +104,9 @@ class TrainingState(ABC):
         """Reset the gradient accumulators before a step's first micro-batch."""
 
     @abstractmethod
-    def finish_step(self, local_loss: Tensor, grad_clip: float | None, update: bool = True) -> tuple[float, float, bool]:
+    def finish_step(
+        self, local_loss: Tensor, grad_clip: float | None, update: bool = True
+    ) -> tuple[float, float, bool]:
         """Reduce the gradients over the world, clip, and (``update``) step the optimizer unless
         the loss or the gradient norm is not finite. Returns (global loss, gradient norm before
         clipping, finite). Collective: every rank calls it once per step."""
@@ -123,12 +125,18 @@ class TrainingState(ABC):
         return {
             "zero_stage": self.zero_stage,
             "lockstep": self.lockstep,
-            "precision": None if policy is None else {
-                "compute": policy.compute, "master": policy.master, "grad": policy.grad,
+            "precision": None
+            if policy is None
+            else {
+                "compute": policy.compute,
+                "master": policy.master,
+                "grad": policy.grad,
                 "optimizer_state": policy.optimizer_state,
             },
             # a caller's own model (the integration API) may carry no kernel of ours
-            "attention": self.model.attention.describe() if hasattr(self.model, "attention") else None,
+            "attention": self.model.attention.describe()
+            if hasattr(self.model, "attention")
+            else None,
         }
 
 
@@ -220,8 +228,12 @@ class UserOptimizerState(TrainingState):
     """A caller's model and optimizer (or none): ``.grad`` accumulation, one all-reduce in the
     gradients' dtype (`dcp_bench.runtime.executor.sync_gradients`), the caller's optimizer."""
 
-    def __init__(self, model: RuntimeModel, optimizer: torch.optim.Optimizer | None,
-                 bucket_elements: int = 1 << 26) -> None:
+    def __init__(
+        self,
+        model: RuntimeModel,
+        optimizer: torch.optim.Optimizer | None,
+        bucket_elements: int = 1 << 26,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.bucket_elements = bucket_elements
@@ -234,7 +246,9 @@ class UserOptimizerState(TrainingState):
             else:
                 p.grad.zero_()
 
-    def finish_step(self, local_loss: Tensor, grad_clip: float | None, update: bool = True) -> tuple[float, float, bool]:
+    def finish_step(
+        self, local_loss: Tensor, grad_clip: float | None, update: bool = True
+    ) -> tuple[float, float, bool]:
         for p in self.params:  # a parameter no micro-batch reached (or no `begin_step`) adds zeros
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -247,7 +261,12 @@ class UserOptimizerState(TrainingState):
         return loss, norm, finite
 
     def gradients(self) -> Tensor:
-        return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1).float() for p in self.params])
+        return torch.cat(
+            [
+                (torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1).float()
+                for p in self.params
+            ]
+        )
 
     def static_bytes(self) -> int:
         return 2 * _tensor_bytes(self.params) + _optimizer_bytes(self.optimizer)
@@ -256,9 +275,17 @@ class UserOptimizerState(TrainingState):
 class FlatState(TrainingState):
     """ZeRO stage 0 or 1 over flat buffers (see the module docstring)."""
 
-    def __init__(self, model: RuntimeModel, zero_stage: int, policy: PrecisionPolicy, lr: float,
-                 master: Tensor | None = None, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: RuntimeModel,
+        zero_stage: int,
+        policy: PrecisionPolicy,
+        lr: float,
+        master: Tensor | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         """``model``: parameters in the compute dtype; ``master``: this rank's slice of the
         flat fp32 weights (the whole for stage 0, elements [r S, (r+1) S) of the zero-padded
         flat vector for stage 1 with S = ceil(P / W)) when they are more precise than the
@@ -297,9 +324,15 @@ class FlatState(TrainingState):
             self.master = master.to(DTYPES[policy.master])
         else:
             self.master = flat_slice(self.params, lo, hi, DTYPES[policy.master])
-        self.grad_shard = self.main_grad if zero_stage == 0 else torch.zeros(self.shard, dtype=grad_dtype, device=device)
+        self.grad_shard = (
+            self.main_grad
+            if zero_stage == 0
+            else torch.zeros(self.shard, dtype=grad_dtype, device=device)
+        )
         self.master.grad = self.grad_shard
-        self.optimizer = torch.optim.AdamW([self.master], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            [self.master], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
 
     def _accumulate_into(self, offset: int) -> Any:
         # The hook lives in the parameter's autograd metadata, which Python's garbage collector
@@ -319,7 +352,9 @@ class FlatState(TrainingState):
     def begin_step(self) -> None:
         self.main_grad.zero_()
 
-    def finish_step(self, local_loss: Tensor, grad_clip: float | None, update: bool = True) -> tuple[float, float, bool]:
+    def finish_step(
+        self, local_loss: Tensor, grad_clip: float | None, update: bool = True
+    ) -> tuple[float, float, bool]:
         if self.zero_stage == 0:
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.all_reduce(self.main_grad, op=dist.ReduceOp.SUM)
@@ -352,7 +387,9 @@ class FlatState(TrainingState):
     def gradients(self) -> Tensor:
         if self.zero_stage == 0:
             return self.main_grad[: self.numel].float().clone()
-        full = torch.empty(self.shard * self.world, dtype=self.grad_shard.dtype, device=self.grad_shard.device)
+        full = torch.empty(
+            self.shard * self.world, dtype=self.grad_shard.dtype, device=self.grad_shard.device
+        )
         _all_gather_flat(full, self.grad_shard)
         return full[: self.numel].float()
 
@@ -369,14 +406,24 @@ class FSDPState(TrainingState):
     """ZeRO stage 2 or 3 by FSDP2 (see the module docstring). Build it with
     `build_training_state`: the model must be sharded before its weights are materialised."""
 
-    def __init__(self, model: RuntimeModel, zero_stage: int, policy: PrecisionPolicy, lr: float,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: RuntimeModel,
+        zero_stage: int,
+        policy: PrecisionPolicy,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         self.model = model
         self.zero_stage = zero_stage
         self.policy = policy
         self.lockstep = True
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
 
     def begin_step(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -389,7 +436,9 @@ class FSDPState(TrainingState):
                 out.append(g.to_local() if hasattr(g, "to_local") else g)
         return out
 
-    def finish_step(self, local_loss: Tensor, grad_clip: float | None, update: bool = True) -> tuple[float, float, bool]:
+    def finish_step(
+        self, local_loss: Tensor, grad_clip: float | None, update: bool = True
+    ) -> tuple[float, float, bool]:
         # FSDP reduce-scattered every micro-batch's gradients already (summed over the world).
         grads = self._local_grads()
         device = local_loss.device
@@ -413,7 +462,9 @@ class FSDPState(TrainingState):
         for p in self.params:
             g = p.grad
             if g is None:
-                parts.append(torch.zeros(p.numel(), dtype=torch.float32, device=self.model.device()))
+                parts.append(
+                    torch.zeros(p.numel(), dtype=torch.float32, device=self.model.device())
+                )
                 continue
             full = g.full_tensor() if hasattr(g, "full_tensor") else g
             parts.append(full.reshape(-1).float())
@@ -421,13 +472,22 @@ class FSDPState(TrainingState):
 
     def static_bytes(self) -> int:
         local = [p.to_local() if hasattr(p, "to_local") else p for p in self.params]
-        return _tensor_bytes(local) + _tensor_bytes(self._local_grads()) + _optimizer_bytes(self.optimizer)
+        return (
+            _tensor_bytes(local)
+            + _tensor_bytes(self._local_grads())
+            + _optimizer_bytes(self.optimizer)
+        )
 
 
-def _shard_fsdp(model: RuntimeModel, zero_stage: int, policy: PrecisionPolicy, device: torch.device) -> None:
+def _shard_fsdp(
+    model: RuntimeModel, zero_stage: int, policy: PrecisionPolicy, device: torch.device
+) -> None:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp = MixedPrecisionPolicy(param_dtype=DTYPES[policy.compute], reduce_dtype=DTYPES[policy.grad],
-                              cast_forward_inputs=False)
+    mp = MixedPrecisionPolicy(
+        param_dtype=DTYPES[policy.compute],
+        reduce_dtype=DTYPES[policy.grad],
+        cast_forward_inputs=False,
+    )
     units = list(getattr(model, "layers", None) or getattr(model, "pairs", None) or [])
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=zero_stage == 3)
@@ -461,7 +521,9 @@ def build_training_state(
     name = {v: k for k, v in DTYPES.items()}[dtype]
     policy = precision_policy(name)
     if stage >= 1 and not dist.is_initialized():
-        raise ConfigError(f"ZeRO stage {stage} shards over the world: initialise torch.distributed first")
+        raise ConfigError(
+            f"ZeRO stage {stage} shards over the world: initialise torch.distributed first"
+        )
     if lockstep(stage):
         model = library_empty_model(spec) or build_empty_model(spec)
         _shard_fsdp(model, stage, policy, device)
@@ -470,14 +532,22 @@ def build_training_state(
         model.set_attention(select_attention_kernel(device, dtype, spec.head_dim, attention))
         return FSDPState(model, stage, policy, lr, weight_decay=weight_decay)
     # fp32 first: the master weights, then the compute-dtype model rounded from them.
-    model = build_model(spec, seed=seed, device=device, dtype=torch.float32, attention=attention,
-                        empty=library_empty_model(spec))
+    model = build_model(
+        spec,
+        seed=seed,
+        device=device,
+        dtype=torch.float32,
+        attention=attention,
+        empty=library_empty_model(spec),
+    )
     master = None
     if dtype != torch.float32:
         params = list(model.parameters())
         world, rank = (dist.get_world_size(), dist.get_rank()) if stage == 1 else (1, 0)
         shard = -(-sum(p.numel() for p in params) // world)
-        master = flat_slice(params, rank * shard, (rank + 1) * shard, torch.float32)  # this rank's fp32 slice
+        master = flat_slice(
+            params, rank * shard, (rank + 1) * shard, torch.float32
+        )  # this rank's fp32 slice
         del params
         model = model.to(dtype=dtype)
         model.set_attention(select_attention_kernel(device, dtype, spec.head_dim, attention))

@@ -59,8 +59,10 @@ def check_length(value: Any, where: str) -> int:
     if length < 1:
         raise WorkloadError(f"{where}: length {length} is not positive (expected >= 1 token)")
     if length > MAX_SAMPLE_TOKENS:
-        raise WorkloadError(f"{where}: length {length} is over the maximum of {MAX_SAMPLE_TOKENS:,} tokens "
-                            "(2^30, far above any model's max_seq_len)")
+        raise WorkloadError(
+            f"{where}: length {length} is over the maximum of {MAX_SAMPLE_TOKENS:,} tokens "
+            "(2^30, far above any model's max_seq_len)"
+        )
     return length
 
 
@@ -102,13 +104,17 @@ def data_file_provenance(path: Path, shown: str) -> dict[str, str]:
 
 def read_data_json(path: Path) -> dict[str, Any]:
     if not path.exists():
-        raise WorkloadError(f"workload data file {str(path)!r} is missing (derive it: see workloads/README.md)")
+        raise WorkloadError(
+            f"workload data file {str(path)!r} is missing (derive it: see workloads/README.md)"
+        )
     data = json.loads(path.read_text())
     assert isinstance(data, dict)
     return data
 
 
-def weighted_quantile(values: np.ndarray, probs: np.ndarray, q: float, method: str = "inverse_cdf") -> float:
+def weighted_quantile(
+    values: np.ndarray, probs: np.ndarray, q: float, method: str = "inverse_cdf"
+) -> float:
     """The q-quantile (0..1) of a discrete distribution: ``inverse_cdf`` gives the smallest value
     whose CDF >= q; ``linear`` (equal weights only) interpolates like `numpy.percentile`."""
     if method == "linear":
@@ -119,7 +125,9 @@ def weighted_quantile(values: np.ndarray, probs: np.ndarray, q: float, method: s
     return float(v[min(i, len(v) - 1)])
 
 
-def distribution_stats(lengths: np.ndarray, probs: np.ndarray, quantiles: str = "linear") -> dict[str, Any]:
+def distribution_stats(
+    lengths: np.ndarray, probs: np.ndarray, quantiles: str = "linear"
+) -> dict[str, Any]:
     """mean, quantiles, max and the token / attention (L^2) shares above 8K, 32K and 128K."""
     lengths = np.asarray(lengths, dtype=np.float64)
     probs = np.asarray(probs, dtype=np.float64) / np.sum(probs)

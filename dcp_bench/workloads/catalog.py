@@ -20,11 +20,15 @@ def _config_overrides(items: list[str]) -> list[str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"bad override {item!r}: expected key=value (e.g. workload.length_scale=8)")
+            raise ConfigError(
+                f"bad override {item!r}: expected key=value (e.g. workload.length_scale=8)"
+            )
         bare = key.lstrip("+~")
         if "." not in bare and bare not in ("seed", "extra_conf", "lengths_file"):
-            raise ConfigError(f"{item}: workload parameters are spelled workload.{bare}={value} (the same key as "
-                              "in simulate, sweep and train)")
+            raise ConfigError(
+                f"{item}: workload parameters are spelled workload.{bare}={value} (the same key as "
+                "in simulate, sweep and train)"
+            )
         out.append(item)
     return out
 
@@ -45,13 +49,15 @@ def list_workloads(overrides: list[str]) -> list[dict[str, Any]]:
     for name in group_choices("workload", dirs):
         node = to_container(load_config([*overrides, f"workload={name}"]))["workload"]
         entry = WORKLOADS.get(str(node.get("name")))
-        rows.append({
-            "name": name,
-            "kind": node.get("kind") or (entry.kind if entry else "?"),
-            "default_model": entry.default_model if entry else "-",
-            "version": str(node.get("version") or (entry.version if entry else "1")),
-            "description": node.get("description") or (entry.description if entry else ""),
-        })
+        rows.append(
+            {
+                "name": name,
+                "kind": node.get("kind") or (entry.kind if entry else "?"),
+                "default_model": entry.default_model if entry else "-",
+                "version": str(node.get("version") or (entry.version if entry else "1")),
+                "description": node.get("description") or (entry.description if entry else ""),
+            }
+        )
     return rows
 
 

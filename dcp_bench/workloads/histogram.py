@@ -49,9 +49,17 @@ class HistogramSource(SizeSource):
 
 def histogram_source(name: str) -> tuple[SizeSource, dict[str, Any]]:
     data = read_data_json(DATA_DIR / f"{name}_histogram.json")
-    src = HistogramSource(np.array(data["bin_lo"]), np.array(data["bin_hi"]), np.array(data["counts"]))
+    src = HistogramSource(
+        np.array(data["bin_lo"]), np.array(data["bin_hi"]), np.array(data["counts"])
+    )
     prov = dict(data["provenance"])
-    prov["histogram"] = f"workloads/data/{name}_histogram.json ({data['bins_per_octave']} bins per octave)"
-    prov.update(data_file_provenance(DATA_DIR / f"{name}_histogram.json", f"workloads/data/{name}_histogram.json"))
+    prov["histogram"] = (
+        f"workloads/data/{name}_histogram.json ({data['bins_per_octave']} bins per octave)"
+    )
+    prov.update(
+        data_file_provenance(
+            DATA_DIR / f"{name}_histogram.json", f"workloads/data/{name}_histogram.json"
+        )
+    )
     prov["reference"] = data["reference"]
     return src, prov

@@ -40,8 +40,10 @@ class ListSource(SizeSource):
         if not values:
             raise WorkloadError(f"{where}: expected a non-empty list of positive integer lengths")
         # Checked as Python numbers first: a huge value must be named, not overflow int64.
-        self.lengths = np.asarray([check_length(v, f"{where}, length {i + 1}") for i, v in enumerate(values)],
-                                  dtype=np.int64)
+        self.lengths = np.asarray(
+            [check_length(v, f"{where}, length {i + 1}") for i, v in enumerate(values)],
+            dtype=np.int64,
+        )
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.integers(0, len(self.lengths), n, dtype=np.int64)
@@ -62,7 +64,11 @@ def fixture_source(name: str) -> tuple[SizeSource, dict[str, Any]]:
     data = read_data_json(DATA_DIR / f"{name}_lengths.json")
     prov = dict(data["provenance"])
     prov["fixture"] = f"workloads/data/{name}_lengths.json"
-    prov.update(data_file_provenance(DATA_DIR / f"{name}_lengths.json", f"workloads/data/{name}_lengths.json"))
+    prov.update(
+        data_file_provenance(
+            DATA_DIR / f"{name}_lengths.json", f"workloads/data/{name}_lengths.json"
+        )
+    )
     return ListSource(np.array(data["lengths"])), prov
 
 
@@ -75,9 +81,7 @@ def lengths_file_source(
 ) -> tuple[SizeSource, dict[str, Any]]:
     file = path or lengths_file
     if not file:
-        raise WorkloadError(
-            "workload 'lengths_file' needs a file: workload.lengths_file=PATH"
-        )
+        raise WorkloadError("workload 'lengths_file' needs a file: workload.lengths_file=PATH")
     p = Path(file).expanduser()
     if tokenizer:
         lengths = read_text_dataset(p, tokenizer, text_field)

@@ -15,7 +15,9 @@ from dcp_bench.workloads.base import KIB, MAX_SAMPLE_TOKENS, SYNTH_SHIFT, SizeSo
 class SyntheticSource(SizeSource):
     """A labelled synthetic length distribution; id = length << 32 | a 32-bit draw."""
 
-    def __init__(self, sampler: Callable[[np.random.Generator, int], np.ndarray], fixed: int | None = None):
+    def __init__(
+        self, sampler: Callable[[np.random.Generator, int], np.ndarray], fixed: int | None = None
+    ):
         self._sampler = sampler
         self._fixed = fixed
 
@@ -43,15 +45,19 @@ def synthetic_source(kind: str, **p: Any) -> tuple[SizeSource, dict[str, Any]]:
         low = check_length(p.get("low", 1 * KIB), "synthetic_uniform: workload.low")
         high = check_length(p.get("high", 64 * KIB), "synthetic_uniform: workload.high")
         if not 1 <= low <= high:
-            raise WorkloadError(f"synthetic_uniform: low={low}, high={high}; expected 1 <= low <= high")
+            raise WorkloadError(
+                f"synthetic_uniform: low={low}, high={high}; expected 1 <= low <= high"
+            )
         src = SyntheticSource(lambda rng, n: rng.integers(low, high + 1, n, dtype=np.int64))
         rule = f"uniform integer lengths in [{low}, {high}]"
     else:
         try:
             median, sigma = float(p.get("median", 4 * KIB)), float(p.get("sigma", 1.2))
         except (TypeError, ValueError):
-            raise WorkloadError(f"synthetic_lognormal: median={p.get('median')!r}, sigma={p.get('sigma')!r}; "
-                                "expected numbers") from None
+            raise WorkloadError(
+                f"synthetic_lognormal: median={p.get('median')!r}, sigma={p.get('sigma')!r}; "
+                "expected numbers"
+            ) from None
         low = check_length(p.get("low", 16), "synthetic_lognormal: workload.low")
         high = check_length(p.get("high", 256 * KIB), "synthetic_lognormal: workload.high")
         if not (0 < median <= MAX_SAMPLE_TOKENS and 0 <= sigma <= 100) or not 1 <= low <= high:

@@ -65,12 +65,16 @@ class VideoBucket:
 
     @property
     def label(self) -> str:
-        return f"{self.resolution}x{self.frames}f" if self.frames > 1 else f"{self.resolution} image"
+        return (
+            f"{self.resolution}x{self.frames}f" if self.frames > 1 else f"{self.resolution} image"
+        )
 
 
 def image_buckets() -> list[VideoBucket]:
     """The 5 image buckets, ordered by height."""
-    return [VideoBucket(r, 1) for r in sorted(VIDEO_RESOLUTIONS, key=lambda r: VIDEO_RESOLUTIONS[r][0])]
+    return [
+        VideoBucket(r, 1) for r in sorted(VIDEO_RESOLUTIONS, key=lambda r: VIDEO_RESOLUTIONS[r][0])
+    ]
 
 
 def video_buckets() -> list[VideoBucket]:
@@ -115,16 +119,26 @@ class ReferenceDataset:
 
     def __post_init__(self) -> None:
         if self.distribution not in ("zipf", "uniform"):
-            raise WorkloadError(f"dataset distribution {self.distribution!r}; expected zipf or uniform")
+            raise WorkloadError(
+                f"dataset distribution {self.distribution!r}; expected zipf or uniform"
+            )
         if self.image_mixing_type not in ("exclusive", "inclusive"):
-            raise WorkloadError(f"dataset image_mixing_type {self.image_mixing_type!r}; expected exclusive or inclusive")
+            raise WorkloadError(
+                f"dataset image_mixing_type {self.image_mixing_type!r}; expected exclusive or inclusive"
+            )
         if self.image_mixing_type == "exclusive" and self.image_mixing_frac < 0:
-            raise WorkloadError(f"dataset image_mixing_frac {self.image_mixing_frac!r}: exclusive mixing needs >= 0")
+            raise WorkloadError(
+                f"dataset image_mixing_frac {self.image_mixing_frac!r}: exclusive mixing needs >= 0"
+            )
         if self.image_mixing_type == "inclusive" and self.image_mixing_frac > 1:
-            raise WorkloadError(f"dataset image_mixing_frac {self.image_mixing_frac!r}: inclusive mixing needs <= 1")
+            raise WorkloadError(
+                f"dataset image_mixing_frac {self.image_mixing_frac!r}: inclusive mixing needs <= 1"
+            )
         if self.data_size < 1 or self.zipf_offset < 0 or self.data_seed < 0:
-            raise WorkloadError(f"dataset data_size {self.data_size!r} (>= 1), zipf_offset {self.zipf_offset!r} "
-                                f"(>= 0) and data_seed {self.data_seed!r} (>= 0) out of range")
+            raise WorkloadError(
+                f"dataset data_size {self.data_size!r} (>= 1), zipf_offset {self.zipf_offset!r} "
+                f"(>= 0) and data_seed {self.data_seed!r} (>= 0) out of range"
+            )
 
     @staticmethod
     def candidates() -> tuple[list[VideoBucket], list[VideoBucket]]:
@@ -163,7 +177,7 @@ class ReferenceDataset:
     def _zipf_counts(self, n: int, size: int) -> np.ndarray:
         ranks = np.arange(1, n + 1 + self.zipf_offset, dtype=np.float64) ** 3.0
         prob = 1.0 / (ranks * np.sum(1.0 / ranks))
-        prob = prob[self.zipf_offset:]
+        prob = prob[self.zipf_offset :]
         counts = np.round(size * prob / prob.sum()).astype(np.int64)  # numpy rounds half to even
         if n:
             counts[0] += size - int(counts.sum())
@@ -173,9 +187,13 @@ class ReferenceDataset:
         buckets, counts = self.counts()
         return {
             "generator": "the reference benchmark's dummy dataset (docs/reference_semantics.md)",
-            "distribution": self.distribution, "zipf_offset": self.zipf_offset,
-            "image_mixing_type": self.image_mixing_type, "image_mixing_frac": self.image_mixing_frac,
-            "data_size": self.data_size, "data_seed": self.data_seed, "samples": int(counts.sum()),
+            "distribution": self.distribution,
+            "zipf_offset": self.zipf_offset,
+            "image_mixing_type": self.image_mixing_type,
+            "image_mixing_frac": self.image_mixing_frac,
+            "data_size": self.data_size,
+            "data_seed": self.data_seed,
+            "samples": int(counts.sum()),
             "counts": {b.label: int(c) for b, c in zip(buckets, counts)},
         }
 
@@ -183,7 +201,9 @@ class ReferenceDataset:
 class BucketSource(SizeSource):
     """A weighted set of 2-D buckets; id = bucket << 40 | a 40-bit draw naming the clip."""
 
-    def __init__(self, buckets: list[VideoBucket], probs: np.ndarray, population: int | None = None):
+    def __init__(
+        self, buckets: list[VideoBucket], probs: np.ndarray, population: int | None = None
+    ):
         p = np.asarray(probs, dtype=np.float64)
         if len(buckets) != len(p) or len(p) == 0 or np.any(p < 0) or p.sum() <= 0:
             raise WorkloadError("bucket weights must be non-negative, not all zero, one per bucket")
@@ -209,12 +229,23 @@ class BucketSource(SizeSource):
         return self._population
 
 
-def zipf_source(population_images: int = 100_000, population_videos: int = 2_000, alpha: float = 3.0, offset: int = 5) -> tuple[SizeSource, dict[str, Any]]:
+def zipf_source(
+    population_images: int = 100_000,
+    population_videos: int = 2_000,
+    alpha: float = 3.0,
+    offset: int = 5,
+) -> tuple[SizeSource, dict[str, Any]]:
     img, vid = image_buckets(), video_buckets()
     n = population_images + population_videos
-    p = np.concatenate(
-        [zipf_weights(len(img), alpha, offset) * population_images, zipf_weights(len(vid), alpha, offset) * population_videos]
-    ) / n
+    p = (
+        np.concatenate(
+            [
+                zipf_weights(len(img), alpha, offset) * population_images,
+                zipf_weights(len(vid), alpha, offset) * population_videos,
+            ]
+        )
+        / n
+    )
     prov = {
         "source": "the DCP reference benchmark's video grid (VideoSys, Open-Sora v1.2 / STDiT3 shapes)",
         "weights": f"Zipf p ~ 1/k^{alpha:g}, k = {offset + 1}..N+{offset}, separately over the 5 image "
@@ -230,19 +261,35 @@ def zipf_source(population_images: int = 100_000, population_videos: int = 2_000
 # two are the project's choices, made with the reference generator's own knobs
 # (workloads/README.md says so and why).
 MIX_DATASETS: dict[str, dict[str, Any]] = {
-    "videosys_zipf": {"distribution": "zipf", "zipf_offset": 5, "image_mixing_type": "exclusive",
-                      "image_mixing_frac": 50.0},
-    "videosys_mix_balanced": {"distribution": "uniform", "image_mixing_type": "exclusive", "image_mixing_frac": 50.0},
-    "videosys_mix_long": {"distribution": "uniform", "image_mixing_type": "inclusive", "image_mixing_frac": -1.0},
+    "videosys_zipf": {
+        "distribution": "zipf",
+        "zipf_offset": 5,
+        "image_mixing_type": "exclusive",
+        "image_mixing_frac": 50.0,
+    },
+    "videosys_mix_balanced": {
+        "distribution": "uniform",
+        "image_mixing_type": "exclusive",
+        "image_mixing_frac": 50.0,
+    },
+    "videosys_mix_long": {
+        "distribution": "uniform",
+        "image_mixing_type": "inclusive",
+        "image_mixing_frac": -1.0,
+    },
 }
 
 
 def mix_dataset(name: str, data_size: int = 2000, data_seed: int = 42) -> ReferenceDataset:
     """The fixed dataset of a mix workload: the reference generator with the mix's knobs."""
-    return ReferenceDataset(**MIX_DATASETS[name], data_size=int(data_size), data_seed=int(data_seed))
+    return ReferenceDataset(
+        **MIX_DATASETS[name], data_size=int(data_size), data_seed=int(data_seed)
+    )
 
 
-def mix_source(name: str, data_size: int = 2000, data_seed: int = 42) -> tuple[SizeSource, dict[str, Any]]:
+def mix_source(
+    name: str, data_size: int = 2000, data_seed: int = 42
+) -> tuple[SizeSource, dict[str, Any]]:
     """A mix as a bucket distribution (step mode): the shares of its fixed dataset's counts."""
     ds = mix_dataset(name, data_size, data_seed)
     buckets, counts = ds.counts()
@@ -254,7 +301,7 @@ def mix_source(name: str, data_size: int = 2000, data_seed: int = 42) -> tuple[S
     prov = {
         "source": "the DCP reference benchmark's dummy dataset generator (VideoSys), project-chosen knobs",
         "weights": f"the counts of the generator's dataset ({knobs}, data_size={data_size}, seed={data_seed}); "
-                   "step mode draws buckets i.i.d. with these shares, run.unit=epoch visits the dataset itself",
+        "step mode draws buckets i.i.d. with these shares, run.unit=epoch visits the dataset itself",
         "licence": "synthetic shapes of a public benchmark grid (no data)",
     }
     return BucketSource(grid, p, population=int(counts.sum())), prov
@@ -265,7 +312,9 @@ def reweighted_source(how: str) -> tuple[SizeSource, dict[str, Any]]:
     tokens = np.array([b.tokens for b in buckets], dtype=np.float64)
     if how == "balanced":
         p = 1.0 / tokens
-        rule = "p_k ~ 1/tokens_k over all 25 buckets: every bucket carries the same token mass (1/25)"
+        rule = (
+            "p_k ~ 1/tokens_k over all 25 buckets: every bucket carries the same token mass (1/25)"
+        )
     else:
         p = np.ones_like(tokens)
         rule = (

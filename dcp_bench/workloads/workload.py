@@ -83,11 +83,17 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.kind not in ("video", "text", "synthetic"):
-            raise WorkloadError(f"workload {self.name!r}: kind {self.kind!r}; expected video, text or synthetic")
+            raise WorkloadError(
+                f"workload {self.name!r}: kind {self.kind!r}; expected video, text or synthetic"
+            )
         if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise WorkloadError(f"workload {self.name!r}: seed {self.seed!r}; expected an integer >= 0")
+            raise WorkloadError(
+                f"workload {self.name!r}: seed {self.seed!r}; expected an integer >= 0"
+            )
         if not 1 <= self.length_scale < float("inf"):  # also refuses nan
-            raise WorkloadError(f"workload {self.name!r}: length_scale {self.length_scale!r}; expected a finite number >= 1")
+            raise WorkloadError(
+                f"workload {self.name!r}: length_scale {self.length_scale!r}; expected a finite number >= 1"
+            )
         if self.max_len_policy not in ("truncate", "drop"):
             raise WorkloadError(
                 f"workload {self.name!r}: max_len_policy {self.max_len_policy!r}; expected truncate or drop"
@@ -99,10 +105,14 @@ class Workload:
                 f"workload {self.name!r}: samples_per_step {self.samples_per_step!r}; expected >= 1"
             )
         if self.tokens_per_gpu is None:
-            self.tokens_per_gpu = VIDEO_TOKENS_PER_GPU if self.kind == "video" else TEXT_TOKENS_PER_GPU
+            self.tokens_per_gpu = (
+                VIDEO_TOKENS_PER_GPU if self.kind == "video" else TEXT_TOKENS_PER_GPU
+            )
         if not 1 <= self.tokens_per_gpu <= MAX_SAMPLE_TOKENS:
-            raise WorkloadError(f"workload {self.name!r}: tokens_per_gpu {self.tokens_per_gpu!r}; expected an "
-                                f"integer in [1, {MAX_SAMPLE_TOKENS:,}]")
+            raise WorkloadError(
+                f"workload {self.name!r}: tokens_per_gpu {self.tokens_per_gpu!r}; expected an "
+                f"integer in [1, {MAX_SAMPLE_TOKENS:,}]"
+            )
 
     # -- sizes ---------------------------------------------------------------------------------
 
@@ -137,7 +147,9 @@ class Workload:
             frames, tokens = _truncate(frames, tokens, over, limit)
         return tokens, frames, over
 
-    def global_batch(self, step: int, world_size: int, max_seq_len: int | None = None) -> GlobalBatch:
+    def global_batch(
+        self, step: int, world_size: int, max_seq_len: int | None = None
+    ) -> GlobalBatch:
         """The global batch of ``step`` on ``world_size`` GPUs (deterministic; see the module doc)."""
         if step < 0:
             raise WorkloadError(f"workload {self.name!r}: step {step}; expected >= 0")
@@ -173,7 +185,9 @@ class Workload:
             },
         )
 
-    def _deal_chunk(self, deal: _Deal, ids: np.ndarray, budget: int | None, limit: int | None) -> None:
+    def _deal_chunk(
+        self, deal: _Deal, ids: np.ndarray, budget: int | None, limit: int | None
+    ) -> None:
         """Add to ``deal`` the samples of one chunk of draws that enter the batch, in draw order,
         and mark it done when the batch is full (``budget`` tokens, or ``samples_per_step``)."""
         deal.drawn += len(ids)
@@ -217,16 +231,24 @@ class Workload:
         if self.dataset is None:
             # The registry gives a fixed dataset to exactly the mixes of `MIX_DATASETS`.
             names = ", ".join(MIX_DATASETS)
-            raise WorkloadError(f"workload {self.name!r} has no fixed dataset for run.unit=epoch "
-                                f"(workloads with one: {names})")
+            raise WorkloadError(
+                f"workload {self.name!r} has no fixed dataset for run.unit=epoch "
+                f"(workloads with one: {names})"
+            )
         if world_size < 1:
             raise WorkloadError(f"workload {self.name!r}: world_size {world_size}; expected >= 1")
         buckets, counts = self.dataset.counts()
-        index = {(b.resolution, b.frames): i for i, b in enumerate(getattr(self.source, "buckets", []))}
+        index = {
+            (b.resolution, b.frames): i for i, b in enumerate(getattr(self.source, "buckets", []))
+        }
         missing = [b.label for b in buckets if (b.resolution, b.frames) not in index]
         if missing:
-            raise WorkloadError(f"workload {self.name!r}: its dataset has buckets its size source lacks ({missing[0]})")
-        bucket_of = np.repeat([index[(b.resolution, b.frames)] for b in buckets], counts).astype(np.int64)
+            raise WorkloadError(
+                f"workload {self.name!r}: its dataset has buckets its size source lacks ({missing[0]})"
+            )
+        bucket_of = np.repeat([index[(b.resolution, b.frames)] for b in buckets], counts).astype(
+            np.int64
+        )
         ids = (bucket_of << ID_SHIFT) | np.arange(len(bucket_of), dtype=np.int64)
         limit = self._limit(max_seq_len)
         tokens, frames, over = self._capped(*self.shapes(ids), limit)
@@ -235,10 +257,20 @@ class Workload:
             keep = ~over
             ids, tokens, frames, dropped = ids[keep], tokens[keep], frames[keep], int(over.sum())
         return GlobalBatch(
-            step=0, sample_ids=ids, tokens=tokens, frames=frames,
-            truncated=int(over.sum()) if self.max_len_policy == "truncate" else 0, dropped=dropped,
-            info={"workload": self.name, "workload_version": self.version, "dataset": self.dataset.describe(),
-                  "length_scale": self.length_scale, "max_len": limit, "max_len_policy": self.max_len_policy},
+            step=0,
+            sample_ids=ids,
+            tokens=tokens,
+            frames=frames,
+            truncated=int(over.sum()) if self.max_len_policy == "truncate" else 0,
+            dropped=dropped,
+            info={
+                "workload": self.name,
+                "workload_version": self.version,
+                "dataset": self.dataset.describe(),
+                "length_scale": self.length_scale,
+                "max_len": limit,
+                "max_len_policy": self.max_len_policy,
+            },
         )
 
     def latent_tokens(self, sample_ids: Any) -> np.ndarray | None:
@@ -247,7 +279,9 @@ class Workload:
         buckets = getattr(self.source, "buckets", None)
         if not buckets:
             return None
-        per_frame = np.array([b.height // VAE_STRIDE * (b.width // VAE_STRIDE) for b in buckets], dtype=np.int64)
+        per_frame = np.array(
+            [b.height // VAE_STRIDE * (b.width // VAE_STRIDE) for b in buckets], dtype=np.int64
+        )
         frames, _ = self.source.shapes(np.asarray(sample_ids, dtype=np.int64))
         b = np.asarray(sample_ids, dtype=np.int64) >> ID_SHIFT
         spatial = per_frame[b]
@@ -269,7 +303,11 @@ class Workload:
         rng = np.random.default_rng([STATS_SEED])
         tokens, _ = self.shapes(self.source.draw(rng, STATS_SAMPLE))
         probs = np.full(len(tokens), 1.0 / len(tokens))
-        return tokens.astype(np.float64), probs, f"sample of {STATS_SAMPLE:,} draws, seed {STATS_SEED}"
+        return (
+            tokens.astype(np.float64),
+            probs,
+            f"sample of {STATS_SAMPLE:,} draws, seed {STATS_SEED}",
+        )
 
     def stats(self) -> dict[str, Any]:
         """Statistics of the workload's length distribution (after ``length_scale``, before the

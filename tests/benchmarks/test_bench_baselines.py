@@ -16,19 +16,30 @@ from dcp_bench.cost import make_cost_model
 from dcp_bench.plan import validate_plan
 from dcp_bench.planners.base import make_planner
 
-BASELINES = ["bucket_static", "static_tuned", "packed_static", "megatron_hybrid_cp", "flexsp_milp", "wlb_llm"]
+BASELINES = [
+    "bucket_static",
+    "static_tuned",
+    "packed_static",
+    "megatron_hybrid_cp",
+    "flexsp_milp",
+    "wlb_llm",
+]
 
 
 def _batch(n: int, seed: int = 0) -> GlobalBatch:
     rng = np.random.default_rng(seed)
-    return GlobalBatch.from_lengths(np.minimum(rng.lognormal(8.5, 1.2, n).astype(np.int64) + 16, 131_072))
+    return GlobalBatch.from_lengths(
+        np.minimum(rng.lognormal(8.5, 1.2, n).astype(np.int64) + 16, 131_072)
+    )
 
 
 @pytest.mark.parametrize("method", BASELINES)
 def test_bench_baseline_planning_time(benchmark, method: str) -> None:
     cost = make_cost_model("llama3_8b", "h200x32")
     batch = _batch(512)
-    overrides = [f"method={method}"] + (["method.step_time_limit_s=0.5"] if method == "flexsp_milp" else [])
+    overrides = [f"method={method}"] + (
+        ["method.step_time_limit_s=0.5"] if method == "flexsp_milp" else []
+    )
     planner = make_planner(load_config(overrides).method)
     planner.plan(batch, cost)  # tunes static_tuned; warms caches for the rest
     plan = benchmark(planner.plan, batch, cost)

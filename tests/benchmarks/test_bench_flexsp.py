@@ -27,7 +27,9 @@ from dcp_bench.workloads import load_workload
 
 def lognormal_batch(n: int, seed: int = 0) -> GlobalBatch:
     rng = np.random.default_rng(seed)
-    return GlobalBatch.from_lengths(np.minimum(rng.lognormal(8.5, 1.2, n).astype(np.int64) + 16, 131_072))
+    return GlobalBatch.from_lengths(
+        np.minimum(rng.lognormal(8.5, 1.2, n).astype(np.int64) + 16, 131_072)
+    )
 
 
 CASES = {
@@ -46,7 +48,10 @@ def test_bench_flexsp_step_planning_time(benchmark, case: str) -> None:
         batches = [lognormal_batch(512)]
     else:
         wl = load_workload(workload)
-        batches = [wl.global_batch(step, cost.cluster.world_size, cost.model.max_seq_len) for step in range(3)]
+        batches = [
+            wl.global_batch(step, cost.cluster.world_size, cost.model.max_seq_len)
+            for step in range(3)
+        ]
     planner = make_planner(load_config(["method=flexsp_milp"]).method)
     steps = itertools.cycle(batches)
     plans: list[tuple[StepPlan, GlobalBatch]] = []

@@ -26,7 +26,9 @@ from dcp_bench.sim import lower_bound
 
 def _batch(n: int, seed: int = 0) -> GlobalBatch:
     rng = np.random.default_rng(seed)
-    return GlobalBatch.from_lengths(np.minimum(rng.lognormal(8.5, 1.2, n).astype(np.int64) + 16, 131_072))
+    return GlobalBatch.from_lengths(
+        np.minimum(rng.lognormal(8.5, 1.2, n).astype(np.int64) + 16, 131_072)
+    )
 
 
 def _cost(world: int):
@@ -42,7 +44,9 @@ def test_bench_dcp_planning_time(benchmark, world: int, n: int) -> None:
     batch = _batch(n)
     planner = DCPPlanner()
     if world > 1024:
-        plan = benchmark.pedantic(planner.plan, (batch, cost), rounds=5, iterations=1, warmup_rounds=1)
+        plan = benchmark.pedantic(
+            planner.plan, (batch, cost), rounds=5, iterations=1, warmup_rounds=1
+        )
     else:
         plan = benchmark(planner.plan, batch, cost)
     validate_plan(plan, batch, None, num_layers=cost.model.num_layers)

@@ -15,7 +15,9 @@ from dcp_bench.plan import Group, MicroBatch, Round, StepPlan, validate_plan
 from dcp_bench.sim import lower_bound, simulate_step
 
 
-def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator, layers: int = 32) -> StepPlan:
+def mixed_plan(
+    batch: GlobalBatch, world: int, rng: np.random.Generator, layers: int = 32
+) -> StepPlan:
     """A valid plan of groups of sizes 1..8 tiling the world; samples dealt longest-first to the
     group with the least tokens per rank, packed into micro-batches of at most 12K tokens per rank,
     half or all layers checkpointed (all of them above 8K tokens per rank: under the cap)."""
@@ -32,6 +34,7 @@ def mixed_plan(batch: GlobalBatch, world: int, rng: np.random.Generator, layers:
         g = int(np.argmin(load))
         members[g].append(int(i))
         load[g] += batch.tokens[i] / sizes[g][1]
+
     def ckpt(samples: list[int], s: int) -> int:
         half = int(rng.choice([layers // 2, layers]))
         return layers if batch.tokens[samples].sum() > 8192 * s else half

@@ -11,7 +11,9 @@ import pytest
 from dcp_bench.workloads import load_workload
 
 
-@pytest.mark.parametrize(("name", "world"), [("wikipedia", 64), ("videosys_zipf", 32), ("sharegpt", 32)])
+@pytest.mark.parametrize(
+    ("name", "world"), [("wikipedia", 64), ("videosys_zipf", 32), ("sharegpt", 32)]
+)
 def test_bench_global_batch(benchmark: Any, name: str, world: int) -> None:
     workload = load_workload(name)
     steps = iter(range(10**9))

@@ -114,16 +114,26 @@ class UlyssesWanProcessor:
     def __init__(self, adapter: WanAdapter) -> None:
         self.adapter = adapter
 
-    def __call__(self, attn: Any, hidden_states: Tensor, encoder_hidden_states: Tensor | None = None,
-                 attention_mask: Tensor | None = None, rotary_emb: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: Tensor,
+        encoder_hidden_states: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        rotary_emb: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         active = self.adapter.active
         if active is None:
-            raise ConfigError("UlyssesWanProcessor ran without a DCP micro-batch: run the model through "
-                              "WanAdapter.loss_sum")
+            raise ConfigError(
+                "UlyssesWanProcessor ran without a DCP micro-batch: run the model through "
+                "WanAdapter.loss_sum"
+            )
         if encoder_hidden_states is not None or attention_mask is not None:
             raise ConfigError("UlyssesWanProcessor serves self-attention without a mask only")
         if hidden_states.shape[0] != 1:
-            raise ConfigError(f"UlyssesWanProcessor: batch of {hidden_states.shape[0]} clips; expected 1 per call")
+            raise ConfigError(
+                f"UlyssesWanProcessor: batch of {hidden_states.shape[0]} clips; expected 1 per call"
+            )
         q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         q, k = attn.norm_q(q), attn.norm_k(k)
         q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))
@@ -133,7 +143,9 @@ class UlyssesWanProcessor:
         sp, clip = active.sp, active.clip
         order = torch.arange(clip.padded, device=q.device)  # one clip: rank-major = sequence order
         q, k, v = ulysses_qkv_to_heads(q, k, v, sp, order)
-        out = varlen_attention(q, k, v, [clip.padded], [clip.tokens], causal=False, kernel=active.kernel)
+        out = varlen_attention(
+            q, k, v, [clip.padded], [clip.tokens], causal=False, kernel=active.kernel
+        )
         out = ulysses_heads_to_seq(out, sp, order).flatten(1, 2)[None].type_as(hidden_states)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -151,18 +163,30 @@ class WanAdapter:
     (seed, sample id) with ``caption_tokens`` caption tokens. ``spec``: the cost model's spec
     (`spec_of`, priced as an STDiT-style video transformer when None)."""
 
-    def __init__(self, model: Any, sample_clip: Callable[[int, int, int], tuple[Tensor, ...]] | None = None,
-                 spec: ModelSpec | None = None, caption_tokens: int = 16, kernel: AttentionKernel | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        sample_clip: Callable[[int, int, int], tuple[Tensor, ...]] | None = None,
+        spec: ModelSpec | None = None,
+        caption_tokens: int = 16,
+        kernel: AttentionKernel | None = None,
+    ) -> None:
         diffusers = require("diffusers")
         name = type(model).__name__
         if not isinstance(model, diffusers.WanTransformer3DModel):
-            raise ConfigError(f"{name} is not a diffusers WanTransformer3DModel; the video adapter serves Wan only")
+            raise ConfigError(
+                f"{name} is not a diffusers WanTransformer3DModel; the video adapter serves Wan only"
+            )
         cfg = model.config
         if cfg.image_dim is not None or cfg.added_kv_proj_dim is not None:
-            raise ConfigError(f"{name}: image conditioning (image_dim / added_kv_proj_dim) is not supported")
+            raise ConfigError(
+                f"{name}: image conditioning (image_dim / added_kv_proj_dim) is not supported"
+            )
         blocks = list(model.blocks)
         if not blocks or any(getattr(b.attn1, "fused_projections", False) for b in blocks):
-            raise ConfigError(f"{name}: no blocks, or fused q/k/v projections; expected separate to_q/to_k/to_v")
+            raise ConfigError(
+                f"{name}: no blocks, or fused q/k/v projections; expected separate to_q/to_k/to_v"
+            )
         self.model: Any = model
         self.spec = spec if spec is not None else spec_of(model, caption_tokens=caption_tokens)
         self.caption_tokens = caption_tokens
@@ -172,7 +196,9 @@ class WanAdapter:
         self._checkpointing: bool | None = None
         processors = dict(model.attn_processors)
         mine = UlyssesWanProcessor(self)
-        model.set_attn_processor({k: (mine if k.endswith("attn1.processor") else p) for k, p in processors.items()})
+        model.set_attn_processor(
+            {k: (mine if k.endswith("attn1.processor") else p) for k, p in processors.items()}
+        )
         model.rope.register_forward_hook(self._split_rope)
         blocks[0].register_forward_pre_hook(self._split_tokens)
         model.proj_out.register_forward_hook(self._gather_tokens)
@@ -210,20 +236,36 @@ class WanAdapter:
         return full[: active.clip.tokens][None]
 
     # -- the adapter interface
-    def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> list[ClipShard]:
+    def make_inputs(
+        self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
+    ) -> list[ClipShard]:
         """Every clip of the micro-batch (each rank of the group builds the same inputs; the hooks
         shard them): random latents, noise, timestep and caption drawn per (seed, sample id)."""
         cfg = self.model.config
         device = next(self.model.parameters()).device
         pt, ph, pw = cfg.patch_size
         out = []
-        for sid, n, f in zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist(), np.asarray(frames).tolist()):
+        for sid, n, f in zip(
+            np.asarray(sample_ids).tolist(),
+            np.asarray(tokens).tolist(),
+            np.asarray(frames).tolist(),
+        ):
             if n % f:
-                raise ConfigError(f"sample {sid}: {n} tokens not a whole number of patches per frame over {f} frames")
+                raise ConfigError(
+                    f"sample {sid}: {n} tokens not a whole number of patches per frame over {f} frames"
+                )
             if self.sample_clip is not None:
                 x0, noise, t, caption = self.sample_clip(sid, f, n // f)
-                out.append(ClipShard(x0.to(device), noise.to(device), t.to(device), caption.to(device),
-                                     int(n), -(-int(n) // sp.size) * sp.size))
+                out.append(
+                    ClipShard(
+                        x0.to(device),
+                        noise.to(device),
+                        t.to(device),
+                        caption.to(device),
+                        int(n),
+                        -(-int(n) // sp.size) * sp.size,
+                    )
+                )
                 continue
             hh, ww = _grid(n // f)
             g = sample_generator(seed, sid)
@@ -232,29 +274,47 @@ class WanAdapter:
             noise = torch.randn(shape, generator=g)
             t = torch.randint(0, NUM_TIMESTEPS, (1,), generator=g)
             caption = torch.randn(1, self.caption_tokens, cfg.text_dim, generator=g)
-            out.append(ClipShard(x0.to(device), noise.to(device), t.to(device), caption.to(device),
-                                 int(n), -(-int(n) // sp.size) * sp.size))
+            out.append(
+                ClipShard(
+                    x0.to(device),
+                    noise.to(device),
+                    t.to(device),
+                    caption.to(device),
+                    int(n),
+                    -(-int(n) // sp.size) * sp.size,
+                )
+            )
         return out
 
     def clip_loss(self, clip: ClipShard) -> Tensor:
         """The model's flow-matching squared error of one clip, per latent patch (F', H', W')."""
         s = clip.timestep.float() / NUM_TIMESTEPS
         x_t = (1 - s) * clip.latents + s * clip.noise
-        pred = self.model(hidden_states=x_t, timestep=clip.timestep, encoder_hidden_states=clip.caption,
-                          return_dict=False)[0]
-        err = (pred.float() - (clip.noise - clip.latents).float()).square().sum(dim=(0, 1))  # (F, H, W)
+        pred = self.model(
+            hidden_states=x_t,
+            timestep=clip.timestep,
+            encoder_hidden_states=clip.caption,
+            return_dict=False,
+        )[0]
+        err = (
+            (pred.float() - (clip.noise - clip.latents).float()).square().sum(dim=(0, 1))
+        )  # (F, H, W)
         pt, ph, pw = self.model.config.patch_size
         f, h, w = err.shape
         return err.reshape(f // pt, pt, h // ph, ph, w // pw, pw).sum(dim=(1, 3, 5))
 
-    def loss_sum(self, inputs: list[ClipShard], sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
+    def loss_sum(
+        self, inputs: list[ClipShard], sp: SPContext = SINGLE, ckpt_layers: int = 0
+    ) -> Tensor:
         """Summed loss over this rank's tokens of every clip (see the module docstring)."""
         if sp.size > 1:
             check_heads(int(self.model.config.num_attention_heads), sp.size)
         on = ckpt_layers > 0
         if on != self._checkpointing:
             if on:
-                self.model.enable_gradient_checkpointing(gradient_checkpointing_func=self._checkpoint)
+                self.model.enable_gradient_checkpointing(
+                    gradient_checkpointing_func=self._checkpoint
+                )
             else:
                 self.model.disable_gradient_checkpointing()
             self._checkpointing = on
@@ -278,12 +338,22 @@ def spec_of(model: Any, caption_tokens: int = 16, name: str = "wan") -> ModelSpe
     cfg = model.config
     heads, head_dim = int(cfg.num_attention_heads), int(cfg.attention_head_dim)
     return ModelSpec(
-        name=name, arch="stdit", num_layers=max(1, int(cfg.num_layers) // 2), hidden=heads * head_dim,
-        heads=heads, kv_heads=heads, ffn_hidden=int(cfg.ffn_dim), in_channels=int(cfg.in_channels),
-        patch=(int(cfg.patch_size[0]), int(cfg.patch_size[1]), int(cfg.patch_size[2])), text_tokens=caption_tokens, text_dim=int(cfg.text_dim),
+        name=name,
+        arch="stdit",
+        num_layers=max(1, int(cfg.num_layers) // 2),
+        hidden=heads * head_dim,
+        heads=heads,
+        kv_heads=heads,
+        ffn_hidden=int(cfg.ffn_dim),
+        in_channels=int(cfg.in_channels),
+        patch=(int(cfg.patch_size[0]), int(cfg.patch_size[1]), int(cfg.patch_size[2])),
+        text_tokens=caption_tokens,
+        text_dim=int(cfg.text_dim),
         dtype="fp32",
-        sources={"architecture": "diffusers WanTransformer3DModel config; priced as STDiT-style spatial + "
-                                 "temporal attention (approximation: Wan attends over the whole clip)"},
+        sources={
+            "architecture": "diffusers WanTransformer3DModel config; priced as STDiT-style spatial + "
+            "temporal attention (approximation: Wan attends over the whole clip)"
+        },
     )
 
 

@@ -52,7 +52,9 @@ class AdaptedModel(RuntimeModel):
     def init_rule(self, name: str) -> tuple[str, float]:
         raise NotImplementedError("an adapted model keeps the weights its owner gave it")
 
-    def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> Any:
+    def make_inputs(
+        self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
+    ) -> Any:
         return self.adapter.make_inputs(sample_ids, tokens, frames, sp, seed)
 
     def forward(self, inputs: Any, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:

@@ -83,16 +83,22 @@ def ulysses_attention(
     kernel: AttentionKernel = kwargs.get("dcp_kernel", PORTABLE)
     name = type(module).__name__
     if shard is None:
-        raise ConfigError(f"attention {ATTENTION!r} of {name} ran without a DCP micro-batch: run the model "
-                          "through CausalLMAdapter.loss_sum (or set another attn_implementation)")
+        raise ConfigError(
+            f"attention {ATTENTION!r} of {name} ran without a DCP micro-batch: run the model "
+            "through CausalLMAdapter.loss_sum (or set another attn_implementation)"
+        )
     if dropout:
-        raise ConfigError(f"{name}: attention dropout {dropout}; expected 0 (config.attention_dropout=0)")
+        raise ConfigError(
+            f"{name}: attention dropout {dropout}; expected 0 (config.attention_dropout=0)"
+        )
     if kwargs.get("softcap") is not None:
         raise ConfigError(f"{name}: attention soft-capping is not supported by {ATTENTION!r}")
     window = kwargs.get("sliding_window")
     if window is not None and max(shard.valid, default=0) > int(window):
-        raise ConfigError(f"{name}: sliding window {window} shorter than a sample of {max(shard.valid)} tokens; "
-                          f"{ATTENTION!r} runs full causal attention only")
+        raise ConfigError(
+            f"{name}: sliding window {window} shorter than a sample of {max(shard.valid)} tokens; "
+            f"{ATTENTION!r} runs full causal attention only"
+        )
     if not getattr(module, "is_causal", True):
         raise ConfigError(f"{name} is not causal; {ATTENTION!r} serves decoder-only models")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
@@ -113,23 +119,31 @@ def prepare_causal_lm(model: Any) -> Any:
     tf = require("transformers")
     name = type(model).__name__
     if not isinstance(model, tf.PreTrainedModel):
-        raise ConfigError(f"{name} is not a transformers PreTrainedModel; wrap it as a "
-                          "dcp_bench.runtime.models.RuntimeModel instead")
+        raise ConfigError(
+            f"{name} is not a transformers PreTrainedModel; wrap it as a "
+            "dcp_bench.runtime.models.RuntimeModel instead"
+        )
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"{name} is an encoder-decoder; expected a decoder-only causal LM")
     if not getattr(model, "_supports_attention_backend", False):
-        raise ConfigError(f"{name}: its attention does not go through transformers' AttentionInterface "
-                          "(the model class does not support attention backends), so Ulysses attention cannot reach it")
+        raise ConfigError(
+            f"{name}: its attention does not go through transformers' AttentionInterface "
+            "(the model class does not support attention backends), so Ulysses attention cannot reach it"
+        )
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear) or head.bias is not None:
-        raise ConfigError(f"{name}: output embedding {type(head).__name__} "
-                          f"{'with a bias ' if getattr(head, 'bias', None) is not None else ''}"
-                          "; expected a bias-free nn.Linear LM head")
+        raise ConfigError(
+            f"{name}: output embedding {type(head).__name__} "
+            f"{'with a bias ' if getattr(head, 'bias', None) is not None else ''}"
+            "; expected a bias-free nn.Linear LM head"
+        )
     for option in _LOGIT_OPTIONS:
         if getattr(config, option, None) not in (None, 1, 1.0):
-            raise ConfigError(f"{name}: config.{option}={getattr(config, option)} changes the logits; "
-                              "the chunked loss computes hidden @ lm_head.T only")
+            raise ConfigError(
+                f"{name}: config.{option}={getattr(config, option)} changes the logits; "
+                "the chunked loss computes hidden @ lm_head.T only"
+            )
     tf.AttentionInterface.register(ATTENTION, ulysses_attention)
     model.set_attn_implementation(ATTENTION)
     if getattr(config, "_attn_implementation", None) != ATTENTION:
@@ -143,7 +157,9 @@ def set_checkpointing(model: Any, on: bool) -> None:
         if hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable({"use_reentrant": False})
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
     elif hasattr(model, "activation_checkpointing_disable"):
         model.activation_checkpointing_disable()
     else:
@@ -153,7 +169,9 @@ def set_checkpointing(model: Any, on: bool) -> None:
 def spec_of(model: Any, name: str | None = None, dtype: str = "bf16") -> ModelSpec:
     """The cost model's spec of a transformers model (from its config)."""
     config = model.config.to_dict()
-    return model_spec(name or str(config.get("model_type")), library="transformers", config=config, dtype=dtype)
+    return model_spec(
+        name or str(config.get("model_type")), library="transformers", config=config, dtype=dtype
+    )
 
 
 class CausalLMAdapter:
@@ -163,9 +181,14 @@ class CausalLMAdapter:
     ``length``); synthetic ids seeded by (seed, sample id) when None. ``spec``: the cost model's
     spec (derived from the model's config when None)."""
 
-    def __init__(self, model: Any, sample_tokens: Callable[[int, int], Tensor] | None = None,
-                 spec: ModelSpec | None = None, kernel: AttentionKernel | None = None,
-                 loss_chunk_tokens: int = LOGITS_CHUNK_TOKENS) -> None:
+    def __init__(
+        self,
+        model: Any,
+        sample_tokens: Callable[[int, int], Tensor] | None = None,
+        spec: ModelSpec | None = None,
+        kernel: AttentionKernel | None = None,
+        loss_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+    ) -> None:
         self.model: Any = prepare_causal_lm(model)
         self.spec = spec if spec is not None else spec_of(model)
         self.sample_tokens = sample_tokens
@@ -178,14 +201,23 @@ class CausalLMAdapter:
             self.kernel = select_attention_kernel(ref.device, ref.dtype, self.spec.head_dim)
         return self.kernel
 
-    def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> TextShard:
+    def make_inputs(
+        self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
+    ) -> TextShard:
         """This rank's shard of the packed micro-batch (`make_text_shard`): the samples' token ids
         from ``sample_tokens``, or synthetic ids drawn per (seed, sample id) as the runtime's own
         text model does."""
         del frames
         device = next(self.model.parameters()).device
-        return make_text_shard(sample_ids, tokens, int(self.model.config.vocab_size), sp, seed, device,
-                               self.sample_tokens)
+        return make_text_shard(
+            sample_ids,
+            tokens,
+            int(self.model.config.vocab_size),
+            sp,
+            seed,
+            device,
+            self.sample_tokens,
+        )
 
     def loss_sum(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
         """Summed next-token loss over this rank's real tokens; every layer recomputed when the plan
@@ -199,8 +231,12 @@ class CausalLMAdapter:
         decoder = self.model.base_model
         head = self.model.get_output_embeddings()
         hidden = decoder(
-            input_ids=inputs.input_ids[None], position_ids=inputs.positions[None], use_cache=False,
-            dcp_shard=inputs, dcp_sp=sp, dcp_kernel=self._kernel(head.weight),
+            input_ids=inputs.input_ids[None],
+            position_ids=inputs.positions[None],
+            use_cache=False,
+            dcp_shard=inputs,
+            dcp_sp=sp,
+            dcp_kernel=self._kernel(head.weight),
         ).last_hidden_state[0]
         return chunked_cross_entropy_sum(hidden, head.weight, inputs.labels, self.loss_chunk_tokens)
 
@@ -246,8 +282,12 @@ class TransformersCausalLM(RuntimeModel):
         self._attention = kernel
         self.adapter.kernel = kernel
 
-    def make_inputs(self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int) -> TextShard:
-        return self.adapter.make_inputs(np.asarray(sample_ids), np.asarray(tokens), frames, sp, seed)
+    def make_inputs(
+        self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
+    ) -> TextShard:
+        return self.adapter.make_inputs(
+            np.asarray(sample_ids), np.asarray(tokens), frames, sp, seed
+        )
 
     def forward(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
         return self.adapter.loss_sum(inputs, sp, ckpt_layers)
