@@ -112,8 +112,8 @@ class BucketStatic(Planner):
         self.max_batch_size = max_batch_size
         if int(deals_per_iteration) < 0:
             raise ConfigError(
-                f"bucket_static: deals_per_iteration={deals_per_iteration}; expected 0 (all deals of "
-                "the epoch in one plan) or a count >= 1"
+                f"bucket_static: deals_per_iteration={deals_per_iteration}; expected 0 (all deals "
+                "of the epoch in one plan) or a count >= 1"
             )
         self.deals_per_iteration = int(deals_per_iteration)
         self._auto_sp = 1  # the smallest fitting degree of the longest sample seen so far
@@ -160,8 +160,8 @@ class BucketStatic(Planner):
         if skipped and self.mode == "fair":
             k = skipped[0]
             raise InfeasibleError(
-                f"bucket {k} (frames, spatial) does not fit at batch size 1 with the fixed SP degree "
-                f"{sp} and {ckpt} checkpointed layers; a larger sp is needed"
+                f"bucket {k} (frames, spatial) does not fit at batch size 1 with the fixed SP "
+                f"degree {sp} and {ckpt} checkpointed layers; a larger sp is needed"
             )
         live = [k for k in keys if bs[k] > 0]
         if self.mode == "paper":

@@ -306,7 +306,8 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
     for bi, b in enumerate(buckets):
         if not ok[bi].any():
             raise InfeasibleError(
-                f"sample {model.positions[b[-1]]} does not fit the memory cap even on {degrees[-1]} ranks"
+                f"sample {model.positions[b[-1]]} does not fit the memory cap even on "
+                f"{degrees[-1]} ranks"
             )
     over = model.group_overhead()
     t_scale = max(
@@ -726,8 +727,8 @@ class FlexSPMILP(Planner):
         if batch.n and float(per_rank_w.max()) > room:
             p = int(np.argmax(per_rank_w))
             raise InfeasibleError(
-                f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap even on all "
-                f"{W} ranks"
+                f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap even on "
+                f"all {W} ranks"
             )
         # the cluster-wide activation footprint of a sequence is smallest on few ranks (per-sample
         # buffers repeat on every rank), so size the rounds by each sequence's smallest footprint

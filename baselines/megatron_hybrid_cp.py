@@ -191,7 +191,10 @@ class LaunchConfig:
 
     def describe(self, num_layers: int) -> str:
         """The configuration as Megatron's settings (``plan.info["tuned_config"]``)."""
-        return f"max_seqlen_per_dp_cp_rank={self.max_tokens_per_rank} recompute={recompute_flags(self.ckpt_layers, num_layers)}"
+        return (
+            f"max_seqlen_per_dp_cp_rank={self.max_tokens_per_rank} "
+            f"recompute={recompute_flags(self.ckpt_layers, num_layers)}"
+        )
 
 
 def recompute_flags(ckpt_layers: int, num_layers: int) -> str:
@@ -382,7 +385,8 @@ class MegatronHybridCP(Planner):
         super().__init__(mode)
         if max_tokens_per_rank is not None and max_tokens_per_rank < 1:
             raise ConfigError(
-                f"max_tokens_per_rank={max_tokens_per_rank}; expected a positive token count or null"
+                f"max_tokens_per_rank={max_tokens_per_rank}; expected a positive token count or "
+                "null"
             )
         if not 0.0 <= delta < 1.0:
             raise ConfigError(f"delta={delta}; expected a fraction in [0, 1)")
@@ -426,7 +430,8 @@ class MegatronHybridCP(Planner):
             assert self.recompute_num_layers is not None
             if self.recompute_num_layers > num_layers:
                 raise ConfigError(
-                    f"recompute_num_layers={self.recompute_num_layers} exceeds the model's {num_layers} layers"
+                    f"recompute_num_layers={self.recompute_num_layers} exceeds the model's "
+                    f"{num_layers} layers"
                 )
             return [self.recompute_num_layers]
         return [ckpt_layers_for(self.recompute, num_layers)]
@@ -462,9 +467,9 @@ class MegatronHybridCP(Planner):
             k = max(ks, key=lambda k: ladder[k])
             raise InfeasibleError(
                 f"sample {p} ({longest} tokens) cannot run on {W} ranks with any hybrid-CP "
-                f"configuration: with recompute {recompute_flags(k, num_layers)} one rank holds at "
-                f"most {ladder[k]} tokens, so one sequence (on at most {sp_degrees(W)[-1]} ranks) can "
-                f"have at most {ladder[k] * sp_degrees(W)[-1]} tokens"
+                f"configuration: with recompute {recompute_flags(k, num_layers)} one rank holds "
+                f"at most {ladder[k]} tokens, so one sequence (on at most {sp_degrees(W)[-1]} "
+                f"ranks) can have at most {ladder[k] * sp_degrees(W)[-1]} tokens"
             )
         return cands
 

@@ -144,8 +144,8 @@ class WLBLLM(Planner):
         if positions and float(act.max()) > room:
             p = positions[int(np.argmax(act))]
             raise InfeasibleError(
-                f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap at the fixed "
-                f"SP degree {sp}"
+                f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap at the "
+                f"fixed SP degree {sp}"
             )
         capacity = self.token_capacity or int(max(1, tok.max() if positions else 1))
         if self.token_capacity is None and positions:
@@ -154,8 +154,8 @@ class WLBLLM(Planner):
             capacity = max(int(tok.max()), int(room / per_tok))
         if positions and int(tok.max()) > capacity:
             raise InfeasibleError(
-                f"token_capacity={capacity} is below the sequence of {int(tok.max())} tokens and the "
-                f"fixed SP degree {sp} cannot split it further"
+                f"token_capacity={capacity} is below the sequence of {int(tok.max())} tokens and "
+                f"the fixed SP degree {sp} cannot split it further"
             )
         # micro-batches per replica: the fewest the tokens and the memory allow, then more until
         # the greedy packing places every sequence

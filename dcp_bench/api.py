@@ -19,12 +19,12 @@ transformer is recognised and gets its adapter (`dcp_bench.runtime.integrations`
 model brings its own ``adapter`` (an object with ``make_inputs``, ``loss_sum`` and ``spec``) or is
 itself one:
 
-What a model (or adapter) must provide (`dcp_bench.runtime.models.RuntimeModel`): ``make_inputs(sample_ids,
-tokens, frames, sp, seed)`` (this rank's shard of a packed micro-batch) and ``loss_sum(inputs, sp,
-ckpt_layers)`` (the summed loss over its real tokens), with attention that runs through the
-sequence-parallel exchanges of `dcp_bench.runtime.attention` (``ulysses_seq_to_heads`` /
-``ulysses_heads_to_seq`` around ``varlen_attention``; ``permuted_all_to_all`` for video). The
-runtime's Llama and STDiT models do.
+What a model (or adapter) must provide (`dcp_bench.runtime.models.RuntimeModel`):
+``make_inputs(sample_ids, tokens, frames, sp, seed)`` (this rank's shard of a packed micro-batch)
+and ``loss_sum(inputs, sp, ckpt_layers)`` (the summed loss over its real tokens), with attention
+that runs through the sequence-parallel exchanges of `dcp_bench.runtime.attention`
+(``ulysses_seq_to_heads`` / ``ulysses_heads_to_seq`` around ``varlen_attention``;
+``permuted_all_to_all`` for video). The runtime's Llama and STDiT models do.
 
 Planning runs on rank 0 and the plan is broadcast, so every rank runs the same plan even if a
 planner were not deterministic. The loss is normalised by the step's global token count, so the
@@ -112,7 +112,8 @@ def has_sp_interface(model: Any) -> bool:
 
 
 def check_model(model: Any) -> None:
-    """Raise `ConfigError` unless ``model`` (or an adapter) can run sequence-parallel micro-batches."""
+    """Raise `ConfigError` unless ``model`` (or an adapter) can run sequence-parallel
+    micro-batches."""
     name = type(model).__name__
     missing = [m for m in ("make_inputs", "loss_sum") if not callable(getattr(model, m, None))]
     takes_sp = not missing and all(
@@ -122,11 +123,14 @@ def check_model(model: Any) -> None:
         raise ConfigError(
             f"model {name} has no sequence-parallel interface ("
             + (f"missing {', '.join(missing)}" if missing else "make_inputs/loss_sum take no `sp`")
-            + "): implement dcp_bench.runtime.models.RuntimeModel - make_inputs(sample_ids, tokens, "
-            "frames, sp, seed) and loss_sum(inputs, sp, ckpt_layers) - and route its attention "
-            "through dcp_bench.runtime.attention (ulysses_seq_to_heads / ulysses_heads_to_seq around "
-            "varlen_attention), or start from dcp_bench.runtime.models.build_model; a library model "
-            "other than a transformers causal LM or a diffusers Wan transformer needs adapter=..."
+            + (
+                "): implement dcp_bench.runtime.models.RuntimeModel - make_inputs(sample_ids, "
+                "tokens, frames, sp, seed) and loss_sum(inputs, sp, ckpt_layers) - and route its "
+                "attention through dcp_bench.runtime.attention (ulysses_seq_to_heads / "
+                "ulysses_heads_to_seq around varlen_attention), or start from "
+                "dcp_bench.runtime.models.build_model; a library model other than a transformers "
+                "causal LM or a diffusers Wan transformer needs adapter=..."
+            )
         )
     if not hasattr(model, "spec"):
         raise ConfigError(
@@ -234,7 +238,8 @@ class DataCentricParallel:
             cost = build_cost_model(spec)
         elif cost.cluster.world_size != self.world_size:
             raise ConfigError(
-                f"cost model for {cost.cluster.world_size} ranks used on a world of {self.world_size}"
+                f"cost model for {cost.cluster.world_size} ranks used on a world of "
+                f"{self.world_size}"
             )
         self.cost = cost
         self.planner = make_planner(spec.method, seed=seed)

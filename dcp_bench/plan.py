@@ -148,9 +148,11 @@ PLAN_RULES = (
     "ckpt_layers is between 0 and the model's number of layers",
     "every sample position is in the batch (0 .. n - 1) and used at most once in the plan",
     "fair mode: every sample position of the batch is used exactly once",
-    "with a cost model: every micro-batch's predicted memory per rank is under the cost model's cap",
+    "with a cost model: every micro-batch's predicted memory per rank is under the cost model's "
+    "cap",
 )
-"""The rules `validate_plan` enforces, in words (docs/extending.md lists them for planner authors)."""
+"""The rules `validate_plan` enforces, in words (docs/extending.md lists them for planner
+authors)."""
 
 
 def check_is_plan(plan: Any, who: str = "the planner") -> StepPlan:
@@ -173,7 +175,8 @@ def validate_plan(
     """Raise `PlanError` naming the first offence found; return None for a valid plan.
 
     Checks (`PLAN_RULES`): group sizes powers of two dividing the world, aligned, inside the
-    world (and, with a cost model, inside one node or whole nodes), disjoint within a round; non-empty micro-batches; every sample position in range and used at most once, and
+    world (and, with a cost model, inside one node or whole nodes), disjoint within a round;
+    non-empty micro-batches; every sample position in range and used at most once, and
     in fair mode exactly once; checkpoint settings in range; with a cost model, every
     micro-batch's predicted per-rank memory under the cost model's cap. `plan_offences` lists
     every offence instead of the first.
@@ -230,8 +233,9 @@ def _offences(
                 g.start, g.size, cost.cluster.gpus_per_node
             ):
                 yield (
-                    f"{where}: group crosses a node boundary (nodes of {cost.cluster.gpus_per_node} "
-                    "GPUs; a group lies inside one node or is made of whole nodes)"
+                    f"{where}: group crosses a node boundary (nodes of "
+                    f"{cost.cluster.gpus_per_node} GPUs; a group lies inside one node or is made "
+                    "of whole nodes)"
                 )
             if g.start < 0 or g.start + g.size > W:
                 yield f"{where}: ranks {g.start}..{g.start + g.size - 1} outside world of {W}"
@@ -250,7 +254,10 @@ def _offences(
                 if mb.split not in ("sequence", "batch"):
                     yield f"{where}, micro-batch {m}: unknown split {mb.split!r}"
                 if mb.ckpt_layers < 0 or (layers is not None and mb.ckpt_layers > layers):
-                    yield f"{where}, micro-batch {m}: ckpt_layers={mb.ckpt_layers} outside 0..{layers}"
+                    yield (
+                        f"{where}, micro-batch {m}: ckpt_layers={mb.ckpt_layers} outside "
+                        f"0..{layers}"
+                    )
                 in_range = True
                 for s in mb.samples:
                     if not 0 <= s < n:

@@ -603,7 +603,8 @@ def check_run(
         ),
         (
             config_hash is None or summary.config_hash == config_hash,
-            f"run.json has config hash {summary.config_hash}, the run's config hashes to {config_hash}",
+            f"run.json has config hash {summary.config_hash}, the run's config hashes to "
+            f"{config_hash}",
         ),
         (
             seed is None or summary.seed == seed,
@@ -633,7 +634,8 @@ def iter_run_dirs(root: str | os.PathLike[str], campaign: str | None = None) -> 
 
 
 def list_runs(root: str | os.PathLike[str], campaign: str | None = None) -> dict[str, list[str]]:
-    """Run ids of a campaign split into ``complete``, ``incomplete`` and ``damaged`` (`check_run`)."""
+    """Run ids of a campaign split into ``complete``, ``incomplete`` and ``damaged``
+    (`check_run`)."""
     out: dict[str, list[str]] = {"complete": [], "incomplete": [], "damaged": []}
     for run in iter_run_dirs(root, campaign):
         out[check_run(run).state].append(run.name)

@@ -61,8 +61,9 @@ class NoiseModel:
             or self.straggler_slowdown < 1
         ):
             raise ValueError(
-                f"NoiseModel: need jitter_sigma >= 0, 0 <= straggler_prob <= 1, straggler_slowdown >= 1; "
-                f"got {self.jitter_sigma}, {self.straggler_prob}, {self.straggler_slowdown}"
+                "NoiseModel: need jitter_sigma >= 0, 0 <= straggler_prob <= 1, "
+                f"straggler_slowdown >= 1; got {self.jitter_sigma}, {self.straggler_prob}, "
+                f"{self.straggler_slowdown}"
             )
 
     def rng(self, step: int) -> np.random.Generator:
@@ -464,8 +465,8 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
     A sequence-split micro-batch M on s ranks with k checkpointed layers takes at least the sum
     of its samples' packed shares p_i(s, k) plus the fixed cost o(s, k) it pays once
     (`CostModel.microbatch_overhead`), and the memory cap limits it to N(s, k) tokens per rank
-    (`CostModel.microbatch_token_capacity`). Since M's tokens per rank, sum of n_i / s, are at most N,
-    its o is at least the sum over its samples of (n_i / s) / N * o. So M's GPU-seconds are at
+    (`CostModel.microbatch_token_capacity`). Since M's tokens per rank, sum of n_i / s, are at most
+    N, its o is at least the sum over its samples of (n_i / s) / N * o. So M's GPU-seconds are at
     least the sum over its samples of
 
         g_i(s, k) = s * (p_i(s, k) + n_i / (s * N(s, k)) * o(s, k)),
@@ -528,7 +529,8 @@ def lower_bound(
         raise InfeasibleError(
             f"{int(bad.sum())} sample(s) fit no SP degree under the memory cap "
             f"({cost.memory_cap_bytes / 2**30:.1f} GiB per rank, every layer checkpointed, up to "
-            f"sp={cost.cluster.sp_degrees()[-1]}); e.g. position {i} with {int(batch.tokens[i])} tokens"
+            f"sp={cost.cluster.sp_degrees()[-1]}); e.g. position {i} with {int(batch.tokens[i])} "
+            "tokens"
         )
     ok = ~bad
     W = cost.cluster.world_size

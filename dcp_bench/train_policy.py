@@ -8,7 +8,8 @@ are accumulated over micro-batches and reduced across ranks in fp32. A model who
 (the CPU test models) needs no separate master copy: the parameters are the master weights.
 
 ZeRO stages (over the data-parallel world: every rank holds a model replica, sequence parallelism
-shards activations, not weights), as the runtime implements them (``dcp_bench/runtime/training.py``):
+shards activations, not weights), as the runtime implements them
+(``dcp_bench/runtime/training.py``):
 
 - 0: everything replicated; one fp32 all-reduce of the gradients per step;
 - 1: fp32 master weights and AdamW moments sharded; one fp32 reduce-scatter of the gradients and

@@ -161,8 +161,9 @@ def main() -> None:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     H, KV, D = (int(x) for x in args.heads.split(","))
     print(
-        f"device {device}, {args.dtype}, heads {H}/{KV}, head dim {D}, threads {torch.get_num_threads()}, "
-        f"torch {torch.__version__}; median of {args.reps} fwd+bwd after 1 warm-up, seconds"
+        f"device {device}, {args.dtype}, heads {H}/{KV}, head dim {D}, threads "
+        f"{torch.get_num_threads()}, torch {torch.__version__}; median of {args.reps} fwd+bwd "
+        "after 1 warm-up, seconds"
     )
     print("| kind | tokens | segments | variant | seconds | x fastest |")
     print("|---|---|---|---|---|---|")

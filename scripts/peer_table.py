@@ -14,10 +14,13 @@ model (the analytical model for the H200 clusters), not measured.
 
 The same sweep as two commands (then ``--no-run`` prints the table):
 
-    dcp-bench sweep workload=debian_docs,prolong,sharegpt,wikipedia,synthetic_fixed,synthetic_uniform,synthetic_lognormal \\
+    dcp-bench sweep
+    workload=debian_docs,prolong,sharegpt,wikipedia,synthetic_fixed,synthetic_uniform,synthetic_lognormal
+    \\
         model=llama3_8b cluster=h200x8,h200x32,h200x64 method=dcp,dcp_inter_pac,... \\
         run.steps=2 run.warmup_steps=1 run.repeats=1 run.timeout_s=900 run.campaign=peers
-    dcp-bench sweep workload=videosys_zipf,videosys_balanced,videosys_long,opensora_v12_stage1 model=stdit3_xl2 ...
+    dcp-bench sweep workload=videosys_zipf,videosys_balanced,videosys_long,opensora_v12_stage1
+    model=stdit3_xl2 ...
 """
 
 from __future__ import annotations
@@ -96,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         res = run_sweep(specs, resume=True, jobs=args.jobs, progress=sys.stderr.isatty())
         print(
-            f"{len(res.ran)} run(s) done, {len(res.skipped)} already complete, {len(res.failed)} failed "
-            f"({time.time() - t0:.0f} s); records in {args.root}/{args.campaign}",
+            f"{len(res.ran)} run(s) done, {len(res.skipped)} already complete, {len(res.failed)} "
+            f"failed ({time.time() - t0:.0f} s); records in {args.root}/{args.campaign}",
             file=sys.stderr,
         )
     campaign = load_campaign(args.root, args.campaign)

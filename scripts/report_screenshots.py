@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if find_chromium() is None:
         print(
-            "error: no Chromium found (Debian: apt-get install chromium; or set CHROMIUM=/path/to/chrome)",
+            "error: no Chromium found (Debian: apt-get install chromium; or set "
+            "CHROMIUM=/path/to/chrome)",
             file=sys.stderr,
         )
         return 2
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.full:
                 height = int(max(FIRST_SCREEN, m["page_height"]))
                 print(
-                    f"{screenshot(page, folder / 'full_page.png', PAGE_WIDTH, height)}: the whole page ({height} px)"
+                    f"{screenshot(page, folder / 'full_page.png', PAGE_WIDTH, height)}: the whole "
+                    f"page ({height} px)"
                 )
         except DcpBenchError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -73,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{page}: {p}", file=sys.stderr)
         if not problems:
             print(
-                f"{page}: verdict at {m['verdict']['top']:.0f}-{m['verdict']['bottom']:.0f} px, forest plot at "
-                f"{m['forest']['top']:.0f}-{m['forest']['bottom']:.0f} px, {len(m['images'])} images fit, no overflow"
+                f"{page}: verdict at {m['verdict']['top']:.0f}-{m['verdict']['bottom']:.0f} px, "
+                f"forest plot at {m['forest']['top']:.0f}-{m['forest']['bottom']:.0f} px, "
+                f"{len(m['images'])} images fit, no overflow"
             )
         bad += bool(problems)
     return 1 if bad else 0

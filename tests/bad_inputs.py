@@ -283,9 +283,9 @@ def write_data(folder: Path) -> Path:
         "name: returns_none\n_target_: returns_none_planner.NonePlanner\nmode: fair\n"
     )
     (folder / "conf" / "returns_none_planner.py").write_text(
-        "from dcp_bench.planners.base import Planner\n\n\nclass NonePlanner(Planner):\n"
-        "    name = 'returns_none'\n\n    def __init__(self, mode='fair', **kw):\n        self.mode = mode\n\n"
-        "    def plan(self, batch, cost):\n        return None\n"
+        "from dcp_bench.planners.base import Planner\n\n\nclass NonePlanner(Planner):\n    name = "
+        "'returns_none'\n\n    def __init__(self, mode='fair', **kw):\n        self.mode = "
+        "mode\n\n    def plan(self, batch, cost):\n        return None\n"
     )
     (folder / "shadow" / "method").mkdir(parents=True, exist_ok=True)
     (folder / "shadow" / "method" / "dcp.yaml").write_text("name: dcp\n_target_: nowhere.Planner\n")
@@ -293,7 +293,8 @@ def write_data(folder: Path) -> Path:
 
 
 def too_many_ranks() -> int:
-    """A power of two above 4 ranks per usable core (docs/runtime.md: what one CPU node may start)."""
+    """A power of two above 4 ranks per usable core (docs/runtime.md: what one CPU node may
+    start)."""
     import os
 
     cores = (

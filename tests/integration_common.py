@@ -31,7 +31,8 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class GradCapture(torch.optim.Optimizer):
-    """An optimizer that changes nothing and keeps the (all-reduced) gradients it was stepped with."""
+    """An optimizer that changes nothing and keeps the (all-reduced) gradients it was stepped
+    with."""
 
     def __init__(self, params: Any) -> None:
         super().__init__(list(params), {})

@@ -231,10 +231,9 @@ def test_solver_prints_nothing_on_stdout():
     import sys
 
     code = (
-        "from baselines.flexsp_milp import FlexSPMILP, RoundModel, solve_round_milp\n"
-        "import numpy as np\n"
-        "m = RoundModel([0, 1], [1, 2], np.array([[1.0, 0.6], [2.0, 1.1]]), np.ones((2, 2)), 10.0, 2)\n"
-        "assert solve_round_milp(m, 5.0) is not None\n"
+        "from baselines.flexsp_milp import FlexSPMILP, RoundModel, solve_round_milp\nimport numpy "
+        "as np\nm = RoundModel([0, 1], [1, 2], np.array([[1.0, 0.6], [2.0, 1.1]]), np.ones((2, "
+        "2)), 10.0, 2)\nassert solve_round_milp(m, 5.0) is not None\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == ""

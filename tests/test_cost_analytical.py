@@ -72,7 +72,8 @@ def test_one_sample_one_gpu_is_flops_over_rate():
     # Recomputing every layer repeats the layers' forward (not the LM head).
     head_t = 2 * n * h * LLAMA.vocab / (peak * gemm_eff)
     assert ck.recompute_s == pytest.approx(expected_fwd - head_t, rel=1e-9)
-    # The built-in assumptions (before calibration): 1,024-token GEMM half point, backward = 2 x forward.
+    # The built-in assumptions (before calibration): 1,024-token GEMM half point, backward = 2 x
+    # forward.
     old = make_cost_model("llama3_8b", "h200x8", use_config_constants=False)
     assert old.gemm_efficiency(1024) == pytest.approx(0.5 * 790 / 989)
     o = old.microbatch_cost(np.array([n]), np.array([1]), sp=1, ckpt_layers=0)
@@ -98,7 +99,8 @@ def test_gemm_half_point_scales_with_the_model_s_gemm_width():
 
 def test_stdit_attention_terms_closed_form():
     """STDiT attention: spatial T' S^2 and temporal S T'^2 terms plus cross-attention to the
-    caption, non-causal: doubling the frames doubles the spatial term and quadruples the temporal."""
+    caption, non-causal: doubling the frames doubles the spatial term and quadruples the
+    temporal."""
     cm = make_cost_model("stdit3_xl2", "h200x8")
     h, M, L = STDIT.hidden, STDIT.text_tokens, STDIT.num_layers
     for T, S in [(8, 900), (30, 3600)]:

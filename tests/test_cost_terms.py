@@ -1,6 +1,7 @@
 """Cost terms are one declared structure: a term added in one place (docs/extending.md, "A new cost
 term": the page's own module, written into an empty folder) reaches the planner, the simulator,
-the step records and the report; and the declared terms add up the way the code always added them."""
+the step records and the report; and the declared terms add up the way the code always added
+them."""
 
 from __future__ import annotations
 

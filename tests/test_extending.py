@@ -106,8 +106,8 @@ def test_doc_has_every_part() -> None:
     method_yaml = next(b for _, p, b in doc_steps(text) if p == "my_conf/method/by_length.yaml")
     assert f"a {len(corpus.splitlines())}-line YAML file" in text
     assert (
-        f"a {len(module.splitlines())}-line Python module and a {len(method_yaml.splitlines())}-line YAML file"
-        in text
+        f"a {len(module.splitlines())}-line Python module and a "
+        f"{len(method_yaml.splitlines())}-line YAML file" in text
     )
 
 
@@ -244,14 +244,13 @@ def test_plan_validate_lists_every_offence(tmp_path: Path) -> None:
     (tmp_path / "bad_methods").mkdir()
     (tmp_path / "bad_methods" / "__init__.py").write_text("")
     (tmp_path / "bad_methods" / "broken.py").write_text(
-        "from dcp_bench.plan import Group, MicroBatch, Round, StepPlan\n"
-        "from dcp_bench.planners.base import Planner\n\n\n"
-        "class Broken(Planner):\n"
-        "    def plan(self, batch, cost):\n"
-        "        # a group of 3 ranks; a group at rank 2 of size 4 holding all but the first and last\n"
-        "        # samples in one micro-batch (far over the memory cap); the last sample left out\n"
-        "        groups = [Group(0, 3, [MicroBatch((0,))]), Group(2, 4, [MicroBatch(tuple(range(1, batch.n - 1)))])]\n"
-        "        return StepPlan(world_size=cost.cluster.world_size, rounds=[Round(groups)])\n"
+        "from dcp_bench.plan import Group, MicroBatch, Round, StepPlan\nfrom "
+        "dcp_bench.planners.base import Planner\n\n\nclass Broken(Planner):\n    def plan(self, "
+        "batch, cost):\n        # a group of 3 ranks; a group at rank 2 of size 4 holding all but "
+        "the first and last\n        # samples in one micro-batch (far over the memory cap); the "
+        "last sample left out\n        groups = [Group(0, 3, [MicroBatch((0,))]), Group(2, 4, "
+        "[MicroBatch(tuple(range(1, batch.n - 1)))])]\n        return "
+        "StepPlan(world_size=cost.cluster.world_size, rounds=[Round(groups)])\n"
     )
     (tmp_path / "conf" / "method").mkdir(parents=True)
     (tmp_path / "conf" / "method" / "broken.yaml").write_text(

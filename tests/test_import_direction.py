@@ -179,7 +179,8 @@ def unreached_commands(cli: Path, package: Path) -> list[str]:
 
 
 def test_every_command_is_imported_by_the_cli() -> None:
-    """The CLI registers its commands by plain imports, so the layer and circle checks cover them."""
+    """The CLI registers its commands by plain imports, so the layer and circle checks cover
+    them."""
     missing = unreached_commands(REPO / "dcp_bench" / "cli.py", REPO / "dcp_bench" / "commands")
     assert not missing, f"commands the CLI loads without a plain import: {', '.join(missing)}"
     assert "importlib" not in static_imports(REPO / "dcp_bench" / "cli.py")

@@ -42,7 +42,8 @@ CONFIG: dict[str, Any] = dict(
     num_layers=2,
     rope_max_seq_len=256,
 )
-# Clips: (latent frames, patches per frame); token counts 45, 18, 16, 42, 8, 30 (not all multiples of 4).
+# Clips: (latent frames, patches per frame); token counts 45, 18, 16, 42, 8, 30 (not all multiples
+# of 4).
 CLIPS = [(5, 9), (3, 6), (1, 16), (7, 6), (2, 4), (3, 10)]
 VIDEO = GlobalBatch(
     step=0,

@@ -230,7 +230,8 @@ def test_every_method_equals_single_process(world: int) -> None:
 
 
 def _saved_activation_bytes(model: Any, tokens: int) -> int:
-    """Bytes autograd keeps for the backward of one forward (parameters excluded, each storage once)."""
+    """Bytes autograd keeps for the backward of one forward (parameters excluded, each storage
+    once)."""
     from dcp_bench.runtime.attention import SINGLE
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}

@@ -1,5 +1,5 @@
-"""Activation memory: the count from the runtime's models (`dcp_bench.runtime.memory_count`) against an
-independent count on real tensors, and the cost models against the count, unit by unit."""
+"""Activation memory: the count from the runtime's models (`dcp_bench.runtime.memory_count`) against
+an independent count on real tensors, and the cost models against the count, unit by unit."""
 
 from __future__ import annotations
 

@@ -81,8 +81,9 @@ def test_the_kit_installs_offline_into_a_fresh_venv(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     probe = (
-        "import importlib.metadata as m, dcp_bench, pathlib; p = pathlib.Path(dcp_bench.__file__).parent; "
-        "print(m.version('dcp-bench'), p, (p / 'conf' / 'reproduce' / 'default.yaml').is_file())"
+        "import importlib.metadata as m, dcp_bench, pathlib; p = "
+        "pathlib.Path(dcp_bench.__file__).parent; print(m.version('dcp-bench'), p, (p / 'conf' / "
+        "'reproduce' / 'default.yaml').is_file())"
     )
     proc = _run([str(py), "-c", probe], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr

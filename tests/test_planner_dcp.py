@@ -147,7 +147,8 @@ def test_brute_force_optimality_on_tiny_instances() -> None:
         gaps.append(ours / opt - 1)
     worst = max(gaps)
     print(
-        f"gap to the one-round brute-force optimum: worst {worst:+.2%}, mean {np.mean(gaps):+.2%}, best {min(gaps):+.2%}"
+        f"gap to the one-round brute-force optimum: worst {worst:+.2%}, mean "
+        f"{np.mean(gaps):+.2%}, best {min(gaps):+.2%}"
     )
     assert worst < 0.03
 

@@ -357,7 +357,8 @@ def test_accumulation_counts_literal_by_hand(
 
 
 def loop_counts(times: list[float], max_steps: int, min_steps: int) -> list[int]:
-    """The reference's search written as its plain loops (an independent check of the vectorised one)."""
+    """The reference's search written as its plain loops (an independent check of the vectorised
+    one)."""
 
     def score(new: float, target: float) -> float:
         return (new - target) * 1.2 if new > target else (target - new) * 1

@@ -195,7 +195,8 @@ def test_one_colour_per_method_in_every_figure_and_failures_drawn(
     want = {
         m: tuple(round(x, 6) for x in mcolors.to_rgb(colors[m])) for m in ("toy_greedy", "toy_fail")
     }
-    # speedup bars: toy_greedy filled with its colour; toy_fail hatched in its colour, labelled failed
+    # speedup bars: toy_greedy filled with its colour; toy_fail hatched in its colour, labelled
+    # failed
     sp = data.own[data.own["cluster"] == "h200x8"]
     f = fig.draw_speedup_bars(sp, "simulated", colors)
     bars = [p for p in f.axes[0].patches if p.get_height() > 0]

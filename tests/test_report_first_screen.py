@@ -169,7 +169,10 @@ def test_fields_from_other_parts_light_up_when_present() -> None:
         "workload": "w",
         "statement": "m is 2.88x faster",
         "verdict": "incomplete: 3 of 11 sections, rerun `make reproduce` to resume",
-        "basis": "in simulation (analytical model calibrated on published measurements, not validated on a GPU)",
+        "basis": (
+            "in simulation (analytical model calibrated on published measurements, not validated "
+            "on a GPU)"
+        ),
         "model_band_low": 2.31,
         "model_band_high": 2.95,
         "trained_fraction": {"method": 0.93, "baseline": 1.0},
@@ -382,9 +385,10 @@ def _page_with(img_px: int, shown_px: int, table_px: int) -> str:
     Image.new("RGB", (img_px, 20), "white").save(buf, format="PNG")
     data = base64.b64encode(buf.getvalue()).decode()
     return (
-        f"<!DOCTYPE html><html><body><div id='answer'>verdict</div><figure id='fig-forest_headline'>"
-        f"<img style='width:{shown_px}px' src='data:image/png;base64,{data}'></figure>"
-        f"<table style='width:{table_px}px'><tr><td>x</td></tr></table></body></html>"
+        "<!DOCTYPE html><html><body><div id='answer'>verdict</div><figure "
+        f"id='fig-forest_headline'><img style='width:{shown_px}px' "
+        f"src='data:image/png;base64,{data}'></figure><table "
+        f"style='width:{table_px}px'><tr><td>x</td></tr></table></body></html>"
     )
 
 

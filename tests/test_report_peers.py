@@ -22,7 +22,10 @@ def run_row(
     method: str, seed: int, status: str = "ok", step: float = 2.0, bound: float = 1.0, **kw
 ):
     row = {
-        "run_id": f"{method}-{seed}-{kw.get('world_size', 8)}-{kw.get('mode', 'fair')}-{kw.get('params', '')}",
+        "run_id": (
+            f"{method}-{seed}-{kw.get('world_size', 8)}-"
+            f"{kw.get('mode', 'fair')}-{kw.get('params', '')}"
+        ),
         "status": status,
         "error": kw.pop("error", None),
         "executor": "sim",

@@ -152,10 +152,9 @@ def test_only_failures_no_rank_raised_are_retried_and_errors_say_more_than_torch
     assert _retryable("traceback : Signal 9 (SIGKILL) received by PID 123\n")  # died below Python
     # torchrun's own closing lines are not the cause
     killed = (
-        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
-        "Traceback (most recent call last):\n"
-        "    raise ChildFailedError(\n"
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+        "peer\nTraceback (most recent call last):\n    raise "
+        "ChildFailedError(\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
     )
     assert _error_tail(killed).startswith("RuntimeError: [../third_party/gloo")
 
@@ -209,7 +208,8 @@ def test_a_rank_that_aborts_in_the_teardown_leaves_the_finished_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rank 0 finished and recorded the run; then a rank aborts in the teardown (torchrun exit 1,
-    SIGABRT, no rank's exception): the record stands as written, with the ranks' output beside it."""
+    SIGABRT, no rank's exception): the record stands as written, with the ranks' output beside
+    it."""
     from dcp_bench.run import torch_run
 
     real = torch_run._run_session

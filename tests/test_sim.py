@@ -572,7 +572,8 @@ def test_capacity_bound_below_the_optimum_of_real_specs(model, lengths, frames):
     assert old <= bound * (1 + 1e-12)
     assert bound <= opt * (1 + 1e-12)
     print(
-        f"{model} {lengths}: optimum / bound {opt / bound:.4f}, optimum / packed-share bound {opt / old:.4f}"
+        f"{model} {lengths}: optimum / bound {opt / bound:.4f}, optimum / packed-share bound "
+        f"{opt / old:.4f}"
     )
 
 

@@ -241,14 +241,15 @@ def test_validate_command_writes_the_table(tmp_path: Path) -> None:
 def test_bad_rows_are_clear_errors(tmp_path: Path) -> None:
     p = tmp_path / "bad.yaml"
     p.write_text(
-        "sources: {s: {project: p}}\nrows:\n  - {id: a, series: x, source: s, kind: magic, unit: u, "
-        "published: 1, certainty: R, precision: bf16, power: w, gpu: h100, config: {}}\n"
+        "sources: {s: {project: p}}\nrows:\n  - {id: a, series: x, source: s, kind: magic, unit: "
+        "u, published: 1, certainty: R, precision: bf16, power: w, gpu: h100, config: {}}\n"
     )
     with pytest.raises(ConfigError, match="kind 'magic'"):
         load_published(p)
     p.write_text(
-        "sources: {s: {project: p}}\nrows:\n  - {id: a, series: x, source: s, kind: gemm, unit: u, "
-        "published: 1, certainty: R, precision: bf16, power: w, gpu: h100, config: {}, priced: false}\n"
+        "sources: {s: {project: p}}\nrows:\n  - {id: a, series: x, source: s, kind: gemm, unit: "
+        "u, published: 1, certainty: R, precision: bf16, power: w, gpu: h100, config: {}, priced: "
+        "false}\n"
     )
     with pytest.raises(ConfigError, match="needs a reason"):
         load_published(p)

@@ -115,7 +115,8 @@ def test_opensora_stage1_buckets_come_from_the_config() -> None:
 
 @pytest.mark.parametrize("name", ["wikipedia", "prolong"])
 def test_histogram_sampling_reproduces_reference_quantiles(name: str) -> None:
-    """p10..p99 of a large sample are within 2% of the raw list's quantiles (stored at derivation)."""
+    """p10..p99 of a large sample are within 2% of the raw list's quantiles (stored at
+    derivation)."""
     w = load_workload(name)
     ref = json.loads((DATA_DIR / f"{name}_histogram.json").read_text())["reference"]
     tokens, _ = w.shapes(w.source.draw(np.random.default_rng(7), 400_000))

@@ -243,7 +243,10 @@ def test_truncated_tail_is_tolerated_and_counted(tmp_path: Path) -> None:
 
 
 def test_corrupt_record_in_the_middle_raises(tmp_path: Path) -> None:
-    text = '[\n{"id": "a_0", "conversations": []},\n{"id": "b_0", "conversations": [}\n,\n{"id": "c_0", "conversations": []}\n]'
+    text = (
+        '[\n{"id": "a_0", "conversations": []},\n{"id": "b_0", "conversations": [}\n,\n{"id": '
+        '"c_0", "conversations": []}\n]'
+    )
     with pytest.raises(WorkloadError, match="corrupt record at line 3"):
         list(iter_json_array_records(text, "x.json"))
 

@@ -42,8 +42,9 @@ def launch_sweep(
         res = run_sweep_slurm(specs, slurm, resume=resume, retry_failed=retry_failed)
         if res.unrun:
             print(
-                f"{len(res.unrun)} run(s) submitted, {len(res.skipped)} already complete; rerun this command to "
-                "resume: it resubmits the runs not done and reports the finished ones"
+                f"{len(res.unrun)} run(s) submitted, {len(res.skipped)} already complete; rerun "
+                "this command to resume: it resubmits the runs not done and reports the finished "
+                "ones"
             )
             return 0
     else:
@@ -71,9 +72,9 @@ def sum_up(specs: Sequence[RunSpec], res: SweepResult) -> int:
     campaign, root = specs[0].campaign, specs[0].root
     failed = res.all_failed
     print(
-        f"{len(res.ran)} run(s) done, {len(res.skipped)} already complete, {len(res.damaged)} damaged record(s) "
-        f"redone, {len(failed)} failed; records in {', '.join(places)}; report: dcp-bench report "
-        f"campaign={campaign} root={root}"
+        f"{len(res.ran)} run(s) done, {len(res.skipped)} already complete, {len(res.damaged)} "
+        f"damaged record(s) redone, {len(failed)} failed; records in {', '.join(places)}; report: "
+        f"dcp-bench report campaign={campaign} root={root}"
     )
     if failed:
         print(

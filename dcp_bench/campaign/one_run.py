@@ -49,7 +49,8 @@ def simulate_one(
         check_run_places([spec])
     if spec.executor != "sim":
         raise ConfigError(
-            f"run.executor={spec.executor!r}: simulate runs the simulator; use `dcp-bench train` for real runs"
+            f"run.executor={spec.executor!r}: simulate runs the simulator; use `dcp-bench train` "
+            "for real runs"
         )
     parts = assemble(spec)  # a bad config fails here, on one line, before anything runs
     with contextlib.ExitStack() as stack:

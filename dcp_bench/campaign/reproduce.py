@@ -234,9 +234,9 @@ def run_section(
 def section_notes(name: str, tally: SectionTally) -> list[str]:
     """The section's line (printed too), its cells the budget cut, and its failed runs."""
     msg = (
-        f"section {name}: {'complete' if tally.complete else 'CUT'}: {tally.ran} run(s) now, {tally.skipped} "
-        f"already complete, {len(tally.failed)} failed, {len(tally.budget_cut)} cut by the time budget, "
-        f"{len(tally.unrun)} left out by the time budget"
+        f"section {name}: {'complete' if tally.complete else 'CUT'}: {tally.ran} run(s) now, "
+        f"{tally.skipped} already complete, {len(tally.failed)} failed, {len(tally.budget_cut)} "
+        f"cut by the time budget, {len(tally.unrun)} left out by the time budget"
         + (f", {tally.damaged} damaged record(s) redone" if tally.damaged else "")
     )
     print(msg, flush=True)
@@ -244,7 +244,8 @@ def section_notes(name: str, tally: SectionTally) -> list[str]:
     if tally.unrun or tally.budget_cut:
         cells = sorted({_cell_name(u) for u in [*tally.unrun, *tally.budget_cut]})
         notes.append(
-            f"section {name}: cells with repeats cut or left out by the budget (raise budget_s to run them): "
+            f"section {name}: cells with repeats cut or left out by the budget (raise budget_s to "
+            "run them): "
             + ", ".join(f"`{c}`" for c in cells[:30])
             + (" ..." if len(cells) > 30 else "")
         )
@@ -291,8 +292,9 @@ def write_report(
         summary = _report_within(inputs, t_start + cfg.budget_s - time.time())
         if summary is None:
             print(
-                f"verdict: incomplete: the report was not finished within the time budget ({cfg.budget_s:g} s); "
-                f"nothing written to {out}; rerun `make reproduce` to resume (runs are kept)"
+                "verdict: incomplete: the report was not finished within the time budget "
+                f"({cfg.budget_s:g} s); nothing written to {out}; rerun `make reproduce` to "
+                "resume (runs are kept)"
             )
             return EXIT_INCOMPLETE
         _place_report(summary, tmp, out, completeness)
@@ -300,7 +302,8 @@ def write_report(
         shutil.rmtree(tmp, ignore_errors=True)
     print_verdicts(summary, bool(cut))
     print(
-        f"report: {summary['report']['md']} ({time.time() - t_start:.0f} s in all, budget {cfg.budget_s:g} s)"
+        f"report: {summary['report']['md']} ({time.time() - t_start:.0f} s in all, budget "
+        f"{cfg.budget_s:g} s)"
     )
     if cut:
         print(
@@ -348,7 +351,8 @@ def print_verdicts(summary: dict[str, Any], incomplete: bool) -> None:
     err = summary["simulator_error"]
     if err.get("median_abs_step_time_error") is not None:
         print(
-            f"simulator error on CPU (median |error| of median step time): {err['median_abs_step_time_error']:.1%}"
+            "simulator error on CPU (median |error| of median step time): "
+            f"{err['median_abs_step_time_error']:.1%}"
         )
 
 

@@ -161,7 +161,8 @@ def _typed(value: Any, hint: Any, where: str) -> Any:
 
 
 def _from_mapping(cls: type, data: Any, where: str, source: str) -> Any:
-    """An instance of the dataclass ``cls`` from a YAML mapping; ``where`` is its path in the file."""
+    """An instance of the dataclass ``cls`` from a YAML mapping; ``where`` is its path in the
+    file."""
     hints = typing.get_type_hints(cls)
     keys = [f.name for f in dataclasses.fields(cls) if f.metadata.get("yaml", True)]
     if not isinstance(data, Mapping):
@@ -292,7 +293,7 @@ def load_reproduce_config(overrides: Sequence[str]) -> ReproduceConfig:
         cfg = dataclasses.replace(cfg, **_override(cfg, key, value))
     if cfg.report_reserve_s >= cfg.budget_s:
         raise ConfigError(
-            f"report_reserve_s={cfg.report_reserve_s:g}: expected less than budget_s={cfg.budget_s:g} "
-            "(the time kept for the report out of the whole budget)"
+            f"report_reserve_s={cfg.report_reserve_s:g}: expected less than "
+            f"budget_s={cfg.budget_s:g} (the time kept for the report out of the whole budget)"
         )
     return cfg

@@ -23,7 +23,11 @@ from dcp_bench.run.spec import RunSpec, parse_run_spec
 from dcp_bench.run.train_config import resolve_train_config
 
 # Slurm's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (or UNLIMITED).
-SLURM_TIME = r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)"
+SLURM_TIME = (
+    r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}"
+    r"|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}"
+    r"|UNLIMITED|INFINITE)"
+)
 SLURM_NAME = r"[A-Za-z0-9_.,:+-]{1,128}"
 
 
@@ -77,7 +81,8 @@ def sbatch_script(overrides: list[str], options: SbatchOptions, repo: Path) -> t
     keys = {ov.partition("=")[0].lstrip("+~") for ov in overrides}
     if "cluster" not in keys:
         raise ConfigError(
-            "slurm needs cluster=NAME (a GPU cluster config, e.g. cluster=h200x32): it sizes the job"
+            "slurm needs cluster=NAME (a GPU cluster config, e.g. cluster=h200x32): it sizes the "
+            "job"
         )
     reserved = keys & {
         "nnodes",
@@ -114,8 +119,10 @@ def sbatch_script(overrides: list[str], options: SbatchOptions, repo: Path) -> t
     lines = [
         "#!/bin/bash",
         f"# Written by `dcp-bench slurm {' '.join(shlex.quote(o) for o in overrides)}`",
-        f"# Run {spec.run_id}: {spec.world_size} ranks = {nnodes} node(s) x {gpus} GPU(s), cluster {spec.cluster.name};",
-        f"# records under {spec.root}/{spec.campaign}/ on the node of rank 0 (use a shared filesystem).",
+        f"# Run {spec.run_id}: {spec.world_size} ranks = {nnodes} node(s) x {gpus} GPU(s), "
+        f"cluster {spec.cluster.name};",
+        f"# records under {spec.root}/{spec.campaign}/ on the node of rank 0 (use a shared "
+        "filesystem).",
         f"#SBATCH --job-name={job}",
         f"#SBATCH --nodes={nnodes}",
         "#SBATCH --ntasks-per-node=1",
@@ -138,7 +145,8 @@ def sbatch_script(overrides: list[str], options: SbatchOptions, repo: Path) -> t
         'RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"RDZV_PORT={port}",
         'echo "dcp-bench: ${SLURM_JOB_NUM_NODES} node(s), rendezvous ${RDZV_HOST}:${RDZV_PORT}"',
-        "# One task per node: each runs dcp-bench train, which starts torchrun for its node's GPUs.",
+        "# One task per node: each runs dcp-bench train, which starts torchrun for its node's "
+        "GPUs.",
         f"srun --nodes={nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
         "    " + " \\\n    ".join(train),
         "",

@@ -94,7 +94,10 @@ def split_launcher(overrides: Sequence[str]) -> tuple[str, SlurmSettings, list[s
             elif name == "wait":
                 fields[name] = _bool(value, key)
             else:
-                known = "executor, partition, timeout_min, cpus_per_task, gpus_per_node, array_parallelism, folder, wait"
+                known = (
+                    "executor, partition, timeout_min, cpus_per_task, gpus_per_node, "
+                    "array_parallelism, folder, wait"
+                )
                 raise ConfigError(
                     f"{key}: unknown Slurm setting; expected slurm.KEY with KEY one of {known}"
                 )
@@ -120,9 +123,9 @@ def _executor(settings: SlurmSettings, folder: Path, specs: Sequence[RunSpec]) -
         multi = [s for s in real if s.train.nnodes > 1]
         if multi:
             raise ConfigError(
-                f"launcher=slurm runs each run as one single-node job; run {multi[0].run_id} asks for "
-                f"nnodes={multi[0].train.nnodes}: expected nnodes=1 (use `dcp-bench slurm` for "
-                "multi-node training)"
+                f"launcher=slurm runs each run as one single-node job; run {multi[0].run_id} asks "
+                f"for nnodes={multi[0].train.nnodes}: expected nnodes=1 (use `dcp-bench slurm` "
+                "for multi-node training)"
             )
         gpus = max(
             gpus,

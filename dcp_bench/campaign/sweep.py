@@ -335,7 +335,8 @@ def _claim(
         unlock_run(fd)
         if spec.run_id in announced:
             warn(
-                f"run {spec.run_id}: finished by another process ({state.summary.status}); its record is kept"
+                f"run {spec.run_id}: finished by another process ({state.summary.status}); its "
+                "record is kept"
             )
         result.skipped.append(spec.run_id)
         if state.summary.status != "ok":

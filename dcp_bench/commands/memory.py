@@ -5,7 +5,8 @@ width (`dcp_bench.runtime.memory_count`: fake tensors, no data, seconds on a CPU
 checkpointing, and writes ``table.csv``, ``table.md`` and ``summary.json`` to ``--out`` (default
 ``results/memory``): every unit's counted bytes, the analytical cost model's bytes and their
 relative error (`dcp_bench.report.activation_memory.write_activation_table`, which the command
-calls after checking its flags). Exits 1 when any unit is more than ``--tolerance`` (default 5%) off.
+calls after checking its flags). Exits 1 when any unit is more than ``--tolerance`` (default 5%)
+off.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     table = write_activation_table(args.out, args.layers, args.cluster, args.tolerance)
     out, worst = Path(args.out), table.worst
     print(
-        f"dcp-bench memory: {len(table.rows)} rows, largest |error| {worst:.2%}; wrote {out}/table.md, table.csv, summary.json"
+        f"dcp-bench memory: {len(table.rows)} rows, largest |error| {worst:.2%}; wrote "
+        f"{out}/table.md, table.csv, summary.json"
     )
     return 0 if worst <= args.tolerance else 1

@@ -9,9 +9,9 @@ import argparse
 NAME = "plan"
 HELP = (
     "the plan a method makes for one global batch (e.g. `dcp-bench plan workload=videosys_zipf "
-    "method=dcp cluster=h200x32 model=stdit3_xl2 step=0`): a summary by default, the whole plan as "
-    "JSON with --json or --out PATH (StepPlan.from_json reads it back); --validate checks it against "
-    "every plan rule and prints each offence"
+    "method=dcp cluster=h200x32 model=stdit3_xl2 step=0`): a summary by default, the whole plan "
+    "as JSON with --json or --out PATH (StepPlan.from_json reads it back); --validate checks it "
+    "against every plan rule and prints each offence"
 )
 
 
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.validate:
         check = check_step_plan(inp)
         head = (
-            f"{spec.label} on step {step} of {spec.workload_name} ({batch.n} samples), {spec.cluster.name}, "
-            f"{spec.model.name}"
+            f"{spec.label} on step {step} of {spec.workload_name} ({batch.n} samples), "
+            f"{spec.cluster.name}, {spec.model.name}"
         )
         if check.raised is not None:
             print(f"{head}: the planner raised {check.raised}")
@@ -88,19 +88,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     d = digest(planned)
     print(
-        f"plan of {spec.label} for step {step} of {spec.workload_name} (seed {spec.seed}) on {spec.cluster.name} "
-        f"({spec.world_size} ranks), {spec.model.name}"
+        f"plan of {spec.label} for step {step} of {spec.workload_name} (seed {spec.seed}) on "
+        f"{spec.cluster.name} ({spec.world_size} ranks), {spec.model.name}"
     )
     print(
         f"  batch: {batch.n} samples, {batch.total_tokens} tokens; plan covers {d.covered_samples}"
     )
     print(
-        f"  rounds {d.rounds}, groups {d.groups}, micro-batches {d.micro_batches}; micro-batches per SP degree "
-        f"{d.micro_batches_per_sp}"
+        f"  rounds {d.rounds}, groups {d.groups}, micro-batches {d.micro_batches}; micro-batches "
+        f"per SP degree {d.micro_batches_per_sp}"
     )
     print(
-        f"  simulated step {d.step_time_s:.4g} s (lower bound {d.lower_bound_s:.4g} s), "
-        f"peak memory {d.peak_mem_gib:.3g} GiB, planner {planned.planner_ms:.1f} ms ({cost.source} cost model)"
+        f"  simulated step {d.step_time_s:.4g} s (lower bound {d.lower_bound_s:.4g} s), peak "
+        f"memory {d.peak_mem_gib:.3g} GiB, planner {planned.planner_ms:.1f} ms ({cost.source} "
+        "cost model)"
     )
     print(
         "  whole plan: --json (stdout) or --out PATH"

@@ -11,7 +11,8 @@ Keys: ``model=NAME`` (config group), ``nproc=N`` or ``nproc=[2,4]`` (ranks per m
 (single/packed), packed_samples, reps, warmup, collective_bytes, threads, device (cpu/cuda), dtype
 (fp32/bf16/fp16), video_spatial (patches per video frame), outer_max_tokens, outer, collectives,
 ceilings (true/false), zero_stage (the ZeRO stage whose training step is measured: the runs' default
-1), timeout_s (per set of ranks). The measuring lives in `dcp_bench.profiling.run` (`profile_to_file`).
+1), timeout_s (per set of ranks). The measuring lives in `dcp_bench.profiling.run`
+(`profile_to_file`).
 """
 
 from __future__ import annotations

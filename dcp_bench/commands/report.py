@@ -11,9 +11,10 @@ import sys
 NAME = "report"
 HELP = (
     "write reports/<campaign>/report.md + self-contained report.html, CSV tables and figures from "
-    "run records: `dcp-bench report campaign=NAME [root=runs] [out=DIR] [claims=PATH] [baselines=a,b] "
-    "[baseline_pairs=true]`. It opens with the campaign's methods against its baselines (or with the "
-    "claims' verdict when the campaign holds a claim's runs); unreadable records are skipped and named"
+    "run records: `dcp-bench report campaign=NAME [root=runs] [out=DIR] [claims=PATH] "
+    "[baselines=a,b] [baseline_pairs=true]`. It opens with the campaign's methods against its "
+    "baselines (or with the claims' verdict when the campaign holds a claim's runs); unreadable "
+    "records are skipped and named"
 )
 KEYS = ("campaign", "root", "out", "claims", "baselines", "baseline_pairs", "n_boot")
 
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     for r in own[:12]:
         value = "-" if r["speedup"] is None or "failed" in r["outcome"] else f"{r['speedup']:.2f}x"
         print(
-            f"{r['method']} over {r['baseline']} on {r['workload']} ({r['cluster']}, {r['model']}): {value}, "
-            f"{r['outcome']}{'; ' + r['flags'] if r['flags'] else ''}"
+            f"{r['method']} over {r['baseline']} on {r['workload']} ({r['cluster']}, "
+            f"{r['model']}): {value}, {r['outcome']}{'; ' + r['flags'] if r['flags'] else ''}"
         )
     if len(own) > 12:
         print(f"... and {len(own) - 12} more comparisons in the report")

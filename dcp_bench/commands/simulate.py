@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     spec, summary = simulate_one(list(args.overrides), record=args.record, say=_note)
     if summary.status == "error" and not args.json:
         sys.stderr.write(
-            f"dcp-bench simulate: error: the run failed after {len(summary.extra.get('losses') or [])} "
-            f"step(s): {summary.error}\n"
+            "dcp-bench simulate: error: the run failed after "
+            f"{len(summary.extra.get('losses') or [])} step(s): {summary.error}\n"
         )
         return 3
     if args.json:
@@ -65,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
     ex = summary.extra
     cm = ex.get("cost") or {}
     print(
-        f"SIMULATED: {summary.method}{' (paper mode)' if spec.mode == 'paper' else ''} on {summary.workload}, "
-        f"{summary.cluster} ({ex.get('world_size')} ranks), {summary.model}; {summary.n_steps} measured steps "
-        f"after {summary.n_warmup} warm-up, seed {summary.seed}; status {summary.status}"
+        f"SIMULATED: {summary.method}{' (paper mode)' if spec.mode == 'paper' else ''} on "
+        f"{summary.workload}, {summary.cluster} ({ex.get('world_size')} ranks), {summary.model}; "
+        f"{summary.n_steps} measured steps after {summary.n_warmup} warm-up, seed {summary.seed}; "
+        f"status {summary.status}"
     )
     if summary.error:
         print(f"error: {summary.error}")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 NAME = "slurm"
 HELP = (
-    "write an sbatch script for a multi-node real run: `dcp-bench slurm workload=W method=M model=X "
-    "cluster=h200x32 steps=N root=/shared/runs [--out job.sbatch] [--partition P] [--account A] "
-    "[--time HH:MM:SS]`; the job runs `dcp-bench train` on every node with the torchrun rendezvous "
-    "on the first node"
+    "write an sbatch script for a multi-node real run: `dcp-bench slurm workload=W method=M "
+    "model=X cluster=h200x32 steps=N root=/shared/runs [--out job.sbatch] [--partition P] "
+    "[--account A] [--time HH:MM:SS]`; the job runs `dcp-bench train` on every node with the "
+    "torchrun rendezvous on the first node"
 )
 
 
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     )
     out, spec = write_sbatch_script(list(args.overrides), options, Path(REPO_ROOT), out=args.out)
     print(
-        f"wrote {out}: {spec.cluster.num_nodes} node(s) x {spec.cluster.gpus_per_node} GPU(s); submit with: sbatch {out}"
+        f"wrote {out}: {spec.cluster.num_nodes} node(s) x {spec.cluster.gpus_per_node} GPU(s); "
+        f"submit with: sbatch {out}"
     )
     return 0

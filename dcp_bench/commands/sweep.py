@@ -11,12 +11,13 @@ import argparse
 
 NAME = "sweep"
 HELP = (
-    "run a grid of configs, each repeated run.repeats times: `dcp-bench sweep method=dcp,bucket_static "
-    "workload=videosys_zipf cluster=h200x8,h200x32 run.repeats=5 run.campaign=NAME` (comma = "
-    "alternatives; run.executor=sim|torch); a rerun skips complete runs, redoes incomplete and "
-    "damaged ones, and keeps failed ones unless --retry-failed; exit status 3 when any run failed; "
-    "launcher=slurm [slurm.partition=P slurm.timeout_min=N slurm.executor=slurm|local ...] submits the "
-    "runs as a Slurm job array through submitit (same records, resumable)"
+    "run a grid of configs, each repeated run.repeats times: `dcp-bench sweep "
+    "method=dcp,bucket_static workload=videosys_zipf cluster=h200x8,h200x32 run.repeats=5 "
+    "run.campaign=NAME` (comma = alternatives; run.executor=sim|torch); a rerun skips complete "
+    "runs, redoes incomplete and damaged ones, and keeps failed ones unless --retry-failed; exit "
+    "status 3 when any run failed; launcher=slurm [slurm.partition=P slurm.timeout_min=N "
+    "slurm.executor=slurm|local ...] submits the runs as a Slurm job array through submitit (same "
+    "records, resumable)"
 )
 
 

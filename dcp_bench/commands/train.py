@@ -22,9 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides",
         nargs="*",
-        help="key=value overrides: workload=, method=, model=, cluster=, steps=, warmup_steps=, seed=, "
-        "nproc=, timeout_s= (whole run), mem_cap_fraction=, workload.length_scale=, train.lr= (lr=), "
-        "train.grad_clip=, train.threads=, train.pg_timeout_s=, campaign=, root=",
+        help=(
+            "key=value overrides: workload=, method=, model=, cluster=, steps=, warmup_steps=, "
+            "seed=, nproc=, timeout_s= (whole run), mem_cap_fraction=, workload.length_scale=, "
+            "train.lr= (lr=), train.grad_clip=, train.threads=, train.pg_timeout_s=, campaign=, "
+            "root="
+        ),
     )
     parser.add_argument(
         "--json", action="store_true", help="print the run summary (with per-step losses) as JSON"
@@ -46,9 +49,10 @@ def run(args: argparse.Namespace) -> int:
         st = summary.step_time_s
         losses = summary.extra.get("losses") or []
         print(
-            f"{summary.method} on {summary.workload} ({summary.model}, {summary.hardware}): status {summary.status}, "
-            f"{summary.n_steps} measured steps, median step {st if st is None else f'{st:.3f} s'}, "
-            f"final loss {losses[-1] if losses else None}, records in {spec.root}/{spec.campaign}/{spec.run_id}"
+            f"{summary.method} on {summary.workload} ({summary.model}, {summary.hardware}): "
+            f"status {summary.status}, {summary.n_steps} measured steps, median step "
+            f"{st if st is None else f'{st:.3f} s'}, final loss {losses[-1] if losses else None}, "
+            f"records in {spec.root}/{spec.campaign}/{spec.run_id}"
         )
         if summary.error:
             print(f"error: {summary.error}")

@@ -53,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         h_b, h_a = summ["before"]["holdout"], summ["after"]["holdout"]
         print(
-            f"{summ['rows']['total']} rows ({summ['rows']['fit']} fit, {summ['rows']['holdout']} held out, "
-            f"{summ['rows']['reference']} reference); held-out median |error| {abs_pct(h_b['median_abs_error'])} "
-            f"-> {abs_pct(h_a['median_abs_error'])}, max {abs_pct(h_b['max_abs_error'])} -> "
-            f"{abs_pct(h_a['max_abs_error'])}"
+            f"{summ['rows']['total']} rows ({summ['rows']['fit']} fit, {summ['rows']['holdout']} "
+            f"held out, {summ['rows']['reference']} reference); held-out median |error| "
+            f"{abs_pct(h_b['median_abs_error'])} -> {abs_pct(h_a['median_abs_error'])}, max "
+            f"{abs_pct(h_b['max_abs_error'])} -> {abs_pct(h_a['max_abs_error'])}"
         )
         print(
             "configs carry the fit"

@@ -5,8 +5,8 @@
     dcp-bench workloads batch NAME [key=value ...] [--step N] [--world-size N] [--max-seq-len N]
 
 NAME is a workload config (packaged, or a user's in ``extra_conf=DIR`` / ``$DCP_BENCH_CONF_PATH``);
-``key=value`` are config overrides spelled as in every other command (``workload.lengths_file=PATH``,
-``workload.length_scale=64``, ``seed=1``, ``extra_conf=DIR``).
+``key=value`` are config overrides spelled as in every other command
+(``workload.lengths_file=PATH``, ``workload.length_scale=64``, ``seed=1``, ``extra_conf=DIR``).
 
 The command parses its arguments, calls `dcp_bench.workloads.catalog` (``list_workloads``,
 ``load_named_workload``, ``batch_document``) and prints; the figure is
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
             width = max(len(r["name"]) for r in rows)
             for r in rows:
                 print(
-                    f"{r['name']:<{width}}  {r['kind']:<9}  {r['default_model']:<10}  v{r['version']}  {r['description']}"
+                    f"{r['name']:<{width}}  {r['kind']:<9}  {r['default_model']:<10}  "
+                    f"v{r['version']}  {r['description']}"
                 )
         return 0
 
@@ -110,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         loader = f", loader {workload.name}" if workload.name != args.name else ""
         print(
-            f"{args.name} (v{workload.version}, {workload.kind}{loader}, default model {workload.default_model})"
+            f"{args.name} (v{workload.version}, {workload.kind}{loader}, default model "
+            f"{workload.default_model})"
         )
         print(f"  {workload.description}")
         for key in STAT_KEYS:

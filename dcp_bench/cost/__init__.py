@@ -67,9 +67,10 @@ def make_cost_model(
     ``source``: ``"analytical"``; ``"profiled"`` (the tables in ``profile``, or the cluster's own
     ``ClusterSpec.profile``); ``"auto"`` (profiled when a profile is given or the cluster names
     one, analytical otherwise; when the cluster's own profile cannot serve this model, e.g. it was
-    measured for another model, analytical with the reason in ``provenance["auto_fallback"]``). ``scales`` multiplies uncertain analytical constants for
-    sensitivity studies (keys act_bytes, attn_eff, small_kernel_eff, a2a_eff). ``options`` go to
-    the model's constructor (e.g. ``zero_stage=2`` for the analytical source).
+    measured for another model, analytical with the reason in ``provenance["auto_fallback"]``).
+    ``scales`` multiplies uncertain analytical constants for sensitivity studies (keys act_bytes,
+    attn_eff, small_kernel_eff, a2a_eff). ``options`` go to the model's constructor (e.g.
+    ``zero_stage=2`` for the analytical source).
     """
     if source not in SOURCES:
         raise ConfigError(f"unknown cost source {source!r}; valid choices: {', '.join(SOURCES)}")

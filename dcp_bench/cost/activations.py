@@ -32,9 +32,10 @@ class ActivationTerms:
     checkpointed layer unit keeps (its checkpointed blocks' inputs). ``outer``: the model outside
     its layers (embeddings, final layer, loss), kept whatever the checkpointing. ``shared``: inputs
     every layer reads, kept once (the first layer saves them, or the checkpoints hold them): the
-    STDiT caption features, Llama's RoPE tables. ``conditioning_held``: inputs every checkpointed unit takes besides the hidden states (the
-    STDiT per-row timestep modulation, Llama's RoPE tables), kept once while any unit is
-    checkpointed. ``blocks_per_layer``: checkpoints per layer unit (recomputed one at a time)."""
+    STDiT caption features, Llama's RoPE tables. ``conditioning_held``: inputs every checkpointed
+    unit takes besides the hidden states (the STDiT per-row timestep modulation, Llama's RoPE
+    tables), kept once while any unit is checkpointed. ``blocks_per_layer``: checkpoints per layer
+    unit (recomputed one at a time)."""
 
     layer_tok: dict[str, float]
     layer_sample: dict[str, float]
@@ -112,7 +113,8 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
         + b * h
         + b * h
         + 6.0 * b * h,
-        # input (q projection), q, the kernel's output and log-sum-exp, the output projection's input
+        # input (q projection), q, the kernel's output and log-sum-exp, the output projection's
+        # input
         "cross_attention": 4.0 * b * h + lse,
         # normed input, fc1 output, GELU output, fc2 output (gated)
         "mlp": 2.0 * b * h + 2.0 * b * f,

@@ -171,9 +171,14 @@ class AnalyticalCostModel(CostModel):
                 "allocator_fragmentation": self.allocator_fragmentation,
             },
             "memory_terms": {
-                "activations": "counted from the runtime's models (dcp_bench.cost.activations; dcp-bench memory)",
-                "allocator": "workspace_bytes (GPU config: CUDA context, NCCL buffers, workspace; assumption) + "
-                "allocator_fragmentation x activations",
+                "activations": (
+                    "counted from the runtime's models (dcp_bench.cost.activations; dcp-bench "
+                    "memory)"
+                ),
+                "allocator": (
+                    "workspace_bytes (GPU config: CUDA context, NCCL buffers, workspace; "
+                    "assumption) + allocator_fragmentation x activations"
+                ),
             },
             "constant_sources": constant_sources,
             "scales": {k: self._scale(k) for k in SCALE_KEYS},

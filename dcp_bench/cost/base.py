@@ -221,7 +221,8 @@ class CostModel(ABC):
         declared = [t.name for t in self.time_terms]
         if declared[: len(MICROBATCH_TIME_TERMS)] != [t.name for t in MICROBATCH_TIME_TERMS]:
             raise TypeError(
-                f"{type(self).__name__}.time_terms must start with MICROBATCH_TIME_TERMS; got {declared}"
+                f"{type(self).__name__}.time_terms must start with MICROBATCH_TIME_TERMS; got "
+                f"{declared}"
             )
         added = self.added_costs(tokens, frames, mb_index, sp, ckpt_layers)
         if list(added) != declared[len(MICROBATCH_TIME_TERMS) :]:

@@ -79,7 +79,8 @@ def load_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ConfigError(
-            f"profile {str(p)!r} has schema_version {version}; this dcp-bench reads {SCHEMA_VERSION}"
+            f"profile {str(p)!r} has schema_version {version}; this dcp-bench reads "
+            f"{SCHEMA_VERSION}"
         )
     for key in ("model", "layers", "collectives", "static"):
         if key not in data:

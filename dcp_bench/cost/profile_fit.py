@@ -7,9 +7,9 @@ pairs) and single long samples share one fit, plus what every sample costs on it
 runtime's attention loops over the samples of a packed micro-batch: one kernel launch and its
 bookkeeping per sample, which dominates micro-batches of many tiny samples). Activation bytes
 are ``b * T + c * P + d * samples`` (no intercept: an empty micro-batch saves nothing).
-Collectives are ``latency + bytes / bandwidth``. Coefficients are non-negative (a negative cost per token would
-extrapolate to negative times) and the fit minimises *relative* error, so small and large grid
-points count alike.
+Collectives are ``latency + bytes / bandwidth``. Coefficients are non-negative (a negative cost per
+token would extrapolate to negative times) and the fit minimises *relative* error, so small and
+large grid points count alike.
 """
 
 from __future__ import annotations

@@ -143,8 +143,8 @@ class ProfiledCostModel(CostModel):
             if not (resolved / f"{self.model.name}.json").exists():
                 raise ConfigError(
                     f"profile folder {str(path)!r} has no {self.model.name}.json; measure it with "
-                    f"`dcp-bench profile model={self.model.name} out={path}/{self.model.name}.json` "
-                    "or use the analytical cost source"
+                    f"`dcp-bench profile model={self.model.name} "
+                    f"out={path}/{self.model.name}.json` or use the analytical cost source"
                 )
             path = f"{str(path).rstrip('/')}/{self.model.name}.json"
             resolved = resolved / f"{self.model.name}.json"
@@ -152,8 +152,9 @@ class ProfiledCostModel(CostModel):
         art_model = self.artifact["model"].get("name")
         if art_model != self.model.name:
             raise ConfigError(
-                f"profile {str(path)!r} was measured for model {art_model!r}, not {self.model.name!r}; "
-                f"profile {self.model.name} first (`dcp-bench profile model={self.model.name}`)"
+                f"profile {str(path)!r} was measured for model {art_model!r}, not "
+                f"{self.model.name!r}; profile {self.model.name} first (`dcp-bench profile "
+                f"model={self.model.name}`)"
             )
         self.profile = str(path)
         layers = [p for p in self.artifact["layers"] if not p.get("oom")]

@@ -62,8 +62,8 @@ class ClusterSpec:
         if self.num_nodes > 1 and self.gpus_per_node & (self.gpus_per_node - 1):
             # Aligned power-of-two groups would straddle nodes of, say, 6 GPUs (ranks 4..7).
             raise ClusterError(
-                f"cluster {self.name!r}: gpus_per_node={self.gpus_per_node} on {self.num_nodes} nodes; "
-                "expected a power of two per node when there are several nodes (aligned "
+                f"cluster {self.name!r}: gpus_per_node={self.gpus_per_node} on {self.num_nodes} "
+                "nodes; expected a power of two per node when there are several nodes (aligned "
                 "sequence-parallel groups of 1, 2, 4, ... must not straddle nodes)"
             )
 
@@ -78,8 +78,9 @@ class ClusterSpec:
 
     def resized(self, world_size: int) -> ClusterSpec:
         """The same hardware with ``world_size`` ranks: one node when it fits in one (or the
-        cluster is `single_machine`), else whole nodes (any number of them). The name says the size when it changes (``cpu@2``), so records and reports never
-        mix a resized cluster with the original."""
+        cluster is `single_machine`), else whole nodes (any number of them). The name says the size
+        when it changes (``cpu@2``), so records and reports never mix a resized cluster with the
+        original."""
         if world_size == self.world_size:
             return self
         if world_size < 1:
@@ -91,8 +92,9 @@ class ClusterSpec:
             )
         if world_size % self.gpus_per_node:
             raise ClusterError(
-                f"cluster {self.name!r}: {world_size} GPUs do not fill whole nodes of {self.gpus_per_node} GPUs; "
-                f"expected at most {self.gpus_per_node} or a multiple of it"
+                f"cluster {self.name!r}: {world_size} GPUs do not fill whole nodes of "
+                f"{self.gpus_per_node} GPUs; expected at most {self.gpus_per_node} or a multiple "
+                "of it"
             )
         return dataclasses.replace(
             self, name=f"{base}@{world_size}", num_nodes=world_size // self.gpus_per_node
@@ -139,7 +141,8 @@ class ModelSpec:
             )
         if self.heads % self.kv_heads:
             raise ConfigError(
-                f"model {self.name!r}: heads {self.heads} not a multiple of kv_heads {self.kv_heads}"
+                f"model {self.name!r}: heads {self.heads} not a multiple of kv_heads "
+                f"{self.kv_heads}"
             )
 
     @property

@@ -104,7 +104,8 @@ def load_published(path: str | Path) -> Published:
             raise ConfigError(f"validation row {row.id!r}: priced: false needs a reason")
         if row.split not in SPLIT_RULES:
             raise ConfigError(
-                f"validation row {row.id!r}: split {row.split!r}; expected one of {', '.join(SPLIT_RULES)}"
+                f"validation row {row.id!r}: split {row.split!r}; expected one of "
+                f"{', '.join(SPLIT_RULES)}"
             )
         rows.append(row)
     ids = [r.id for r in rows]
@@ -115,8 +116,10 @@ def load_published(path: str | Path) -> Published:
 
 
 # How a priced row joins a half (its ``split`` field), decided before any fitting:
-# - alternate: within its series, in the order listed, the 1st, 3rd, ... fitted, 2nd, 4th, ... held out;
-# - seeded: held out when the SHA-256 of "SPLIT_SEED:row id" is odd, else fitted (a large table added
+# - alternate: within its series, in the order listed, the 1st, 3rd, ... fitted, 2nd, 4th, ... held
+# out;
+# - seeded: held out when the SHA-256 of "SPLIT_SEED:row id" is odd, else fitted (a large table
+# added
 #   at once, e.g. the GEMM shapes under 1 GFLOP, is split independently of its listing order);
 # - holdout: always held out (whole-model rows from sources the fit never sees).
 SPLIT_RULES = ("alternate", "seeded", "holdout")

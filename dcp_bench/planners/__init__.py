@@ -1,1 +1,2 @@
-"""Planners: a method turns a `GlobalBatch` into a `StepPlan`. Pure: no torch.distributed, no GPU."""
+"""Planners: a method turns a `GlobalBatch` into a `StepPlan`. Pure: no torch.distributed, no
+GPU."""

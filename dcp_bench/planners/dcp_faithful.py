@@ -137,12 +137,13 @@ class FaithfulDCPPlanner(Planner):
             )
         if sampler_bounds not in BOUNDS:
             raise ConfigError(
-                f"{self.name}: sampler_bounds={sampler_bounds!r}; expected one of {', '.join(BOUNDS)}"
+                f"{self.name}: sampler_bounds={sampler_bounds!r}; expected one of "
+                f"{', '.join(BOUNDS)}"
             )
         if sampler_bounds == "per_group" and sampler_min_steps > sampler_max_steps:
             raise ConfigError(
-                f"{self.name}: sampler_bounds=per_group needs sampler_min_steps <= sampler_max_steps "
-                f"(got {sampler_min_steps}, {sampler_max_steps})"
+                f"{self.name}: sampler_bounds=per_group needs sampler_min_steps <= "
+                f"sampler_max_steps (got {sampler_min_steps}, {sampler_max_steps})"
             )
         if sp_rule is not None and sp_rule not in SP_RULES:
             raise ConfigError(

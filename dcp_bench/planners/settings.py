@@ -224,8 +224,8 @@ def raise_if_infeasible(
     W = cost.cluster.world_size
     shape = f"{t} tokens ({f} frames x {t // f})" if f > 1 else f"{t} tokens"
     raise InfeasibleError(
-        f"a sample of {shape} fits no SP degree up to {aligned_sp_degrees(W)[-1]} on {W} GPUs even with "
-        f"all {cost.model.num_layers} layers recomputed (memory cap "
+        f"a sample of {shape} fits no SP degree up to {aligned_sp_degrees(W)[-1]} on {W} GPUs "
+        f"even with all {cost.model.num_layers} layers recomputed (memory cap "
         f"{cost.memory_cap_bytes / 2**30:.1f} GiB); the largest that fits is {limit} tokens"
         + (f" at {f} frames" if f > 1 else "")
     )

@@ -9,9 +9,9 @@ summed back. It shares no code with the kernels it checks.
 
 The tolerance calibrates itself, per tensor: the same blockwise formulas run in the kernel's own
 dtype show what rounding to that dtype costs; the kernel passes when its largest element-wise error
-(relative to the reference's largest magnitude) is at most ``SLACK`` times that, or under the dtype's
-floor. A kernel that drops the causal mask, crosses a segment boundary, drops a head group or
-returns zeros is off by O(1) and fails.
+(relative to the reference's largest magnitude) is at most ``SLACK`` times that, or under the
+dtype's floor. A kernel that drops the causal mask, crosses a segment boundary, drops a head group
+or returns zeros is off by O(1) and fails.
 """
 
 from __future__ import annotations

@@ -233,8 +233,8 @@ def calibrate(
             else ""
         )
         print(
-            f"wrote {path} (sha256 {sha256_file(path)}): {rates}{len(artifact['failures'])} point(s) failed "
-            f"or skipped, {artifact['cost']['wall_s']:.0f} s",
+            f"wrote {path} (sha256 {sha256_file(path)}): {rates}{len(artifact['failures'])} "
+            f"point(s) failed or skipped, {artifact['cost']['wall_s']:.0f} s",
             flush=True,
         )
         written.append(path)

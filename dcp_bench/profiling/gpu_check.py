@@ -194,7 +194,9 @@ def attention_report(
         "dtype": str(dtype).replace("torch.", ""),
         "throughput": rows,
         "gqa_repeat_outside_timing": [k.name for k in kernels if _gqa_outside(k)],
-        "flop_convention": "causal: 2 n^2 H D per forward (QK^T + AV on half the scores), backward 2.5x",
+        "flop_convention": (
+            "causal: 2 n^2 H D per forward (QK^T + AV on half the scores), backward 2.5x"
+        ),
     }
     last = 0.0
     for n in sizes.attention_lengths:
@@ -432,8 +434,10 @@ def smoke_model(
         print(
             f"  smoke {spec.name} step {i}: {batch.total_tokens} tokens, losses "
             + ", ".join(f"{k} {v:.5f}" for k, v in losses.items())
-            + f", layer gradients worst rel. L2 {grads['worst_rel_l2']['rel_l2'] if grads['worst_rel_l2'] else 0:.2e}"
-            + f", peak {res.peak_mem_bytes / 2**30:.2f} GiB (predicted {mb.mem_bytes / 2**30:.2f} GiB)",
+            + ", layer gradients worst rel. L2 "
+            f"{grads['worst_rel_l2']['rel_l2'] if grads['worst_rel_l2'] else 0:.2e}"
+            + f", peak {res.peak_mem_bytes / 2**30:.2f} GiB (predicted {mb.mem_bytes / 2**30:.2f} "
+            "GiB)",
             file=sys.stderr,
             flush=True,
         )
@@ -463,7 +467,8 @@ def smoke_verdict(smoke: dict[str, Any], fp32: bool) -> list[str]:
                 if not v["passed"]
             }
             problems.append(
-                f"attention check at {a['tokens']} tokens: kernel differs from the fp32 reference {bad}"
+                f"attention check at {a['tokens']} tokens: kernel differs from the fp32 reference "
+                f"{bad}"
             )
     grad_tol = TOL_GRAD_FP32 if fp32 else TOL_GRAD_BF16
     for model in smoke["models"]:
@@ -474,8 +479,9 @@ def smoke_verdict(smoke: dict[str, Any], fp32: bool) -> list[str]:
             worst = g.get("worst_rel_l2")
             if worst and worst["rel_l2"] > grad_tol:
                 problems.append(
-                    f"{model['model']} step {st['step']}: layer gradient {worst['param']} differs from the "
-                    f"fp32 reference by {worst['rel_l2']:.3g} (relative L2; tolerance {grad_tol:g})"
+                    f"{model['model']} step {st['step']}: layer gradient {worst['param']} differs "
+                    f"from the fp32 reference by {worst['rel_l2']:.3g} (relative L2; tolerance "
+                    f"{grad_tol:g})"
                 )
     for model in smoke["models"]:
         for st in model["steps"]:
@@ -492,7 +498,8 @@ def smoke_verdict(smoke: dict[str, Any], fp32: bool) -> list[str]:
                 # the runtime's loss is before its update, so it compares with the reference too
                 if abs(val - ref) > tol * abs(ref):
                     problems.append(
-                        f"{where}: {key} loss {val:.6f} vs fp32 reference {ref:.6f} (tolerance {tol:g})"
+                        f"{where}: {key} loss {val:.6f} vs fp32 reference {ref:.6f} (tolerance "
+                        f"{tol:g})"
                     )
             if "runtime" in losses and len(losses) == 3:
                 other = next(v for k, v in losses.items() if k.startswith("sdpa_"))
@@ -691,8 +698,9 @@ def summary_markdown(report: dict[str, Any]) -> str:
     lines = [
         "# dcp-bench GPU check",
         "",
-        f"{report['device']} ({report['dtype']}), torch {report['torch']}, "
-        f"python `{report.get('interpreter')}`, {report['wall_s']:.0f} s. Verdict (the smoke test): **{verdict}**",
+        f"{report['device']} ({report['dtype']}), torch {report['torch']}, python "
+        f"`{report.get('interpreter')}`, {report['wall_s']:.0f} s. Verdict (the smoke test): "
+        f"**{verdict}**",
         "",
     ]
     for p in report["problems"]:
@@ -704,7 +712,8 @@ def summary_markdown(report: dict[str, Any]) -> str:
         lines += ["", "| phase | budget s | started s | ended s |", "|---|---|---|---|"]
         for name, ph in phases.items():
             lines.append(
-                f"| {name} | {ph.get('budget_s', '')} | {ph.get('started_s', '-')} | {ph.get('ended_s', '-')} |"
+                f"| {name} | {ph.get('budget_s', '')} | {ph.get('started_s', '-')} | "
+                f"{ph.get('ended_s', '-')} |"
             )
     k = report.get("kernel")
     if k:
@@ -741,7 +750,8 @@ def summary_markdown(report: dict[str, Any]) -> str:
             "",
             "## Smoke test (one rank, one layer, 3 steps)",
             "",
-            "| model | step | tokens | losses | layer grads: worst rel. L2 | measured peak GiB | predicted GiB (w/o workspace) | MFU |",
+            "| model | step | tokens | losses | layer grads: worst rel. L2 | measured peak GiB | "
+            "predicted GiB (w/o workspace) | MFU |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for m in smoke["models"]:
@@ -764,7 +774,8 @@ def summary_markdown(report: dict[str, Any]) -> str:
             f"## Calibration: {name}",
             "",
             f"- file: `{info['file']}` (sha256 {info['sha256'][:16]}...)",
-            f"- points measured: {info['points']}, out of memory: {info['oom']}, failed or skipped: {info['failures']}",
+            f"- points measured: {info['points']}, out of memory: {info['oom']}, failed or "
+            f"skipped: {info['failures']}",
         ]
         if info.get("layer_mfu"):
             m = info["layer_mfu"]
@@ -840,16 +851,18 @@ def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]] 
         "--fault",
         default=None,
         choices=["attention"],
-        help="the check's self-test: run the smoke phase with a deliberately wrong attention kernel "
-        "(it must fail)",
+        help=(
+            "the check's self-test: run the smoke phase with a deliberately wrong attention "
+            "kernel (it must fail)"
+        ),
     )
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
     unknown = [p for p in phases if p not in PHASES]
     if unknown or not phases:
         print(
-            f"gpu_check: --phases {args.phases!r}: unknown phase {(unknown or [''])[0]!r}; expected names from "
-            f"{', '.join(PHASES)}",
+            f"gpu_check: --phases {args.phases!r}: unknown phase {(unknown or [''])[0]!r}; "
+            f"expected names from {', '.join(PHASES)}",
             file=sys.stderr,
         )
         return 2
@@ -890,7 +903,8 @@ class CheckFiles:
         self.check["phases"][phase]["started_s"] = round(time.time() - self.clock.start, 1)
         self.write_check()
         print(
-            f"gpu_check: phase {phase} (deadline in {self.clock.deadline(phase) - time.time():.0f} s)",
+            f"gpu_check: phase {phase} (deadline in "
+            f"{self.clock.deadline(phase) - time.time():.0f} s)",
             file=sys.stderr,
             flush=True,
         )
@@ -1011,8 +1025,8 @@ def _verdict(files: CheckFiles, phases: list[str]) -> int:
     if "smoke" not in phases:
         verdict = "NO SMOKE TEST"
     print(
-        f"gpu_check: {verdict} in {time.time() - files.clock.start:.0f} s (interpreter {sys.executable}); "
-        f"files in {out}: {', '.join(written)}",
+        f"gpu_check: {verdict} in {time.time() - files.clock.start:.0f} s (interpreter "
+        f"{sys.executable}); files in {out}: {', '.join(written)}",
         flush=True,
     )
     for p in report["problems"]:

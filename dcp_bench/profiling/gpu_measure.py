@@ -30,8 +30,8 @@ deadline and each writing its results as soon as it has them:
 
 On the CPU dry run (``--device cpu --tiny``) the same code runs the tiny STDiT on scaled-down
 buckets (spatial patches / 64, latent frames / 8) with a stated 16 MiB device, the saved-tensor
-count as its memory, and the claim section on the analytical model with the constants fitted to the tiny
-model; its numbers test the pipeline, not the hardware.
+count as its memory, and the claim section on the analytical model with the constants fitted to the
+tiny model; its numbers test the pipeline, not the hardware.
 """
 
 from __future__ import annotations
@@ -451,7 +451,9 @@ def fit_phase(run: MeasureRun, deadline: float) -> None:
         "cluster": cluster,
         "device": run.check.get("env", {}).get("gpu_model") or "cpu",
         "commit": run.check.get("env", {}).get("git_sha"),
-        "measured": "stdit_buckets.json trials (time: one forward+backward; memory: allocator peak)",
+        "measured": (
+            "stdit_buckets.json trials (time: one forward+backward; memory: allocator peak)"
+        ),
     }
     if rows:
         fit.update(fit_constants(run.stdit, cluster, rows))
@@ -468,9 +470,9 @@ def fit_phase(run: MeasureRun, deadline: float) -> None:
         fit["allocator"] = alloc
     name = "cpu_constants.yaml" if run.tiny else "h200_constants.yaml"
     text = (
-        "# Constants fitted by scripts/gpu_check.sh from its own measurements (dcp_bench/profiling/gpu_measure.py).\n"
-        "# cost_constants: keys of the analytical cost model (a cluster or GPU config's cost_constants).\n"
-        + yaml.safe_dump(fit, sort_keys=True)
+        "# Constants fitted by scripts/gpu_check.sh from its own measurements "
+        "(dcp_bench/profiling/gpu_measure.py).\n# cost_constants: keys of the analytical cost "
+        "model (a cluster or GPU config's cost_constants).\n" + yaml.safe_dump(fit, sort_keys=True)
     )
     atomic_write_text(run.out / name, text)
     run.check["fit"] = {"file": name, **{k: v for k, v in fit.items() if k != "grid"}}
@@ -594,8 +596,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         if "cost_constants" in fit:
             lines.append(
                 f"- {fit['cost_constants']}: median relative error of micro-batch time "
-                f"{fit['median_rel_err_before']:.1%} before, {fit['median_rel_err_after']:.1%} after "
-                f"({fit['points']} trials)"
+                f"{fit['median_rel_err_before']:.1%} before, {fit['median_rel_err_after']:.1%} "
+                f"after ({fit['points']} trials)"
             )
         if "small_work_floor_s_per_layer" in fit:
             lines.append(f"- small-work floor per layer: {fit['small_work_floor_s_per_layer']}")

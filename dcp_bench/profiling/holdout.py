@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = holdout_errors(art, held) if held else leave_one_size_out(art)
     for r in rows:
         print(
-            f"nproc {r['nproc']} sp {r['sp']} {r['shape']:6s} x{r['n_samples']:<3d} {r['tokens_per_rank']:6d} tok/rank: "
-            f"measured {r['measured_s'] * 1e3:8.1f} ms  predicted {r['predicted_s'] * 1e3:8.1f} ms  "
-            f"error {100 * r['rel_err']:5.1f}%"
+            f"nproc {r['nproc']} sp {r['sp']} {r['shape']:6s} x{r['n_samples']:<3d} "
+            f"{r['tokens_per_rank']:6d} tok/rank: measured {r['measured_s'] * 1e3:8.1f} ms  "
+            f"predicted {r['predicted_s'] * 1e3:8.1f} ms  error {100 * r['rel_err']:5.1f}%"
         )
     errs = [r["rel_err"] for r in rows]
     if errs:

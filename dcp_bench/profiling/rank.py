@@ -57,7 +57,8 @@ def _report(entry: dict[str, Any]) -> None:
         "out of memory"
         if entry.get("oom")
         else (
-            f"fwd {entry['fwd_s']['median'] * 1e3:.1f} ms, bwd {entry['bwd_s']['median'] * 1e3:.1f} ms"
+            f"fwd {entry['fwd_s']['median'] * 1e3:.1f} ms, bwd "
+            f"{entry['bwd_s']['median'] * 1e3:.1f} ms"
         )
     )
     print(

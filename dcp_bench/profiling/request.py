@@ -176,7 +176,8 @@ def request_from_overrides(own: dict[str, Any], model: ModelSpec) -> ProfileRequ
             name = key.split(".", 1)[1]
             if name not in KEYS:
                 raise ConfigError(
-                    f"unknown profile option {key!r}; valid: {', '.join('profile.' + k for k in KEYS)}"
+                    f"unknown profile option {key!r}; valid: "
+                    f"{', '.join('profile.' + k for k in KEYS)}"
                 )
             field_name = KEYS[name]
             default = getattr(ProfileRequest(model=model), field_name)

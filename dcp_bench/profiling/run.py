@@ -99,8 +99,8 @@ def launch_ranks(req: ProfileRequest, nproc: int) -> dict[str, Any]:
             # A rank ended by a signal after rank 0 wrote the complete result (gloo can abort in
             # the process group's teardown even after a barrier) loses no measurement.
             sys.stderr.write(
-                f"note: a profiling rank ended abnormally after the result was written (torchrun exit "
-                f"{code}: {_error_tail(stderr)}); the result is complete\n"
+                "note: a profiling rank ended abnormally after the result was written (torchrun "
+                f"exit {code}: {_error_tail(stderr)}); the result is complete\n"
             )
         return dict(json.loads(Path(out_path).read_text()))
 
@@ -203,8 +203,10 @@ def run_profile(req: ProfileRequest, command: str = "") -> dict[str, Any]:
                 "video_spatial": req.video_spatial,
             },
             "zero_stage": req.zero_stage,
-            "step_method": "TrainingState.finish_step (dcp_bench.runtime.training) of the whole model at "
-            f"ZeRO stage {req.zero_stage}, after one micro-batch's backward",
+            "step_method": (
+                "TrainingState.finish_step (dcp_bench.runtime.training) of the whole model at "
+                f"ZeRO stage {req.zero_stage}, after one micro-batch's backward"
+            ),
             "memory_method": "bytes saved by autograd (saved_tensors_hooks), parameters excluded; "
             "static.process_baseline_bytes: resident set of a rank ready to train, "
             "minus its parameters, gradients and optimizer state (CPU)",
@@ -287,8 +289,10 @@ def measure_rank_baseline(
     held = float(sum(states.values()))
     return {
         "process_baseline_bytes": int(peak - held),
-        "process_baseline_method": f"peak resident set of a {nproc}-rank torchrun training run at ZeRO stage {zero_stage} on 16-token "
-        "samples, minus parameters, gradients and AdamW state",
+        "process_baseline_method": (
+            f"peak resident set of a {nproc}-rank torchrun training run at ZeRO stage "
+            f"{zero_stage} on 16-token samples, minus parameters, gradients and AdamW state"
+        ),
     }
 
 

@@ -1,4 +1,5 @@
-"""The reference profiler's searches, priced on a cost model (docs/reference_semantics.md, "Profile").
+"""The reference profiler's searches, priced on a cost model (docs/reference_semantics.md,
+"Profile").
 
 Trials here are priced, not run: the profiler that measures real hardware is `dcp_bench.profiling`
 (the ``dcp-bench profile`` command, `dcp_bench.commands.profile`).

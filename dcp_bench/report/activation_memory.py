@@ -27,31 +27,36 @@ def render_markdown(rows: list[dict[str, Any]], layers: int, tolerance: float, w
         "",
         "Rebuild: `dcp-bench memory --out results/memory` (seconds on a CPU; no GPU).",
         "",
-        f"Counted: `dcp_bench.runtime.memory_count.count_activations` builds the model at full width with {layers} "
-        "layer units (the rest of the depth is the same layers), runs one forward under "
-        "`FakeTensorMode` on the CPU device (real shapes, dtypes, storages and operator dispatch; no data), "
-        "and adds up every storage handed to a `saved_tensors_hooks` pack hook once (parameters excluded), plus "
-        "the inputs each checkpointed unit holds. Attention runs SDPA restricted to its fused kernels: the CPU "
-        "flash kernel keeps q, k, v, the output and an fp32 log-sum-exp per head and row (the `attention` column "
-        "names the backward node seen); a saved square attention-length tensor fails the count.",
+        "Counted: `dcp_bench.runtime.memory_count.count_activations` builds the model at full "
+        f"width with {layers} layer units (the rest of the depth is the same layers), runs one "
+        "forward under `FakeTensorMode` on the CPU device (real shapes, dtypes, storages and "
+        "operator dispatch; no data), and adds up every storage handed to a "
+        "`saved_tensors_hooks` pack hook once (parameters excluded), plus the inputs each "
+        "checkpointed unit holds. Attention runs SDPA restricted to its fused kernels: the CPU "
+        "flash kernel keeps q, k, v, the output and an fp32 log-sum-exp per head and row (the "
+        "`attention` column names the backward node seen); a saved square attention-length "
+        "tensor fails the count.",
         "",
-        "Model: `AnalyticalCostModel.activation_breakdown` (closed form, `dcp_bench.cost.activations`) for the "
-        "full-depth model. Per-layer units are one layer's bytes; `shared` is what every layer reads and is "
-        "kept once (caption features, RoPE tables; with checkpointing also the per-row timestep modulation); "
-        "`total` is the full-depth micro-batch (per-layer units x layers), without the recomputation peak of "
-        "one block that the cost model adds when every layer is checkpointed. Tokens per rank at SP degree 1, "
-        "compute dtype bf16. Checkpointing: every layer unit, each STDiT3 block its own checkpoint "
-        "(cross-attention inside), as the reference checkpoints it.",
+        "Model: `AnalyticalCostModel.activation_breakdown` (closed form, "
+        "`dcp_bench.cost.activations`) for the full-depth model. Per-layer units are one layer's "
+        "bytes; `shared` is what every layer reads and is kept once (caption features, RoPE "
+        "tables; with checkpointing also the per-row timestep modulation); `total` is the "
+        "full-depth micro-batch (per-layer units x layers), without the recomputation peak of one "
+        "block that the cost model adds when every layer is checkpointed. Tokens per rank at SP "
+        "degree 1, compute dtype bf16. Checkpointing: every layer unit, each STDiT3 block its own "
+        "checkpoint (cross-attention inside), as the reference checkpoints it.",
         "",
         f"Largest |relative error| over all rows: {worst:.2%} (tolerance {tolerance:.0%}).",
         "",
-        "| model | tokens | samples | frames | checkpoint | unit | counted MiB | model MiB | error |",
+        "| model | tokens | samples | frames | checkpoint | unit | counted MiB | model MiB | "
+        "error |",
         "|---|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['tokens']} | {r['samples']} | {r['frames']} | {r['checkpoint']} | "
-            f"{r['unit']} | {_mib(r['counted_bytes'])} | {_mib(r['model_bytes'])} | {r['rel_err']:+.2%} |"
+            f"| {r['model']} | {r['tokens']} | {r['samples']} | {r['frames']} | {r['checkpoint']} "
+            f"| {r['unit']} | {_mib(r['counted_bytes'])} | {_mib(r['model_bytes'])} | "
+            f"{r['rel_err']:+.2%} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -84,8 +89,8 @@ def write_activation_table(
         folder / "summary.json",
         {
             "command": f"dcp-bench memory --out {out} --layers {layers} --cluster {cluster}",
-            "method": "saved_tensors_hooks under FakeTensorMode (CPU device, fused SDPA), storages deduplicated, "
-            "parameters excluded; checkpointed units add the inputs they hold",
+            "method": "saved_tensors_hooks under FakeTensorMode (CPU device, fused SDPA), storages "
+            "deduplicated, parameters excluded; checkpointed units add the inputs they hold",
             "cost_model": f"analytical, cluster {cluster}",
             "max_abs_rel_err": worst,
             "tolerance": tolerance,

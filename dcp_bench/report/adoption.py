@@ -37,24 +37,24 @@ EXAMPLES = (
         "dcp_bench",
         "examples/train_plain.py",
         "examples/train_dcp.py",
-        "nothing here, but the model was written for SP: its attention calls the SP exchanges and it "
-        "builds its own shards (tens of lines in a model not written for it)",
+        "nothing here, but the model was written for SP: its attention calls the SP exchanges and "
+        "it builds its own shards (tens of lines in a model not written for it)",
     ),
     Adoption(
         "Llama from LlamaConfig",
         "transformers",
         "examples/transformers_plain.py",
         "examples/transformers_dcp.py",
-        "nothing: the adapter registers Ulysses attention with AttentionInterface; the loop hands it the "
-        "same sample_tokens(sample_id, length) function the plain loop reads its data with",
+        "nothing: the adapter registers Ulysses attention with AttentionInterface; the loop hands "
+        "it the same sample_tokens(sample_id, length) function the plain loop reads its data with",
     ),
     Adoption(
         "Wan video transformer",
         "diffusers",
         "examples/diffusers_plain.py",
         "examples/diffusers_dcp.py",
-        "nothing: the adapter sets the self-attention processor and the split/gather hooks; the loop "
-        "hands it the plain loop's sample_clip function",
+        "nothing: the adapter sets the self-attention processor and the split/gather hooks; the "
+        "loop hands it the plain loop's sample_clip function",
     ),
 )
 
@@ -103,7 +103,8 @@ def count_changed_lines(plain: str | Path, dcp: str | Path) -> LineCount:
 
 
 def adoption_rows(root: Path = REPO_ROOT) -> list[dict[str, Any]]:
-    """One row per example pair found under ``root``: the counted lines and what else was written."""
+    """One row per example pair found under ``root``: the counted lines and what else was
+    written."""
     rows = []
     for ex in EXAMPLES:
         plain, dcp = root / ex.plain, root / ex.dcp
@@ -133,9 +134,10 @@ def adoption_section(doc: Any, data: Any) -> None:
         return
     doc.h2("Lines to adopt")
     doc.p(
-        f"The paper says DCP takes about {PAPER_LINES} lines to adopt. Counted here by a line diff of each "
-        "shipped plain training loop against its DCP version (code lines; docstrings, comments and blank lines "
-        "left out); the tests run both versions and check they train alike. `docs/integration.md` shows the diffs."
+        f"The paper says DCP takes about {PAPER_LINES} lines to adopt. Counted here by a line "
+        "diff of each shipped plain training loop against its DCP version (code lines; "
+        "docstrings, comments and blank lines left out); the tests run both versions and check "
+        "they train alike. `docs/integration.md` shows the diffs."
     )
     doc.table(
         pd.DataFrame(rows), "counted from examples/ at this commit (a count, not a measurement)"

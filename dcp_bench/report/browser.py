@@ -32,7 +32,8 @@ window.addEventListener('load', function () {
   function box(el) {
     if (!el) return null;
     var r = el.getBoundingClientRect();
-    return {top: r.top + sy, bottom: r.bottom + sy, left: r.left, right: r.right, width: r.width, height: r.height};
+    return {top: r.top + sy, bottom: r.bottom + sy, left: r.left, right: r.right,
+            width: r.width, height: r.height};
   }
   var imgs = Array.prototype.map.call(document.images, function (im) {
     var fig = im.closest('figure');
@@ -43,7 +44,8 @@ window.addEventListener('load', function () {
     var r = el.getBoundingClientRect();
     return r.right > doc.clientWidth + 1 && !el.closest('.scroll');
   }).slice(0, 20).map(function (el) { return el.tagName + (el.id ? '#' + el.id : ''); });
-  var out = {client_width: doc.clientWidth, scroll_width: doc.scrollWidth, inner_width: window.innerWidth,
+  var out = {client_width: doc.clientWidth, scroll_width: doc.scrollWidth,
+             inner_width: window.innerWidth,
              page_height: doc.scrollHeight,
              verdict: box(document.getElementById('answer')),
              forest: box(document.querySelector('#fig-forest_headline img')),
@@ -59,7 +61,8 @@ window.addEventListener('load', function () {
 
 
 def find_chromium() -> str | None:
-    """The path of a Chromium (or Chrome) on PATH, or ``$CHROMIUM`` when set; None when there is none."""
+    """The path of a Chromium (or Chrome) on PATH, or ``$CHROMIUM`` when set; None when there is
+    none."""
     env = os.environ.get("CHROMIUM")
     if env:
         return shutil.which(env) or (env if Path(env).is_file() else None)
@@ -141,7 +144,8 @@ def screenshot(
     chromium: str | None = None,
     timeout_s: float = 120.0,
 ) -> Path:
-    """A PNG of the first ``height`` px of ``page`` rendered ``width`` px wide, written to ``out``."""
+    """A PNG of the first ``height`` px of ``page`` rendered ``width`` px wide, written to
+    ``out``."""
     browser = chromium or find_chromium()
     if browser is None:
         raise DcpBenchError(
@@ -203,7 +207,8 @@ def layout_problems(
             )
     if m["scroll_width"] > m["client_width"]:
         out.append(
-            f"the page scrolls sideways: {m['scroll_width']} px of content in a {m['client_width']} px window"
+            f"the page scrolls sideways: {m['scroll_width']} px of content in a "
+            f"{m['client_width']} px window"
             + (f" ({', '.join(m['overflowing'])})" if m.get("overflowing") else "")
         )
     elif m.get("overflowing"):

@@ -198,7 +198,10 @@ def compare(
         sp = speedup_between(c, b["config_hash"], m["config_hash"], n_boot=n_boot, seeds=seeds)
         note = ""
         if b["failures"] or m["failures"]:
-            note = f"failures: baseline {b['failures']}/{b['repeats']}, method {m['failures']}/{m['repeats']}"
+            note = (
+                f"failures: baseline {b['failures']}/{b['repeats']}, method "
+                f"{m['failures']}/{m['repeats']}"
+            )
         steps = {
             side: _median_steps(c, cell["config_hash"])
             for side, cell in (("baseline", b), ("method", m))
@@ -230,7 +233,8 @@ def _median_steps(c: Campaign, cell: str) -> float:
 
 
 def _epochs(c: Campaign, cell: str | None) -> int | None:
-    """Measured epochs per run of an epoch-unit cell, where the run records say (column ``epochs``)."""
+    """Measured epochs per run of an epoch-unit cell, where the run records say (column
+    ``epochs``)."""
     if cell is None or "epochs" not in c.runs.columns:
         return None
     vals = c.runs.loc[c.runs["config_hash"] == cell, "epochs"].dropna()
@@ -263,12 +267,18 @@ def verdict_words(v: str, value: float, tolerance: float, lo: float, hi: float) 
     """The verdict said in words, with where the CI lies against the band."""
     band_lo, band_hi = value / (1.0 + tolerance), value * (1.0 + tolerance)
     where = {
-        "reproduced": f"the whole 95% CI [{lo:.2f}, {hi:.2f}] lies inside the tolerance band [{band_lo:.2f}, {band_hi:.2f}]",
-        "not reproduced": (
-            f"the whole 95% CI [{lo:.2f}, {hi:.2f}] lies "
-            f"{'below' if hi < band_lo else 'above'} the tolerance band [{band_lo:.2f}, {band_hi:.2f}]"
+        "reproduced": (
+            f"the whole 95% CI [{lo:.2f}, {hi:.2f}] lies inside the tolerance band "
+            f"[{band_lo:.2f}, {band_hi:.2f}]"
         ),
-        "undecided": f"the 95% CI [{lo:.2f}, {hi:.2f}] straddles an edge of the tolerance band [{band_lo:.2f}, {band_hi:.2f}]",
+        "not reproduced": (
+            f"the whole 95% CI [{lo:.2f}, {hi:.2f}] lies {'below' if hi < band_lo else 'above'} "
+            f"the tolerance band [{band_lo:.2f}, {band_hi:.2f}]"
+        ),
+        "undecided": (
+            f"the 95% CI [{lo:.2f}, {hi:.2f}] straddles an edge of the tolerance band "
+            f"[{band_lo:.2f}, {band_hi:.2f}]"
+        ),
     }.get(v, "no confidence interval")
     return f"{v}: {where}"
 
@@ -283,8 +293,10 @@ SIMULATED_BASIS = (
 
 # What a claim's confidence interval covers, by run unit (the report prints it beside the verdict).
 CI_COVERS = {
-    "epoch": "the seeds' different dealing of the fixed dataset (the samplers' shuffles and draws); "
-    "the dataset, the cost model and the profile are the same for every seed",
+    "epoch": (
+        "the seeds' different dealing of the fixed dataset (the samplers' shuffles and draws); "
+        "the dataset, the cost model and the profile are the same for every seed"
+    ),
     "step": "the seeds' different global batches (data sampling)",
 }
 
@@ -389,8 +401,9 @@ def evaluate_claims(
             )
             unit = "iterations of one epoch" if r.unit == "epoch" else "measured steps"
             reasons.append(
-                f"measured {r.speedup:.2f}x, 95% CI [{r.ci_low:.2f}, {r.ci_high:.2f}] (median of {r.pairs} paired "
-                f"per-seed ratios, {r.metric}; {unit} per run: {per_run}); tolerance band [{band[0]:.2f}, {band[1]:.2f}]"
+                f"measured {r.speedup:.2f}x, 95% CI [{r.ci_low:.2f}, {r.ci_high:.2f}] (median of "
+                f"{r.pairs} paired per-seed ratios, {r.metric}; {unit} per run: {per_run}); "
+                f"tolerance band [{band[0]:.2f}, {band[1]:.2f}]"
             )
             half = relative_half_width(r.speedup, r.ci_low, r.ci_high)
             reasons.append(
@@ -419,16 +432,16 @@ def evaluate_claims(
             res_.trained_fraction[side] = acc.get("trained_fraction")
             res_.imbalance[side] = median_imbalance(c, cell)
         if v != "no data":
-            res_.verdict_text = (
-                f"{verdict_words(v, float(cl['value']), float(cl['tolerance']), r.ci_low, r.ci_high)}; "
-                f"{res_.basis}"
+            words = verdict_words(
+                v, float(cl["value"]), float(cl["tolerance"]), r.ci_low, r.ci_high
             )
+            res_.verdict_text = f"{words}; {res_.basis}"
             res_.reasons.insert(0, res_.verdict_text)
             if not math.isnan(res_.model_band_low):
                 res_.reasons.append(
-                    f"model band [{res_.model_band_low:.2f}, {res_.model_band_high:.2f}]: the headline over "
-                    f"{len(res_.model_variants)} cost-model variants (the same seeds), beside the seed CI "
-                    f"[{r.ci_low:.2f}, {r.ci_high:.2f}]"
+                    f"model band [{res_.model_band_low:.2f}, {res_.model_band_high:.2f}]: the "
+                    f"headline over {len(res_.model_variants)} cost-model variants (the same "
+                    f"seeds), beside the seed CI [{r.ci_low:.2f}, {r.ci_high:.2f}]"
                 )
         out.append(res_)
     return out
@@ -726,7 +739,8 @@ def part_names(c: Campaign) -> dict[str, str]:
 def decompose(c: Campaign, cells: pd.DataFrame, claim: dict[str, Any]) -> pd.DataFrame | None:
     """Split the claim's speedup S = thr(method, paper) / thr(baseline, paper) into factors:
 
-    S = [thr(b, fair) / thr(b, paper)] x [thr(m, fair) / thr(b, fair)] x [thr(m, paper) / thr(m, fair)]
+    S = [thr(b, fair) / thr(b, paper)] x [thr(m, fair) / thr(b, fair)] x [thr(m, paper) / thr(m,
+    fair)]
 
     The outer two are the paper-mode switches (how samples are dealt, dropped and grouped into
     optimizer steps: optimizer-step amortisation) on each side; the middle one is the fair-mode
@@ -862,10 +876,11 @@ def reference_tables_section(doc: Any, claim_results: list[ClaimResult]) -> None
         if r.paper_mode_table:
             doc.h2(f"Paper mode: every faithful method on the reference's three mixes ({r.id})")
             doc.p(
-                "Paper mode is the reference runtime: one epoch over the mix's fixed dataset, dealt by each "
-                "method's reference sampler, every iteration its own optimizer step; throughput = the epoch's "
-                "(patch) tokens / the epoch's time. Speedup: median of paired per-seed ratios over the baseline, "
-                f"95% bootstrap CI; the CI covers {r.ci_covers or 'the seeds'}."
+                "Paper mode is the reference runtime: one epoch over the mix's fixed dataset, "
+                "dealt by each method's reference sampler, every iteration its own optimizer "
+                "step; throughput = the epoch's (patch) tokens / the epoch's time. Speedup: "
+                "median of paired per-seed ratios over the baseline, 95% bootstrap CI; the CI "
+                f"covers {r.ci_covers or 'the seeds'}."
             )
             doc.table(
                 pd.DataFrame(r.paper_mode_table),
@@ -886,9 +901,10 @@ def reference_tables_section(doc: Any, claim_results: list[ClaimResult]) -> None
         if r.what_it_takes:
             doc.h2(f"What it takes to get {r.claimed:g}x ({r.id})")
             doc.p(
-                "The claim's verdict under each reading of the reference's code that matters; one choice "
-                "changes at a time from the headline's readings (marked `headline_reading`). "
-                "docs/reference_semantics.md gives each reading with the reference's file and line."
+                "The claim's verdict under each reading of the reference's code that matters; one "
+                "choice changes at a time from the headline's readings (marked "
+                "`headline_reading`). docs/reference_semantics.md gives each reading with the "
+                "reference's file and line."
             )
             doc.table(
                 pd.DataFrame(r.what_it_takes),

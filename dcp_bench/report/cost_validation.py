@@ -114,7 +114,8 @@ def render_markdown(
     for kind, st in summ["by_kind_holdout_after"].items():
         if st["n"]:
             lines.append(
-                f"| {kind} | {st['n']} | {abs_pct(st['median_abs_error'])} | {abs_pct(st['max_abs_error'])} |"
+                f"| {kind} | {st['n']} | {abs_pct(st['median_abs_error'])} | "
+                f"{abs_pct(st['max_abs_error'])} |"
             )
     lines += ["", "Rows more than 2x off after calibration:", ""]
     over = summ["off_by_more_than_2x_after"]
@@ -133,11 +134,13 @@ def render_markdown(
     ]
     for blk in cal["blocks"]:
         consts = ", ".join(
-            f"`{k}` = {_num(v)} (assumed {_num(ASSUMED_CONSTANTS[k]) if k in ASSUMED_CONSTANTS else DERIVED[k]})"
+            f"`{k}` = {_num(v)} (assumed "
+            f"{_num(ASSUMED_CONSTANTS[k]) if k in ASSUMED_CONSTANTS else DERIVED[k]})"
             for k, v in blk["constants"].items()
         )
         lines.append(
-            f"| {blk['block']}: {blk['rows']} | {consts} | {len(blk['fit_rows'])} | {blk['fit_loss_rms_log']:.3f} |"
+            f"| {blk['block']}: {blk['rows']} | {consts} | {len(blk['fit_rows'])} | "
+            f"{blk['fit_loss_rms_log']:.3f} |"
         )
     lines += [
         "",
@@ -152,7 +155,8 @@ def render_markdown(
     lines += [
         "## Every row",
         "",
-        "| id | role | kind | source | config | precision / power | published | before | after | after / published | certainty | not priced |",
+        "| id | role | kind | source | config | precision / power | published | before | after | "
+        "after / published | certainty | not priced |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in table:
@@ -166,7 +170,8 @@ def render_markdown(
         lines.append(
             f"| {r.id} | {t.role} | {r.kind} | {r.source} | {cfg} | {r.precision}, {r.power} | "
             f"{_num(r.published)} {r.unit} | {_num(t.before)} ({_pct(t.err_before)}) | "
-            f"{_num(t.after)} ({_pct(t.err_after)}) | {t.after / r.published:.2f} | {r.certainty} | {unp} |"
+            f"{_num(t.after)} ({_pct(t.err_after)}) | {t.after / r.published:.2f} | {r.certainty} "
+            f"| {unp} |"
         )
     lines += ["", "## Sources", ""]
     for key, src in published.sources.items():
@@ -285,13 +290,22 @@ DERIVED = {
 
 # Constants the published numbers cannot pin (they stay in the reproduction's sensitivity sweep).
 NOT_PINNED = {
-    "act_bytes": "activation bytes per token: no public per-token activation memory on these GPUs was found",
-    "small_kernel_eff": "short attention (STDiT temporal attention over 15-120 frames) is below every "
-    "published length (512+); GEMM and attention half points are pinned only at "
-    "the shapes listed",
-    "a2a_eff (inter-node)": "no published all-to-all across nodes; the intra-node fit is applied to the network",
-    "elementwise": "elementwise_bytes_factor is pinned by one fit row (torchtitan 8 x H100, eager bf16) on "
-    "500 W HBM2e parts: it absorbs every per-token cost eager training pays there that the "
-    "model does not price (memory-bound kernels, the power cap, exposed FSDP traffic)",
-    "allreduce_inter_eff": "fitted at its bound (line rate): two-node rows do not separate it from the overlap",
+    "act_bytes": (
+        "activation bytes per token: no public per-token activation memory on these GPUs was found"
+    ),
+    "small_kernel_eff": (
+        "short attention (STDiT temporal attention over 15-120 frames) is below every published "
+        "length (512+); GEMM and attention half points are pinned only at the shapes listed"
+    ),
+    "a2a_eff (inter-node)": (
+        "no published all-to-all across nodes; the intra-node fit is applied to the network"
+    ),
+    "elementwise": (
+        "elementwise_bytes_factor is pinned by one fit row (torchtitan 8 x H100, eager bf16) on "
+        "500 W HBM2e parts: it absorbs every per-token cost eager training pays there that the "
+        "model does not price (memory-bound kernels, the power cap, exposed FSDP traffic)"
+    ),
+    "allreduce_inter_eff": (
+        "fitted at its bound (line rate): two-node rows do not separate it from the overlap"
+    ),
 }

@@ -164,8 +164,8 @@ class Document:
             for b in self.appendix:
                 rows = len(b.content)
                 parts.append(
-                    f"<details id='{b.name}'><summary>{_inline(b.caption or 'table')} ({rows} rows)</summary>"
-                    f"{_html_table(b.content, '')}</details>"
+                    f"<details id='{b.name}'><summary>{_inline(b.caption or 'table')} ({rows} "
+                    f"rows)</summary>{_html_table(b.content, '')}</details>"
                 )
         parts.append(f"<script>{_OPEN_LINKED_DETAILS}</script>")
         parts.append("</body></html>")
@@ -232,9 +232,8 @@ _CSS = (
 )
 # A link to an appendix table opens its <details> (on load and on every in-page jump).
 _OPEN_LINKED_DETAILS = (
-    "function openLinked(){var h=decodeURIComponent(location.hash.slice(1));if(!h)return;"
-    "var e=document.getElementById(h);if(e&&e.tagName==='DETAILS'){e.open=true;e.scrollIntoView();}}"
-    "window.addEventListener('hashchange',openLinked);openLinked();"
+    "function openLinked(){var h=decodeURIComponent(location.hash.slice(1));if(!h)return;var "
+    "e=document.getElementById(h);if(e&&e.tagName==='DETAILS'){e.open=true;e.scrollIntoView();}}window.addEventListener('hashchange',openLinked);openLinked();"
 )
 
 
@@ -259,7 +258,10 @@ def _html_table(df: pd.DataFrame, caption: str) -> str:
         "<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>"
         for _, row in df.iterrows()
     )
-    return f"<div class='scroll'><table>{cap}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
+    return (
+        "<div "
+        f"class='scroll'><table>{cap}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
+    )
 
 
 def _inline(text: str) -> str:

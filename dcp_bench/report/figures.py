@@ -104,7 +104,10 @@ def _failed(cell: Mapping[str, Any]) -> bool:
 
 
 def _failed_text(cell: Mapping[str, Any]) -> str:
-    return f"failed ({cell.get('statuses') or 'error'}, {int(cell['failures'])}/{int(cell['repeats'])} repeats)"
+    return (
+        f"failed ({cell.get('statuses') or 'error'}, "
+        f"{int(cell['failures'])}/{int(cell['repeats'])} repeats)"
+    )
 
 
 def _png(fig: Any) -> bytes:
@@ -159,7 +162,8 @@ def draw_speedup_bars(sp: pd.DataFrame, title: str, colors: Colors) -> Any:
     (`speedup_panels`, wrapped at `MAX_FACET_COLUMNS`), one horizontal bar per method and
     workload (colour = method, grouped under workload headings), so the figure grows downwards
     with the number of variants and never past the page width. A comparison with a side that
-    failed in every repeat is a hatched bar labelled with what failed, not a bar of 0 or infinity."""
+    failed in every repeat is a hatched bar labelled with what failed, not a bar of 0 or
+    infinity."""
     if sp.empty:
         return None
     plt, _ = _plt(), _sns()
@@ -755,7 +759,8 @@ def scales_label(scales_json: str, mem_cap: Any) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Size policy: every figure fits the page (the HTML page is 1100 px wide; figures are drawn at
-# `DPI`, so `MAX_WIDTH_IN` inches is the widest a figure may be), facets wrap at `MAX_FACET_COLUMNS`,
+# `DPI`, so `MAX_WIDTH_IN` inches is the widest a figure may be), facets wrap at
+# `MAX_FACET_COLUMNS`,
 # and an axis shows at most `MAX_SERIES` coloured series (more go to small multiples or a table).
 DPI = 110
 MAX_WIDTH_IN = 10.0
@@ -882,7 +887,8 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
     ax.tick_params(axis="y", length=0)
     ax.grid(axis="y", visible=False)
     ax.set_xlabel(
-        "speedup (x): point = median of paired per-seed ratios, whiskers = 95% CI over seeds; 1x = no gain",
+        "speedup (x): point = median of paired per-seed ratios, whiskers = 95% CI over seeds; 1x "
+        "= no gain",
         fontsize=7,
     )
     ax.tick_params(axis="x", labelsize=7)

@@ -100,7 +100,10 @@ def claim_basis(data: ReportData, claim: dict[str, Any]) -> str:
             "not validated on a GPU run of this suite)"
         )
     if sources == ["profiled"]:
-        return "in simulation (cost model profiled on measured runs; its fit error is in the provenance section)"
+        return (
+            "in simulation (cost model profiled on measured runs; its fit error is in the "
+            "provenance section)"
+        )
     return f"in simulation ({', '.join(sources) or 'unnamed'} cost model)"
 
 
@@ -130,7 +133,8 @@ def completeness_line(data: ReportData) -> str | None:
         return f"Complete: all {comp.get('sections_total', '?')} sections ran."
     cut = comp.get("cut") or []
     return (
-        f"**Incomplete**: {comp.get('sections_done', '?')} of {comp.get('sections_total', '?')} sections ran"
+        f"**Incomplete**: {comp.get('sections_done', '?')} of {comp.get('sections_total', '?')} "
+        "sections ran"
         + (f" (cut: {', '.join(str(c) for c in cut)})" if cut else "")
         + "; rerun `make reproduce` to resume."
     )
@@ -149,9 +153,10 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
     lines = [f"**{claim['id']}: {word.upper() if word in VERDICT_WORDS else word}**, {basis}."]
     if _finite(v):
         lines.append(
-            f"{float(v):.2f}x, 95% CI over {claim.get('pairs', '?')} paired seeds {_ci(claim.get('ci_low'), claim.get('ci_high'))}; "
-            f"{model_band_text(claim)}; claimed {claimed:g}x, tolerance band {_ci(*band)} "
-            f"(reproduced when the whole CI lies inside the band). `{claim['method']}` over `{claim['baseline']}`, "
+            f"{float(v):.2f}x, 95% CI over {claim.get('pairs', '?')} paired seeds "
+            f"{_ci(claim.get('ci_low'), claim.get('ci_high'))}; {model_band_text(claim)}; claimed "
+            f"{claimed:g}x, tolerance band {_ci(*band)} (reproduced when the whole CI lies inside "
+            f"the band). `{claim['method']}` over `{claim['baseline']}`, "
             f"{claim.get('workload', '')}."
         )
     else:
@@ -228,7 +233,8 @@ def own_rows(data: ReportData) -> pd.DataFrame:
         failed = "failed" in str(r["outcome"])
         rows.append(
             {
-                "group": f"{r['cluster']}, {r['model']} ({'simulated' if r['executor'] == 'sim' else 'measured'})",
+                "group": f"{r['cluster']}, {r['model']} "
+                f"({'simulated' if r['executor'] == 'sim' else 'measured'})",
                 "label": f"{r['method']} over {r['baseline']}"
                 + (f", {r['workload']}" if several else ""),
                 "method": r["method"],
@@ -276,8 +282,8 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
         fair = comps[(comps["comparison"] == "fair_mode") & (comps["pairs"] > 0)]
         for _, r in fair.iterrows():
             out.append(
-                f"Fair mode (same samples, one optimizer step per global batch): {float(r['speedup']):.2f}x "
-                f"{_ci(r['ci_low'], r['ci_high'])}."
+                "Fair mode (same samples, one optimizer step per global batch): "
+                f"{float(r['speedup']):.2f}x {_ci(r['ci_low'], r['ci_high'])}."
             )
     sens = data.sensitivity
     if not sens.empty:
@@ -356,8 +362,9 @@ def _simulator_error_line(data: ReportData) -> str | None:
     if not arr.size:
         return None
     return (
-        f"The simulator against real training, measured here on CPU ranks: median error {float(np.median(arr)):.0%} "
-        "on step time ([details](#simulator-against-measurement)); no GPU run of this suite checks the GPU model."
+        "The simulator against real training, measured here on CPU ranks: median error "
+        f"{float(np.median(arr)):.0%} on step time ([details](#simulator-against-measurement)); "
+        "no GPU run of this suite checks the GPU model."
     )
 
 
@@ -376,8 +383,8 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
     comp = completeness_line(data)
     if not claims:
         doc.callout(
-            "No claim of the claims file has runs in this campaign; the comparisons it holds follow."
-            + (f"\n{comp}" if comp else ""),
+            "No claim of the claims file has runs in this campaign; the comparisons it holds "
+            "follow." + (f"\n{comp}" if comp else ""),
             anchor="answer",
         )
     for i, cl in enumerate(claims):
@@ -399,7 +406,8 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
                 rows, f"Every headline comparison ({kind}; the headings name the mode)", data.colors
             ),
             FOREST_FIGURE,
-            f"Every headline comparison ({kind}): speedup of method over baseline, 95% CI over paired seeds"
+            f"Every headline comparison ({kind}): speedup of method over baseline, 95% CI over "
+            "paired seeds"
             + ("; pale bar: model band" if bands else "; model band: not computed")
             + "; shaded: the claimed value's tolerance band; line: 1x. Exact numbers: "
             "[headline comparisons](#headline-comparisons).",
@@ -446,7 +454,8 @@ def _own_first_screen(doc: Document, data: ReportData) -> None:
     doc.figure(
         fig.forest_plot(rows, f"Methods over baselines ({kind})", data.colors),
         FOREST_FIGURE,
-        f"Every method over every baseline ({kind}{more}): speedup, 95% CI over paired seeds; line: 1x",
+        f"Every method over every baseline ({kind}{more}): speedup, 95% CI over paired seeds; "
+        "line: 1x",
     )
 
 
@@ -470,8 +479,8 @@ def glossary_section(doc: Document, data: ReportData) -> None:
         )
     doc.h2("Method labels")
     doc.p(
-        "A label is the method's name, the parameters it runs with where they differ from its defaults, and its "
-        "mode: paper mode is the reference's own loop, otherwise fair mode. Every figure gives a family one hue "
-        "and its variants shades of it."
+        "A label is the method's name, the parameters it runs with where they differ from its "
+        "defaults, and its mode: paper mode is the reference's own loop, otherwise fair mode. "
+        "Every figure gives a family one hue and its variants shades of it."
     )
     doc.table(pd.DataFrame(rows), "Method labels", appendix=False)

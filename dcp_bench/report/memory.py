@@ -88,11 +88,11 @@ def memory_decisions_section(doc: Any, claim_results: list[ClaimResult]) -> None
             continue
         doc.h2(f"What the memory model decides ({r.id})")
         doc.p(
-            "Activation memory is counted from the runtime's models (`dcp-bench memory`, results/memory/); "
-            "the reference's profiler searches each bucket's batch size by powers of two under the memory "
-            "cap with it, so these settings, the samples the epoch trains and the load imbalance follow "
-            f"from it. Verdict basis: {r.basis}. Seed CI [{r.result.ci_low:.2f}, {r.result.ci_high:.2f}]; "
-            f"model band {_fmt_band(r)}."
+            "Activation memory is counted from the runtime's models (`dcp-bench memory`, "
+            "results/memory/); the reference's profiler searches each bucket's batch size by "
+            "powers of two under the memory cap with it, so these settings, the samples the "
+            f"epoch trains and the load imbalance follow from it. Verdict basis: {r.basis}. Seed "
+            f"CI [{r.result.ci_low:.2f}, {r.result.ci_high:.2f}]; model band {_fmt_band(r)}."
         )
         doc.table(
             accounting_table(r),

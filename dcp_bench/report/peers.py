@@ -110,8 +110,8 @@ def peer_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.Data
     ``step_over_bound``: step time / lower bound, per measured step where ``steps`` carries the
     step's ``lower_bound_s``, else per run (its median step time over its median bound), the
     median over every ok repeat; ``_min`` / ``_max`` the extremes; ``steps`` the measured steps
-    behind it. ``runs``, ``ok`` and the failure counts (`FAILURE_KINDS`) count repeats. Paper-mode runs and runs at
-    non-default cost constants or memory cap are left out (module docstring)."""
+    behind it. ``runs``, ``ok`` and the failure counts (`FAILURE_KINDS`) count repeats. Paper-mode
+    runs and runs at non-default cost constants or memory cap are left out (module docstring)."""
     if runs is None or runs.empty:
         return pd.DataFrame(columns=PEER_COLUMNS)
     keep = _default_constants(runs)

@@ -29,7 +29,8 @@ from dcp_bench.report.stats import cell_stats, paired_speedup
 
 # The config nodes the report reads as mappings.
 CONFIG_GROUPS = ("workload", "method", "cluster", "model", "run", "cost", "train", "names")
-# The parts of a simulated step's time, as its record's extra names them (`dcp_bench.sim.StepAccount`):
+# The parts of a simulated step's time, as its record's extra names them
+# (`dcp_bench.sim.StepAccount`):
 # those of the micro-batch time terms every cost source prices, the once-per-step sync, and the idle
 # rest. A cost model that declares more terms adds parts; its records name them (``added_parts``).
 MICROBATCH_PARTS = tuple(time_parts(MICROBATCH_TIME_TERMS))
@@ -559,8 +560,14 @@ def comparison_outcome(
         if speedup == 0 or (
             math.isnan(speedup) and int(method["failures"]) > int(baseline["failures"])
         ):
-            return f"method failed in {int(method['failures'])}/{int(method['repeats'])} repeats ({_failure_kind(method)})"
-        return f"baseline failed in {int(baseline['failures'])}/{int(baseline['repeats'])} repeats ({_failure_kind(baseline)})"
+            return (
+                f"method failed in {int(method['failures'])}/{int(method['repeats'])} repeats "
+                f"({_failure_kind(method)})"
+            )
+        return (
+            f"baseline failed in {int(baseline['failures'])}/{int(baseline['repeats'])} repeats "
+            f"({_failure_kind(baseline)})"
+        )
     if math.isfinite(ci_low) and ci_low > 1:
         return "faster"
     if math.isfinite(ci_high) and ci_high < 1:
@@ -569,7 +576,8 @@ def comparison_outcome(
 
 
 def _failure_kind(cell: pd.Series) -> str:
-    """The statuses of a failed cell and the kind of its first error (``error: InfeasibleError``)."""
+    """The statuses of a failed cell and the kind of its first error (``error:
+    InfeasibleError``)."""
     kind = str(cell.get("first_error") or "").split(":", 1)[0].strip()
     statuses = ",".join(x for x in str(cell["statuses"]).split(",") if x != "ok") or "error"
     return f"{statuses}: {kind}" if kind and " " not in kind else statuses

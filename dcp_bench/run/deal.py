@@ -107,9 +107,9 @@ def _epoch_deals(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[St
                 f"{k} {v}" for k, v in deal.info.get("dropped_samples", {}).items() if v
             )
             raise ConfigError(
-                f"epoch {epoch}: the sampler dealt no iteration from the dataset's {dataset.n} samples "
-                f"(dropped: {drops or 'none'}); expected buckets of at least one batch each "
-                "(a larger workload.data_size)"
+                f"epoch {epoch}: the sampler dealt no iteration from the dataset's {dataset.n} "
+                f"samples (dropped: {drops or 'none'}); expected buckets of at least one batch "
+                "each (a larger workload.data_size)"
             )
         for i, it in enumerate(deal.iterations):
             sub = dataset.subset(it.positions)

@@ -3,8 +3,8 @@
 For each of ``warmup_steps + steps`` steps: the workload deals the global batch (the same for
 every method at a given seed and step), the executor plans it (planning timed) and executes the
 plan, and the step becomes a `StepRecord`: the executed time with planning charged by
-``run.planner_clock``, per-rank busy / idle time and peak memory, the batch's lower bound, and, beside
-measured steps, the cost model's prediction of the same plan. Warm-up steps are recorded and
+``run.planner_clock``, per-rank busy / idle time and peak memory, the batch's lower bound, and,
+beside measured steps, the cost model's prediction of the same plan. Warm-up steps are recorded and
 excluded from the summary. A run ends early with status ``oom`` (a simulated step over the GPU's
 memory), ``nonfinite`` (a non-finite loss), ``timeout`` (``run.timeout_s`` passed between steps)
 or ``error`` (a planner or input error); every outcome is written, never dropped.

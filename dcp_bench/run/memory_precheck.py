@@ -104,9 +104,10 @@ def check_memory_fits(
         usable = float(spec.cluster.gpu.usable_mem_bytes)
         if fc.rank_peak_bytes > usable:
             raise MemoryPrecheckError(
-                f"refusing to launch: the plan of step {fc.step} needs {fc.rank_peak_bytes / GIB:.2f} GiB on its "
-                f"busiest rank (predicted by the cost model), more than the {usable / GIB:.2f} GiB a "
-                f"{spec.cluster.gpu.name} GPU can allocate; lower mem_cap_fraction, the batch or use more ranks"
+                f"refusing to launch: the plan of step {fc.step} needs "
+                f"{fc.rank_peak_bytes / GIB:.2f} GiB on its busiest rank (predicted by the cost "
+                f"model), more than the {usable / GIB:.2f} GiB a {spec.cluster.gpu.name} GPU can "
+                "allocate; lower mem_cap_fraction, the batch or use more ranks"
             )
         return fc
     mem = available if available is not None else available_memory_bytes()
@@ -115,9 +116,10 @@ def check_memory_fits(
     avail, total = mem
     if fc.node_peak_bytes > avail:
         raise MemoryPrecheckError(
-            f"refusing to launch: the plan of step {fc.step} needs {fc.node_peak_bytes / GIB:.2f} GiB on this "
-            f"machine ({fc.ranks_per_node} ranks, up to {fc.rank_peak_bytes / GIB:.2f} GiB each, predicted by "
-            f"the cost model), more than the {avail / GIB:.2f} GiB available now (of {total / GIB:.2f} GiB); "
-            "lower workload.tokens_per_gpu, mem_cap_fraction or the ranks, or free memory"
+            f"refusing to launch: the plan of step {fc.step} needs {fc.node_peak_bytes / GIB:.2f} "
+            f"GiB on this machine ({fc.ranks_per_node} ranks, up to "
+            f"{fc.rank_peak_bytes / GIB:.2f} GiB each, predicted by the cost model), more than "
+            f"the {avail / GIB:.2f} GiB available now (of {total / GIB:.2f} GiB); lower "
+            "workload.tokens_per_gpu, mem_cap_fraction or the ranks, or free memory"
         )
     return fc

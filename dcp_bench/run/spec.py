@@ -62,7 +62,8 @@ MEM_CAP_DEFAULT = 0.7
 
 @dataclass(frozen=True)
 class NoiseSettings:
-    """Seeded run-to-run variation of the simulator (`dcp_bench.sim.NoiseModel`); all zero = none."""
+    """Seeded run-to-run variation of the simulator (`dcp_bench.sim.NoiseModel`); all zero =
+    none."""
 
     jitter_sigma: float = 0.0
     straggler_prob: float = 0.0
@@ -75,7 +76,8 @@ class NoiseSettings:
 
 @dataclass(frozen=True)
 class CostSettings:
-    """Which cost model prices plans (``source``) and which one planners see (``planner_source``)."""
+    """Which cost model prices plans (``source``) and which one planners see
+    (``planner_source``)."""
 
     source: str = "auto"
     planner_source: str | None = None
@@ -279,7 +281,8 @@ class RunSpec:
         )
 
     def limit_text(self) -> str:
-        """What limits the run's time, for messages: ``run.timeout_s=180`` or the budget that cut it."""
+        """What limits the run's time, for messages: ``run.timeout_s=180`` or the budget that cut
+        it."""
         if self.timeout_s is None:
             return "no time limit"
         if self.limit_source:
@@ -391,7 +394,8 @@ def _cost_settings(node: dict[str, Any]) -> CostSettings:
     zero_stage = _int(node.pop("zero_stage", None), "cost.zero_stage", minimum=0, allow_none=True)
     if zero_stage is not None and zero_stage not in ZERO_STAGES:
         raise ConfigError(
-            f"cost.zero_stage={zero_stage}: expected one of {', '.join(map(str, ZERO_STAGES))} or null"
+            f"cost.zero_stage={zero_stage}: expected one of {', '.join(map(str, ZERO_STAGES))} or "
+            "null"
         )
     raw_scales = node.pop("scales", None) or {}
     if not isinstance(raw_scales, Mapping):
@@ -555,7 +559,8 @@ def _hashable(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cell_hashes(cfg: Mapping[str, Any]) -> tuple[str, str]:
-    """(cell hash: the config without seed and bookkeeping; context hash: also without the method)."""
+    """(cell hash: the config without seed and bookkeeping; context hash: also without the
+    method)."""
     base = _hashable(cfg)
     context = {k: v for k, v in base.items() if k != "method"}
     if isinstance(context.get("names"), dict):
@@ -594,7 +599,8 @@ def _check_run_keys(run: Mapping[str, Any]) -> None:
 
 def _run_unit(run: Mapping[str, Any], method: MethodSpec, workload: WorkloadSpec) -> str:
     """``run.unit`` resolved: ``auto`` is the reference's epoch loop for a paper-mode method that
-    has one on this workload, else steps; ``epoch`` where that loop cannot run is a `ConfigError`."""
+    has one on this workload, else steps; ``epoch`` where that loop cannot run is a
+    `ConfigError`."""
     mode = method.mode
     unit = _choice(run.get("unit", RUN_DEFAULTS["unit"]), "run.unit", UNITS)
     missing = _epoch_missing(method, workload)

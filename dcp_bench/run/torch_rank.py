@@ -48,7 +48,8 @@ def worker_main(
         rank, world = dist.get_rank(), dist.get_world_size()
         if world != spec.world_size:
             raise TrainError(
-                f"{world} ranks launched for a run of {spec.world_size} (cluster {spec.cluster.name})"
+                f"{world} ranks launched for a run of {spec.world_size} (cluster "
+                f"{spec.cluster.name})"
             )
         writer = RunWriter(
             spec.root,

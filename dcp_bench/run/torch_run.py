@@ -11,7 +11,8 @@ none is alive (`kill_run_tree`), so nothing it started outlives it. It then take
 over, so no late writer can change the record it returns.
 
 Every rank runs `dcp_bench.run.torch_rank.worker_main` (the one module of a real run that
-imports torch; this one never does, so the sweep (campaign.sweep) can import it for simulated runs too).
+imports torch; this one never does, so the sweep (campaign.sweep) can import it for simulated runs
+too).
 
 A rank that raises exits non-zero; torchrun then stops the other ranks (no restarts), and ranks
 blocked in a collective fail at the process-group timeout, so a crash never hangs. Multi-node:
@@ -65,7 +66,8 @@ class TrainError(DcpBenchError):
 
 
 def spec_payload(spec: RunSpec, owner: str | None) -> dict[str, Any]:
-    """What the launcher hands every rank (as JSON in a file): the run's spec and the owner token."""
+    """What the launcher hands every rank (as JSON in a file): the run's spec and the owner
+    token."""
     return {
         "config": dict(spec.config),
         "seed": spec.seed,
@@ -322,7 +324,8 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
         _keep_stderr(run_dir, stderr)
         return summary
     if code == 0 and summary is None and spec.train.nnodes > 1:
-        # This node's ranks finished cleanly; rank 0 ran on another node and wrote the records there.
+        # This node's ranks finished cleanly; rank 0 ran on another node and wrote the records
+        # there.
         note = summarise(spec, [], "ok", None, described(spec), None, started)
         return dataclasses.replace(
             note,

@@ -56,9 +56,9 @@ def resolve_train_config(overrides: list[str], notes: list[str] | None = None) -
         full = cfg["workload"].get("tokens_per_gpu")
         if notes is not None:
             notes.append(
-                f"CPU-sized workload: {' '.join(sizing)} (about {CPU_TOKENS_PER_RANK} tokens per rank a "
-                f"step, lengths divided by the scale and capped; the workload's full size, {full} tokens "
-                "per rank: add workload.length_scale=1)"
+                f"CPU-sized workload: {' '.join(sizing)} (about {CPU_TOKENS_PER_RANK} tokens per "
+                "rank a step, lengths divided by the scale and capped; the workload's full size, "
+                f"{full} tokens per rank: add workload.length_scale=1)"
             )
     return cfg
 

@@ -126,7 +126,8 @@ def empty_pass(model: RuntimeModel, seed: int) -> None:
 
 
 def step_token_count(plan: StepPlan, batch: GlobalBatch) -> int:
-    """The loss normaliser: all tokens of the batch in fair mode, the covered tokens in paper mode."""
+    """The loss normaliser: all tokens of the batch in fair mode, the covered tokens in paper
+    mode."""
     if plan.mode == "fair":
         return batch.total_tokens
     return int(sum(int(batch.tokens[p]) for p in plan.sample_positions()))

@@ -12,8 +12,9 @@
   patch (1, 2, 2) are embedded by a linear layer (equal to a stride=kernel Conv3d); fixed sin-cos
   embeddings of the frame and patch index are added. The final layer predicts noise and variance
   (learned sigma, as STDiT3); the loss is the MSE between the predicted and the true noise on
-  every real patch (the variance half gets no loss: no VLB term). One layer unit = one spatial+temporal pair;
-  checkpointing it checkpoints each of its two blocks separately, as the reference does.
+  every real patch (the variance half gets no loss: no VLB term). One layer unit = one
+  spatial+temporal pair; checkpointing it checkpoints each of its two blocks separately, as the
+  reference does.
 
 Inputs are synthetic but deterministic: every sample's content (token ids; latents, noise,
 timestep and caption) is drawn from a torch Generator seeded by (seed, sample id), so every method
@@ -209,7 +210,8 @@ def make_text_shard(
     device: torch.device,
     sample_tokens: Any = None,
 ) -> TextShard:
-    """``sample_tokens(sample_id, length)``: a sample's length+1 token ids (default `text_sample`)."""
+    """``sample_tokens(sample_id, length)``: a sample's length+1 token ids (default
+    `text_sample`)."""
     P, r = sp.size, sp.rank
     ids_parts, lab_parts, pos_parts = [], [], []
     seg_lens, valid, chunks = [], [], []

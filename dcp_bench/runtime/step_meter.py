@@ -10,8 +10,9 @@ Memory, the peak per rank over one step:
   is what the process really holds: interpreter, libraries, gloo buffers and the memory glibc's
   allocator keeps after frees included (the CPU profile measures a training rank's baseline and
   how much resident memory a step holds per saved activation byte; the profiled cost model
-  predicts this number from them). Started with ``MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0`` a
-  process returns freed blocks at once and the same number follows live tensor bytes (within
+  predicts this number from them). Started with ``MALLOC_MMAP_THRESHOLD_=65536
+  MALLOC_TRIM_THRESHOLD_=0`` a process returns freed blocks at once and the same number follows live
+  tensor bytes (within
   0.2 MB of an allocator-level tracker on the development machine), but steps then ran 2.1-2.9x
   slower (fresh pages faulted in for every block, the heap trimmed on every free; a 256 KiB
   threshold was still 3x slower on the video model's small tensors), so training runs keep
@@ -139,7 +140,8 @@ def reset_resident_peak() -> bool:
 
 
 def cpu_peak_supported() -> bool:
-    """Whether the CPU peak is measured (procfs with a resettable high-water mark), not estimated."""
+    """Whether the CPU peak is measured (procfs with a resettable high-water mark), not
+    estimated."""
     return os.path.exists(_PROC_CLEAR_REFS) and resident_peak_bytes() is not None
 
 

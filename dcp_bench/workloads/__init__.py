@@ -1,12 +1,15 @@
 """Workloads: sources of sample sizes plus a global-batch policy, turned into `GlobalBatch` es.
 
-This package is the code; the repository's top-level ``workloads/`` folder (`dcp_bench.paths.WORKLOADS_DIR`)
-is the data it reads (derived histograms and length lists, their provenance README).
+This package is the code; the repository's top-level ``workloads/`` folder
+(`dcp_bench.paths.WORKLOADS_DIR`) is the data it reads (derived histograms and length lists, their
+provenance README).
 
 Modules, by source kind:
 
-- `base`: limits and sample-id layout, `check_length`, the abstract `SizeSource`, statistics helpers;
-- `video`: the Open-Sora v1.2 / STDiT3 bucket grid, the reference's dummy dataset and the video mixes;
+- `base`: limits and sample-id layout, `check_length`, the abstract `SizeSource`, statistics
+helpers;
+- `video`: the Open-Sora v1.2 / STDiT3 bucket grid, the reference's dummy dataset and the video
+mixes;
 - `histogram`: a histogram of a published length list;
 - `lengths`: a finite length list (a derived fixture, a user's lengths file or text dataset);
 - `synthetic`: labelled synthetic length distributions;

@@ -67,7 +67,8 @@ def check_length(value: Any, where: str) -> int:
 
 
 class SizeSource(ABC):
-    """Where sample sizes come from. ``draw`` picks ids; ``shapes`` maps ids to (frames, spatial)."""
+    """Where sample sizes come from. ``draw`` picks ids; ``shapes`` maps ids to (frames,
+    spatial)."""
 
     # How quantiles of the finite support are read: "inverse_cdf" (a value of the support, as for
     # a distribution over buckets) or "linear" (numpy.percentile, as for a list of documents).

@@ -34,7 +34,8 @@ def _config_overrides(items: list[str]) -> list[str]:
 
 
 def load_named_workload(name: str, overrides: list[str]) -> Workload:
-    """The workload config ``name`` with overrides, built with the run's seed, as every command does."""
+    """The workload config ``name`` with overrides, built with the run's seed, as every command
+    does."""
     cfg = to_container(load_config([f"workload={name}", *_config_overrides(overrides)]))
     return make_workload(cfg["workload"], seed=int(cfg.get("seed", 0)))
 
@@ -62,7 +63,8 @@ def list_workloads(overrides: list[str]) -> list[dict[str, Any]]:
 
 
 def batch_document(name: str, batch: GlobalBatch, world_size: int) -> dict[str, Any]:
-    """The global batch of one step of workload ``name`` as ``dcp-bench workloads batch`` prints it."""
+    """The global batch of one step of workload ``name`` as ``dcp-bench workloads batch`` prints
+    it."""
     return {
         "workload": name, "step": batch.step, "world_size": world_size,
         "n": batch.n, "total_tokens": batch.total_tokens, "truncated": batch.truncated,

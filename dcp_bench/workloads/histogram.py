@@ -1,4 +1,5 @@
-"""Histogram size sources: a published length list kept as a histogram (``workloads/data/<name>_histogram.json``)."""
+"""Histogram size sources: a published length list kept as a histogram
+(``workloads/data/<name>_histogram.json``)."""
 
 from __future__ import annotations
 

@@ -175,7 +175,8 @@ def load_workload(name: str, **params: Any) -> Workload:
     unknown = sorted(set(params) - set(valid) - {"default_model"})
     if unknown:
         raise WorkloadError(
-            f"workload {name!r}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
+            f"workload {name!r}: unknown parameter(s) {', '.join(unknown)}; valid: "
+            f"{', '.join(valid)}"
         )
     for key in entry.dataset_params:
         if key in params:
@@ -231,9 +232,9 @@ def _as_int(value: Any, name: str, key: str) -> int:
 def make_workload(node: Any, seed: int | None = None) -> Any:
     """Build the workload a ``workload`` config node describes, its global batches seeded by
     ``seed`` (the run's seed). A node whose ``_target_`` is `load_workload` (`REGISTRY_TARGETS`:
-    either spelling), or that has none, names a registered workload; any other ``_target_`` is a user's class, built with
-    the node's parameters and ``seed``, which must provide ``global_batch(step, world_size,
-    max_seq_len)``."""
+    either spelling), or that has none, names a registered workload; any other ``_target_`` is a
+    user's class, built with the node's parameters and ``seed``, which must provide
+    ``global_batch(step, world_size, max_seq_len)``."""
     if isinstance(node, str):
         return load_workload(node, **({"seed": seed} if seed is not None else {}))
     data = to_container(node)

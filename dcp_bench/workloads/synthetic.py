@@ -1,4 +1,5 @@
-"""Synthetic size sources: labelled control distributions (fixed, uniform, lognormal lengths), no data."""
+"""Synthetic size sources: labelled control distributions (fixed, uniform, lognormal lengths), no
+data."""
 
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ def synthetic_source(kind: str, **p: Any) -> tuple[SizeSource, dict[str, Any]]:
         high = check_length(p.get("high", 256 * KIB), "synthetic_lognormal: workload.high")
         if not (0 < median <= MAX_SAMPLE_TOKENS and 0 <= sigma <= 100) or not 1 <= low <= high:
             raise WorkloadError(
-                f"synthetic_lognormal: median={median}, sigma={sigma}, low={low}, high={high}; expected "
-                f"0 < median <= {MAX_SAMPLE_TOKENS}, 0 <= sigma <= 100, 1 <= low <= high"
+                f"synthetic_lognormal: median={median}, sigma={sigma}, low={low}, high={high}; "
+                f"expected 0 < median <= {MAX_SAMPLE_TOKENS}, 0 <= sigma <= 100, 1 <= low <= high"
             )
 
         def sample(rng: np.random.Generator, n: int) -> np.ndarray:

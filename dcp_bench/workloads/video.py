@@ -124,7 +124,8 @@ class ReferenceDataset:
             )
         if self.image_mixing_type not in ("exclusive", "inclusive"):
             raise WorkloadError(
-                f"dataset image_mixing_type {self.image_mixing_type!r}; expected exclusive or inclusive"
+                f"dataset image_mixing_type {self.image_mixing_type!r}; expected exclusive or "
+                "inclusive"
             )
         if self.image_mixing_type == "exclusive" and self.image_mixing_frac < 0:
             raise WorkloadError(
@@ -247,10 +248,14 @@ def zipf_source(
         / n
     )
     prov = {
-        "source": "the DCP reference benchmark's video grid (VideoSys, Open-Sora v1.2 / STDiT3 shapes)",
-        "weights": f"Zipf p ~ 1/k^{alpha:g}, k = {offset + 1}..N+{offset}, separately over the 5 image "
-        f"buckets (by height) and the 20 video buckets (by frames x height); mixed "
-        f"{population_images:,} images : {population_videos:,} videos",
+        "source": (
+            "the DCP reference benchmark's video grid (VideoSys, Open-Sora v1.2 / STDiT3 shapes)"
+        ),
+        "weights": (
+            f"Zipf p ~ 1/k^{alpha:g}, k = {offset + 1}..N+{offset}, separately over the 5 image "
+            "buckets (by height) and the 20 video buckets (by frames x height); mixed "
+            f"{population_images:,} images : {population_videos:,} videos"
+        ),
         "licence": "synthetic shapes of a public benchmark grid (no data)",
     }
     return BucketSource(img + vid, p, population=n), prov
@@ -299,9 +304,12 @@ def mix_source(
     p = np.array([order[(b.resolution, b.frames)] for b in grid], dtype=np.float64)
     knobs = ", ".join(f"{k}={v}" for k, v in MIX_DATASETS[name].items())
     prov = {
-        "source": "the DCP reference benchmark's dummy dataset generator (VideoSys), project-chosen knobs",
-        "weights": f"the counts of the generator's dataset ({knobs}, data_size={data_size}, seed={data_seed}); "
-        "step mode draws buckets i.i.d. with these shares, run.unit=epoch visits the dataset itself",
+        "source": (
+            "the DCP reference benchmark's dummy dataset generator (VideoSys), project-chosen knobs"
+        ),
+        "weights": f"the counts of the generator's dataset ({knobs}, data_size={data_size}, "
+        f"seed={data_seed}); step mode draws buckets i.i.d. with these shares, run.unit=epoch "
+        "visits the dataset itself",
         "licence": "synthetic shapes of a public benchmark grid (no data)",
     }
     return BucketSource(grid, p, population=int(counts.sum())), prov
@@ -322,7 +330,9 @@ def reweighted_source(how: str) -> tuple[SizeSource, dict[str, Any]]:
             "long buckets dominate"
         )
     prov = {
-        "source": "the DCP reference benchmark's video grid (Open-Sora v1.2 / STDiT3 shapes), reweighted",
+        "source": (
+            "the DCP reference benchmark's video grid (Open-Sora v1.2 / STDiT3 shapes), reweighted"
+        ),
         "weights": rule,
         "licence": "synthetic shapes of a public benchmark grid (no data)",
     }
@@ -349,11 +359,14 @@ def opensora_stage1_source() -> tuple[SizeSource, dict[str, Any]]:
             p.append(keep)
             bs[buckets[-1].label] = batch
     prov = {
-        "source": "hpcaitech/Open-Sora configs/opensora-v1-2/train/stage1.py (commit 20b7c2f8), bucket_config",
-        "weights": "p ~ the config's keep probability of each (resolution, frames) bucket, assuming "
-        "source clips spread evenly over the listed buckets (the config fixes keep probabilities "
-        "and per-bucket batch sizes, not the data mix); buckets at 256/512/1024/1080p and with "
-        "keep probability 0 left out",
+        "source": "hpcaitech/Open-Sora configs/opensora-v1-2/train/stage1.py (commit 20b7c2f8), "
+        "bucket_config",
+        "weights": (
+            "p ~ the config's keep probability of each (resolution, frames) bucket, assuming "
+            "source clips spread evenly over the listed buckets (the config fixes keep "
+            "probabilities and per-bucket batch sizes, not the data mix); buckets at "
+            "256/512/1024/1080p and with keep probability 0 left out"
+        ),
         "config_batch_sizes": bs,
         "licence": "Open-Sora is Apache-2.0; only the config's numbers are used",
     }

@@ -92,11 +92,13 @@ class Workload:
             )
         if not 1 <= self.length_scale < float("inf"):  # also refuses nan
             raise WorkloadError(
-                f"workload {self.name!r}: length_scale {self.length_scale!r}; expected a finite number >= 1"
+                f"workload {self.name!r}: length_scale {self.length_scale!r}; expected a finite "
+                "number >= 1"
             )
         if self.max_len_policy not in ("truncate", "drop"):
             raise WorkloadError(
-                f"workload {self.name!r}: max_len_policy {self.max_len_policy!r}; expected truncate or drop"
+                f"workload {self.name!r}: max_len_policy {self.max_len_policy!r}; expected "
+                "truncate or drop"
             )
         if self.max_len is not None and self.max_len < 1:
             raise WorkloadError(f"workload {self.name!r}: max_len {self.max_len!r}; expected >= 1")
@@ -119,7 +121,8 @@ class Workload:
     def _scaled(self, frames: np.ndarray, spatial: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.length_scale == 1:
             return frames, spatial
-        # Video keeps its latent frames and shrinks each frame; text (frames = 1) shrinks its length.
+        # Video keeps its latent frames and shrinks each frame; text (frames = 1) shrinks its
+        # length.
         return frames, np.maximum(1, np.rint(spatial / self.length_scale).astype(np.int64))
 
     def shapes(self, sample_ids: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -150,7 +153,8 @@ class Workload:
     def global_batch(
         self, step: int, world_size: int, max_seq_len: int | None = None
     ) -> GlobalBatch:
-        """The global batch of ``step`` on ``world_size`` GPUs (deterministic; see the module doc)."""
+        """The global batch of ``step`` on ``world_size`` GPUs (deterministic; see the module
+        doc)."""
         if step < 0:
             raise WorkloadError(f"workload {self.name!r}: step {step}; expected >= 0")
         if world_size < 1:
@@ -162,8 +166,9 @@ class Workload:
         while not deal.done:
             if deal.drawn >= MAX_DRAWS_PER_STEP:
                 raise WorkloadError(
-                    f"workload {self.name!r}: no sample fits max_len={limit} after {deal.drawn} draws "
-                    f"with max_len_policy=drop; raise the limit or use max_len_policy=truncate"
+                    f"workload {self.name!r}: no sample fits max_len={limit} after {deal.drawn} "
+                    "draws with max_len_policy=drop; raise the limit or use "
+                    "max_len_policy=truncate"
                 )
             self._deal_chunk(deal, self.source.draw(rng, DRAW_CHUNK), budget, limit)
         return GlobalBatch(
@@ -244,7 +249,8 @@ class Workload:
         missing = [b.label for b in buckets if (b.resolution, b.frames) not in index]
         if missing:
             raise WorkloadError(
-                f"workload {self.name!r}: its dataset has buckets its size source lacks ({missing[0]})"
+                f"workload {self.name!r}: its dataset has buckets its size source lacks "
+                f"({missing[0]})"
             )
         bucket_of = np.repeat([index[(b.resolution, b.frames)] for b in buckets], counts).astype(
             np.int64

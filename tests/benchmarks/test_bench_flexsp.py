@@ -5,8 +5,8 @@ budget (max <= 2.2 s). Cases: 32 H200s x 512 sequences (the batch of the other p
 benchmarks), the first steps of a 32-GPU video (videosys_zipf, stdit3_xl2) and text
 (prolong, llama3_8b) workload, and prolong on 64 GPUs (whose first step once held HiGHS's
 presolve for more than 15 minutes: in the default suite, where each case plans once, the test's
-timeout is what catches a planning step that never ends). ``extra_info`` holds each run's planning time and gaps.
-Run: ``pytest tests/benchmarks/test_bench_flexsp.py --benchmark-enable``.
+timeout is what catches a planning step that never ends). ``extra_info`` holds each run's planning
+time and gaps. Run: ``pytest tests/benchmarks/test_bench_flexsp.py --benchmark-enable``.
 """
 
 from __future__ import annotations

@@ -27,5 +27,6 @@ def require(library: str) -> ModuleType:
         return importlib.import_module(library)
     except ImportError:
         raise ConfigError(
-            f'{library} is not installed: pip install -e ".[hf]" (or pip install "{library}>={MINIMUM[library]}")'
+            f'{library} is not installed: pip install -e ".[hf]" (or pip install '
+            f'"{library}>={MINIMUM[library]}")'
         ) from None

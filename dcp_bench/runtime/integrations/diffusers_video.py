@@ -56,7 +56,8 @@ from dcp_bench.runtime.models import NUM_TIMESTEPS, sample_generator
 
 @dataclass
 class ClipShard:
-    """One clip of a micro-batch as this rank runs it (inputs of the whole clip, its shard geometry)."""
+    """One clip of a micro-batch as this rank runs it (inputs of the whole clip, its shard
+    geometry)."""
 
     latents: Tensor  # (1, C, F, H, W)
     noise: Tensor
@@ -175,7 +176,8 @@ class WanAdapter:
         name = type(model).__name__
         if not isinstance(model, diffusers.WanTransformer3DModel):
             raise ConfigError(
-                f"{name} is not a diffusers WanTransformer3DModel; the video adapter serves Wan only"
+                f"{name} is not a diffusers WanTransformer3DModel; the video adapter serves Wan "
+                "only"
             )
         cfg = model.config
         if cfg.image_dim is not None or cfg.added_kv_proj_dim is not None:
@@ -252,7 +254,8 @@ class WanAdapter:
         ):
             if n % f:
                 raise ConfigError(
-                    f"sample {sid}: {n} tokens not a whole number of patches per frame over {f} frames"
+                    f"sample {sid}: {n} tokens not a whole number of patches per frame over {f} "
+                    "frames"
                 )
             if self.sample_clip is not None:
                 x0, noise, t, caption = self.sample_clip(sid, f, n // f)
@@ -351,8 +354,10 @@ def spec_of(model: Any, caption_tokens: int = 16, name: str = "wan") -> ModelSpe
         text_dim=int(cfg.text_dim),
         dtype="fp32",
         sources={
-            "architecture": "diffusers WanTransformer3DModel config; priced as STDiT-style spatial + "
-            "temporal attention (approximation: Wan attends over the whole clip)"
+            "architecture": (
+                "diffusers WanTransformer3DModel config; priced as STDiT-style spatial + temporal "
+                "attention (approximation: Wan attends over the whole clip)"
+            )
         },
     )
 

@@ -128,8 +128,9 @@ def prepare_causal_lm(model: Any) -> Any:
         raise ConfigError(f"{name} is an encoder-decoder; expected a decoder-only causal LM")
     if not getattr(model, "_supports_attention_backend", False):
         raise ConfigError(
-            f"{name}: its attention does not go through transformers' AttentionInterface "
-            "(the model class does not support attention backends), so Ulysses attention cannot reach it"
+            f"{name}: its attention does not go through transformers' AttentionInterface (the "
+            "model class does not support attention backends), so Ulysses attention cannot reach "
+            "it"
         )
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear) or head.bias is not None:
