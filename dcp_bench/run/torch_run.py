@@ -249,21 +249,35 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
     check_local_ranks(spec)
     started = time.time()
     run_dir = Path(spec.root) / spec.campaign / spec.run_id
-    # One node claims the folder for the rank 0 it starts; with several nodes rank 0 may start on
-    # any of them, and its writer claims the folder itself.
-    owner = None
-    if spec.train.nnodes == 1:
-        owner = claim_run(run_dir)
-        # A fresh folder (config, no steps, no summary): what an earlier run of this id left is
-        # gone even if no rank ever starts.
-        RunWriter(
-            spec.root, spec.campaign, spec.run_id, dict(spec.config), enabled=True, owner=owner
-        )
-        for name in (
-            STDERR_LOG,
-            STDERR_FIRST_ATTEMPT_LOG,
-        ):  # an earlier failure's output is not this run's
-            (run_dir / name).unlink(missing_ok=True)
+    owner = _claim_fresh_run_dir(spec, run_dir)
+    code, stderr, survivors = _run_attempts(spec, run_dir, owner, started, attempts)
+    if owner is not None and run_dir.exists():
+        take_over(run_dir)  # the ranks are gone; no late writer may change what is recorded now
+    return _outcome(spec, run_dir, started, code, stderr, survivors)
+
+
+def _claim_fresh_run_dir(spec: RunSpec, run_dir: Path) -> str | None:
+    """The owner token of the run folder this node claims, or None when several nodes run it.
+    One node claims the folder for the rank 0 it starts; with several nodes rank 0 may start on
+    any of them, and its writer claims the folder itself."""
+    if spec.train.nnodes != 1:
+        return None
+    owner = claim_run(run_dir)
+    # A fresh folder (config, no steps, no summary): what an earlier run of this id left is
+    # gone even if no rank ever starts.
+    RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config), enabled=True, owner=owner)
+    # An earlier failure's output is not this run's.
+    for name in (STDERR_LOG, STDERR_FIRST_ATTEMPT_LOG):
+        (run_dir / name).unlink(missing_ok=True)
+    return owner
+
+
+def _run_attempts(
+    spec: RunSpec, run_dir: Path, owner: str | None, started: float, attempts: int
+) -> tuple[int | None, str, list[int]]:
+    """Start torchrun, once more when the first launch failed in a way worth retrying; return
+    its exit code (None: killed at the time limit), the ranks' output and the pids that could
+    not be stopped."""
     with tempfile.TemporaryDirectory(prefix="dcp-bench-run-") as tmp:
         spec_path = str(Path(tmp) / "spec.json")
         payload = spec_payload(spec, owner)
@@ -280,9 +294,8 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
                 code, stderr, survivors = _run_session(
                     torchrun_command(spec, spec_path), env, remaining
                 )
-            except (
-                KeyboardInterrupt
-            ) as exc:  # Ctrl-C or SIGTERM: the ranks are stopped; say so in the record
+            except KeyboardInterrupt as exc:
+                # Ctrl-C or SIGTERM: the ranks are stopped; say so in the record.
                 if owner is not None or run_dir.exists():
                     _record_stopped(spec, run_dir, started, exc)
                 raise
@@ -303,8 +316,19 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
                 Path(spec_path).write_text(json.dumps(payload, default=str))
                 continue
             break
-    if owner is not None and run_dir.exists():
-        take_over(run_dir)  # the ranks are gone; no late writer may change what is recorded now
+    return code, stderr, survivors
+
+
+def _outcome(
+    spec: RunSpec,
+    run_dir: Path,
+    started: float,
+    code: int | None,
+    stderr: str,
+    survivors: list[int],
+) -> RunSummary:
+    """The run's summary once its ranks are gone: rank 0's own record when it is this run's and
+    tells the story, else a record of why the run did not finish."""
     summary = read_summary(run_dir) if run_dir.exists() else None
     fresh = summary is not None and (summary.started_at or 0.0) >= started - 1.0
     if survivors:
@@ -334,6 +358,7 @@ def launch_torch_run(spec: RunSpec, attempts: int = 2) -> RunSummary:
             extra={**note.extra, "note": "rank 0 ran on another node, which holds the records"},
         )
     if code is None:
+        limit = spec.hard_limit_s()
         steps = len(read_steps(run_dir)) if run_dir.exists() else 0
         return record_unfinished(
             spec,
