@@ -15,7 +15,7 @@ different micro-batch counts; FlexSP-style plans use several rounds.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -217,77 +217,99 @@ def _offences(
         owner: dict[int, int] = {}
         for g in rnd.groups:
             where = f"round {r}, group at rank {g.start} (size {g.size})"
-            placed = True
-            if g.size > W:
-                yield f"{where}: group larger than the world ({W} ranks)"
-                placed = False
-            elif not is_power_of_two(g.size):
-                yield f"{where}: group size must be a power of two"
-                placed = False
-            elif W % g.size:
-                yield f"{where}: group size must divide the world size {W}"
-                placed = False
-            elif g.start % g.size != 0:
-                yield f"{where}: group not aligned (start must be a multiple of {g.size})"
-            elif cost is not None and not spans_nodes_cleanly(
-                g.start, g.size, cost.cluster.gpus_per_node
-            ):
-                yield (
-                    f"{where}: group crosses a node boundary (nodes of "
-                    f"{cost.cluster.gpus_per_node} GPUs; a group lies inside one node or is made "
-                    "of whole nodes)"
-                )
-            if g.start < 0 or g.start + g.size > W:
-                yield f"{where}: ranks {g.start}..{g.start + g.size - 1} outside world of {W}"
-                placed = False
-            if placed:
-                for rank in g.ranks:
-                    if rank in owner:
-                        yield f"{where}: overlaps the group at rank {owner[rank]} on rank {rank}"
-                        break
-                for rank in g.ranks:
-                    owner.setdefault(rank, g.start)
+            placed = yield from _group_offences(where, g, W, cost, owner)
             for m, mb in enumerate(g.micro_batches):
-                if not mb.samples:
-                    yield f"{where}, micro-batch {m}: empty"
-                    continue
-                if mb.split not in ("sequence", "batch"):
-                    yield f"{where}, micro-batch {m}: unknown split {mb.split!r}"
-                if mb.ckpt_layers < 0 or (layers is not None and mb.ckpt_layers > layers):
-                    yield (
-                        f"{where}, micro-batch {m}: ckpt_layers={mb.ckpt_layers} outside "
-                        f"0..{layers}"
-                    )
-                in_range = True
-                for s in mb.samples:
-                    if not 0 <= s < n:
-                        yield f"{where}, micro-batch {m}: sample {s} not in batch of {n}"
-                        in_range = False
-                        continue
-                    if s in seen:
-                        yield (
-                            f"sample {s} repeated (round {seen[s][0]}, rank {seen[s][1]} and "
-                            f"round {r}, rank {g.start})"
-                        )
-                    else:
-                        seen[s] = (r, g.start)
-                if (
-                    cost is not None
-                    and not isinstance(batch, int)
-                    and in_range
-                    and placed
-                    and mb.split in ("sequence", "batch")
-                ):
-                    sub = batch.subset(list(mb.samples))
-                    mem = cost.microbatch_memory(
-                        sub.tokens, sub.frames, g.size, mb.ckpt_layers, mb.split
-                    )
-                    cap = cost.memory_cap_bytes
-                    if mem > cap:
-                        yield (
-                            f"{where}, micro-batch {m}: predicted {mem / 2**30:.2f} GiB per rank "
-                            f"over the memory cap {cap / 2**30:.2f} GiB"
-                        )
+                yield from _micro_batch_offences(
+                    f"{where}, micro-batch {m}", mb, g, r, batch, cost, layers, placed, seen
+                )
     if plan.mode == "fair" and len(seen) != n:
         missing = sorted(set(range(n)) - set(seen))
         yield f"fair mode: {len(missing)} sample(s) missing from the plan, e.g. {missing[:5]}"
+
+
+def _group_offences(
+    where: str, g: Group, W: int, cost: CostModel | None, owner: dict[int, int]
+) -> Generator[str, None, bool]:
+    """What is wrong with where group ``g`` sits in a world of ``W`` ranks; ``owner`` maps the
+    round's ranks taken so far to their group's start and gains ``g``'s. Returns whether the
+    group is placed (a valid size, inside the world)."""
+    placed = True
+    if g.size > W:
+        yield f"{where}: group larger than the world ({W} ranks)"
+        placed = False
+    elif not is_power_of_two(g.size):
+        yield f"{where}: group size must be a power of two"
+        placed = False
+    elif W % g.size:
+        yield f"{where}: group size must divide the world size {W}"
+        placed = False
+    elif g.start % g.size != 0:
+        yield f"{where}: group not aligned (start must be a multiple of {g.size})"
+    elif cost is not None and not spans_nodes_cleanly(g.start, g.size, cost.cluster.gpus_per_node):
+        yield (
+            f"{where}: group crosses a node boundary (nodes of "
+            f"{cost.cluster.gpus_per_node} GPUs; a group lies inside one node or is made "
+            "of whole nodes)"
+        )
+    if g.start < 0 or g.start + g.size > W:
+        yield f"{where}: ranks {g.start}..{g.start + g.size - 1} outside world of {W}"
+        placed = False
+    if placed:
+        for rank in g.ranks:
+            if rank in owner:
+                yield f"{where}: overlaps the group at rank {owner[rank]} on rank {rank}"
+                break
+        for rank in g.ranks:
+            owner.setdefault(rank, g.start)
+    return placed
+
+
+def _micro_batch_offences(
+    where: str,
+    mb: MicroBatch,
+    g: Group,
+    r: int,
+    batch: GlobalBatch | int,
+    cost: CostModel | None,
+    layers: int | None,
+    placed: bool,
+    seen: dict[int, tuple[int, int]],
+) -> Iterator[str]:
+    """What is wrong with micro-batch ``mb`` of group ``g`` in round ``r``; ``seen`` maps the
+    samples planned so far to their (round, group start) and gains ``mb``'s."""
+    n = batch if isinstance(batch, int) else batch.n
+    if not mb.samples:
+        yield f"{where}: empty"
+        return
+    if mb.split not in ("sequence", "batch"):
+        yield f"{where}: unknown split {mb.split!r}"
+    if mb.ckpt_layers < 0 or (layers is not None and mb.ckpt_layers > layers):
+        yield f"{where}: ckpt_layers={mb.ckpt_layers} outside 0..{layers}"
+    in_range = True
+    for s in mb.samples:
+        if not 0 <= s < n:
+            yield f"{where}: sample {s} not in batch of {n}"
+            in_range = False
+            continue
+        if s in seen:
+            yield (
+                f"sample {s} repeated (round {seen[s][0]}, rank {seen[s][1]} and "
+                f"round {r}, rank {g.start})"
+            )
+        else:
+            seen[s] = (r, g.start)
+    if (
+        cost is not None
+        and not isinstance(batch, int)
+        and in_range
+        and placed
+        and mb.split in ("sequence", "batch")
+    ):
+        sub = batch.subset(list(mb.samples))
+        mem = cost.microbatch_memory(sub.tokens, sub.frames, g.size, mb.ckpt_layers, mb.split)
+        cap = cost.memory_cap_bytes
+        if mem > cap:
+            yield (
+                f"{where}: predicted {mem / 2**30:.2f} GiB per rank "
+                f"over the memory cap {cap / 2**30:.2f} GiB"
+            )
