@@ -78,7 +78,8 @@ def render_markdown(
     cal: dict[str, Any],
     mismatches: list[str],
 ) -> str:
-    b, a = summ["before"], summ["after"]
+    """The validation report (results/validation/report.md): the held-out error, the
+    calibrated constants, every row and the sources."""
     lines = [
         "# Analytical cost model vs published H100/H200 measurements",
         "",
@@ -88,6 +89,19 @@ def render_markdown(
         "optimistic. *Before*: the built-in assumptions; *after*: the calibrated constants the "
         "H100/H200 GPU and cluster configs carry (fitted on the fit half below).",
         "",
+    ]
+    lines += _error_section(summ)
+    lines += _calibration_section(cal, mismatches)
+    lines += _rows_section(table)
+    lines += _sources_section(published)
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _error_section(summ: dict[str, Any]) -> list[str]:
+    """The held-out error before and after calibration, by kind, and the rows 2x off."""
+    b, a = summ["before"], summ["after"]
+    lines = [
         "## Held-out error",
         "",
         "| rows | n | median abs error before | max before | median abs error after | max after |",
@@ -122,7 +136,12 @@ def render_markdown(
     lines += [
         f"- `{o['id']}` ({o['role']}): ratio {o['ratio']:.2f}; {o['reason']}" for o in over
     ] or ["- none"]
-    lines += [
+    return lines
+
+
+def _calibration_section(cal: dict[str, Any], mismatches: list[str]) -> list[str]:
+    """The calibrated constants block by block, and whether the configs carry them."""
+    lines = [
         "",
         "## Calibrated constants",
         "",
@@ -152,7 +171,12 @@ def render_markdown(
         ),
         "",
     ]
-    lines += [
+    return lines
+
+
+def _rows_section(table: list[Any]) -> list[str]:
+    """Every reference row, with the model's rate before and after calibration."""
+    lines = [
         "## Every row",
         "",
         "| id | role | kind | source | config | precision / power | published | before | after | "
@@ -173,15 +197,19 @@ def render_markdown(
             f"{_num(t.after)} ({_pct(t.err_after)}) | {t.after / r.published:.2f} | {r.certainty} "
             f"| {unp} |"
         )
-    lines += ["", "## Sources", ""]
+    return lines
+
+
+def _sources_section(published: Published) -> list[str]:
+    """The published sources the rows cite."""
+    lines = ["", "## Sources", ""]
     for key, src in published.sources.items():
         lines.append(
             f"- `{key}`: {src.get('project')}, {src.get('where')}"
             + (f" @ {src['commit']}" if src.get("commit") else "")
             + f" ({src.get('date')}). {src.get('what')}"
         )
-    lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def render_csv(table: list[Any]) -> str:
