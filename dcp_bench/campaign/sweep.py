@@ -460,54 +460,51 @@ def _run_forked(
             if queue and not active:
                 time.sleep(0.2)  # every run left is another process's: look again shortly
             for run_id, (proc, spec, started) in list(active.items()):
-                limit = spec.hard_limit_s()
-                if proc.is_alive() and limit is not None and time.time() - started > limit:
-                    proc.kill()
-                    proc.join()
-                    active.pop(run_id)
-                    n = len(read_steps(Path(spec.root) / spec.campaign / run_id))
-                    done(
-                        record_unfinished(
-                            spec,
-                            "timeout",
-                            f"killed after {limit:.0f} s ({spec.limit_text()} "
-                            f"plus grace) inside step {n}",
-                            started,
-                        )
-                    )
-                    unlock_run(locks.pop(run_id, None))
-                elif not proc.is_alive():
-                    proc.join()
-                    active.pop(run_id)
-                    try:
-                        summary = read_summary(Path(spec.root) / spec.campaign / run_id)
-                    except RecordError:
-                        summary = None
-                    if (
-                        summary is None
-                        or summary.started_at is None
-                        or summary.started_at < started - 1.0
-                    ):
-                        # the child died without (its own) summary, e.g. killed by the OS
-                        summary = record_unfinished(
-                            spec,
-                            "error",
-                            f"run process exited with code {proc.exitcode} "
-                            "before writing its summary",
-                            started,
-                        )
-                    done(summary)
-                    unlock_run(locks.pop(run_id, None))
+                summary = _finished_child(proc, spec, started)
+                if summary is None:
+                    continue
+                active.pop(run_id)
+                done(summary)
+                unlock_run(locks.pop(run_id, None))
             if active:
                 time.sleep(0.02)
     finally:
-        for (
-            proc,
-            _,
-            _,
-        ) in active.values():  # interrupted: stop our own children, leave runs incomplete
+        # Interrupted: stop our own children, leave their runs incomplete.
+        for proc, _, _ in active.values():
             if proc.is_alive():
                 proc.kill()
                 proc.join()
         for fd in locks.values():
             unlock_run(fd)
+
+
+def _finished_child(proc: Any, spec: RunSpec, started: float) -> RunSummary | None:
+    """The summary of the run child ``proc`` runs, once it is over (killed here at the run's
+    hard limit, or exited); None while it runs."""
+    limit = spec.hard_limit_s()
+    if proc.is_alive() and limit is not None and time.time() - started > limit:
+        proc.kill()
+        proc.join()
+        n = len(read_steps(Path(spec.root) / spec.campaign / spec.run_id))
+        return record_unfinished(
+            spec,
+            "timeout",
+            f"killed after {limit:.0f} s ({spec.limit_text()} plus grace) inside step {n}",
+            started,
+        )
+    if proc.is_alive():
+        return None
+    proc.join()
+    try:
+        summary = read_summary(Path(spec.root) / spec.campaign / spec.run_id)
+    except RecordError:
+        summary = None
+    if summary is None or summary.started_at is None or summary.started_at < started - 1.0:
+        # the child died without (its own) summary, e.g. killed by the OS
+        summary = record_unfinished(
+            spec,
+            "error",
+            f"run process exited with code {proc.exitcode} before writing its summary",
+            started,
+        )
+    return summary
