@@ -785,31 +785,8 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
     if rows.empty:
         return None
     plt, _ = _plt(), _sns()
-    groups = list(dict.fromkeys(rows["group"]))
-    y_of: list[tuple[float, pd.Series]] = []
-    headers: list[tuple[float, str]] = []
-    y = 0.0
-    for g in groups:
-        headers.append((y, str(g)))
-        y += 1.0
-        for _, r in rows[rows["group"] == g].iterrows():
-            y_of.append((y, r))
-            y += 1.0
-        y += 0.3
-    finite = [
-        float(v)
-        for _, r in y_of
-        for v in (
-            r["speedup"],
-            r.get("ci_low"),
-            r.get("ci_high"),
-            r.get("model_band_low"),
-            r.get("model_band_high"),
-            r.get("band_low"),
-            r.get("band_high"),
-        )
-        if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
-    ]
+    groups, y_of, headers, y = _forest_layout(rows)
+    finite = _forest_numbers(y_of)
     if not finite:
         return None
     lo, hi = min([1.0, *finite]), max([1.0, *finite])
@@ -819,59 +796,13 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
     ax.set_xlim(lo - pad, hi + pad)
     ax.set_ylim(y - 0.3, -0.7)
     ax.axvline(1.0, color="k", lw=0.9, zorder=1)
-    band_drawn = model_drawn = False
-    for g in groups:  # the tolerance band, over the rows of a group that carry one
-        ys = [yy for yy, r in y_of if r["group"] == g and _finite(r.get("band_low"))]
-        if ys:
-            r0 = next(r for yy, r in y_of if yy == ys[0])
-            ax.fill_betweenx(
-                [min(ys) - 0.5, max(ys) + 0.5],
-                float(r0["band_low"]),
-                float(r0["band_high"]),
-                color="tab:green",
-                alpha=0.15,
-                lw=0,
-                zorder=0,
-                label=None if band_drawn else "claimed value's tolerance band",
-            )
-            band_drawn = True
+    band_drawn = _draw_tolerance_bands(ax, groups, y_of)
+    model_drawn = False
     value_x = ax.get_yaxis_transform()
     for yy, r in y_of:
-        color = _color(colors, str(r["method"]))
-        v = float(r["speedup"]) if _finite(r["speedup"]) else math.nan
-        if _finite(r.get("model_band_low")) and _finite(r.get("model_band_high")):
-            ax.barh(
-                yy,
-                float(r["model_band_high"]) - float(r["model_band_low"]),
-                left=float(r["model_band_low"]),
-                height=0.55,
-                color=color,
-                alpha=0.25,
-                lw=0,
-                zorder=2,
-                label=None if model_drawn else "model band (cost-model uncertainty)",
-            )
-            model_drawn = True
-        if math.isnan(v):
-            ax.text(
-                1.0,
-                yy,
-                "  " + str(r.get("why") or "no data"),
-                va="center",
-                fontsize=8,
-                color="0.35",
-            )
-            continue
-        lo_ci, hi_ci = r.get("ci_low"), r.get("ci_high")
-        if _finite(lo_ci) and _finite(hi_ci):
-            ax.plot([float(lo_ci), float(hi_ci)], [yy, yy], color=color, lw=1.6, zorder=3)
-        ax.plot([v], [yy], marker="o", ms=5, color=color, zorder=4)
-        ci = (
-            f" [{float(lo_ci):.2f}, {float(hi_ci):.2f}]"
-            if _finite(lo_ci) and _finite(hi_ci)
-            else ""
+        model_drawn = _draw_forest_row(
+            ax, yy, r, _color(colors, str(r["method"])), value_x, model_drawn
         )
-        ax.text(1.01, yy, f"{v:.2f}x{ci}", transform=value_x, va="center", fontsize=8)
     ax.set_yticks([yy for yy, _ in y_of], [str(r["label"]) for _, r in y_of], fontsize=8)
     for yy, text in headers:
         ax.text(
@@ -898,6 +829,103 @@ def draw_forest_plot(rows: pd.DataFrame, title: str, colors: Colors) -> Any:
     # the legend sits in a row just above the axes: the title goes above that row, not across it
     ax.set_title(title, fontsize=9, loc="left", pad=20 if legend else 6)
     return fig
+
+
+def _forest_layout(
+    rows: pd.DataFrame,
+) -> tuple[list[Any], list[tuple[float, pd.Series]], list[tuple[float, str]], float]:
+    """The forest plot's rows top to bottom: the groups in order, each row's y with its data,
+    each group heading's y, and the y below the last row."""
+    groups = list(dict.fromkeys(rows["group"]))
+    y_of: list[tuple[float, pd.Series]] = []
+    headers: list[tuple[float, str]] = []
+    y = 0.0
+    for g in groups:
+        headers.append((y, str(g)))
+        y += 1.0
+        for _, r in rows[rows["group"] == g].iterrows():
+            y_of.append((y, r))
+            y += 1.0
+        y += 0.3
+    return groups, y_of, headers, y
+
+
+def _forest_numbers(y_of: list[tuple[float, pd.Series]]) -> list[float]:
+    """Every finite number the forest plot draws (points, CIs, bands): they set its x range."""
+    return [
+        float(v)
+        for _, r in y_of
+        for v in (
+            r["speedup"],
+            r.get("ci_low"),
+            r.get("ci_high"),
+            r.get("model_band_low"),
+            r.get("model_band_high"),
+            r.get("band_low"),
+            r.get("band_high"),
+        )
+        if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
+    ]
+
+
+def _draw_tolerance_bands(ax: Any, groups: list[Any], y_of: list[tuple[float, pd.Series]]) -> bool:
+    """The claimed value's tolerance band over the rows of each group that carry one; whether
+    any was drawn."""
+    band_drawn = False
+    for g in groups:
+        ys = [yy for yy, r in y_of if r["group"] == g and _finite(r.get("band_low"))]
+        if ys:
+            r0 = next(r for yy, r in y_of if yy == ys[0])
+            ax.fill_betweenx(
+                [min(ys) - 0.5, max(ys) + 0.5],
+                float(r0["band_low"]),
+                float(r0["band_high"]),
+                color="tab:green",
+                alpha=0.15,
+                lw=0,
+                zorder=0,
+                label=None if band_drawn else "claimed value's tolerance band",
+            )
+            band_drawn = True
+    return band_drawn
+
+
+def _draw_forest_row(
+    ax: Any, yy: float, r: pd.Series, color: Any, value_x: Any, model_drawn: bool
+) -> bool:
+    """One comparison at height ``yy``: its model band, CI, point and printed value (or why it
+    has none). Returns whether a model band has been drawn so far (``model_drawn`` on entry)."""
+    v = float(r["speedup"]) if _finite(r["speedup"]) else math.nan
+    if _finite(r.get("model_band_low")) and _finite(r.get("model_band_high")):
+        ax.barh(
+            yy,
+            float(r["model_band_high"]) - float(r["model_band_low"]),
+            left=float(r["model_band_low"]),
+            height=0.55,
+            color=color,
+            alpha=0.25,
+            lw=0,
+            zorder=2,
+            label=None if model_drawn else "model band (cost-model uncertainty)",
+        )
+        model_drawn = True
+    if math.isnan(v):
+        ax.text(
+            1.0,
+            yy,
+            "  " + str(r.get("why") or "no data"),
+            va="center",
+            fontsize=8,
+            color="0.35",
+        )
+        return model_drawn
+    lo_ci, hi_ci = r.get("ci_low"), r.get("ci_high")
+    if _finite(lo_ci) and _finite(hi_ci):
+        ax.plot([float(lo_ci), float(hi_ci)], [yy, yy], color=color, lw=1.6, zorder=3)
+    ax.plot([v], [yy], marker="o", ms=5, color=color, zorder=4)
+    ci = f" [{float(lo_ci):.2f}, {float(hi_ci):.2f}]" if _finite(lo_ci) and _finite(hi_ci) else ""
+    ax.text(1.01, yy, f"{v:.2f}x{ci}", transform=value_x, va="center", fontsize=8)
+    return model_drawn
 
 
 def _finite(x: Any) -> bool:
