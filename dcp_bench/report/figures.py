@@ -176,20 +176,7 @@ def draw_speedup_bars(sp: pd.DataFrame, title: str, colors: Colors) -> Any:
     top = 1.12 * max([1.2, *tops])
     long_labels = max(len(str(m)) for m in sp["method"]) > 24
     nrows, ncols = _grid(len(panels), 2 if long_labels else MAX_FACET_COLUMNS)
-    layout = []  # per panel: (y, kind, payload) rows, kind "head" (workload) or "bar"
-    for _, sub in panels:
-        rows: list[tuple[float, str, Any]] = []
-        y = 0.0
-        for w in dict.fromkeys(sub["workload"]):
-            if several:
-                rows.append((y, "head", w))
-                y += 1
-            for _, r in sub[sub["workload"] == w].iterrows():
-                lines = _wrap(_short(str(r["method"]), str(r["baseline"]))).count("\n") + 1
-                y += 0.3 * (lines - 1)
-                rows.append((y, "bar", r))
-                y += 1 + 0.3 * (lines - 1)
-        layout.append((rows, y))
+    layout = _speedup_layout(panels, several)
     heights = [
         max(layout[i][1] for i in range(k * ncols, min(len(panels), (k + 1) * ncols)))
         for k in range(nrows)
@@ -205,58 +192,8 @@ def draw_speedup_bars(sp: pd.DataFrame, title: str, colors: Colors) -> Any:
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for i, (ax, (base, _), (rows, _h)) in enumerate(zip(axes.flat, panels, layout)):
-        height = heights[i // ncols]  # one bar thickness in every panel of a grid row
-        text_at = blended_transform_factory(ax.transAxes, ax.transData)
-        ticks, labels = [], []
-        for y, kind, r in rows:
-            if kind == "head":
-                ax.text(
-                    0.0, y, f" {r}", transform=text_at, va="center", fontsize=7, fontweight="bold"
-                )
-                continue
-            m = str(r["method"])
-            ticks.append(y)
-            labels.append(_wrap(_short(m, base)))
-            v = float(r["speedup"])
-            if "failed" in str(r["outcome"]) or not math.isfinite(v):
-                ax.barh(
-                    y,
-                    0.2 * top,
-                    height=0.7,
-                    facecolor="none",
-                    edgecolor=_color(colors, m),
-                    hatch=FAILED_HATCH,
-                )
-                ax.text(0.21 * top, y, str(r["outcome"]).split(" (")[0], va="center", fontsize=7)
-                continue
-            lo, hi = float(r["ci_low"]), float(r["ci_high"])
-            err = [
-                [max(0.0, v - lo) if math.isfinite(lo) else 0.0],
-                [max(0.0, hi - v) if math.isfinite(hi) else 0.0],
-            ]
-            ax.barh(
-                y, v, height=0.7, color=_color(colors, m), xerr=err, capsize=2, error_kw={"lw": 0.8}
-            )
-            if r.get("flags"):
-                ax.text(
-                    min(top * 0.98, (hi if math.isfinite(hi) else v) + 0.02 * top),
-                    y,
-                    "!",
-                    va="center",
-                    fontsize=7,
-                    color="red",
-                )
-        ax.axvline(1.0, color="k", lw=0.8)
-        ax.set_xlim(0, top)
-        ax.set_ylim(max(height, 1) - 0.4, -0.6)
-        ax.set_yticks(ticks, labels, fontsize=6.5)
-        ax.tick_params(axis="x", labelsize=7)
-        ax.grid(axis="y", visible=False)
-        ax.set_title(
-            f"over {_wrap(base, 60)}"
-            + (" (labels: paper mode)" if base.endswith("(paper mode)") else ""),
-            fontsize=8,
-        )
+        # one bar thickness in every panel of a grid row
+        _draw_speedup_panel(ax, base, rows, heights[i // ncols], top, colors)
     for ax in axes[-1]:
         ax.set_xlabel("speedup (x), 95% CI", fontsize=7)
     flagged = ok["flags"].astype(bool).any() if "flags" in ok else False
@@ -264,6 +201,89 @@ def draw_speedup_bars(sp: pd.DataFrame, title: str, colors: Colors) -> Any:
         title + ("; ! = flagged (few repeats or degenerate CI)" if flagged else ""), fontsize=9
     )
     return fig
+
+
+def _speedup_layout(
+    panels: list[tuple[str, pd.DataFrame]], several: bool
+) -> list[tuple[list[tuple[float, str, Any]], float]]:
+    """Per panel: its (y, kind, payload) rows, kind "head" (a workload heading, when there are
+    several workloads) or "bar" (a comparison), and the y below its last row."""
+    layout = []
+    for _, sub in panels:
+        rows: list[tuple[float, str, Any]] = []
+        y = 0.0
+        for w in dict.fromkeys(sub["workload"]):
+            if several:
+                rows.append((y, "head", w))
+                y += 1
+            for _, r in sub[sub["workload"] == w].iterrows():
+                lines = _wrap(_short(str(r["method"]), str(r["baseline"]))).count("\n") + 1
+                y += 0.3 * (lines - 1)
+                rows.append((y, "bar", r))
+                y += 1 + 0.3 * (lines - 1)
+        layout.append((rows, y))
+    return layout
+
+
+def _draw_speedup_panel(
+    ax: Any,
+    base: str,
+    rows: list[tuple[float, str, Any]],
+    height: float,
+    top: float,
+    colors: Colors,
+) -> None:
+    """One panel of `draw_speedup_bars`: the speedups over ``base``, bars up to ``top`` on the
+    x axis, ``height`` rows tall."""
+    text_at = blended_transform_factory(ax.transAxes, ax.transData)
+    ticks, labels = [], []
+    for y, kind, r in rows:
+        if kind == "head":
+            ax.text(0.0, y, f" {r}", transform=text_at, va="center", fontsize=7, fontweight="bold")
+            continue
+        m = str(r["method"])
+        ticks.append(y)
+        labels.append(_wrap(_short(m, base)))
+        v = float(r["speedup"])
+        if "failed" in str(r["outcome"]) or not math.isfinite(v):
+            ax.barh(
+                y,
+                0.2 * top,
+                height=0.7,
+                facecolor="none",
+                edgecolor=_color(colors, m),
+                hatch=FAILED_HATCH,
+            )
+            ax.text(0.21 * top, y, str(r["outcome"]).split(" (")[0], va="center", fontsize=7)
+            continue
+        lo, hi = float(r["ci_low"]), float(r["ci_high"])
+        err = [
+            [max(0.0, v - lo) if math.isfinite(lo) else 0.0],
+            [max(0.0, hi - v) if math.isfinite(hi) else 0.0],
+        ]
+        ax.barh(
+            y, v, height=0.7, color=_color(colors, m), xerr=err, capsize=2, error_kw={"lw": 0.8}
+        )
+        if r.get("flags"):
+            ax.text(
+                min(top * 0.98, (hi if math.isfinite(hi) else v) + 0.02 * top),
+                y,
+                "!",
+                va="center",
+                fontsize=7,
+                color="red",
+            )
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlim(0, top)
+    ax.set_ylim(max(height, 1) - 0.4, -0.6)
+    ax.set_yticks(ticks, labels, fontsize=6.5)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(axis="y", visible=False)
+    ax.set_title(
+        f"over {_wrap(base, 60)}"
+        + (" (labels: paper mode)" if base.endswith("(paper mode)") else ""),
+        fontsize=8,
+    )
 
 
 def _short(method: str, baseline: str) -> str:
