@@ -23,7 +23,7 @@ import pytest
 from dcp_bench.campaign.sweep import plan_sweep
 from dcp_bench.records import RunSummary, RunWriter, StepRecord, read_summary
 from dcp_bench.run.loop import record_unfinished
-from dcp_bench.run.torch_run import _run_session
+from dcp_bench.run.torch_run import run_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from processes import HAS_PROC, TAG, tagged  # noqa: E402
@@ -51,7 +51,7 @@ def test_session_leaves_no_process_behind(how: str) -> None:
     tag = uuid.uuid4().hex
     env = {**os.environ, TAG: tag}
     try:
-        out = _run_session(
+        out = run_session(
             [sys.executable, "-c", FAKE_LAUNCHER, how], env, 3.0 if how == "stuck" else 30.0
         )
         code = out[0]

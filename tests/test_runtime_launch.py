@@ -20,9 +20,9 @@ from dcp_bench.run.torch_run import (
     RANK_ERROR_MARK,
     STDERR_KEEP_LINES,
     STDERR_LOG,
-    _error_tail,
     _keep_stderr,
     _retryable,
+    error_tail,
     launch_torch_run,
 )
 from dcp_bench.run.train_config import resolve_train_config
@@ -145,10 +145,10 @@ def test_only_failures_no_rank_raised_are_retried_and_errors_say_more_than_torch
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
     )
     assert _retryable(port_taken)
-    assert "EADDRINUSE" in _error_tail(port_taken)
+    assert "EADDRINUSE" in error_tail(port_taken)
     rank_failed = f"{RANK_ERROR_MARK} RuntimeError: boom\nConnection reset by peer\n"
     assert not _retryable(rank_failed)  # a rank that raised is not retried
-    assert _error_tail(rank_failed) == "RuntimeError: boom"
+    assert error_tail(rank_failed) == "RuntimeError: boom"
     assert _retryable("traceback : Signal 9 (SIGKILL) received by PID 123\n")  # died below Python
     # torchrun's own closing lines are not the cause
     killed = (
@@ -156,7 +156,7 @@ def test_only_failures_no_rank_raised_are_retried_and_errors_say_more_than_torch
         "peer\nTraceback (most recent call last):\n    raise "
         "ChildFailedError(\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
     )
-    assert _error_tail(killed).startswith("RuntimeError: [../third_party/gloo")
+    assert error_tail(killed).startswith("RuntimeError: [../third_party/gloo")
 
 
 def test_a_failed_run_keeps_the_ranks_output(tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(
     exception): the run is started once more, fresh, and its record says so."""
     from dcp_bench.run import torch_run
 
-    real = torch_run._run_session
+    real = torch_run.run_session
     calls: list[int] = []
 
     def first_dies(cmd: list[str], env: dict[str, str], limit_s: float | None) -> Any:
@@ -191,7 +191,7 @@ def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(
             )
         return real(cmd, env, limit_s)
 
-    monkeypatch.setattr(torch_run, "_run_session", first_dies)
+    monkeypatch.setattr(torch_run, "run_session", first_dies)
     out = _run(tmp_path, "retry")
     assert len(calls) == 2 and out["status"] == "ok" and out["n_steps"] == 2
     assert out["extra"]["previous_attempt"].startswith(
@@ -212,7 +212,7 @@ def test_a_rank_that_aborts_in_the_teardown_leaves_the_finished_record(
     it."""
     from dcp_bench.run import torch_run
 
-    real = torch_run._run_session
+    real = torch_run.run_session
 
     def aborts_after(cmd: list[str], env: dict[str, str], limit_s: float | None) -> Any:
         code, _, survivors = real(cmd, env, limit_s)
@@ -223,7 +223,7 @@ def test_a_rank_that_aborts_in_the_teardown_leaves_the_finished_record(
             survivors,
         )
 
-    monkeypatch.setattr(torch_run, "_run_session", aborts_after)
+    monkeypatch.setattr(torch_run, "run_session", aborts_after)
     out = _run(tmp_path, "teardown")
     run_dir = tmp_path / "teardown" / out["run_id"]
     summary = read_summary(run_dir)

@@ -40,7 +40,7 @@ from dcp_bench.runtime.step_meter import (
     resident_bytes,
     resident_peak_bytes,
 )
-from dcp_bench.runtime.training import TrainingState, build_training_state
+from dcp_bench.runtime.training import TrainingState, build_training_state, optimizer_state_bytes
 
 SEED = 0
 
@@ -268,19 +268,6 @@ def step_costs(
             out.update(_resident_law(state, memory_batches, rss, distributed))
     del state
     return out
-
-
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
-    """Bytes of this rank's optimizer state tensors (AdamW: its two moments and step counts)."""
-    if optimizer is None:
-        return 0
-    out = 0
-    for st in optimizer.state.values():
-        for v in st.values():
-            if isinstance(v, Tensor):
-                local = v.to_local() if hasattr(v, "to_local") else v
-                out += local.numel() * local.element_size()
-    return int(out)
 
 
 def _resident_law(

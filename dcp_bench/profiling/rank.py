@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from dcp_bench.profiling import layers as layer_cases
 from dcp_bench.profiling.collectives import measure_collectives
 from dcp_bench.profiling.module_timing import ModuleTiming, measure_interleaved, measure_module
 from dcp_bench.profiling.request import ProfileRequest, grid_points, sample_shapes, shape_counts
-from dcp_bench.run.torch_run import RANK_ERROR_MARK
+from dcp_bench.run.torch_run import write_rank_error
 from dcp_bench.runtime.attention import SPContext
 from dcp_bench.runtime.device import backend_for
 from dcp_bench.runtime.groups import ProcessGroupPool
@@ -281,10 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         rank_main(request_from_payload(json.loads(Path(args.request).read_text())), args.out)
         return 0
     except Exception as exc:
-        rank = os.environ.get("RANK", "?")
-        sys.stderr.write(
-            f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n"
-        )
+        write_rank_error(exc)
         return 1
 
 

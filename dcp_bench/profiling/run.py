@@ -35,7 +35,7 @@ from dcp_bench.profiling.rank import DTYPES, measure_rank, request_payload
 from dcp_bench.profiling.request import ProfileRequest
 from dcp_bench.records import read_steps
 from dcp_bench.run.spec import parse_run_spec
-from dcp_bench.run.torch_run import RANK_ERROR_MARK, _error_tail, _run_session, launch_torch_run
+from dcp_bench.run.torch_run import RANK_ERROR_MARK, error_tail, launch_torch_run, run_session
 from dcp_bench.runtime.device import backend_for
 from dcp_bench.train_policy import precision_policy, static_state_bytes
 
@@ -75,7 +75,7 @@ def launch_ranks(req: ProfileRequest, nproc: int) -> dict[str, Any]:
         ]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(req.threads_per_rank))
-        code, stderr, survivors = _run_session(cmd, env, req.timeout_s)
+        code, stderr, survivors = run_session(cmd, env, req.timeout_s)
         sys.stderr.write(
             "".join(ln + "\n" for ln in stderr.splitlines() if ln.startswith("  nproc "))
         )
@@ -93,14 +93,14 @@ def launch_ranks(req: ProfileRequest, nproc: int) -> dict[str, Any]:
         if code != 0 and (not written or RANK_ERROR_MARK in stderr):
             raise ProfileError(
                 f"the {nproc}-rank profile of {req.model.name} failed (torchrun exit {code}): "
-                f"{_error_tail(stderr)}"
+                f"{error_tail(stderr)}"
             )
         if code != 0:
             # A rank ended by a signal after rank 0 wrote the complete result (gloo can abort in
             # the process group's teardown even after a barrier) loses no measurement.
             sys.stderr.write(
                 "note: a profiling rank ended abnormally after the result was written (torchrun "
-                f"exit {code}: {_error_tail(stderr)}); the result is complete\n"
+                f"exit {code}: {error_tail(stderr)}); the result is complete\n"
             )
         return dict(json.loads(Path(out_path).read_text()))
 

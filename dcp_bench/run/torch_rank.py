@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,7 +24,7 @@ from dcp_bench.records import RunWriter
 from dcp_bench.run.assemble import assemble
 from dcp_bench.run.loop import execute_run
 from dcp_bench.run.spec import RunSpec
-from dcp_bench.run.torch_run import RANK_ERROR_MARK, TrainError, spec_from_payload
+from dcp_bench.run.torch_run import TrainError, spec_from_payload, write_rank_error
 from dcp_bench.runtime.device import backend_for, pick_device
 from dcp_bench.runtime.executor import TorchExecutor
 from dcp_bench.runtime.groups import ProcessGroupPool
@@ -102,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             previous_attempt=payload.get("previous_attempt"),
         )
     except Exception as exc:
-        rank = os.environ.get("RANK", "?")
-        sys.stderr.write(
-            f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n"
-        )
+        write_rank_error(exc)
         return 1
 
 

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -215,7 +216,7 @@ def kill_run_tree(
     return marked_processes(mark)
 
 
-def _run_session(
+def run_session(
     cmd: list[str], env: dict[str, str], limit_s: float | None
 ) -> tuple[int | None, str, list[int]]:
     """Run ``cmd`` in a session of its own, every process of it marked; returns (exit code, or
@@ -291,7 +292,7 @@ def _run_attempts(
         for attempt in range(attempts):
             remaining = None if limit is None else max(1.0, limit - (time.time() - started))
             try:
-                code, stderr, survivors = _run_session(
+                code, stderr, survivors = run_session(
                     torchrun_command(spec, spec_path), env, remaining
                 )
             except KeyboardInterrupt as exc:
@@ -311,7 +312,7 @@ def _run_attempts(
                 _keep_stderr(run_dir, stderr, STDERR_FIRST_ATTEMPT_LOG)
                 payload["previous_attempt"] = (
                     f"attempt {attempt + 1} failed (torchrun exit {code}): "
-                    f"{_error_tail(stderr)}; its output: {STDERR_FIRST_ATTEMPT_LOG}"
+                    f"{error_tail(stderr)}; its output: {STDERR_FIRST_ATTEMPT_LOG}"
                 )
                 Path(spec_path).write_text(json.dumps(payload, default=str))
                 continue
@@ -371,7 +372,7 @@ def _outcome(
     return record_unfinished(
         spec,
         "error",
-        f"training failed (torchrun exit {code}): {_error_tail(stderr)} "
+        f"training failed (torchrun exit {code}): {error_tail(stderr)} "
         f"(ranks' output: {STDERR_LOG})",
         started,
     )
@@ -424,7 +425,16 @@ def _not_summarised(run_dir: Path, started: float) -> bool:
     return summary is None or (summary.started_at or 0.0) < started - 1.0
 
 
-def _error_tail(stderr: str) -> str:
+def write_rank_error(exc: BaseException) -> None:
+    """A rank's failure on its stderr: the traceback, then one line after `RANK_ERROR_MARK` that
+    the launcher reads back as the run's error (`error_tail`)."""
+    rank = os.environ.get("RANK", "?")
+    sys.stderr.write(
+        f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n"
+    )
+
+
+def error_tail(stderr: str) -> str:
     """The most telling line of the ranks' stderr: a rank's marked failure, else the last
     exception line that says more than torchrun's own "ChildFailedError", else the signal or exit
     code torchrun reports for a rank, else the last line that is not torchrun's frame."""

@@ -212,7 +212,9 @@ def _tensor_bytes(tensors: Sequence[Any]) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, Tensor)))
 
 
-def _optimizer_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of this rank's optimizer state tensors (AdamW: its two moments and step counts; a
+    sharded state counts its local shard)."""
     if optimizer is None:
         return 0
     out = 0
@@ -269,7 +271,7 @@ class UserOptimizerState(TrainingState):
         )
 
     def static_bytes(self) -> int:
-        return 2 * _tensor_bytes(self.params) + _optimizer_bytes(self.optimizer)
+        return 2 * _tensor_bytes(self.params) + optimizer_state_bytes(self.optimizer)
 
 
 class FlatState(TrainingState):
@@ -399,7 +401,7 @@ class FlatState(TrainingState):
             held.append(self.master)
         if self.grad_shard is not self.main_grad:
             held.append(self.grad_shard)
-        return _tensor_bytes(held) + _optimizer_bytes(self.optimizer)
+        return _tensor_bytes(held) + optimizer_state_bytes(self.optimizer)
 
 
 class FSDPState(TrainingState):
@@ -475,7 +477,7 @@ class FSDPState(TrainingState):
         return (
             _tensor_bytes(local)
             + _tensor_bytes(self._local_grads())
-            + _optimizer_bytes(self.optimizer)
+            + optimizer_state_bytes(self.optimizer)
         )
 
 
