@@ -325,16 +325,24 @@ def write_summary(run_dir: str | os.PathLike[str], summary: RunSummary, token: s
 # One executing process per run id
 
 
-def try_lock_run(run_dir: str | os.PathLike[str], wait: bool = False) -> int | None:
+def try_lock_run(
+    run_dir: str | os.PathLike[str], wait: bool = False, shared: bool = False
+) -> int | None:
     """Take the run's execution lock (``.lock``, flock): the open descriptor, to pass to
     `unlock_run` once the run's record is final, or None when another process holds it (with
     ``wait``: block until it is free). A forked child inherits the descriptor, so the lock
-    stays held while a run outlives the process that started it."""
+    stays held while a run outlives the process that started it.
+
+    ``shared``: the launchers of one multi-node run (one per node, possibly over a shared
+    filesystem) execute the run id together, so each holds the lock shared: they do not exclude
+    each other (the rendezvous makes them one run), while a single-node execution or a restore,
+    which takes it exclusively, still waits for all of them."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        fcntl.flock(fd, mode | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         os.close(fd)
         return None
@@ -351,14 +359,17 @@ def unlock_run(fd: int | None) -> None:
 
 
 @contextlib.contextmanager
-def executing(run_dir: str | os.PathLike[str], say: Any = None) -> Iterator[None]:
+def executing(
+    run_dir: str | os.PathLike[str], say: Any = None, shared: bool = False
+) -> Iterator[None]:
     """Hold the run's execution lock while inside, waiting for another process that holds it
-    (``say`` gets one line saying so before the wait)."""
-    fd = try_lock_run(run_dir)
+    (``say`` gets one line saying so before the wait); ``shared`` as in `try_lock_run` (one
+    node's launcher of a multi-node run)."""
+    fd = try_lock_run(run_dir, shared=shared)
     if fd is None:
         if say is not None:
             say(f"run {Path(run_dir).name}: another process is running it; waiting for it to end")
-        fd = try_lock_run(run_dir, wait=True)
+        fd = try_lock_run(run_dir, wait=True, shared=shared)
     try:
         yield
     finally:

@@ -203,3 +203,37 @@ def test_a_killed_rerun_leaves_the_old_or_the_new_complete_record(
     # and a resumed sweep keeps it instead of redoing it
     res = run_sweep([spec], build=toy_assemble, progress=False, env={}, warn=lambda m: None)
     assert res.ran == [] and res.skipped == [spec.run_id]
+
+
+def _hold_lock(run_dir: str, shared: bool, ready: Any, release: Any) -> None:
+    fd = try_lock_run(run_dir, shared=shared)
+    ready.put(fd is not None)
+    release.wait(30)
+    unlock_run(fd)
+
+
+def test_the_nodes_of_a_multi_node_run_share_its_lock_and_exclude_a_single_node_run(
+    tmp_path: Path,
+) -> None:
+    """Each node's launcher of a multi-node run holds the run's lock shared (over a shared
+    filesystem the nodes' launchers meet at one lock file): a second node gets it too, while an
+    exclusive taker (a single-node run of the id, a restore) is refused until all have let go."""
+    run_dir = str(tmp_path / "c" / "run")
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Queue(), ctx.Event()
+    node0 = ctx.Process(target=_hold_lock, args=(run_dir, True, ready, release))
+    node0.start()
+    try:
+        assert ready.get(timeout=60) is True
+        node1 = try_lock_run(run_dir, shared=True)
+        assert node1 is not None  # the other node of the same run is not kept out
+        assert try_lock_run(run_dir) is None  # exclusive: refused while a node holds it
+        unlock_run(node1)
+        assert try_lock_run(run_dir) is None  # node 0 still holds it
+    finally:
+        release.set()
+        node0.join(60)
+    fd = try_lock_run(run_dir)
+    assert fd is not None  # every node let go: free
+    assert try_lock_run(run_dir, shared=True) is None  # and an exclusive holder keeps nodes out
+    unlock_run(fd)

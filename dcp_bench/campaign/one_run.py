@@ -33,7 +33,8 @@ def train_one(overrides: list[str], say: Callable[[str], None]) -> tuple[RunSpec
     check_memory_fits(spec, run_device(spec))
     for note in notes:
         say(note)
-    with executing(Path(spec.root) / spec.campaign / spec.run_id, say=say):
+    # each node's launcher of a multi-node run holds the lock shared (`records.try_lock_run`)
+    with executing(Path(spec.root) / spec.campaign / spec.run_id, say=say, shared=spec.nnodes > 1):
         summary = launch_torch_run(spec)
     return spec, summary
 

@@ -318,14 +318,15 @@ def _claim(
     and the folder now holds a complete record finished after ``since``: kept and counted as
     complete; the lock is released)."""
     run_dir = Path(spec.root) / spec.campaign / spec.run_id
-    fd = try_lock_run(run_dir)
+    shared = spec.nnodes > 1  # the nodes of a multi-node run hold it together (`try_lock_run`)
+    fd = try_lock_run(run_dir, shared=shared)
     if fd is None:
         if spec.run_id not in announced:
             announced.add(spec.run_id)
             warn(f"run {spec.run_id}: another process is running it; taken up once it ends")
         if not wait:
             return None
-        fd = try_lock_run(run_dir, wait=True)
+        fd = try_lock_run(run_dir, wait=True, shared=shared)
     state = check_run(run_dir, config_hash=spec.config_hash, seed=spec.seed, restore=False)
     if (
         state.state == "complete"
