@@ -34,7 +34,9 @@ def train_one(overrides: list[str], say: Callable[[str], None]) -> tuple[RunSpec
     for note in notes:
         say(note)
     # each node's launcher of a multi-node run holds the lock shared (`records.try_lock_run`)
-    with executing(Path(spec.root) / spec.campaign / spec.run_id, say=say, shared=spec.nnodes > 1):
+    with executing(
+        Path(spec.root) / spec.campaign / spec.run_id, say=say, shared=spec.train.nnodes > 1
+    ):
         summary = launch_torch_run(spec)
     return spec, summary
 

@@ -318,7 +318,9 @@ def _claim(
     and the folder now holds a complete record finished after ``since``: kept and counted as
     complete; the lock is released)."""
     run_dir = Path(spec.root) / spec.campaign / spec.run_id
-    shared = spec.nnodes > 1  # the nodes of a multi-node run hold it together (`try_lock_run`)
+    shared = (
+        spec.train.nnodes > 1
+    )  # the nodes of a multi-node run hold it together (`try_lock_run`)
     fd = try_lock_run(run_dir, shared=shared)
     if fd is None:
         if spec.run_id not in announced:
