@@ -108,7 +108,7 @@ def test_crashed_rank_makes_the_run_fail_not_hang(
 @pytest.mark.slow
 def test_nonfinite_loss_stops_with_status(tmp_path: Path) -> None:
     # An absurd learning rate overflows the parameters after the first step.
-    out = _run(tmp_path, "nan", "lr=1e30", "train.grad_clip=null", "steps=3")
+    out = _run(tmp_path, "nonfinite", "lr=1e30", "train.grad_clip=null", "steps=3")
     assert out["status"] == "nonfinite"
     losses = out["extra"]["losses"]
     assert len(losses) < 4 and any(

@@ -406,18 +406,23 @@ def _median_rel_err(cost: Any, rows: list[dict[str, Any]]) -> float:
 
 
 def fit_constants(model: str, cluster: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The grid point of `FIT_GRID` with the least median relative error of the analytical
-    model's micro-batch time against ``rows`` (measured trials), and the error before and after."""
-    before = _median_rel_err(make_cost_model(model, cluster, "analytical"), rows)
-    best: tuple[float, dict[str, Any]] | None = None
+    """The constants with the least median relative error of the analytical model's micro-batch
+    time against ``rows`` (measured trials), and the error before and after: the points of
+    `FIT_GRID` and the model's current constants (a search that left out where it starts could
+    report a fit worse than none; the CPU models' GEMMs, for one, lie below the grid's smallest
+    small-GEMM term)."""
+    base = make_cost_model(model, cluster, "analytical")
+    before = _median_rel_err(base, rows)
+    current = {k: getattr(base, k) for k in FIT_GRID}
+    best: tuple[float, dict[str, Any]] = (before, current)
     for values in itertools.product(*FIT_GRID.values()):
         consts: dict[str, Any] = dict(zip(FIT_GRID, values))
         err = _median_rel_err(make_cost_model(model, cluster, "analytical", **consts), rows)
-        if best is None or err < best[0]:
+        if err < best[0]:
             best = (err, consts)
-    assert best is not None
     return {
         "cost_constants": best[1],
+        "kept_current": best[1] is current,
         "median_rel_err_before": before,
         "median_rel_err_after": best[0],
         "points": len(rows),
@@ -502,7 +507,10 @@ def claim_config(run: MeasureRun, base: Path, dest: Path) -> Path:
                 [
                     *grid,
                     "cost.source=analytical",
-                    *[f"++cluster.cost_constants.{k}={v}" for k, v in consts.items()],
+                    *[
+                        f"++cluster.cost_constants.{k}={'null' if v is None else v}"
+                        for k, v in consts.items()
+                    ],
                 ]
             )
     if not grids:
