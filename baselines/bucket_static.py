@@ -41,10 +41,12 @@ from dcp_bench.reference.epoch import (
 )
 from dcp_bench.reference.samplers import bucket_epoch
 from dcp_bench.reference.trial_search import (
+    MEMORY_BELIEFS,
     BucketProfile,
     baseline_search,
     cost_measure,
     damp_to_median,
+    profile_memory_info,
 )
 
 if TYPE_CHECKING:
@@ -92,6 +94,9 @@ class BucketStatic(Planner):
             every deal is an iteration with its own barrier and gradient sync; k > 1: k deals
             run back to back in one plan; 0: the epoch's deals in one plan (readings for the
             report, not the reference).
+        profile_memory: ``plan_epoch`` only: "reference" (a profile trial fits when the
+            reference's own memory prediction is under the cap, `trial_search.cost_measure`) or
+            "counted" (the counted memory decides).
     """
 
     name = "bucket_static"
@@ -104,8 +109,15 @@ class BucketStatic(Planner):
         seed: int = 0,
         max_batch_size: int = 256,
         deals_per_iteration: int = 1,
+        profile_memory: str = "reference",
     ) -> None:
         super().__init__(mode)
+        if profile_memory not in MEMORY_BELIEFS:
+            raise ConfigError(
+                f"bucket_static: profile_memory={profile_memory!r}; expected one of "
+                f"{', '.join(MEMORY_BELIEFS)}"
+            )
+        self.profile_memory = str(profile_memory)
         self.sp = sp
         self.recompute = recompute
         self.seed = seed
@@ -222,9 +234,10 @@ class BucketStatic(Planner):
         entry = self._ref_profiles.setdefault(id(cost), (cost, {}))
         key = (tokens, frames, sp, ckpt)
         if key not in entry[1]:
-            entry[1][key] = baseline_search(
-                cost_measure(cost, tokens, frames, pac=False, ckpt_layers=ckpt), sp
+            measure = cost_measure(
+                cost, tokens, frames, pac=False, ckpt_layers=ckpt, memory=self.profile_memory
             )
+            entry[1][key] = baseline_search(measure, sp)
         return entry[1][key]
 
     def plan_epoch(self, dataset: GlobalBatch, cost: CostModel, epoch: int = 0) -> EpochPlan:
@@ -249,7 +262,13 @@ class BucketStatic(Planner):
         info["profile"] = {
             bucket_label(k): None
             if p is None
-            else {"sp": p.sp, "bs": p.bs, "time_s": p.time_s, "undamped_bs": raw[k].bs}  # type: ignore[union-attr]
+            else {
+                "sp": p.sp,
+                "bs": p.bs,
+                "time_s": p.time_s,
+                "undamped_bs": raw[k].bs,  # type: ignore[union-attr]
+                **profile_memory_info(raw[k]),  # type: ignore[arg-type]
+            }
             for k, p in profile.items()
         }
         return EpochPlan(iterations, info)

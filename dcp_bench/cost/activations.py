@@ -177,4 +177,22 @@ def kept_bytes(
     return float(out)
 
 
-__all__ = ["ActivationTerms", "activation_terms", "kept_bytes"]
+def reference_block_inputs(spec: ModelSpec, b: int | None = None) -> tuple[float, float]:
+    """Bytes per token and per sample of the tensors that require grad among the inputs of one
+    layer unit's blocks, as the reference profiler sums them into ``input_memory`` and charges
+    them to every layer it did not run (VideoSys 4cce477 `videosys/core/dcp/recompute.py:87`;
+    `profiler.py:785-797`). STDiT3 calls each of its two blocks with the hidden states ``x``, the
+    caption features ``y`` (M x h per sample, unsplit by SP) and the two (6h) timestep
+    modulations ``t_mlp`` and ``t0_mlp`` (`open_sora_transformer_3d.py:612-613`; ``t0_mlp`` exists
+    because the benchmark configs set ``mask_ratios``, `train.py:150`, `:350-353`); the real run
+    keeps the caption and the modulations once, not per block. A decoder layer takes its hidden
+    states."""
+    b = int(b if b is not None else spec.dtype_bytes)
+    h = spec.hidden
+    if spec.arch == "llama":
+        return float(b * h), 0.0
+    per_block_sample = b * (spec.text_tokens * h + 2 * 6.0 * h)
+    return 2.0 * b * h, 2.0 * per_block_sample
+
+
+__all__ = ["ActivationTerms", "activation_terms", "kept_bytes", "reference_block_inputs"]

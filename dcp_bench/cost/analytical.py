@@ -645,6 +645,15 @@ class AnalyticalCostModel(CostModel):
         launch = self.layer_launch_s * self._act_terms.blocks_per_layer * (2 * L + k)
         return gemm + latency + launch
 
+    def checkpointed_layer_bytes(self, tokens_per_rank: float, sp: int) -> float:
+        del sp  # the same law at every degree
+        return float(
+            self._scale("act_bytes")
+            * (1.0 + self.allocator_fragmentation)
+            * tokens_per_rank
+            * self._act_terms.checkpoint_input_tok
+        )
+
     def sample_memory(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
     ) -> np.ndarray:

@@ -254,6 +254,13 @@ class CostModel(ABC):
     ) -> float:
         return self.microbatch_cost(tokens, frames, sp, ckpt_layers, split).mem_bytes
 
+    def checkpointed_layer_bytes(self, tokens_per_rank: float, sp: int) -> float:
+        """Bytes one checkpointed layer unit keeps per rank (its checkpointed blocks' inputs) for
+        a sequence-split micro-batch of ``tokens_per_rank``, as this source counts them in
+        `microbatch_memory`: the difference a layer more or less makes with every layer
+        checkpointed. Sources that cannot separate it raise `NotImplementedError`."""
+        raise NotImplementedError(f"{type(self).__name__} does not price a checkpointed layer")
+
     def sample_time_packed(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
     ) -> np.ndarray:

@@ -418,6 +418,15 @@ class ProfiledCostModel(CostModel):
             mem = mem + per_layer / terms.blocks_per_layer
         return mem * (self.resident_factor if resident else 1.0)
 
+    def checkpointed_layer_bytes(self, tokens_per_rank: float, sp: int) -> float:
+        _, tab = self._table(sp)
+        return float(
+            self._act_terms.blocks_per_layer
+            * tab.ckpt_bytes_per_token
+            * tokens_per_rank
+            * self.resident_factor
+        )
+
     def _sizes(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -68,7 +68,13 @@ from dcp_bench.reference.samplers import (
     dcp_inter_epoch,
     dcp_intra_epoch,
 )
-from dcp_bench.reference.trial_search import BucketProfile, cost_measure, dcp_search
+from dcp_bench.reference.trial_search import (
+    MEMORY_BELIEFS,
+    BucketProfile,
+    cost_measure,
+    dcp_search,
+    profile_memory_info,
+)
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -122,8 +128,14 @@ class FaithfulDCPPlanner(Planner):
         sp_rule: str | None = None,
         eject: bool = True,
         second_pass: bool = True,
+        profile_memory: str = "reference",
     ) -> None:
         super().__init__(mode)
+        if profile_memory not in MEMORY_BELIEFS:
+            raise ConfigError(
+                f"{self.name}: profile_memory={profile_memory!r}; expected one of "
+                f"{', '.join(MEMORY_BELIEFS)}"
+            )
         if buckets_per_octave < 1 or min_steps < 1 or max_steps < min_steps or tolerance < 0:
             raise ConfigError(
                 f"{self.name}: need buckets_per_octave >= 1 (got {buckets_per_octave}), "
@@ -160,6 +172,7 @@ class FaithfulDCPPlanner(Planner):
         self.sp_rule = sp_rule
         self.eject = bool(eject)
         self.second_pass = bool(second_pass)
+        self.profile_memory = str(profile_memory)
         # The profile, as the reference keeps it: per cost model, per bucket shape. Instance
         # state, not global; the cost model is held so its id cannot be reused while cached.
         self._profiles: dict[
@@ -319,7 +332,16 @@ class FaithfulDCPPlanner(Planner):
         key = (tokens, frames)
         if key not in entry[1]:
             gpn = min(cost.cluster.gpus_per_node, cost.cluster.world_size)
-            measure = cost_measure(cost, tokens, frames, pac=self.pac)
+            # DCP-inter (and PAC) accumulate gradients automatically: the reference's prediction
+            # adds the unit grad per layer (`profiler.py:485-489`)
+            measure = cost_measure(
+                cost,
+                tokens,
+                frames,
+                pac=self.pac,
+                memory=self.profile_memory,
+                unit_grad=self.balance == "inter",
+            )
             entry[1][key] = dcp_search(measure, gpn, cost.cluster.world_size, self.variant)
         return entry[1][key]
 
@@ -359,7 +381,13 @@ class FaithfulDCPPlanner(Planner):
         info["profile"] = {
             bucket_label(k): None
             if p is None
-            else {"sp": p.sp, "bs": p.bs, "time_s": p.time_s, "ckpt_layers": p.ckpt_layers}
+            else {
+                "sp": p.sp,
+                "bs": p.bs,
+                "time_s": p.time_s,
+                "ckpt_layers": p.ckpt_layers,
+                **profile_memory_info(p),
+            }
             for k, p in profile.items()
         }
         return EpochPlan(iterations, info)

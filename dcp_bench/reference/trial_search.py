@@ -5,10 +5,15 @@ Trials here are priced, not run: the profiler that measures real hardware is `dc
 (the ``dcp-bench profile`` command, `dcp_bench.commands.profile`).
 
 A *trial* runs one micro-batch of ``bs`` copies of a bucket's shape on an SP group of ``sp`` ranks
-and reports whether it fits (the reference: no OOM and predicted memory under the cap, which is
-the cost model's ``memory_cap_bytes``) and its time. The searches take a ``measure(sp, bs)``
-callable, so each rule can be checked against a hand-computed table; `cost_measure` builds one
-from a cost model.
+and reports whether it fits and its time. The reference decides "fits" from its own prediction:
+it runs the trial through two layers and extrapolates, ``pred_full_mem = max_alloc(2 layers) +
+(input_memory + unit_grad) x (L - 2)`` under ``alloc_fraction`` (0.7) of the GPU
+(`reference_predicted_memory`; VideoSys 4cce477 `profiler.py:176`, `:207`, `:485-489`, `:559-564`,
+`:785-797`; `train.py:499-504`). `cost_measure` decides the same way by default
+(``memory="reference"``) and records the counted memory beside it; ``memory="counted"`` decides on
+the cost model's counted memory instead (a reading the report varies). The runs themselves are
+checked against counted memory (the simulator's OOM test). The searches take a
+``measure(sp, bs)`` callable, so each rule can be checked against a hand-computed table.
 
 * `baseline_search` (the baseline, fixed SP): batch sizes 1, 2, 4, ... with no upper bound; the
   first failure ends the search; the last success is kept unless the one before it had more than
@@ -32,12 +37,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dcp_bench.errors import InfeasibleError
+from dcp_bench.cost.activations import reference_block_inputs
+from dcp_bench.cost.params import param_breakdown
+from dcp_bench.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:
     from dcp_bench.cost.base import CostModel
 
 VARIANTS = ("intra", "inter", "pac")
+MEMORY_BELIEFS = ("reference", "counted")
+PROFILE_DEPTH = 2  # layers a profile trial runs (`profiler.py:176`, ``profile_depth=2``)
+GIB = float(1 << 30)  # the PAC knapsack's memory unit (`profiler.py:579`, ``GB``)
 MAX_DOUBLINGS = (
     40  # batch sizes up to 2^40: memory grows with the batch, so a real search stops long before
 )
@@ -45,13 +55,15 @@ MAX_DOUBLINGS = (
 
 @dataclass(frozen=True)
 class Trial:
-    """One profiled micro-batch: whether it fits, its time (s), peak memory per rank (bytes) and
-    the checkpointed layers it ran with."""
+    """One profiled micro-batch: whether it fits, its time (s), counted peak memory per rank
+    (bytes), the checkpointed layers it ran with, and the memory the deciding prediction gave
+    (the reference's ``pred_full_mem``; equal to ``mem_bytes`` when deciding on counted memory)."""
 
     fits: bool
     time_s: float = 0.0
     mem_bytes: float = 0.0
     ckpt_layers: int = 0
+    pred_mem_bytes: float = 0.0
 
 
 Measure = Callable[[int, int], Trial]  # (sp, bs) -> Trial
@@ -59,12 +71,15 @@ Measure = Callable[[int, int], Trial]  # (sp, bs) -> Trial
 
 @dataclass(frozen=True)
 class ProfileRow:
-    """A fitting trial: SP degree, batch size, time of the full micro-batch, checkpointed layers."""
+    """A fitting trial: SP degree, batch size, time of the full micro-batch, checkpointed layers,
+    counted and predicted memory per rank (bytes)."""
 
     sp: int
     bs: int
     time_s: float
     ckpt_layers: int
+    mem_bytes: float = 0.0
+    pred_mem_bytes: float = 0.0
 
     @property
     def samples_per_gpu_second(self) -> float:
@@ -80,10 +95,30 @@ class BucketProfile:
     time_s: float
     ckpt_layers: int
     detail: Mapping[int, ProfileRow] = field(default_factory=dict)
+    mem_bytes: float = 0.0
+    pred_mem_bytes: float = 0.0
 
     @property
     def unit_time_s(self) -> float:
         return self.time_s / self.bs
+
+
+def _row(sp: int, bs: int, trial: Trial) -> ProfileRow:
+    return ProfileRow(
+        sp, bs, trial.time_s, trial.ckpt_layers, trial.mem_bytes, trial.pred_mem_bytes
+    )
+
+
+def _profile(best: ProfileRow, detail: dict[int, ProfileRow]) -> BucketProfile:
+    return BucketProfile(
+        best.sp,
+        best.bs,
+        best.time_s,
+        best.ckpt_layers,
+        detail,
+        best.mem_bytes,
+        best.pred_mem_bytes,
+    )
 
 
 def baseline_search(measure: Measure, sp: int) -> BucketProfile | None:
@@ -96,7 +131,7 @@ def baseline_search(measure: Measure, sp: int) -> BucketProfile | None:
         trial = measure(sp, bs)
         if not trial.fits:
             break
-        rows.append(ProfileRow(sp, bs, trial.time_s, trial.ckpt_layers))
+        rows.append(_row(sp, bs, trial))
         bs *= 2
     else:
         raise InfeasibleError(
@@ -107,7 +142,7 @@ def baseline_search(measure: Measure, sp: int) -> BucketProfile | None:
     best = rows[-1]
     if len(rows) >= 2 and rows[-2].samples_per_gpu_second / best.samples_per_gpu_second > 2:
         best = rows[-2]
-    return BucketProfile(best.sp, best.bs, best.time_s, best.ckpt_layers, {best.sp: rows[-1]})
+    return _profile(best, {best.sp: rows[-1]})
 
 
 def damp_to_median(profiles: Mapping[Hashable, BucketProfile]) -> dict[Hashable, BucketProfile]:
@@ -141,7 +176,7 @@ def dcp_search(
             trial = measure(sp, bs)
             if not trial.fits:
                 break
-            latest = ProfileRow(sp, bs, trial.time_s, trial.ckpt_layers)
+            latest = _row(sp, bs, trial)
             detail[sp] = latest  # the last success of a degree is its largest batch size
             if variant != "intra":
                 candidates.append(latest)
@@ -169,7 +204,7 @@ def dcp_search(
     for row in candidates[1:]:
         if row.samples_per_gpu_second > best.samples_per_gpu_second:
             best = row
-    return BucketProfile(best.sp, best.bs, best.time_s, best.ckpt_layers, dict(detail))
+    return _profile(best, dict(detail))
 
 
 def fewest_ckpt_fitting(mem_at: Callable[[int], float], num_layers: int, cap: float) -> int:
@@ -188,6 +223,82 @@ def fewest_ckpt_fitting(mem_at: Callable[[int], float], num_layers: int, cap: fl
     return hi
 
 
+def profile_memory_info(p: BucketProfile) -> dict[str, float]:
+    """A profiled bucket's memory for the run record: the prediction that decided it and the
+    counted memory of the same trial (GiB per rank), where the two differ the report says so."""
+    return {
+        "pred_mem_gib": round(p.pred_mem_bytes / GIB, 3),
+        "mem_gib": round(p.mem_bytes / GIB, 3),
+    }
+
+
+def unit_grad_bytes(cost: CostModel) -> float:
+    """The reference's ``profile_unit_grad_in_bytes``: the parameter bytes of the first module of
+    every registered block list (a spatial and a temporal block: one layer unit), in the model's
+    16-bit parameter dtype, added per layer when gradients accumulate (`profiler.py:485-489`)."""
+    return float(param_breakdown(cost.model).per_layer * cost.model.dtype_bytes)
+
+
+def reference_predicted_memory(
+    cost: CostModel,
+    tokens: np.ndarray,
+    frames: np.ndarray,
+    sp: int,
+    split: str = "sequence",
+    unit_grad: bool = False,
+) -> float:
+    """The reference's ``pred_full_mem`` of a trial, every layer checkpointed as its profile runs
+    them (`recompute.py:147`): the peak of a run through `PROFILE_DEPTH` layers (the counted
+    memory of the full run less the checkpointed layers it does not run) plus, per layer not run,
+    the block inputs it sums (`reference_block_inputs`: the caption and modulations again for
+    every block) and, for methods that accumulate gradients, the unit grad
+    (`profiler.py:785-797`)."""
+    L = cost.model.num_layers
+    depth = min(PROFILE_DEPTH, L)
+    full = cost.microbatch_memory(tokens, frames, sp, L, split)
+    tpr = float(np.sum(tokens)) / sp
+    shallow = full - (L - depth) * cost.checkpointed_layer_bytes(tpr, sp)
+    per_tok, per_sample = reference_block_inputs(cost.model)
+    per_layer = tpr * per_tok + len(tokens) * per_sample
+    grad = unit_grad_bytes(cost) if unit_grad else 0.0
+    return float(shallow + (L - depth) * (per_layer + grad))
+
+
+def reference_pac_layers(
+    cost: CostModel,
+    tokens: np.ndarray,
+    frames: np.ndarray,
+    sp: int,
+    split: str,
+    left_bytes: float,
+) -> tuple[int, float]:
+    """PAC's knapsack as the reference prices it (`profiler.py:579-622`): the memory left under the
+    cap, in whole GiB rounded down, buys layers that keep their activations; each costs the
+    activation bytes its blocks allocate (`recompute.py:41`, the counted stored layer), rounded
+    up to whole GiB per block type. The two block types of a layer unit cost alike here and the
+    runtime checkpoints by layer unit, so the knapsack is over layer units. Returns the
+    checkpointed layers and the GiB it spends."""
+    L = cost.model.num_layers
+    avail = int(np.floor(left_bytes / GIB))
+    if L < 2 or avail <= 0:
+        return L, 0.0
+    tpr = float(np.sum(tokens)) / sp
+    stored = cost.microbatch_memory(tokens, frames, sp, L - 2, split) - cost.microbatch_memory(
+        tokens, frames, sp, L - 1, split
+    )
+    per_block = (stored + cost.checkpointed_layer_bytes(tpr, sp)) / 2
+
+    def spend(n: int) -> int:
+        return 2 * int(np.ceil(per_block * n / GIB))
+
+    kept = 0
+    for n in range(1, L + 1):
+        if spend(n) > avail:
+            break
+        kept = n
+    return L - kept, float(spend(kept)) * GIB
+
+
 def cost_measure(
     cost: CostModel,
     tokens: int,
@@ -195,31 +306,58 @@ def cost_measure(
     pac: bool,
     ckpt_layers: int | None = None,
     split: str = "sequence",
+    memory: str = "reference",
+    unit_grad: bool = False,
 ) -> Measure:
     """A trial priced on ``cost``: ``bs`` copies of one (tokens, frames) shape on ``sp`` ranks.
-    It fits when its memory with ``ckpt_layers`` checkpointed layers (default: every layer, the
-    benchmark's ``grad_checkpoint``) is under the cap; with ``pac`` the memory left then buys
-    non-checkpointed layers (`fewest_ckpt_fitting`) and the time is the one at that setting."""
+
+    ``memory="reference"`` (default): it fits when the reference's prediction
+    (`reference_predicted_memory`, with the unit grad when ``unit_grad``) is under the cap, and PAC
+    buys kept layers with the reference's knapsack (`reference_pac_layers`). ``"counted"``: when
+    the counted memory with ``ckpt_layers`` checkpointed layers (default: every layer, the
+    benchmark's ``grad_checkpoint``) is under the cap; PAC then keeps as many layers as the
+    counted memory affords (`fewest_ckpt_fitting`). The time is the cost model's at the setting
+    chosen; ``mem_bytes`` is always the counted memory there."""
+    if memory not in MEMORY_BELIEFS:
+        raise ConfigError(f"profile memory {memory!r}; expected one of {', '.join(MEMORY_BELIEFS)}")
     L = cost.model.num_layers
     full = L if ckpt_layers is None else int(ckpt_layers)
     cap = cost.memory_cap_bytes
+
+    def predicted(t: np.ndarray, f: np.ndarray, sp: int, counted: float) -> float:
+        if memory == "counted":
+            return counted
+        pred = reference_predicted_memory(cost, t, f, sp, split, unit_grad)
+        if full < L:  # stored layers beyond the reference's all-checkpointed profile: counted
+            pred += counted - cost.microbatch_memory(t, f, sp, L, split)
+        return pred
 
     def measure(sp: int, bs: int) -> Trial:
         t = np.full(bs, tokens, dtype=np.int64)
         f = np.full(bs, frames, dtype=np.int64)
         c = cost.microbatch_cost(t, f, sp, full, split)
-        if not c.mem_bytes <= cap:
-            return Trial(False, c.total_s, c.mem_bytes, full)
+        pred = predicted(t, f, sp, c.mem_bytes)
+        if not pred <= cap:
+            return Trial(False, c.total_s, c.mem_bytes, full, pred)
         if not pac:
-            return Trial(True, c.total_s, c.mem_bytes, full)
-        k = fewest_ckpt_fitting(lambda kk: cost.microbatch_memory(t, f, sp, kk, split), full, cap)
+            return Trial(True, c.total_s, c.mem_bytes, full, pred)
+        if memory == "counted":
+            k = fewest_ckpt_fitting(
+                lambda kk: cost.microbatch_memory(t, f, sp, kk, split), full, cap
+            )
+            spent = 0.0
+        else:
+            k, spent = reference_pac_layers(cost, t, f, sp, split, cap - pred)
         ck = c if k == full else cost.microbatch_cost(t, f, sp, k, split)
-        return Trial(True, ck.total_s, ck.mem_bytes, k)
+        return Trial(
+            True, ck.total_s, ck.mem_bytes, k, pred if memory == "counted" else pred + spent
+        )
 
     return measure
 
 
 __all__ = [
+    "MEMORY_BELIEFS",
     "BucketProfile",
     "Measure",
     "ProfileRow",
@@ -230,4 +368,8 @@ __all__ = [
     "damp_to_median",
     "dcp_search",
     "fewest_ckpt_fitting",
+    "profile_memory_info",
+    "reference_pac_layers",
+    "reference_predicted_memory",
+    "unit_grad_bytes",
 ]
