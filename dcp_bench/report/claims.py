@@ -34,6 +34,14 @@ from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.planners.base import method_label
 from dcp_bench.reference import unit_of_label
 from dcp_bench.report.stats import relative_half_width
+from dcp_bench.report.system_validation import (
+    PublishedSystem,
+    SystemValidation,
+    load_systems,
+    system_for_claim,
+    validate_system,
+    verdict_rule,
+)
 from dcp_bench.report.tables import STEP_PARTS, Campaign, cell_seeds, speedup_between
 
 
@@ -48,7 +56,47 @@ def load_claims(path: str | os.PathLike[str]) -> dict[str, Any]:
         for key in ("id", "value", "tolerance", "context", "baseline", "method"):
             if key not in c:
                 raise ConfigError(f"claim {c.get('id', '?')!r} in {path}: missing {key!r}")
+    # The published end-to-end measurements that validate the simulator, relative to this file.
+    if data.get("validation"):
+        data["_systems"] = load_systems(path.parent / str(data["validation"]))
     return data
+
+
+def campaign_system_values(
+    c: Campaign, cells: pd.DataFrame, system: PublishedSystem
+) -> dict[str, dict[int, float]]:
+    """Per row of ``system``, the campaign's per-seed figures of the matching cell (the
+    system's context and the row's selector; default cost model), in the metric's own unit."""
+    out: dict[str, dict[int, float]] = {}
+    if cells.empty or system.metric not in c.runs.columns:
+        return out
+    for row in system.rows:
+        sel = select_cells(cells, system.context, row.select)
+        if sel.empty:
+            continue
+        runs = c.runs[(c.runs["config_hash"] == sel.iloc[0]["config_hash"])]
+        runs = runs[runs["status"] == "ok"]
+        vals = {
+            int(sd): float(v)
+            for sd, v in zip(runs["seed"], runs[system.metric])
+            if v is not None and math.isfinite(float(v))
+        }
+        if vals:
+            out[row.id] = vals
+    return out
+
+
+def claim_validation(
+    c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], claim_id: str
+) -> SystemValidation | None:
+    """The claim's system validated on this campaign's own runs (None: no system names it)."""
+    system = system_for_claim(claims.get("_systems") or [], claim_id)
+    if system is None:
+        return None
+    values = campaign_system_values(c, cells, system)
+    missing = [r.id for r in system.rows if r.id not in values]
+    note = f"not in this campaign: {', '.join(missing)}" if missing else ""
+    return validate_system(system, values, note=note)
 
 
 def _as_list(x: Any) -> list[Any]:
@@ -330,6 +378,11 @@ class ClaimResult:
     )  # per side: the epoch's samples and settings
     basis: str = SIMULATED_BASIS
     verdict_text: str = ""
+    # what the seed CI alone says against the band, before the validation rule
+    ci_verdict: str = ""
+    # the claim's system simulated against its publication (None: no system names the claim)
+    validation: SystemValidation | None = None
+    verdict_rule: str = ""
 
     def to_summary(self) -> dict[str, Any]:
         r = self.result
@@ -370,6 +423,12 @@ class ClaimResult:
             "epoch_accounting": self.accounting,
             "basis": self.basis,
             "verdict_text": self.verdict_text,
+            "ci_verdict": self.ci_verdict,
+            "validation_error": _clean(self.validation.claimed_error)
+            if self.validation is not None
+            else None,
+            "validation": self.validation.to_dict() if self.validation is not None else None,
+            "verdict_rule": self.verdict_rule,
         }
 
 
@@ -431,12 +490,19 @@ def evaluate_claims(
             res_.accounting[side] = acc
             res_.trained_fraction[side] = acc.get("trained_fraction")
             res_.imbalance[side] = median_imbalance(c, cell)
+        res_.ci_verdict = v
+        res_.validation = claim_validation(c, cells, claims, cl["id"])
+        res_.verdict, res_.verdict_rule = verdict_rule(v, float(cl["tolerance"]), res_.validation)
         if v != "no data":
             words = verdict_words(
                 v, float(cl["value"]), float(cl["tolerance"]), r.ci_low, r.ci_high
             )
+            if res_.verdict != v:
+                words = f"{res_.verdict} ({res_.verdict_rule}); the seed CI: {words}"
             res_.verdict_text = f"{words}; {res_.basis}"
             res_.reasons.insert(0, res_.verdict_text)
+            if res_.verdict == v and res_.verdict_rule:
+                res_.reasons.insert(1, res_.verdict_rule)
             if not math.isnan(res_.model_band_low):
                 res_.reasons.append(
                     f"model band [{res_.model_band_low:.2f}, {res_.model_band_high:.2f}]: the "

@@ -163,8 +163,35 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
         lines.append(
             f"No number: {'; '.join(claim.get('reasons') or ['a side is not in this campaign'])}."
         )
+    val = validation_line(claim)
+    if val:
+        lines.append(val)
     lines.append(f"Claim: {claim['statement']}")
     return lines
+
+
+def validation_line(claim: dict[str, Any]) -> str | None:
+    """The claim's system-level check beside its verdict: the simulated and published speedup
+    of the claimed comparison on the claim's own system, the error, and what the rule made of
+    it."""
+    val = claim.get("validation")
+    if not val:
+        return claim.get("verdict_rule") or None
+    cm = val.get("claimed_comparison") or {}
+    sim, pub, err = cm.get("simulated_speedup"), cm.get("published_speedup"), cm.get("error")
+    rule = str(claim.get("verdict_rule") or "")
+    head = (
+        f"Validation on the authors' own measurement ({val.get('hardware', '').split(' (')[0]}, "
+        f"{val.get('context', {}).get('workload', '')}; {val.get('source', '').split(',')[0]}): "
+    )
+    if not (_finite(sim) and _finite(pub)):
+        return head + (rule or "not simulated in this campaign") + "."
+    return (
+        head + f"`{cm.get('method')}` over `{cm.get('baseline')}` published {float(pub):.2f}x, "
+        f"simulated {float(sim):.2f}x, error {float(err):+.0%}"
+        + (f"; {rule}" if rule else "")
+        + ". [System-level validation](#system-level-validation)."
+    )
 
 
 def headline_rows(data: ReportData) -> pd.DataFrame:
@@ -276,7 +303,8 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
     cost constants that flip it, the readings of the reference whose verdict differs from the
     headline's, the paper-mode table's other mixes, the readings that keep it."""
     out = []
-    verdict = str(claim.get("verdict"))
+    # variants are judged by their seed CI alone, so they are compared with the headline's
+    verdict = str(claim.get("ci_verdict") or claim.get("verdict"))
     comps = data.comparisons
     if not comps.empty:
         fair = comps[(comps["comparison"] == "fair_mode") & (comps["pairs"] > 0)]

@@ -190,6 +190,8 @@ def _run_row(
         else _is_baseline(extra.get("target", method_cfg.get("_target_"))),
         "step_time_s": summary.step_time_s,
         "tokens_per_s": summary.tokens_per_s,
+        # the reference's own unit (latent voxels / s) where the run counts it (paper mode, video)
+        "latent_tokens_per_s": extra.get("latent_tokens_per_s"),
         "samples_per_s": extra.get("samples_per_s"),
         "imbalance": summary.imbalance,
         "peak_mem_gib": summary.peak_mem_gib,

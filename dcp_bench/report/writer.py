@@ -380,6 +380,7 @@ def report_sections(data: ReportData) -> list[Section]:
     provenance; long tables land in the appendix (`Document.table`)."""
     claim_sections: list[Section] = [
         _verdict_section,
+        _system_validation_section,
         _headline_section,
         _reference_section,
         _decomposition_section,
@@ -675,6 +676,46 @@ def _verdict_section(doc: Document, data: ReportData) -> None:
             )
             + "."
         )
+
+
+def _system_validation_section(doc: Document, data: ReportData) -> None:
+    """Each claim's system simulated against its authors' published end-to-end measurement, from
+    this campaign's own runs (`dcp_bench.report.system_validation`)."""
+    ids = {cl["id"] for cl in data.claims_in_campaign}
+    results = [r for r in data.claim_results if r.id in ids and r.validation is not None]
+    if not results:
+        return
+    doc.h2("System-level validation")
+    for r in results:
+        v = r.validation
+        assert v is not None
+        s = v.system
+        doc.p(
+            f"**{r.id}** rests on the simulator; it is checked against {s.system} as its authors "
+            f"measured it: {s.hardware}, {s.unit} ({s.source}). Simulated from this campaign's "
+            f"runs on `{', '.join(f'{k}={x}' for k, x in s.context.items())}` (median over the "
+            "seeds run). The published figures validate; no constant is fitted to them. "
+            f"Verdict rule: {r.verdict_rule or 'the seed CI decides'}."
+        )
+        table = pd.DataFrame(v.rows)
+        if not table.empty:
+            doc.table(
+                table[
+                    [
+                        "label",
+                        "published",
+                        "simulated",
+                        "error",
+                        "published_speedup",
+                        "simulated_speedup",
+                        "speedup_error",
+                        "seeds",
+                    ]
+                ],
+                f"{s.id}: published vs simulated ({s.unit}; error = simulated / published - 1)",
+            )
+        if v.note:
+            doc.p(f"Not simulated: {v.note}.")
 
 
 def _all_simulated(cells: pd.DataFrame, hashes: list[str | None]) -> bool:
