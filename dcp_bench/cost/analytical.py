@@ -27,13 +27,33 @@ source; ``describe()["constant_sources"]`` says where every value came from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from dcp_bench.cost.activations import activation_terms
-from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
+from dcp_bench.cost.base import (
+    MICROBATCH_TIME_TERMS,
+    STEP_TIME_TERMS,
+    SYNC_PART,
+    CostModel,
+    MicroBatchCost,
+    TimeTerm,
+    deal_by_tokens,
+)
 from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
+from dcp_bench.cost.reference_loop import (
+    ATTN_BWD_TENSORS,
+    ATTN_FWD_TENSORS,
+    EMA_BYTES_PER_ELEMENT,
+    HOST_TO_DEVICE_BW,
+    LOOPS,
+    OP_DISPATCH_S,
+    SHORT_ATTENTION_KEYS,
+    ema_param_tensors,
+    host_input_bytes,
+)
 from dcp_bench.errors import ConfigError
 from dcp_bench.train_policy import (
     DEFAULT_ZERO_STAGE,
@@ -68,6 +88,26 @@ class AnalyticalCostModel(CostModel):
     """Cost model from first principles. See the module docstring and docs/cost_model.md."""
 
     source: str = "analytical"
+    # The micro-batch terms beyond the model's own work (`dcp_bench.cost.reference_loop`): the
+    # memory-traffic floor of short attention (always), the reference loop's input copy.
+    time_terms: ClassVar[tuple[TimeTerm, ...]] = (
+        *MICROBATCH_TIME_TERMS,
+        TimeTerm("short_attn_s", "short_attn_s", "short attention, memory-traffic floor"),
+        TimeTerm("host_input_s", "host_input_s", "input copy to the GPU (the reference's loop)"),
+    )
+    # Once per step: the reference loop's EMA update and loss all-reduce beside the sync.
+    step_terms: ClassVar[tuple[TimeTerm, ...]] = (
+        *STEP_TIME_TERMS,
+        TimeTerm("ema_s", SYNC_PART, "gradient sync + optimizer step"),
+        TimeTerm("loss_sync_s", SYNC_PART, "gradient sync + optimizer step", communication=True),
+    )
+    # Whose training loop is priced: "runtime" (this suite's) or "reference" (VideoSys's
+    # `train.py`: EMA, loss all-reduce, the dummy dataset's input copy; paper mode sets it).
+    loop: str = "runtime"
+    # Host cost of one eager op and its launch, for the EMA's per-tensor kernels (assumption).
+    op_dispatch_s: float = OP_DISPATCH_S
+    # Price attention over fewer than 512 keys at least at its memory traffic (`short_attn_s`).
+    short_attention_floor: bool = True
     # Multipliers on the uncertain constants, for sensitivity studies (keys in SCALE_KEYS).
     scales: dict[str, float] = field(default_factory=dict)
     # ZeRO stage over the data-parallel world (all W ranks hold a model replica: SP shards
@@ -150,6 +190,10 @@ class AnalyticalCostModel(CostModel):
             if not val > 0:
                 raise ConfigError(f"cost scale {key}={val}: must be > 0")
         check_zero_stage(self.zero_stage)
+        if self.loop not in LOOPS:
+            raise ConfigError(f"cost loop={self.loop!r}; expected one of {', '.join(LOOPS)}")
+        if not self.op_dispatch_s >= 0:
+            raise ConfigError(f"op_dispatch_s={self.op_dispatch_s}: expected a value >= 0")
         if not (self.layer_launch_s >= 0 and self.allocator_fragmentation >= 0):
             raise ConfigError(
                 f"layer_launch_s={self.layer_launch_s}, allocator_fragmentation="
@@ -493,7 +537,15 @@ class AnalyticalCostModel(CostModel):
         comm = self.allreduce_time(nbytes / 2, c.world_size) if nbytes else 0.0
         shard = self._params / (c.world_size if self.zero_stage >= 1 else 1)
         opt = shard * ADAM_BYTES_PER_PARAM / c.gpu.measured_mem_bw
-        return {"grad_sync_s": comm, "optimizer_s": opt}
+        ema = loss = 0.0
+        if self.loop == "reference":
+            ema_shard = self._params / (c.world_size if self.zero_stage >= 1 else 1)
+            ema = (
+                2 * ema_param_tensors(self.model) * self.op_dispatch_s
+                + ema_shard * EMA_BYTES_PER_ELEMENT / c.gpu.measured_mem_bw
+            )
+            loss = self.allreduce_time(4.0, c.world_size)
+        return {"grad_sync_s": comm, "optimizer_s": opt, "ema_s": ema, "loss_sync_s": loss}
 
     def fsdp_pass_time(self) -> float:
         """ZeRO stages 2-3 (FSDP): the parameter all-gathers and gradient reduce-scatter over the
@@ -653,6 +705,64 @@ class AnalyticalCostModel(CostModel):
             * tokens_per_rank
             * self._act_terms.checkpoint_input_tok
         )
+
+    def added_costs(
+        self,
+        tokens: np.ndarray,
+        frames: np.ndarray,
+        mb_index: np.ndarray,
+        sp: np.ndarray,
+        ckpt_layers: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """`short_attn_s` and `host_input_s` (`dcp_bench.cost.reference_loop`)."""
+        idx = np.asarray(mb_index)
+        m = len(sp)
+        s = np.asarray(sp, dtype=float)
+        k = np.asarray(ckpt_layers, dtype=float)
+        per_mb = np.bincount(idx, weights=self.short_attention_excess(tokens, frames), minlength=m)
+        # forward, backward and the checkpointed layers' second forward, per rank of the group
+        fwd_share = ATTN_FWD_TENSORS / (ATTN_FWD_TENSORS + ATTN_BWD_TENSORS)
+        passes = 1.0 + k / self._L * fwd_share
+        short = per_mb * passes / s
+        host = np.zeros(m)
+        if self.loop == "reference":
+            host = (
+                np.bincount(idx, weights=host_input_bytes(self.model, tokens), minlength=m)
+                / HOST_TO_DEVICE_BW
+            )
+        return {"short_attn_s": short, "host_input_s": host}
+
+    def short_attention_excess(self, tokens: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """Seconds per sample (one rank's worth of the whole sample, forward + backward, all
+        layers) by which the memory traffic of its attention calls over fewer than
+        `SHORT_ATTENTION_KEYS` keys exceeds their FLOP-priced time (`sample_flops`). A call of
+        ``n`` query rows moves ``n x h x b`` bytes per activation-sized tensor: 4 forward, 8
+        backward, at the measured memory bandwidth."""
+        n = np.asarray(tokens, dtype=float)
+        m, L, b, h = self.model, self._L, self._b, self.model.hidden
+        bw = self.cluster.gpu.measured_mem_bw
+        per_row = h * b * (ATTN_FWD_TENSORS + ATTN_BWD_TENSORS) / bw
+        flop_rate = self._peak
+        bwd = 1.0 + self._attn_bwd
+        if m.arch == "llama":
+            short = n < SHORT_ATTENTION_KEYS
+            flop_t = bwd * 2.0 * n * n * h / self.attention_efficiency(n, causal=True) / flop_rate
+            io_t = n * per_row
+            return np.where(short, L * np.maximum(io_t - flop_t, 0.0), 0.0)
+        T = np.asarray(frames, dtype=float)
+        S = n / T
+        out = np.zeros_like(n)
+        M = float(max(m.text_tokens, 1))
+        for length, flops, rows in (
+            (S, 4.0 * T * S * S * h, n),  # spatial: T calls over S keys
+            (T, 4.0 * S * T * T * h, n),  # temporal: S calls over T keys
+            (np.full_like(n, M), 2 * 4.0 * n * M * h, 2 * n),  # cross, in both blocks
+        ):
+            flop_t = bwd * flops / self.attention_efficiency(length) / flop_rate
+            io_t = rows * per_row
+            short = (length < SHORT_ATTENTION_KEYS) & (length > 1)
+            out += np.where(short, L * np.maximum(io_t - flop_t, 0.0), 0.0)
+        return out
 
     def sample_memory(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int

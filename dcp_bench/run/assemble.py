@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost import make_cost_model
+from dcp_bench.cost.analytical import AnalyticalCostModel
 from dcp_bench.cost.base import CostModel
 from dcp_bench.plan import StepPlan, check_is_plan, validate_plan
 from dcp_bench.planners.base import Planner, make_planner
@@ -46,15 +48,27 @@ Assemble = Callable[[RunSpec], RunParts]
 def build_cost_model(spec: RunSpec, source: str | None = None) -> CostModel:
     """The cost model of the run's model on its cluster: ``cost.source`` (or ``source``), the
     profile, the sensitivity scales (analytical source only) and constructor options."""
-    return make_cost_model(
-        spec.model,
-        spec.cluster,
-        source=source or spec.cost.source,
-        mem_cap_fraction=spec.mem_cap_fraction,
-        profile=spec.cost.profile,
-        scales=spec.cost.scale_map or None,
-        **spec.cost.constructor_options(),
-    )
+    options = spec.cost.constructor_options()
+
+    def build(**extra: Any) -> CostModel:
+        return make_cost_model(
+            spec.model,
+            spec.cluster,
+            source=source or spec.cost.source,
+            mem_cap_fraction=spec.mem_cap_fraction,
+            profile=spec.cost.profile,
+            scales=spec.cost.scale_map or None,
+            **options,
+            **extra,
+        )
+
+    cost = build()
+    # Paper mode prices the reference's own training loop (`dcp_bench.cost.reference_loop`) where
+    # the source is analytical (a profile measures this suite's runtime), unless the run names a
+    # loop itself (`+cost.loop=...`).
+    if spec.mode == "paper" and "loop" not in options and isinstance(cost, AnalyticalCostModel):
+        cost = build(loop="reference")
+    return cost
 
 
 def assemble(spec: RunSpec) -> RunParts:
