@@ -94,3 +94,21 @@ def test_pac_knapsack_spends_whole_gib_of_what_the_prediction_leaves(cost) -> No
             n = L - k + 1
             assert 2 * np.ceil(per_block * n / GIB) > np.floor(left_gib)
     assert reference_pac_layers(cost, t, f, 4, "sequence", 0.9 * GIB) == (L, 0.0)
+
+
+def test_reference_imbalance_by_hand() -> None:
+    from dcp_bench.reference.epoch import reference_imbalance
+    from dcp_bench.reference.samplers import EpochDeal, GroupWork
+
+    # iteration 1: a 4-rank group 2 micro-batches of 1.0 s, two 2-rank groups of 3.0 s and 1.0 s:
+    #   rank times 2,2,2,2,3,3,1,1 -> slowest 3, idle (1x4 + 0x2 + 2x2) / 8 = 1.0
+    # iteration 2: two 4-rank groups of 2.0 s: idle 0, slowest 2
+    # epoch: (1.0 + 0) / (3 + 2) = 0.2 (sampler.py:259-271, the total at :1081-1084)
+    it1 = [
+        GroupWork("a", 4, [1, 1], time_s=1.0),
+        GroupWork("b", 2, [1], time_s=3.0),
+        GroupWork("c", 2, [1], time_s=1.0),
+    ]
+    it2 = [GroupWork("d", 4, [1], time_s=2.0), GroupWork("e", 4, [1, 1], time_s=1.0)]
+    assert reference_imbalance(EpochDeal([it1, it2], 10, {})) == pytest.approx(0.2)
+    assert reference_imbalance(EpochDeal([], 0, {})) is None

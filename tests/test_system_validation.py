@@ -124,3 +124,15 @@ def test_a_malformed_systems_file_is_refused_by_name(tmp_path: Path) -> None:
     p.write_text(yaml.safe_dump({"systems": [extra]}))
     with pytest.raises(ConfigError, match="unknown \\['colour'\\]"):
         load_systems(p)
+
+
+@pytest.mark.slow
+def test_the_committed_system_table_is_what_the_simulator_gives_now(tmp_path: Path) -> None:
+    """`dcp-bench validate` regenerates results/validation/systems.json: the committed numbers
+    are the current simulator's (simulated results do not depend on the host)."""
+    from dcp_bench.campaign.system_validation import validate_systems
+
+    validate_systems(out=tmp_path)
+    fresh = json.loads((tmp_path / "systems.json").read_text())
+    committed = json.loads((RESULTS_DIR / "validation" / "systems.json").read_text())
+    assert fresh == committed

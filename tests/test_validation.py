@@ -227,7 +227,9 @@ def test_validate_command_writes_the_table(tmp_path: Path) -> None:
     from dcp_bench.commands import validate
 
     code = validate.run(
-        argparse.Namespace(published=str(SET), out=str(tmp_path), check=True, json=False)
+        argparse.Namespace(
+            published=str(SET), out=str(tmp_path), check=True, json=False, no_systems=True
+        )
     )
     assert code == 0
     doc = json.loads((tmp_path / "summary.json").read_text())

@@ -147,7 +147,27 @@ def deal_summary(deal: EpochDeal) -> dict[str, Any]:
         "iterations": len(deal.iterations),
         "micro_batches": micro,
         "samples_per_sp": {str(k): v for k, v in sorted(sps.items())},
+        "reference_imbalance": reference_imbalance(deal),
     }
+
+
+def reference_imbalance(deal: EpochDeal) -> float | None:
+    """The epoch's imbalance as the reference's samplers estimate it from the profile, not from
+    a simulation (VideoSys 4cce477 `videosys/training/datasets/open_sora/sampler.py:259-271`
+    for the bucket sampler, `:929-957` for DCP, the epoch total at `:1081-1084`): each rank's
+    time in an iteration is its group's profiled micro-batch time times its micro-batches; the
+    iteration's imbalance is the mean over ranks of (slowest - own); the epoch's is the sum of
+    those over the sum of the iterations' slowest times. None for an empty epoch."""
+    idle = total = 0.0
+    for it in deal.iterations:
+        if not it:
+            continue
+        times = [(g.time_s * len(g.sizes), g.sp) for g in it]
+        slowest = max(t for t, _ in times)
+        ranks = sum(sp for _, sp in times)
+        idle += sum((slowest - t) * sp for t, sp in times) / ranks
+        total += slowest
+    return idle / total if total > 0 else None
 
 
 __all__ = [
@@ -157,6 +177,7 @@ __all__ = [
     "bucket_shape",
     "dataset_buckets",
     "deal_summary",
+    "reference_imbalance",
     "iteration_plan",
     "merge_iterations",
     "packed_plan",

@@ -545,7 +545,14 @@ def epoch_accounting(c: Campaign, cell: str | None) -> dict[str, Any]:
         "trained_fraction": float(np.median(fractions)) if fractions else None,
         "profile": first.get("profile", {}),
         "runs": len(infos),
+        # the reference's own estimate from the profile (sampler.py:259-271), median over runs
+        "reference_imbalance": _median_or_none([i.get("reference_imbalance") for i in infos]),
     }
+
+
+def _median_or_none(values: list[Any]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return float(np.median(vals)) if vals else None
 
 
 def median_imbalance(c: Campaign, cell: str | None) -> float | None:

@@ -444,7 +444,18 @@ def _claims_first_screen(doc: Document, data: ReportData) -> None:
     for cl in claims:
         facts.append(_per_side(cl.get("trained_fraction"), "Share of the epoch each side trains"))
         if cl.get("imbalance") is not None:
-            facts.append(_per_side(cl.get("imbalance"), "Idle share of rank-time (imbalance)"))
+            facts.append(_per_side(cl.get("imbalance"), "Idle share of rank-time, simulated"))
+        ref_imb = {
+            side: (acc or {}).get("reference_imbalance")
+            for side, acc in (cl.get("epoch_accounting") or {}).items()
+        }
+        if any(v is not None for v in ref_imb.values()):
+            facts.append(
+                _per_side(
+                    ref_imb,
+                    "Imbalance as the reference estimates it from its profile (sampler.py:259-271)",
+                )
+            )
         facts += _depends_on(data, cl)
     err = _simulator_error_line(data)
     if err:

@@ -67,7 +67,10 @@ def accounting_table(r: ClaimResult) -> pd.DataFrame:
                 "trained_samples": acc.get("trained_samples_median"),
                 "trained_fraction": acc.get("trained_fraction"),
                 **{f"dropped_{k}": v for k, v in sorted(dropped.items())},
-                "imbalance": r.imbalance.get(side),
+                # two quantities under their own names: the simulator's idle share of
+                # rank-time, and the reference's estimate from its profile (sampler.py:259-271)
+                "idle_share_simulated": r.imbalance.get(side),
+                "reference_imbalance": acc.get("reference_imbalance"),
             }
         )
     return pd.DataFrame(rows)
