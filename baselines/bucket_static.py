@@ -79,6 +79,13 @@ def damp_batch_sizes(
     return out
 
 
+# Fair mode's per-bucket batch sizes: "reference" = the reference baseline's rules (its profile's
+# power-of-two search on its own memory prediction, no upper bound, then the damping toward the
+# median bucket time); "capped" = the largest batch the counted memory fits, at most
+# max_batch_size, no damping (a weaker baseline, labelled as such).
+BATCH_RULES = ("reference", "capped")
+
+
 class BucketStatic(Planner):
     """Fixed SP degree, per-bucket batch sizes, full checkpointing (Open-Sora bucket parallel).
 
@@ -94,9 +101,12 @@ class BucketStatic(Planner):
             every deal is an iteration with its own barrier and gradient sync; k > 1: k deals
             run back to back in one plan; 0: the epoch's deals in one plan (readings for the
             report, not the reference).
-        profile_memory: ``plan_epoch`` only: "reference" (a profile trial fits when the
-            reference's own memory prediction is under the cap, `trial_search.cost_measure`) or
-            "counted" (the counted memory decides).
+        profile_memory: "reference" (a profile trial fits when the reference's own memory
+            prediction is under the cap, `trial_search.cost_measure`) or "counted" (the counted
+            memory decides); the epoch's profile and fair mode's reference rules.
+        batch_rules: fair mode's per-bucket batch sizes (`BATCH_RULES`): "reference" (the
+            reference baseline's profile and damping, over the buckets of the global batch) or
+            "capped" (the old rule; a run's label names the override).
     """
 
     name = "bucket_static"
@@ -110,8 +120,15 @@ class BucketStatic(Planner):
         max_batch_size: int = 256,
         deals_per_iteration: int = 1,
         profile_memory: str = "reference",
+        batch_rules: str = "reference",
     ) -> None:
         super().__init__(mode)
+        if batch_rules not in BATCH_RULES:
+            raise ConfigError(
+                f"bucket_static: batch_rules={batch_rules!r}; expected one of "
+                f"{', '.join(BATCH_RULES)}"
+            )
+        self.batch_rules = str(batch_rules)
         if profile_memory not in MEMORY_BELIEFS:
             raise ConfigError(
                 f"bucket_static: profile_memory={profile_memory!r}; expected one of "
@@ -157,16 +174,31 @@ class BucketStatic(Planner):
 
         bs: dict[BucketKey, int] = {}
         splits: dict[BucketKey, Split] = {}
+        reference_rules = self.mode == "fair" and self.batch_rules == "reference"
+        ref_times: dict[BucketKey, float] = {}
         for k in keys:
             pos = buckets[k]
             rep = max(pos, key=lambda p: int(batch.tokens[p]))  # the bucket's largest sample
             splits[k] = split_for(batch, pos, cost)
+            if reference_rules:
+                prof = self.reference_profile(
+                    cost, int(batch.tokens[rep]), int(batch.frames[rep]), sp, ckpt
+                )
+                bs[k] = 0 if prof is None else prof.bs
+                if prof is not None:
+                    ref_times[k] = prof.time_s
+                continue
             limit = (
                 self.max_batch_size if self.mode == "paper" else min(self.max_batch_size, len(pos))
             )
             bs[k] = largest_batch_size(
                 int(batch.tokens[rep]), int(batch.frames[rep]), cost, sp, ckpt, splits[k], limit
             )
+        if reference_rules and ref_times:
+            # the reference's damping toward the median time of the profiled buckets
+            # (`profiler.py:318-364`), over the buckets this global batch holds
+            damped = damp_batch_sizes({k: bs[k] for k in ref_times}, ref_times)
+            bs = {k: min(damped.get(k, b), len(buckets[k])) if b else 0 for k, b in bs.items()}
 
         skipped = [k for k in keys if bs[k] == 0]
         if skipped and self.mode == "fair":

@@ -80,9 +80,20 @@ def test_the_declared_terms_add_up_in_the_order_the_code_always_added_them() -> 
     vec = cost.microbatch_costs(
         tok, np.ones(4, dtype=np.int64), np.array([0, 0, 1, 1]), np.array([2, 4]), np.array([0, 3])
     )
-    assert list(vec) == ["fwd_s", "bwd_s", "recompute_s", "comm_s", "mem_bytes", "model_flops"]
+    assert list(vec) == [
+        "fwd_s",
+        "bwd_s",
+        "recompute_s",
+        "comm_s",
+        "mem_bytes",
+        "model_flops",
+        "short_attn_s",
+        "host_input_s",
+    ]
     np.testing.assert_array_equal(
-        cost.total_time(vec), ((vec["fwd_s"] + vec["bwd_s"]) + vec["recompute_s"]) + vec["comm_s"]
+        cost.total_time(vec),
+        (((vec["fwd_s"] + vec["bwd_s"]) + vec["recompute_s"]) + vec["comm_s"] + vec["short_attn_s"])
+        + vec["host_input_s"],
     )
 
 
@@ -245,11 +256,17 @@ def test_records_and_report_show_the_new_term_by_name(
     summary = run_simulated(parse_run_spec(cfg), build=build)
     assert summary.status == "ok", summary.error
     campaign = load_campaign(tmp_path / "runs", "terms")
-    assert campaign.added_parts == {"checkpoint_io_s": "checkpoint offload I/O"}
+    assert campaign.added_parts == {
+        "short_attn_s": "short attention, memory-traffic floor",
+        "host_input_s": "input copy to the GPU (the reference's loop)",
+        "checkpoint_io_s": "checkpoint offload I/O",
+    }
     assert campaign.step_parts == (
         "compute_s",
         "recompute_s",
         "comm_s",
+        "short_attn_s",
+        "host_input_s",
         "checkpoint_io_s",
         "sync_s",
         "idle_s",
@@ -264,7 +281,7 @@ def test_records_and_report_show_the_new_term_by_name(
     ]
     for rec, (_, row) in zip(records, steps.iterrows()):
         ex = rec["extra"]
-        assert ex["added_parts"] == {"checkpoint_io_s": "checkpoint offload I/O"}
+        assert ex["added_parts"] == campaign.added_parts
         assert ex["checkpoint_io_s"] == row["checkpoint_io_s"]
         total = functools.reduce(operator.add, (ex[k] for k in campaign.step_parts))
         assert total == pytest.approx(ex["sim_step_time_s"], rel=1e-12)
@@ -276,6 +293,8 @@ def test_records_and_report_show_the_new_term_by_name(
     assert list(names) == [
         "idle_s",
         "checkpoint_io_s",
+        "host_input_s",
+        "short_attn_s",
         "comm_s",
         "recompute_s",
         "compute_s",

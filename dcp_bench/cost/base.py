@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
+from dcp_bench.cost.activations import activation_terms
+
 # The per-GPU memory cap of every method, as a fraction of usable GPU memory: the DCP reference
 # profiles under 0.7 (docs/cost_model.md). The one default; configs and reports refer to it.
 DEFAULT_MEM_CAP_FRACTION = 0.7
@@ -258,8 +260,10 @@ class CostModel(ABC):
         """Bytes one checkpointed layer unit keeps per rank (its checkpointed blocks' inputs) for
         a sequence-split micro-batch of ``tokens_per_rank``, as this source counts them in
         `microbatch_memory`: the difference a layer more or less makes with every layer
-        checkpointed. Sources that cannot separate it raise `NotImplementedError`."""
-        raise NotImplementedError(f"{type(self).__name__} does not price a checkpointed layer")
+        checkpointed. Default: the closed-form bytes the runtime's models keep per checkpointed
+        layer unit (`dcp_bench.cost.activations`); sources with their own memory law override it."""
+        del sp
+        return float(tokens_per_rank * activation_terms(self.model).checkpoint_input_tok)
 
     def sample_time_packed(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
