@@ -217,17 +217,17 @@ def kill_run_tree(
 
 
 def run_session(
-    cmd: list[str], env: dict[str, str], limit_s: float | None
+    cmd: list[str], env: dict[str, str], limit_s: float | None, show_stdout: bool = False
 ) -> tuple[int | None, str, list[int]]:
     """Run ``cmd`` in a session of its own, every process of it marked; returns (exit code, or
-    None when killed at ``limit_s``; stderr; pids that survived the cleanup). Whatever happens,
-    the whole tree is gone (or reported) when this returns."""
+    None when killed at ``limit_s``; stderr; pids that survived the cleanup). Its stdout is
+    discarded, or shared with this process when ``show_stdout``. Whatever happens, the whole tree
+    is gone (or reported) when this returns."""
     mark = uuid.uuid4().hex
     env = {**env, RUN_MARK_ENV: mark}
+    stdout = None if show_stdout else subprocess.DEVNULL
     with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=err, start_new_session=True)
         try:
             code: int | None = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
