@@ -232,3 +232,12 @@ def test_every_variant_on_two_ranks_at_sp2_equals_the_library() -> None:
         loss, grads = results[model_type]
         assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), variant
         assert rel_l2(grads, ref_grads) <= 1e-5, (variant, rel_l2(grads, ref_grads))
+
+
+def test_a_family_the_cost_model_does_not_price_is_told_to_pass_a_spec() -> None:
+    from dcp_bench.runtime.integrations.transformers_lm import CausalLMAdapter
+
+    with pytest.raises(
+        ConfigError, match=r"model_type='qwen3'.*pass CausalLMAdapter\(\.\.\., spec="
+    ):
+        CausalLMAdapter(build("qwen3", {"head_dim": 16}))

@@ -318,11 +318,22 @@ def set_checkpointing(model: Any, on: bool) -> None:
 
 
 def spec_of(model: Any, name: str | None = None, dtype: str = "bf16") -> ModelSpec:
-    """The cost model's spec of a transformers model (from its config)."""
+    """The cost model's spec of a transformers model (from its config); `ConfigError` saying how
+    to pass one for a family the adapter trains but the cost model does not price."""
     config = model.config.to_dict()
-    return model_spec(
-        name or str(config.get("model_type")), library="transformers", config=config, dtype=dtype
-    )
+    try:
+        return model_spec(
+            name or str(config.get("model_type")),
+            library="transformers",
+            config=config,
+            dtype=dtype,
+        )
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{type(model).__name__}: no cost-model spec from its config ({exc}); pass "
+            "CausalLMAdapter(..., spec=...) with a ModelSpec the planner prices it as, e.g. "
+            "model_spec('hf', library='transformers', config={...the sizes, model_type='llama'})"
+        ) from None
 
 
 class CausalLMAdapter:
