@@ -14,10 +14,10 @@ one gradient all-reduce and the one optimizer step::
         dcp.step(work)
 
 ``dcp.loss_sum(mb)`` is the loss hook: ``loss_fn(mb)`` when one was given, else the adapter's
-``loss_sum``. A ``transformers`` causal LM (Llama, Mistral, Qwen2) or a ``diffusers`` Wan video
-transformer is recognised and gets its adapter (`dcp_bench.runtime.integrations`); any other
-model brings its own ``adapter`` (an object with ``make_inputs``, ``loss_sum`` and ``spec``) or is
-itself one:
+``loss_sum``. A ``transformers`` causal LM (the families of ``transformers_lm.MODEL_TYPES``) or
+a ``diffusers`` Wan video transformer is recognised and gets its adapter
+(`dcp_bench.runtime.integrations`); any other model brings its own ``adapter`` (an object with
+``make_inputs``, ``loss_sum`` and ``spec``) or is itself one:
 
 What a model (or adapter) must provide (`dcp_bench.runtime.models.RuntimeModel`):
 ``make_inputs(sample_ids, tokens, frames, sp, seed)`` (this rank's shard of a packed micro-batch)

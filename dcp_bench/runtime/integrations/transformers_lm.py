@@ -1,11 +1,14 @@
-"""Data-Centric Parallel for decoder-only causal LMs of ``transformers`` (Llama, Mistral, Qwen2),
-through the library's public extension points only.
+"""Data-Centric Parallel for decoder-only causal LMs of ``transformers`` (the families of
+`MODEL_TYPES`), through the library's public extension points only.
 
 - Attention: `ulysses_attention` is registered with ``transformers.AttentionInterface`` under
   `ATTENTION` and selected with ``model.set_attn_implementation``. The model computes q, k, v and
   applies its rotary positions as always; the function switches them from sequence sharding to
   head sharding over the micro-batch's SP group (the runtime's Ulysses exchange,
   `dcp_bench.runtime.attention`), runs packed variable-length causal attention, and switches back.
+  Every keyword argument the library passes is honoured (scaling, soft-capping, sliding windows,
+  sinks: `eager_varlen_attention`) or refused by name (`check_attention_arguments`), and one
+  probe forward at construction (`probe_attention`) checks every layer's before the first step.
   No attention mask is built: the library skips mask creation for a registered function without a
   mask function, and the packed segments come with the micro-batch.
 - Packed samples: one micro-batch is one row of packed samples (batch size 1), with
