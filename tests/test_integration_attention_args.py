@@ -3,7 +3,8 @@ model's gradients or is refused by name before the first step.
 
 The reference is the library's own eager attention (its reference implementation of soft-capping,
 sliding windows and sinks), one sample per forward, in one process. Against it: the adapter on
-one process and on 2 gloo ranks with every sample split over both (sequence parallelism 2).
+one process and on 2 gloo ranks with every sample split over both (sequence parallelism 2, every
+layer recomputed in the backward).
 fp32, relative error of loss and gradients <= 1e-5. docs/integration.md carries the table.
 """
 
@@ -118,12 +119,14 @@ def reference(model_type: str, extra: dict[str, Any]) -> tuple[float, torch.Tens
     return float(total.detach()), flat_grads(model.parameters())
 
 
-def dcp_loss_grads(model_type: str, extra: dict[str, Any], sp: SPContext) -> tuple[float, Any]:
+def dcp_loss_grads(
+    model_type: str, extra: dict[str, Any], sp: SPContext, ckpt_layers: int = 0
+) -> tuple[float, Any]:
     """This rank's summed loss and gradients of the adapted model on its shard."""
     model = build(model_type, extra)
     model.train()
     adapter = adapter_of(model)
-    loss = adapter.loss_sum(adapter.make_inputs(IDS, TOKENS, None, sp, 0), sp, ckpt_layers=0)
+    loss = adapter.loss_sum(adapter.make_inputs(IDS, TOKENS, None, sp, 0), sp, ckpt_layers)
     loss.backward()
     return float(loss.detach()), flat_grads(model.parameters())
 
@@ -210,7 +213,7 @@ def _sp2_worker(rank: int, port: int, out_dir: str) -> None:
         sp = SPContext(size=2, rank=rank, group=dist.new_group([0, 1]))
         results = {}
         for _, model_type, extra, _ in EQUAL:
-            loss, grads = dcp_loss_grads(model_type, extra, sp)
+            loss, grads = dcp_loss_grads(model_type, extra, sp, ckpt_layers=2)  # recomputed
             summed = torch.tensor([loss])
             dist.all_reduce(summed)
             dist.all_reduce(grads)
