@@ -14,10 +14,10 @@ one gradient all-reduce and the one optimizer step::
         dcp.step(work)
 
 ``dcp.loss_sum(mb)`` is the loss hook: ``loss_fn(mb)`` when one was given, else the adapter's
-``loss_sum``. A ``transformers`` causal LM (Llama, Mistral, Qwen2) or a ``diffusers`` Wan video
-transformer is recognised and gets its adapter (`dcp_bench.runtime.integrations`); any other
-model brings its own ``adapter`` (an object with ``make_inputs``, ``loss_sum`` and ``spec``) or is
-itself one:
+``loss_sum``. A ``transformers`` causal LM (the families of ``transformers_lm.MODEL_TYPES``) or
+a ``diffusers`` Wan video transformer is recognised and gets its adapter
+(`dcp_bench.runtime.integrations`); any other model brings its own ``adapter`` (an object with
+``make_inputs``, ``loss_sum`` and ``spec``) or is itself one:
 
 What a model (or adapter) must provide (`dcp_bench.runtime.models.RuntimeModel`):
 ``make_inputs(sample_ids, tokens, frames, sp, seed)`` (this rank's shard of a packed micro-batch)
@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +60,9 @@ from dcp_bench.runtime.attention import SPContext
 from dcp_bench.runtime.executor import TorchExecutor, rank_work, step_token_count
 from dcp_bench.runtime.groups import ProcessGroupPool
 from dcp_bench.runtime.integrations.models import AdaptedModel, adapter_for
+
+# Rank 0 logs each step's plan on one line at INFO (`StepWork.describe`): the SP degrees chosen.
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,6 +100,27 @@ class StepWork:
             yield from (mb for mb in self.micro_batches if mb.round == r)
             if r < last:
                 dist.barrier()
+
+    @property
+    def sp_degrees(self) -> list[int]:
+        """The sequence-parallel degrees the plan chose for this step (every rank's groups that
+        run micro-batches; 1: a rank runs its samples alone)."""
+        return sorted({g.size for r in self.plan.rounds for g in r.groups if g.micro_batches})
+
+    def describe(self) -> str:
+        """The step's plan on one line: samples, tokens, micro-batches per SP degree, recompute,
+        planner time."""
+        per_degree = Counter(
+            g.size for r in self.plan.rounds for g in r.groups for _ in g.micro_batches
+        )
+        ckpt = sorted({mb.ckpt_layers for r in self.plan.rounds for g in r.groups
+                       for mb in g.micro_batches})  # fmt: skip
+        return (
+            f"step {self.step}: {len(self.batch.tokens)} samples, {self.tokens} tokens; "
+            f"SP degrees {self.sp_degrees} (micro-batches: "
+            f"{', '.join(f'{n} at SP {d}' for d, n in sorted(per_degree.items()))}); "
+            f"checkpointed layers {ckpt}; planned in {self.planner_s * 1e3:.0f} ms"
+        )
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, keeping its value for the step's global loss."""
@@ -267,6 +293,8 @@ class DataCentricParallel:
             tokens=step_token_count(plan, batch),
             planner_s=planner_s,
         )
+        if self.rank == 0:
+            _LOG.info("%s", out.describe(), extra={"sp_degrees": out.sp_degrees})
         for r, mb, ctx, positions in rank_work(plan, batch, self.rank, self.pool):
             pos = np.asarray(positions, dtype=np.int64)
             inputs = self.adapter.make_inputs(

@@ -5,6 +5,7 @@ line counts the diff gives (`dcp_bench.report.adoption`), not numbers typed by h
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -36,15 +37,25 @@ def _run_example(rank: int, world: int, port: int, name: str, steps: int, out: s
     sys.path.insert(0, str(REPO_ROOT))
     import torch.distributed as dist
 
+    degrees: list[list[int]] = []  # what rank 0 logs per step: the plan's SP degrees
+
+    class Degrees(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            degrees.append(list(getattr(record, "sp_degrees", [])))
+
+    log = logging.getLogger("dcp_bench.api")
+    log.setLevel(logging.INFO)
+    log.addHandler(Degrees())
     try:
         losses = load_example(name).train(steps)
         if rank == 0:
-            Path(out).write_text(json.dumps(losses))
+            Path(out).write_text(json.dumps({"losses": losses, "sp_degrees": degrees}))
     finally:
         dist.destroy_process_group()
 
 
-def _plain_and_dcp(library: str) -> tuple[list[float], list[float]]:
+def _plain_and_dcp(library: str) -> tuple[list[float], list[float], list[list[int]]]:
+    """The plain loop's losses, the DCP example's on 2 ranks, and its plans' SP degrees."""
     torch.set_num_threads(1)
     plain = load_example(f"{library}_plain").train(STEPS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,15 +63,19 @@ def _plain_and_dcp(library: str) -> tuple[list[float], list[float]]:
         mp.spawn(
             _run_example, args=(2, _free_port(), f"{library}_dcp", STEPS, out), nprocs=2, join=True
         )
-        return plain, json.loads(Path(out).read_text())
+        got = json.loads(Path(out).read_text())
+        return plain, got["losses"], got["sp_degrees"]
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("library", ["transformers", "diffusers"])
 def test_dcp_example_trains_like_the_plain_loop(library: str) -> None:
     pytest.importorskip(library, reason=f"{library} not installed: pip install -e '.[hf]'")
-    plain, dcp = _plain_and_dcp(library)
-    assert len(plain) == len(dcp) == STEPS
+    plain, dcp, degrees = _plain_and_dcp(library)
+    assert len(plain) == len(dcp) == len(degrees) == STEPS
+    # the documented sizes make the planner split a sample over both ranks in some step, so the
+    # equality covers sequence parallelism, not data parallelism alone
+    assert any(max(d) > 1 for d in degrees), degrees
     # the same gradient every step -> the same trajectory, up to the order of floating-point sums
     np.testing.assert_allclose(dcp, plain, rtol=2e-5, atol=0)
 

@@ -40,6 +40,28 @@ SMALL = [
 ]
 
 
+def test_precheck_refuses_an_sp_degree_that_does_not_divide_a_library_models_heads() -> None:
+    # a model=hf decoder of 6 heads: its heads reach the spec the planner prices and the
+    # pre-launch check, which refuses SP 4 before any process starts (the ranks would fail later)
+    six_heads = [
+        "model=hf",
+        "model.config.hidden_size=192",
+        "model.config.num_attention_heads=6",
+        "model.config.num_key_value_heads=2",
+        "method=static_tuned",
+        "method.sp_choices=[4]",
+        "nproc=4",
+    ]
+    spec = parse_run_spec(resolve_train_config([*SMALL, *six_heads]))
+    assert spec.model.heads == 6 and spec.model.kv_heads == 2
+    with pytest.raises(
+        MemoryPrecheckError, match="SP groups of 4 ranks, which do not divide the 6"
+    ):
+        check_memory_fits(spec, "cpu", available=(64 * GIB, 64 * GIB))
+    ok = parse_run_spec(resolve_train_config([*SMALL, *six_heads, "method.sp_choices=[2]"]))
+    assert check_memory_fits(ok, "cpu", available=(64 * GIB, 64 * GIB)).steps_planned > 0
+
+
 def test_precheck_refuses_a_run_larger_than_the_machine_naming_both_numbers() -> None:
     spec = parse_run_spec(resolve_train_config(SMALL))
     fc = check_memory_fits(spec, "cpu", available=(64 * GIB, 64 * GIB))

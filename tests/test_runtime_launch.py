@@ -159,6 +159,39 @@ def test_only_failures_no_rank_raised_are_retried_and_errors_say_more_than_torch
     assert error_tail(killed).startswith("RuntimeError: [../third_party/gloo")
 
 
+def test_a_refusal_on_every_rank_is_rank_0s_message_on_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dcp_bench.errors import ConfigError
+    from dcp_bench.run.torch_run import write_rank_error
+
+    for rank in ("1", "0"):  # rank 1 reports first; the run's message is still rank 0's
+        monkeypatch.setenv("RANK", rank)
+        try:
+            raise ConfigError(f"rank {rank} refuses:\n  attention argument s_aux")
+        except ConfigError as exc:
+            write_rank_error(exc)
+    stderr = capsys.readouterr().err
+    assert stderr.count("Traceback (most recent call last)") == 2  # the traces stay in the log
+    assert error_tail(stderr) == "rank 0: ConfigError: rank 0 refuses: attention argument s_aux"
+
+
+@pytest.mark.slow  # one torchrun launch
+@pytest.mark.timeout(600)
+def test_a_refusal_under_torchrun_is_one_line_with_the_trace_in_the_runs_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers")
+    overrides = ["model=hf", "+model.config.attention_dropout=0.1", "nproc=2", "steps=1"]
+    assert main(["train", *SMALL[:-1], *overrides, f"root={tmp_path}"]) == 3
+    out = capsys.readouterr().out
+    errors = [ln for ln in out.splitlines() if "ConfigError" in ln]
+    assert len(errors) == 1 and "rank 0: ConfigError" in errors[0], out
+    assert "attention argument dropout=0.1" in errors[0]
+    logs = list(tmp_path.rglob(STDERR_LOG))
+    assert len(logs) == 1 and "Traceback (most recent call last)" in logs[0].read_text()
+
+
 def test_a_failed_run_keeps_the_ranks_output(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()

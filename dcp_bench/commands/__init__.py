@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dcp_bench.commands import (
     env,
+    launch,
     memory,
     plan,
     profile,
@@ -33,6 +34,7 @@ COMMANDS = (
     validate,
     memory,
     train,
+    launch,
     slurm,
     sweep,
     report,

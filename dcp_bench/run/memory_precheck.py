@@ -7,7 +7,10 @@ machine has: on CPU the memory the OS reports available now (``MemAvailable``; t
 node share it), on GPUs each rank's peak with the GPU's usable memory. A run that cannot fit is
 refused with both numbers, before any process starts, instead of dying in an allocation. A step
 the planner cannot plan (e.g. a sample that fits under the memory cap with no SP degree and
-recompute setting) is refused too, with the planner's reason: the run would stop there.
+recompute setting) is refused too, with the planner's reason: the run would stop there, and so
+is a plan that runs a micro-batch on an SP group whose size does not divide the model's attention
+heads (Ulysses and DSP shard heads over the group; the heads of a ``model=hf`` spec are its
+library config's), which the ranks would refuse only after launch.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp_bench.errors import DcpBenchError
+from dcp_bench.plan import StepPlan
 from dcp_bench.run.assemble import Assemble, assemble
 from dcp_bench.run.deal import deal_steps
 from dcp_bench.run.spec import RunSpec
@@ -65,6 +69,7 @@ def forecast_memory(spec: RunSpec, build: Assemble = assemble) -> MemoryForecast
                 f"refusing to launch: {where} cannot be planned: {exc}"
             ) from None
         planned += 1
+        _check_heads_divide(spec, plan, where)
         peak = np.asarray(simulate_step(plan, deal.batch, parts.cost).peak_mem_bytes, dtype=float)
         node = (
             float(peak.reshape(-1, per_node).sum(axis=1).max())
@@ -74,6 +79,19 @@ def forecast_memory(spec: RunSpec, build: Assemble = assemble) -> MemoryForecast
         if node > best.node_peak_bytes:
             best = MemoryForecast(float(peak.max()), node, deal.step, per_node, 0)
     return dataclasses.replace(best, steps_planned=planned)
+
+
+def _check_heads_divide(spec: RunSpec, plan: StepPlan, where: str) -> None:
+    heads = spec.model.heads
+    sizes = sorted(
+        {g.size for r in plan.rounds for g in r.groups if g.micro_batches and heads % g.size}
+    )
+    if sizes:
+        raise MemoryPrecheckError(
+            f"refusing to launch: the plan of {where} runs micro-batches on SP groups of "
+            f"{', '.join(map(str, sizes))} ranks, which do not divide the {heads} attention heads "
+            f"of model {spec.model.name}; use a method or world size whose SP degrees divide them"
+        )
 
 
 def available_memory_bytes() -> tuple[float, float] | None:

@@ -217,17 +217,17 @@ def kill_run_tree(
 
 
 def run_session(
-    cmd: list[str], env: dict[str, str], limit_s: float | None
+    cmd: list[str], env: dict[str, str], limit_s: float | None, show_stdout: bool = False
 ) -> tuple[int | None, str, list[int]]:
     """Run ``cmd`` in a session of its own, every process of it marked; returns (exit code, or
-    None when killed at ``limit_s``; stderr; pids that survived the cleanup). Whatever happens,
-    the whole tree is gone (or reported) when this returns."""
+    None when killed at ``limit_s``; stderr; pids that survived the cleanup). Its stdout is
+    discarded, or shared with this process when ``show_stdout``. Whatever happens, the whole tree
+    is gone (or reported) when this returns."""
     mark = uuid.uuid4().hex
     env = {**env, RUN_MARK_ENV: mark}
+    stdout = None if show_stdout else subprocess.DEVNULL
     with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=err, start_new_session=True)
         try:
             code: int | None = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
@@ -429,19 +429,23 @@ def write_rank_error(exc: BaseException) -> None:
     """A rank's failure on its stderr: the traceback, then one line after `RANK_ERROR_MARK` that
     the launcher reads back as the run's error (`error_tail`)."""
     rank = os.environ.get("RANK", "?")
+    message = " ".join(str(exc).split())  # one line, whatever the exception's text holds
     sys.stderr.write(
-        f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {exc}\n"
+        f"{traceback.format_exc()}{RANK_ERROR_MARK} rank {rank}: {type(exc).__name__}: {message}\n"
     )
 
 
 def error_tail(stderr: str) -> str:
-    """The most telling line of the ranks' stderr: a rank's marked failure, else the last
-    exception line that says more than torchrun's own "ChildFailedError", else the signal or exit
-    code torchrun reports for a rank, else the last line that is not torchrun's frame."""
+    """The most telling line of the ranks' stderr: a rank's marked failure (rank 0's when it has
+    one: every rank usually refuses alike, and rank 0's is the one the run's record belongs to),
+    else the last exception line that says more than torchrun's own "ChildFailedError", else the
+    signal or exit code torchrun reports for a rank, else the last line that is not torchrun's
+    frame."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     marked = [ln[len(RANK_ERROR_MARK) :].strip() for ln in lines if ln.startswith(RANK_ERROR_MARK)]
     if marked:
-        return marked[0][:500]
+        first = [m for m in marked if m.startswith("rank 0:")] or marked
+        return first[0][:500]
     own = [
         ln
         for ln in lines

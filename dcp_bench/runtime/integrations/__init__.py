@@ -2,8 +2,9 @@
 libraries' public extension points only (no copied model code, no patched internals):
 
 - `dcp_bench.runtime.integrations.transformers_lm`: decoder-only causal LMs of ``transformers``
-  (Llama, Mistral, Qwen2): Ulysses attention registered with ``AttentionInterface``, packed
-  variable-length samples, checkpointing through the model's own switch.
+  (the families of ``MODEL_TYPES``: Llama, Mistral, Qwen2/3, Gemma 1-3, GPT-OSS, ...): Ulysses
+  attention registered with ``AttentionInterface`` (every attention argument honoured or refused
+  by name), packed variable-length samples, checkpointing through the model's own switch.
 - `dcp_bench.runtime.integrations.diffusers_video`: the Wan video transformer of ``diffusers``:
   Ulysses attention as an attention processor, the token sequence split and gathered by torch
   module hooks, the diffusion loss on random latents.

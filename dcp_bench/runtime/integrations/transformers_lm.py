@@ -1,11 +1,14 @@
-"""Data-Centric Parallel for decoder-only causal LMs of ``transformers`` (Llama, Mistral, Qwen2),
-through the library's public extension points only.
+"""Data-Centric Parallel for decoder-only causal LMs of ``transformers`` (the families of
+`MODEL_TYPES`), through the library's public extension points only.
 
 - Attention: `ulysses_attention` is registered with ``transformers.AttentionInterface`` under
   `ATTENTION` and selected with ``model.set_attn_implementation``. The model computes q, k, v and
   applies its rotary positions as always; the function switches them from sequence sharding to
   head sharding over the micro-batch's SP group (the runtime's Ulysses exchange,
   `dcp_bench.runtime.attention`), runs packed variable-length causal attention, and switches back.
+  Every keyword argument the library passes is honoured (scaling, soft-capping, sliding windows,
+  sinks: `eager_varlen_attention`) or refused by name (`check_attention_arguments`), and one
+  probe forward at construction (`probe_attention`) checks every layer's before the first step.
   No attention mask is built: the library skips mask creation for a registered function without a
   mask function, and the packed segments come with the micro-batch.
 - Packed samples: one micro-batch is one row of packed samples (batch size 1), with
@@ -63,6 +66,106 @@ ATTENTION = "dcp_ulysses"
 _LOGIT_OPTIONS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
+# Keyword arguments transformers passes to an attention function that DCP implements (values
+# checked in `check_attention_arguments`), and those that only carry the library's bookkeeping
+# (rotary positions are already applied to q and k; the packing comes with the micro-batch; no
+# cache is used). Any other argument with a value is refused by name: ignoring one silently
+# changes the model (GPT-OSS's ``s_aux`` sinks once trained to zero gradient that way).
+IMPLEMENTED_ARGUMENTS = ("scaling", "softcap", "sliding_window", "s_aux", "dropout", "is_causal")
+BOOKKEEPING_ARGUMENTS = ("position_ids", "use_cache", "cache_position", "output_attentions")
+# Decoder families whose every layer mixes tokens only through the attention function and whose
+# attention arguments above were checked equal-gradient against the library's eager attention
+# (tests/test_integration_attention_args.py). Others are refused: a family may mix tokens outside
+# attention (state-space or convolution layers) or build masks DCP never sees.
+MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3",
+    "gpt_neox", "granite", "gpt_oss", "starcoder2",
+)  # fmt: skip
+
+
+def check_attention_arguments(name: str, kwargs: dict[str, Any]) -> None:
+    """`ConfigError` naming the first attention argument in ``kwargs`` that `ulysses_attention`
+    would not honour exactly (``name``: the attention module, for the message)."""
+    for arg, value in kwargs.items():
+        if arg.startswith("dcp_") or arg in BOOKKEEPING_ARGUMENTS:
+            continue
+        if arg == "dropout":
+            if value:
+                raise ConfigError(
+                    f"{name}: attention argument dropout={value} (attention dropout in training) "
+                    f"is not supported by {ATTENTION!r}; set config.attention_dropout=0"
+                )
+        elif arg == "is_causal":
+            if value is False:
+                raise ConfigError(
+                    f"{name}: attention argument is_causal=False; {ATTENTION!r} serves "
+                    "decoder-only (causal) attention"
+                )
+        elif arg == "attention_mask":
+            if value is not None:
+                raise ConfigError(
+                    f"{name}: attention argument attention_mask (a mask the model built itself) "
+                    f"is not supported by {ATTENTION!r}, which masks packed samples apart"
+                )
+        elif arg not in IMPLEMENTED_ARGUMENTS and value is not None and value is not False:
+            raise ConfigError(
+                f"{name}: attention argument {arg}={_short(value)} is not implemented by "
+                f"{ATTENTION!r}; refusing rather than ignoring it (implemented: "
+                f"{', '.join(IMPLEMENTED_ARGUMENTS)})"
+            )
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"<tensor {tuple(value.shape)}>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def eager_varlen_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    seg_lens: list[int],
+    valid: list[int],
+    scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """Causal attention over packed segments, computed as the library's eager attention does:
+    q (T, H, D), k and v (T, KV, D) -> (T, H, D), padding rows 0. ``softcap``: scores become
+    ``softcap * tanh(scores / softcap)``; ``window``: query i sees keys j with i - j < window;
+    ``sinks`` (H,): one extra logit per head in the softmax whose probability is dropped."""
+    heads, kv = q.shape[1], k.shape[1]
+    outs: list[Tensor] = []
+    start = 0
+    for seg, n in zip(seg_lens, valid):
+        if n > 0:
+            qs = q[start : start + n].transpose(0, 1)
+            ks, vs = (repeat_kv(t[start : start + n], heads // kv, 1) for t in (k, v))
+            ks, vs = ks.transpose(0, 1), vs.transpose(0, 1)
+            scores = torch.matmul(qs, ks.transpose(1, 2)) * scale
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            i = torch.arange(n, device=q.device)
+            allowed = i[:, None] >= i[None, :]
+            if window is not None:
+                allowed &= (i[:, None] - i[None, :]) < window
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            if sinks is not None:
+                sink = sinks.to(scores.dtype).reshape(heads, 1, 1).expand(heads, n, 1)
+                scores = torch.cat([scores, sink], dim=-1)
+            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            if sinks is not None:
+                probs = probs[..., :-1]
+            outs.append(torch.matmul(probs, vs).transpose(0, 1))
+        if seg > n:
+            outs.append(q.new_zeros((seg - n, heads, q.shape[2])))
+        start += seg
+    return torch.cat(outs, dim=0)
+
+
 def ulysses_attention(
     module: nn.Module,
     query: Tensor,
@@ -76,8 +179,9 @@ def ulysses_attention(
     """The attention function registered as `ATTENTION`: query (1, H, T_local, D), key and value
     (1, KV, T_local, D) of this rank's tokens, rotary positions applied -> (1, T_local, H, D).
     The micro-batch arrives as keyword arguments: ``dcp_shard`` (a `TextShard`), ``dcp_sp`` (its
-    `SPContext`) and ``dcp_kernel`` (the packed-attention kernel)."""
-    del attention_mask  # the packed segments say who attends whom
+    `SPContext`) and ``dcp_kernel`` (the packed-attention kernel). Scaling, soft-capping, sliding
+    windows and attention sinks (``s_aux``) are honoured; any other argument is refused by name
+    (`check_attention_arguments`)."""
     shard: TextShard | None = kwargs.get("dcp_shard")
     sp: SPContext = kwargs.get("dcp_sp", SINGLE)
     kernel: AttentionKernel = kwargs.get("dcp_kernel", PORTABLE)
@@ -87,29 +191,36 @@ def ulysses_attention(
             f"attention {ATTENTION!r} of {name} ran without a DCP micro-batch: run the model "
             "through CausalLMAdapter.loss_sum (or set another attn_implementation)"
         )
-    if dropout:
-        raise ConfigError(
-            f"{name}: attention dropout {dropout}; expected 0 (config.attention_dropout=0)"
-        )
-    if kwargs.get("softcap") is not None:
-        raise ConfigError(f"{name}: attention soft-capping is not supported by {ATTENTION!r}")
-    window = kwargs.get("sliding_window")
-    if window is not None and max(shard.valid, default=0) > int(window):
-        raise ConfigError(
-            f"{name}: sliding window {window} shorter than a sample of {max(shard.valid)} tokens; "
-            f"{ATTENTION!r} runs full causal attention only"
-        )
+    check_attention_arguments(
+        name, {**kwargs, "dropout": dropout, "attention_mask": attention_mask}
+    )
     if not getattr(module, "is_causal", True):
         raise ConfigError(f"{name} is not causal; {ATTENTION!r} serves decoder-only models")
+    if "dcp_calls" in kwargs:
+        kwargs["dcp_calls"].append(name)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     heads, kv, dim = q.shape[1], k.shape[1], q.shape[2]
-    if scaling is not None and not math.isclose(scaling, dim**-0.5, rel_tol=1e-12):
-        q = q * (scaling * math.sqrt(dim))  # the kernel scales by 1/sqrt(D)
+    sinks: Tensor | None = kwargs.get("s_aux")
     if sp.size > 1:
         wanted = kv_heads_for_sp(heads, kv, sp.size)
         k, v = repeat_kv(k, wanted // kv, 1), repeat_kv(v, wanted // kv, 1)
         q, k, v = ulysses_qkv_to_heads(q, k, v, sp, shard.full_from_gathered)
-    out = varlen_attention(q, k, v, shard.seg_lens, shard.valid, causal=True, kernel=kernel)
+        if sinks is not None:  # this rank now holds query heads [r H/sp, (r+1) H/sp)
+            sinks = sinks.reshape(heads).chunk(sp.size)[sp.rank]
+    softcap = kwargs.get("softcap")
+    window = kwargs.get("sliding_window")
+    if window is not None and max(shard.valid, default=0) <= int(window):
+        window = None  # no sample is longer than the window: full causal attention is the same
+    if softcap is not None or window is not None or sinks is not None:
+        scale = dim**-0.5 if scaling is None else float(scaling)
+        out = eager_varlen_attention(
+            q, k, v, shard.seg_lens, shard.valid, scale, softcap,
+            None if window is None else int(window), sinks,
+        )  # fmt: skip
+    else:
+        if scaling is not None and not math.isclose(scaling, dim**-0.5, rel_tol=1e-12):
+            q = q * (scaling * math.sqrt(dim))  # the kernel scales by 1/sqrt(D)
+        out = varlen_attention(q, k, v, shard.seg_lens, shard.valid, causal=True, kernel=kernel)
     return ulysses_heads_to_seq(out, sp, shard.gathered_from_full).unsqueeze(0), None
 
 
@@ -145,11 +256,53 @@ def prepare_causal_lm(model: Any) -> Any:
                 f"{name}: config.{option}={getattr(config, option)} changes the logits; "
                 "the chunked loss computes hidden @ lm_head.T only"
             )
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(
+            f"{name}: model_type={model_type!r} is not among the families checked equal-gradient "
+            f"under DCP ({', '.join(MODEL_TYPES)}); another family may mix tokens outside "
+            "attention or pass attention arguments DCP does not implement"
+        )
     tf.AttentionInterface.register(ATTENTION, ulysses_attention)
     model.set_attn_implementation(ATTENTION)
     if getattr(config, "_attn_implementation", None) != ATTENTION:
         raise ConfigError(f"{name}: set_attn_implementation({ATTENTION!r}) did not take effect")
+    probe_attention(model)
     return model
+
+
+def probe_attention(model: Any) -> None:
+    """One forward of a 2-sample packed row (no gradient, training mode, RNG state kept) through
+    `ulysses_attention`, so every attention argument every layer passes is checked before the
+    first step; `ConfigError` naming a refused argument, or when not every layer's attention
+    reached the registered function."""
+    name = type(model).__name__
+    layers = int(getattr(model.config, "num_hidden_layers", 0))
+    calls: list[str] = []
+    device = next(model.parameters()).device
+    shard = make_text_shard(
+        np.array([0, 1]), np.array([3, 2]), int(model.config.vocab_size), SINGLE, 0, device
+    )
+    was_training = model.training
+    model.train()  # the library passes attention dropout only in training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model.base_model(
+                input_ids=shard.input_ids[None],
+                position_ids=shard.positions[None],
+                use_cache=False,
+                dcp_shard=shard,
+                dcp_sp=SINGLE,
+                dcp_kernel=PORTABLE,
+                dcp_calls=calls,
+            )
+    finally:
+        model.train(was_training)
+    if len(calls) != layers:
+        raise ConfigError(
+            f"{name}: {len(calls)} of {layers} layers called attention {ATTENTION!r}; the others "
+            "mix tokens in a way DCP does not shard"
+        )
 
 
 def set_checkpointing(model: Any, on: bool) -> None:
@@ -168,11 +321,22 @@ def set_checkpointing(model: Any, on: bool) -> None:
 
 
 def spec_of(model: Any, name: str | None = None, dtype: str = "bf16") -> ModelSpec:
-    """The cost model's spec of a transformers model (from its config)."""
+    """The cost model's spec of a transformers model (from its config); `ConfigError` saying how
+    to pass one for a family the adapter trains but the cost model does not price."""
     config = model.config.to_dict()
-    return model_spec(
-        name or str(config.get("model_type")), library="transformers", config=config, dtype=dtype
-    )
+    try:
+        return model_spec(
+            name or str(config.get("model_type")),
+            library="transformers",
+            config=config,
+            dtype=dtype,
+        )
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{type(model).__name__}: no cost-model spec from its config ({exc}); pass "
+            "CausalLMAdapter(..., spec=...) with a ModelSpec the planner prices it as, e.g. "
+            "model_spec('hf', library='transformers', config={...the sizes, model_type='llama'})"
+        ) from None
 
 
 class CausalLMAdapter:
