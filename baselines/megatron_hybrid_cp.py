@@ -375,6 +375,13 @@ class MegatronHybridCP(Planner):
     """
 
     name = "megatron_hybrid_cp"
+    source = (
+        'Megatron-Core dynamic ("hybrid") CP (NVIDIA/Megatron-LM d98e8a64, hybrid_cp_schedule.py '
+        "BalancedCPScheduler). Defaults are launch flags: max_seqlen_per_dp_cp_rank = what one "
+        "rank holds (its documented meaning, model_parallel_config.py:111-118), no recompute as "
+        "examples/dynamic_context_parallel/ launches, full recompute once that cannot place the "
+        "longest sequence (the relaunch); the scheduler's delta 0.05."
+    )
     search = False  # the tuned variant searches the launch flags on the cost model
     default_recompute: str | None = None  # none, or full when none cannot place the longest
 
@@ -634,5 +641,11 @@ class MegatronHybridCPTuned(MegatronHybridCP):
     ``offline_tune_s``)."""
 
     name = "megatron_hybrid_cp_tuned"
+    source = (
+        "megatron_hybrid_cp with its two launch flags searched on the cost model: an upper "
+        "reference, not how Megatron is run. Defaults: every per-rank ceiling from the one "
+        "placing the longest sequence up, each with the least recompute that fits, priced on "
+        "the first 3 batches; the search is offline tuning (tune_s), not charged per step."
+    )
     search = True
     default_recompute = "auto"

@@ -69,18 +69,27 @@ class PackedStatic(Planner):
         mode: "fair" only differs from "paper" in its label: the packed-sequence runtime has no
             confounders to reproduce (every sample runs once, one optimizer step).
         sp: fixed SP degree; None = the smallest that fits the longest sequence seen so far.
-        recompute: "full", "selective" (first half of the layers) or "none".
+        recompute: "selective" (the first half of the layers, the suite's stand-in for
+            Megatron's ``--recompute-activations``, its usual long-context setting), "full" or
+            "none".
         token_budget: most tokens per packed micro-batch (the packed length; over the whole SP
             group); None = limited by the memory cap only.
     """
 
     name = "packed_static"
+    source = (
+        "Megatron-LM / Transformer Engine packed sequences (THD, `PackedSeqParams`) at a fixed SP "
+        "degree. Defaults: the smallest SP degree that fits the longest sequence seen; selective "
+        "recompute (Megatron's `--recompute-activations`, megatron/training/arguments.py:607-608 "
+        "at d98e8a64; here the first half of the layers); micro-batches limited by the memory "
+        "cap; L^2-aware balance over replicas."
+    )
 
     def __init__(
         self,
         mode: Mode = "fair",
         sp: int | None = None,
-        recompute: str = "full",
+        recompute: str = "selective",
         token_budget: int | None = None,
     ) -> None:
         super().__init__(mode)

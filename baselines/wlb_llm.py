@@ -265,6 +265,13 @@ class WLBLLM(Planner):
     """
 
     name = "wlb_llm"
+    source = (
+        "WLB-LLM (OSDI'25, arXiv 2503.17924). Defaults as the paper evaluates it: variable-length "
+        "packing with 2 outlier-delay queues (Algorithm 1, §4.2-4.3; documents wait to a later "
+        "step), adaptive per-document / per-sequence CP sharding (§5.1, §5.3: recorded, not "
+        "priced); the smallest CP degree that fits the longest sequence; selective recompute (the "
+        "paper does not say; packed_static's)."
+    )
 
     def __init__(
         self,
