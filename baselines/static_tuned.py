@@ -56,7 +56,8 @@ class StaticTuned(Planner):
     name = "static_tuned"
     source = (
         "No single system: the best static configuration, a grid over SP degree x recompute x "
-        "token budget priced on the cost model. Defaults: tuned on the first batch (offline tuning)."
+        "token budget priced on the cost model. Defaults: tuned on the first batch (offline "
+        "tuning)."
     )
 
     def __init__(
