@@ -16,6 +16,7 @@ from baselines.scheduling import (
     ckpt_layers_for,
     lpt_assign,
     pack_under_budget,
+    recompute_holding_longest,
     smallest_sp_for_batch,
     static_round,
 )
@@ -71,7 +72,8 @@ class PackedStatic(Planner):
         sp: fixed SP degree; None = the smallest that fits the longest sequence seen so far.
         recompute: "selective" (the first half of the layers, the suite's stand-in for
             Megatron's ``--recompute-activations``, its usual long-context setting), "full" or
-            "none".
+            "none"; None = selective, and full from the first batch whose longest sequence
+            selective cannot hold at any SP degree (the user's fallback; it stays).
         token_budget: most tokens per packed micro-batch (the packed length; over the whole SP
             group); None = limited by the memory cap only.
     """
@@ -81,15 +83,16 @@ class PackedStatic(Planner):
         "Megatron-LM / Transformer Engine packed sequences (THD, `PackedSeqParams`) at a fixed SP "
         "degree. Defaults: the smallest SP degree that fits the longest sequence seen; selective "
         "recompute (Megatron's `--recompute-activations`, megatron/training/arguments.py:607-608 "
-        "at d98e8a64; here the first half of the layers); micro-batches limited by the memory "
-        "cap; L^2-aware balance over replicas."
+        "at d98e8a64; here the first half of the layers), full once selective cannot hold the "
+        "longest sequence at any degree; micro-batches limited by the memory cap; L^2-aware "
+        "balance over replicas."
     )
 
     def __init__(
         self,
         mode: Mode = "fair",
         sp: int | None = None,
-        recompute: str = "selective",
+        recompute: str | None = None,
         token_budget: int | None = None,
     ) -> None:
         super().__init__(mode)
@@ -97,6 +100,8 @@ class PackedStatic(Planner):
             raise ConfigError(
                 f"token_budget={token_budget}; expected a positive token count or null"
             )
+        self._fallback = recompute is None
+        recompute = recompute or "selective"
         ckpt_layers_for(recompute, 1)
         self.sp = sp
         self.recompute = recompute
@@ -104,6 +109,8 @@ class PackedStatic(Planner):
         self._auto_sp = 1  # the smallest fitting degree of the longest sample seen so far
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        if self._fallback:
+            self.recompute = recompute_holding_longest(batch, cost, self.recompute)
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         if self.sp is not None:
             sp = int(self.sp)

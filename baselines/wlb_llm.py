@@ -48,6 +48,7 @@ from baselines.scheduling import (
     largest_fitting,
     microbatch_fits,
     pack_under_budget,
+    recompute_holding_longest,
     smallest_sp_for_batch,
     static_round,
 )
@@ -248,8 +249,9 @@ class WLBLLM(Planner):
         sp: the fixed CP (SP) degree; None = the smallest that fits the longest sequence seen
             so far (it never shrinks).
         recompute: "selective" (the suite's stand-in: the first half of the layers), "full"
-            or "none". The paper does not say; the default is `packed_static`'s, so the two
-            differ only in WLB-LLM's own mechanisms.
+            or "none"; None = `packed_static`'s default (selective, full once selective cannot
+            hold the longest sequence): the paper does not say, so the two differ only in
+            WLB-LLM's own mechanisms.
         outlier_queues: ``n``, the number of outlier queues (§4.2); 0 turns the delay off
             (variable-length packing alone, every document in the step it arrives).
         outlier_thresholds: ``L_1 < ... < L_n`` in tokens; None = `default_thresholds` of
@@ -269,15 +271,15 @@ class WLBLLM(Planner):
         "WLB-LLM (OSDI'25, arXiv 2503.17924). Defaults as the paper evaluates it: variable-length "
         "packing with 2 outlier-delay queues (Algorithm 1, §4.2-4.3; documents wait to a later "
         "step), adaptive per-document / per-sequence CP sharding (§5.1, §5.3: recorded, not "
-        "priced); the smallest CP degree that fits the longest sequence; selective recompute (the "
-        "paper does not say; packed_static's)."
+        "priced); the smallest CP degree that fits the longest sequence; packed_static's recompute "
+        "(selective, full once it cannot hold the longest; the paper does not say)."
     )
 
     def __init__(
         self,
         mode: Mode = "fair",
         sp: int | None = None,
-        recompute: str = "selective",
+        recompute: str | None = None,
         outlier_queues: int = 2,
         outlier_thresholds: list[int] | None = None,
         context_window: int | None = None,
@@ -286,6 +288,8 @@ class WLBLLM(Planner):
         sharding: str = "adaptive",
     ) -> None:
         super().__init__(mode)
+        self._fallback = recompute is None
+        recompute = recompute or "selective"
         ckpt_layers_for(recompute, 1)
         if outlier_queues < 0:
             raise ConfigError(f"outlier_queues={outlier_queues}; expected >= 0")
@@ -363,6 +367,8 @@ class WLBLLM(Planner):
         for the next step. Without outlier queues the batch is returned unchanged."""
         if self.outlier_queues == 0:
             return batch
+        if self._fallback:
+            self.recompute = recompute_holding_longest(batch, cost, self.recompute)
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         W = cost.cluster.world_size
         if self._queues is None:
@@ -423,6 +429,8 @@ class WLBLLM(Planner):
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         W = cost.cluster.world_size
+        if self._fallback:
+            self.recompute = recompute_holding_longest(batch, cost, self.recompute)
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         dealt = self._dealt.pop(batch.step, None)
         if dealt is not None and dealt["ids"] != batch.sample_ids.tolist():

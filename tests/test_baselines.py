@@ -387,3 +387,30 @@ def test_static_tuned_retunes_when_a_later_batch_cannot_run():
     validate_plan(plan, later, cost)
     assert plan.info["retuned"] and plan.info["tuned_on_batches"] == 2 and plan.info["tune_s"] > 0
     assert not plan.info["tuned_config"].startswith("sp=1 ")
+
+
+def test_packed_static_default_recompute_is_selective_then_full_when_it_cannot_hold():
+    from baselines.scheduling import (
+        largest_fitting,
+        recompute_holding_longest,
+        smallest_fitting_sp,
+    )
+
+    cost = toy()
+    L = cost.model.num_layers
+    W = cost.cluster.world_size
+    # the longest sequence selective recompute holds on the world's largest group
+    n_sel = largest_fitting(lambda n: smallest_fitting_sp(n, 1, cost, L // 2, W) is not None, 2**28)
+    assert 0 < n_sel < 2**28
+    short = GlobalBatch.from_lengths([n_sel, 1000])
+    planner = PackedStatic()
+    assert planner.plan(short, cost).info["recompute"] == "selective"
+    too_long = GlobalBatch.from_lengths([n_sel + 1, 1000])
+    assert smallest_fitting_sp(n_sel + 1, 1, cost, L, W) is not None  # full recompute holds it
+    assert recompute_holding_longest(too_long, cost, "selective") == "full"
+    assert planner.plan(too_long, cost).info["recompute"] == "full"
+    # the fallback stays for the rest of the run
+    assert planner.plan(short, cost).info["recompute"] == "full"
+    # a pinned setting is never changed
+    with pytest.raises(InfeasibleError):
+        PackedStatic(recompute="selective").plan(too_long, cost)
