@@ -110,6 +110,11 @@ class BucketStatic(Planner):
     """
 
     name = "bucket_static"
+    source = (
+        "Open-Sora v1.2 / VideoSys bucket parallel (VideoSys 4cce477), the DCP paper's baseline. "
+        "Defaults: the smallest fixed SP degree that fits (the reference benchmark: 4), full "
+        "checkpointing as the reference config, per-bucket batch sizes."
+    )
 
     def __init__(
         self,

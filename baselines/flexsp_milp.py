@@ -576,6 +576,10 @@ class FlexSPMILP(Planner):
     """
 
     name = "flexsp_milp"
+    source = (
+        "FlexSP (ASPLOS'25): a per-step MILP over heterogeneous SP groups, solved with HiGHS. "
+        "Defaults: full recompute, 2 s planning budget per step, 16 length buckets (FlexSP's)."
+    )
 
     def __init__(
         self,

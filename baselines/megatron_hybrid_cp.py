@@ -1,7 +1,7 @@
 """`megatron_hybrid_cp`: Megatron-Core's dynamic ("hybrid") context parallelism, reimplemented
-from its public description and code (NVIDIA/Megatron-LM,
-megatron/core/pipeline_parallel/hybrid_cp_schedule.py, `BalancedCPScheduler`), configured the
-way a Megatron user configures it for the workload.
+from its public code (NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553,
+megatron/core/pipeline_parallel/hybrid_cp_schedule.py, `BalancedCPScheduler`), run from the
+launch flags a user sets.
 
 Per sequence, a context-parallel group of 2^ceil(log2(L / max_tokens_per_rank)) ranks. The
 global batch is cut into *groups* (our rounds; the reference puts a barrier between them):
@@ -13,13 +13,15 @@ filled by doubling the smallest groups. A group's sequences of a round are packe
 micro-batches of at most ``max_tokens_per_rank`` tokens per rank; ``pack_sequences=False`` runs
 each sequence alone, as the schedule read does.
 
-Megatron fixes two settings per launch that decide whether a workload runs at all: the per-rank
-token ceiling ``max_seqlen_per_dp_cp_rank`` (which, with the DPxCP world, caps the longest
-sequence) and the activation recompute (``--recompute-granularity`` / ``--recompute-method`` /
-``--recompute-num-layers``). `MegatronHybridCP` tunes the pair once per workload, as a user
-does before a run: every ceiling that still places the longest sequence on the world, each with
-the least recompute under which it fits the memory cap, priced on the cost model; the fastest
-wins. See baselines/README.md for the rule, its sources and the deviations.
+Megatron fixes two settings per launch: the per-rank token ceiling ``max_seqlen_per_dp_cp_rank``
+(``--max-seqlen-per-dp-cp-rank``) and the activation recompute (``--recompute-granularity`` /
+``--recompute-method`` / ``--recompute-num-layers``). `MegatronHybridCP` takes them as flags:
+the recompute of the example launch (``examples/dynamic_context_parallel/benchmark_dcp.sh``
+sets none), the ceiling by its documented meaning, the most tokens one rank holds without
+overflowing memory (``model_parallel_config.py:111-118``). `MegatronHybridCPTuned`
+(``megatron_hybrid_cp_tuned``) instead searches the pair on the cost model once per workload, an
+offline tuning a user would do with trial runs (its time is recorded as ``tune_s``). See
+baselines/README.md for the rules, their sources and the deviations.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from baselines.scheduling import (
     ckpt_layers_for,
     estimate_step_time,
     largest_fitting,
+    max_tokens_fitting_one_rank,
     pack_under_budget,
     sp_degrees,
 )
@@ -346,14 +349,17 @@ def candidate_configs(
 
 
 class MegatronHybridCP(Planner):
-    """Megatron-Core hybrid (dynamic) context parallelism, tuned once per workload.
+    """Megatron-Core hybrid (dynamic) context parallelism from its launch flags.
 
     Args:
         mode: labels runs only (the reference takes one optimizer step per global batch).
-        max_tokens_per_rank: the reference's ``max_seqlen_per_dp_cp_rank``; None = tuned.
-        recompute: ``auto`` (tuned: no recompute, or the first k layers for k = 1 .. all),
-            or pinned: ``none``, ``selective`` (the first half of the layers, the suite's
-            stand-in), ``full``, ``block`` (the first ``recompute_num_layers`` layers).
+        max_tokens_per_rank: ``--max-seqlen-per-dp-cp-rank``; None = its documented meaning,
+            the most tokens one rank holds under the memory cap with the launch's recompute
+            (`max_tokens_fitting_one_rank`; for the tuned variant: searched).
+        recompute: ``none`` (the example launch's, Megatron's default), ``selective`` (the
+            first half of the layers, the suite's stand-in), ``full`` (every layer, Megatron's
+            ``full/uniform/1``), ``block`` (the first ``recompute_num_layers`` layers); the
+            tuned variant also takes ``auto`` (searched: no recompute, or the first k layers).
         recompute_num_layers: with ``recompute: block``, Megatron's ``--recompute-num-layers``.
         delta: balance slack of a round (the reference's 5%).
         pack_sequences: True packs a group's sequences of a round into THD micro-batches of at
@@ -369,12 +375,21 @@ class MegatronHybridCP(Planner):
     """
 
     name = "megatron_hybrid_cp"
+    source = (
+        'Megatron-Core dynamic ("hybrid") CP (NVIDIA/Megatron-LM d98e8a64, hybrid_cp_schedule.py '
+        "BalancedCPScheduler). Defaults are launch flags: max_seqlen_per_dp_cp_rank = what one "
+        "rank holds (its documented meaning, model_parallel_config.py:111-118), no recompute as "
+        "examples/dynamic_context_parallel/ launches, full recompute once that cannot place the "
+        "longest sequence (the relaunch); the scheduler's delta 0.05."
+    )
+    search = False  # the tuned variant searches the launch flags on the cost model
+    default_recompute: str | None = None  # none, or full when none cannot place the longest
 
     def __init__(
         self,
         mode: Mode = "fair",
         max_tokens_per_rank: int | None = None,
-        recompute: str = "auto",
+        recompute: str | None = None,
         recompute_num_layers: int | None = None,
         delta: float = 0.05,
         pack_sequences: bool = True,
@@ -383,6 +398,15 @@ class MegatronHybridCP(Planner):
         round_barrier: bool = True,
     ) -> None:
         super().__init__(mode)
+        recompute = recompute or self.default_recompute
+        self._relaunch = recompute is None  # none, full when a launch without cannot run
+        recompute = recompute or "none"
+        if recompute == "auto" and not self.search:
+            raise ConfigError(
+                "recompute=auto searches the launch flags: that is the tuned variant "
+                "(method=megatron_hybrid_cp_tuned); megatron_hybrid_cp takes none, selective, "
+                "full or block"
+            )
         if max_tokens_per_rank is not None and max_tokens_per_rank < 1:
             raise ConfigError(
                 f"max_tokens_per_rank={max_tokens_per_rank}; expected a positive token count or "
@@ -421,6 +445,7 @@ class MegatronHybridCP(Planner):
         self._tune_s = 0.0
         self._prices: dict[tuple[int, LaunchConfig], float | InfeasibleError] = {}
         self._ladder: tuple[int, list[int]] | None = None
+        self._longest = 0
 
     def allowed_ckpt(self, num_layers: int) -> list[int]:
         """Recomputed-layer counts the search may use (all of 0 .. num_layers under ``auto``)."""
@@ -544,7 +569,36 @@ class MegatronHybridCP(Planner):
                 self._prices[key] = exc
         return self._prices[key]
 
+    def launch_config(self, cost: CostModel, longest: int = 0) -> LaunchConfig:
+        """The launch's flags: the pinned recompute, and the pinned ceiling or the documented
+        one (the most tokens one rank holds with that recompute). With the recompute left to
+        the default: none, unless that ceiling cannot place a sequence of ``longest`` tokens
+        on the largest group the world holds; then full recompute (``full/uniform/1``: the
+        user's relaunch after the scheduler stops, hybrid_cp_schedule.py:369-370)."""
+        L = cost.model.num_layers
+        ckpt = self.allowed_ckpt(L)[0]
+        m = self.max_tokens_per_rank or max_tokens_fitting_one_rank(cost, ckpt)
+        top = sp_degrees(cost.cluster.world_size)[-1]
+        if self._relaunch and m * top < longest:
+            m = self.max_tokens_per_rank or max_tokens_fitting_one_rank(cost, L)
+            return LaunchConfig(int(m), L)
+        return LaunchConfig(int(m), ckpt)
+
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        if not self.search:
+            # the launch is for the longest sequence seen so far: it never goes back
+            self._longest = max(self._longest, int(batch.tokens.max()) if batch.n else 0)
+            config = self.launch_config(cost, self._longest)
+            try:
+                plan = self.fixed_plan(batch, cost, config)
+            except InfeasibleError as exc:
+                raise InfeasibleError(
+                    f"{exc} (launch {config.describe(cost.model.num_layers)}; Megatron stops "
+                    "here too, hybrid_cp_schedule.py:369-370: relaunch with more recompute, "
+                    "e.g. method.recompute=full, or method=megatron_hybrid_cp_tuned)"
+                ) from None
+            plan.info.update(launch_config=config.describe(cost.model.num_layers), tune_s=0.0)
+            return plan
         key = json.dumps(cost.describe(), sort_keys=True, default=str)
         if key != self._cost_key:  # a different cost model or cluster: tune afresh
             self._cost_key, self._seen, self._best = key, [], None
@@ -575,3 +629,23 @@ class MegatronHybridCP(Planner):
             tune_s=self._tune_s if (tuned_now or retuned) else 0.0,
         )
         return plan
+
+
+class MegatronHybridCPTuned(MegatronHybridCP):
+    """`MegatronHybridCP` with its two launch flags searched on the cost model once per
+    workload (``recompute: auto`` by default): every ceiling that still places the longest
+    sequence on the world, each with the least recompute under which it fits, priced on the
+    first ``tune_batches`` batches; the fastest wins, and a later batch it cannot run retunes.
+    Not how Megatron is run: an upper reference for what the best fixed launch could do. The
+    search time is ``plan.info["tune_s"]`` (the run records it as offline tuning,
+    ``offline_tune_s``)."""
+
+    name = "megatron_hybrid_cp_tuned"
+    source = (
+        "megatron_hybrid_cp with its two launch flags searched on the cost model: an upper "
+        "reference, not how Megatron is run. Defaults: every per-rank ceiling from the one "
+        "placing the longest sequence up, each with the least recompute that fits, priced on "
+        "the first 3 batches; the search is offline tuning (tune_s), not charged per step."
+    )
+    search = True
+    default_recompute = "auto"

@@ -15,17 +15,69 @@ from baselines.scheduling import (
     check_sp_degree,
     ckpt_layers_for,
     lpt_assign,
+    microbatch_fits,
     pack_under_budget,
+    recompute_holding_longest,
     smallest_sp_for_batch,
     static_round,
 )
-from dcp_bench.errors import ConfigError
+from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import MicroBatch, Mode, StepPlan
 from dcp_bench.planners.base import Planner
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
     from dcp_bench.cost.base import CostModel
+
+
+PACKINGS = ("lpt", "dp_balanced")
+
+
+def dp_balanced_packs(
+    batch: GlobalBatch, cost: CostModel, sp: int, ckpt: int, token_budget: int | None, dp: int
+) -> list[list[tuple[int, ...]]]:
+    """Megatron-Core's ``dp_balanced`` sequence-packing scheduler (NVIDIA/Megatron-LM d98e8a64,
+    megatron/core/datasets/data_schedule.py:437-489, `DpBalancedScheduler`), the packed baseline
+    of examples/dynamic_context_parallel/: the samples in the order the loader gives them,
+    next-fit into packs of at most ``max_seqlen_per_dp_cp_rank x cp_size`` tokens (here
+    ``token_budget``, or what the memory cap holds); while the pack count is not a multiple of
+    ``dp``, the last sample of the last pack holding more than one moves to a pack of its own;
+    pack ``q`` goes to replica ``q % dp`` as its micro-batch ``q // dp``. Per replica, its
+    micro-batches in order."""
+    room = cost.memory_cap_bytes - cost.static_memory_bytes()
+    act: list[float] = (
+        cost.sample_memory(batch.tokens, batch.frames, sp, ckpt).tolist() if batch.n else []
+    )
+    packs: list[list[int]] = []
+    size = mem = 0.0
+    for p in range(batch.n):
+        L, m = int(batch.tokens[p]), float(act[p])
+        if m > room or (token_budget is not None and token_budget < L):
+            raise InfeasibleError(
+                f"sample {p} ({L} tokens) does not fit one micro-batch at the fixed SP degree "
+                f"{sp} (token budget {token_budget}, memory cap)"
+            )
+        fits = (token_budget is None or size + L <= token_budget) and mem + m <= room
+        if packs and fits:
+            packs[-1].append(p)
+            size, mem = size + L, mem + m
+        else:
+            packs.append([p])
+            size, mem = L, m
+    i = len(packs) - 1
+    while len(packs) % dp and i >= 0:
+        # (the reference asserts it finds enough samples; with too few, replicas stay idle)
+        if len(packs[i]) > 1:
+            packs.append([packs[i].pop()])
+        else:
+            i -= 1
+    per_group: list[list[tuple[int, ...]]] = [[] for _ in range(dp)]
+    for q, pk in enumerate(packs):
+        if microbatch_fits(batch, pk, cost, sp, ckpt, "sequence"):
+            per_group[q % dp].append(tuple(pk))
+        else:  # the memory estimate is additive; a cost model's may not be
+            per_group[q % dp].extend(pack_under_budget(batch, pk, cost, sp, ckpt, token_budget))
+    return per_group
 
 
 def packed_static_plan(
@@ -36,22 +88,32 @@ def packed_static_plan(
     token_budget: int | None,
     method: str = "packed_static",
     mode: Mode = "fair",
+    packing: str = "lpt",
 ) -> StepPlan:
-    """One round of ``world // sp`` equal SP groups; sequences balanced over the groups by
-    longest-processing-time on their predicted time alone at this SP degree (attention makes it
-    grow as L^2), then packed per group under the token budget and the memory cap."""
+    """One round of ``world // sp`` equal SP groups. ``lpt``: sequences balanced over the groups
+    by longest-processing-time on their predicted time alone at this SP degree (attention makes
+    it grow as L^2), then packed per group under the token budget and the memory cap;
+    ``dp_balanced``: Megatron's in-order packing and dealing (`dp_balanced_packs`)."""
     W = cost.cluster.world_size
     check_sp_degree(sp, W)
     dp = W // sp
-    times: list[float] = (
-        cost.sample_time(batch.tokens, batch.frames, sp, ckpt).tolist() if batch.n else []
-    )
-    owners = lpt_assign(times, dp)
     per_group: list[list[MicroBatch]] = []
-    for members in owners:
-        packs = pack_under_budget(batch, members, cost, sp, ckpt, token_budget)
-        per_group.append([MicroBatch(samples=p, ckpt_layers=ckpt) for p in packs])
-    info: dict[str, Any] = {"sp": sp, "ckpt_layers": ckpt, "token_budget": token_budget}
+    if packing == "dp_balanced":
+        for packs in dp_balanced_packs(batch, cost, sp, ckpt, token_budget, dp):
+            per_group.append([MicroBatch(samples=p, ckpt_layers=ckpt) for p in packs])
+    else:
+        times: list[float] = (
+            cost.sample_time(batch.tokens, batch.frames, sp, ckpt).tolist() if batch.n else []
+        )
+        for members in lpt_assign(times, dp):
+            packs = pack_under_budget(batch, members, cost, sp, ckpt, token_budget)
+            per_group.append([MicroBatch(samples=p, ckpt_layers=ckpt) for p in packs])
+    info: dict[str, Any] = {
+        "sp": sp,
+        "ckpt_layers": ckpt,
+        "token_budget": token_budget,
+        "packing": packing,
+    }
     return StepPlan(
         world_size=W,
         rounds=[static_round(W, sp, per_group)],
@@ -69,25 +131,45 @@ class PackedStatic(Planner):
         mode: "fair" only differs from "paper" in its label: the packed-sequence runtime has no
             confounders to reproduce (every sample runs once, one optimizer step).
         sp: fixed SP degree; None = the smallest that fits the longest sequence seen so far.
-        recompute: "full", "selective" (first half of the layers) or "none".
+        recompute: "selective" (the first half of the layers, the suite's stand-in for
+            Megatron's ``--recompute-activations``, its usual long-context setting), "full" or
+            "none"; None = selective, and full from the first batch whose longest sequence
+            selective cannot hold at any SP degree (the user's fallback; it stays).
         token_budget: most tokens per packed micro-batch (the packed length; over the whole SP
             group); None = limited by the memory cap only.
+        packing: ``lpt`` (L^2-aware balance over replicas, then first-fit-decreasing packing:
+            stronger than Megatron's) or ``dp_balanced`` (Megatron-Core's packed-sequence
+            scheduler as the dynamic-CP example's baseline runs it: in order, round-robin).
     """
 
     name = "packed_static"
+    source = (
+        "Megatron-LM / Transformer Engine packed sequences (THD, `PackedSeqParams`) at a fixed SP "
+        "degree. Defaults: the smallest SP degree that fits the longest sequence seen; selective "
+        "recompute (Megatron's `--recompute-activations`, megatron/training/arguments.py:607-608 "
+        "at d98e8a64; here the first half of the layers), full once selective cannot hold the "
+        "longest sequence at any degree; micro-batches limited by the memory cap; L^2-aware "
+        "balance over replicas."
+    )
 
     def __init__(
         self,
         mode: Mode = "fair",
         sp: int | None = None,
-        recompute: str = "full",
+        recompute: str | None = None,
         token_budget: int | None = None,
+        packing: str = "lpt",
     ) -> None:
         super().__init__(mode)
+        if packing not in PACKINGS:
+            raise ConfigError(f"packing={packing!r}; expected one of {', '.join(PACKINGS)}")
+        self.packing = packing
         if token_budget is not None and token_budget < 1:
             raise ConfigError(
                 f"token_budget={token_budget}; expected a positive token count or null"
             )
+        self._fallback = recompute is None
+        recompute = recompute or "selective"
         ckpt_layers_for(recompute, 1)
         self.sp = sp
         self.recompute = recompute
@@ -95,12 +177,16 @@ class PackedStatic(Planner):
         self._auto_sp = 1  # the smallest fitting degree of the longest sample seen so far
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        if self._fallback:
+            self.recompute = recompute_holding_longest(batch, cost, self.recompute)
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         if self.sp is not None:
             sp = int(self.sp)
         else:
             self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
             sp = self._auto_sp
-        plan = packed_static_plan(batch, cost, sp, ckpt, self.token_budget, self.name, self.mode)
+        plan = packed_static_plan(
+            batch, cost, sp, ckpt, self.token_budget, self.name, self.mode, self.packing
+        )
         plan.info["recompute"] = self.recompute
         return plan

@@ -285,6 +285,21 @@ def smallest_sp_for_batch(batch: GlobalBatch, cost: CostModel, ckpt: int) -> int
     return sp
 
 
+def recompute_holding_longest(
+    batch: GlobalBatch, cost: CostModel, preferred: str, fallback: str = "full"
+) -> str:
+    """``preferred`` when the batch's longest sample fits some SP degree of the world with it,
+    else ``fallback``: a user's default recompute, and the more recompute they switch to when
+    the default runs out of memory on the longest sequence."""
+    if batch.n == 0 or preferred == fallback:
+        return preferred
+    try:
+        smallest_sp_for_batch(batch, cost, ckpt_layers_for(preferred, cost.model.num_layers))
+    except InfeasibleError:
+        return fallback
+    return preferred
+
+
 def max_tokens_fitting_one_rank(cost: CostModel, ckpt: int, frames: int = 1) -> int:
     """The longest single sequence (tokens) that fits one GPU under the cap with ``ckpt``
     checkpointed layers; 0 when not even one token fits. Memory grows with length: binary

@@ -54,6 +54,11 @@ class StaticTuned(Planner):
     """
 
     name = "static_tuned"
+    source = (
+        "No single system: the best static configuration, a grid over SP degree x recompute x "
+        "token budget priced on the cost model. Defaults: tuned on the first batch (offline "
+        "tuning)."
+    )
 
     def __init__(
         self,

@@ -329,6 +329,9 @@ SCALAR_KEYS = frozenset(
         "method.sp",
         "method.token_budget",
         "method.token_capacity",
+        "method.s_max",
+        "method.context_window",
+        "method.micro_batches_per_replica",
         "method.max_tokens_per_rank",
         "method.recompute_num_layers",
     }

@@ -14,13 +14,14 @@ from test_baselines import ToyCost, real_cost, text_batch, toy
 from baselines.megatron_hybrid_cp import (
     LaunchConfig,
     MegatronHybridCP,
+    MegatronHybridCPTuned,
     candidate_configs,
     gpus_needed,
     hybrid_cp_plan,
     max_tokens_per_rank_ladder,
     recompute_flags,
 )
-from baselines.scheduling import estimate_step_time
+from baselines.scheduling import estimate_step_time, max_tokens_fitting_one_rank
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost.specs import cluster_spec, model_spec
 from dcp_bench.errors import ConfigError, InfeasibleError
@@ -102,7 +103,7 @@ def test_sequence_needing_more_than_the_world_is_infeasible():
 def test_default_tuned_plans_validate_on_the_shipped_cost_model(model):
     cost = real_cost(model)
     batch = text_batch(150, seed=2)
-    plan = MegatronHybridCP().plan(batch, cost)
+    plan = MegatronHybridCPTuned().plan(batch, cost)
     validate_plan(plan, batch, cost)
     assert sorted(plan.sample_positions()) == list(range(batch.n))
 
@@ -207,9 +208,9 @@ def test_tuned_planner_is_infeasible_exactly_when_no_configuration_runs_the_batc
         with pytest.raises(
             InfeasibleError, match=rf"sample 0 \({longest} tokens\).*at most 320 tokens"
         ):
-            MegatronHybridCP().plan(batch, cost)
+            MegatronHybridCPTuned().plan(batch, cost)
         return
-    plan = MegatronHybridCP().plan(batch, cost)
+    plan = MegatronHybridCPTuned().plan(batch, cost)
     validate_plan(plan, batch, cost)
     assert sorted(plan.sample_positions()) == list(range(batch.n))
     chosen = (plan.info["ckpt_layers"], plan.info["max_tokens_per_rank"])
@@ -240,14 +241,14 @@ def test_tuned_configuration_is_the_fastest_of_the_configurations_a_user_tries(i
     }
     priced = [grid[(k, m)] for m in tried for k in range(TIGHT_LAYERS + 1)]
     best = min(t for t in priced if t is not None)
-    plan = MegatronHybridCP().plan(batch, cost)
+    plan = MegatronHybridCPTuned().plan(batch, cost)
     assert simulated(plan, batch, cost) <= best * (1 + 1e-12)
 
 
 def test_recompute_is_the_least_that_fits_the_ceiling():
     cost = tight_toy()
     batch = GlobalBatch.from_lengths([300, 20, 7, 3])  # needs ceil(300 / 8) = 38 tokens per rank
-    plan = MegatronHybridCP().plan(batch, cost)
+    plan = MegatronHybridCPTuned().plan(batch, cost)
     validate_plan(plan, batch, cost)
     m, k = plan.info["max_tokens_per_rank"], plan.info["ckpt_layers"]
     assert m >= 38 and fits_one_rank(cost, m, k)
@@ -261,15 +262,17 @@ def test_pinned_recompute_that_cannot_hold_the_longest_sequence_is_infeasible():
     with pytest.raises(
         InfeasibleError, match=r"sample 0 \(300 tokens\).*recompute none.*at most 32 tokens"
     ):
-        MegatronHybridCP(recompute="none").plan(batch, cost)
-    plan = MegatronHybridCP(recompute="block", recompute_num_layers=TIGHT_LAYERS).plan(batch, cost)
+        MegatronHybridCPTuned(recompute="none").plan(batch, cost)
+    plan = MegatronHybridCPTuned(recompute="block", recompute_num_layers=TIGHT_LAYERS).plan(
+        batch, cost
+    )
     validate_plan(plan, batch, cost)
     assert plan.info["ckpt_layers"] == TIGHT_LAYERS
 
 
 def test_tuning_is_reused_and_redone_only_for_a_batch_the_configuration_cannot_run():
     cost = tight_toy()
-    planner = MegatronHybridCP(tune_batches=1)
+    planner = MegatronHybridCPTuned(tune_batches=1)
     first = planner.plan(GlobalBatch.from_lengths([20, 9, 3]), cost)
     assert first.info["tune_s"] > 0 and not first.info["retuned"]
     again = planner.plan(GlobalBatch.from_lengths([18, 5]), cost)
@@ -305,7 +308,7 @@ def test_tuning_runs_over_the_first_batches_and_picks_the_summed_simulated_argmi
     # on these three the first batch alone and the last alone would pick another ceiling
     lengths = ([71, 16, 21, 14, 40, 30], [91, 53, 43, 38, 39], [32, 54, 20, 11, 34, 34, 11])
     batches = [GlobalBatch.from_lengths(L) for L in lengths]
-    planner = MegatronHybridCP(tune_batches=3, shortlist=shortlist)
+    planner = MegatronHybridCPTuned(tune_batches=3, shortlist=shortlist)
     plans = [planner.plan(b, cost) for b in batches]
     assert [p.info["tuned_on_batches"] for p in plans] == [1, 2, 3]
     grids = [brute_force(b, cost) for b in batches]
@@ -354,8 +357,8 @@ def test_long_documents_run_at_8_h200_with_the_recompute_they_need():
     cost = real_cost("llama3_8b", "h200x8")
     batch = GlobalBatch.from_lengths([197_532, 40_000, 9000, 5000, 3000] + [800] * 40)
     with pytest.raises(InfeasibleError, match=r"sample 0 \(197532 tokens\)"):
-        MegatronHybridCP(recompute="none").plan(batch, cost)
-    plan = MegatronHybridCP().plan(batch, cost)
+        MegatronHybridCPTuned(recompute="none").plan(batch, cost)
+    plan = MegatronHybridCPTuned().plan(batch, cost)
     validate_plan(plan, batch, cost)
     assert sorted(plan.sample_positions()) == list(range(batch.n))
     m, k = plan.info["max_tokens_per_rank"], plan.info["ckpt_layers"]
@@ -389,13 +392,13 @@ def test_tuned_launch_at_8_h200_is_the_simulated_fastest_of_those_tried():
     batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(
         0, 8, cost.model.max_seq_len
     )
-    plan = MegatronHybridCP().plan(batch, cost)
+    plan = MegatronHybridCPTuned().plan(batch, cost)
     ladder = max_tokens_per_rank_ladder(cost, cost.model.max_seq_len)
     tried = candidate_configs(
         int(batch.tokens.max()), 8, ladder, list(range(cost.model.num_layers + 1))
     )
     assert plan.info["candidates"] == len(tried) > 1
-    planner = MegatronHybridCP()
+    planner = MegatronHybridCPTuned()
     times = [simulated(planner.fixed_plan(batch, cost, c), batch, cost) for c in tried]
     assert plan.round_barrier
     assert simulated(plan, batch, cost) == pytest.approx(min(times), rel=1e-9)
@@ -410,8 +413,72 @@ def test_round_barrier_is_the_references_and_can_be_lifted():
     batch = load_workload("sharegpt", tokens_per_gpu=32768).global_batch(
         0, 8, cost.model.max_seq_len
     )
-    with_barrier = MegatronHybridCP().plan(batch, cost)
+    with_barrier = MegatronHybridCPTuned().plan(batch, cost)
     assert with_barrier.round_barrier and len(with_barrier.rounds) > 1
     lifted = dataclasses.replace(with_barrier, round_barrier=False)
     assert simulated(lifted, batch, cost) <= simulated(with_barrier, batch, cost)
-    assert not MegatronHybridCP(round_barrier=False).plan(batch, cost).round_barrier
+    assert not MegatronHybridCPTuned(round_barrier=False).plan(batch, cost).round_barrier
+
+
+# ---------------------------------------------------------------- the launch flags (default)
+
+
+def test_example_launch_cp_sizes_match_its_readme():
+    # examples/dynamic_context_parallel/README.md (Megatron-LM 10ce7bc4): with
+    # --max-seqlen-per-dp-cp-rank 2048, samples up to 2048 tokens use one rank, up to 4096 two,
+    # up to 8192 four (its lognormal mock data stops at 8192)
+    for L, cp in {128: 1, 2048: 1, 2049: 2, 4096: 2, 4097: 4, 8192: 4}.items():
+        assert gpus_needed(L, 2048) == cp
+    cost = toy("llama3_8b", "h200x8")
+    lengths = [8192, 4096, 2048, 1000, 700, 300]
+    batch = GlobalBatch.from_lengths(lengths)
+    plan = MegatronHybridCP(max_tokens_per_rank=2048, pack_sequences=False).plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    sizes = group_size_of(plan)
+    assert all(sizes[p] >= gpus_needed(L, 2048) for p, L in enumerate(lengths))
+    assert plan.info["launch_config"] == "max_seqlen_per_dp_cp_rank=2048 recompute=none"
+    assert plan.info["tune_s"] == 0.0
+
+
+def test_default_launch_is_the_documented_ceiling_without_recompute():
+    # the example sets no recompute flags; max_seqlen_per_dp_cp_rank is "the maximum sequence
+    # length each rank can handle without overflowing the memory" (model_parallel_config.py)
+    cost = tight_toy()
+    m = max_tokens_fitting_one_rank(cost, 0)
+    assert fits_one_rank(cost, m, 0) and not fits_one_rank(cost, m + 1, 0)
+    batch = GlobalBatch.from_lengths([4 * m, m, 1])
+    plan = MegatronHybridCP().plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    assert plan.info["max_tokens_per_rank"] == m and plan.info["ckpt_layers"] == 0
+    # full recompute raises the ceiling; the flags, not a search, decide it
+    full = MegatronHybridCP(recompute="full").plan(batch, cost)
+    assert full.info["max_tokens_per_rank"] == max_tokens_fitting_one_rank(cost, TIGHT_LAYERS)
+    assert full.info["recompute"] == "full/uniform/1"
+
+
+def test_default_launch_that_cannot_place_the_longest_stops_like_megatron():
+    cost = tight_toy()
+    m = max_tokens_fitting_one_rank(cost, 0)
+    too_long = GlobalBatch.from_lengths([m * TIGHT_WORLD + 1, 1])
+    with pytest.raises(InfeasibleError, match="relaunch with more recompute"):
+        MegatronHybridCP(recompute="none").plan(too_long, cost)
+    # the default relaunches with full recompute (the user's fix), and stays there
+    planner = MegatronHybridCP()
+    full = max_tokens_fitting_one_rank(cost, TIGHT_LAYERS)
+    if full * TIGHT_WORLD > m * TIGHT_WORLD + 1:
+        plan = planner.plan(too_long, cost)
+        assert (
+            plan.info["recompute"] == "full/uniform/1" and plan.info["max_tokens_per_rank"] == full
+        )
+        short = planner.plan(GlobalBatch.from_lengths([1, 1]), cost)
+        assert short.info["recompute"] == "full/uniform/1"
+    # the tuned variant finds a launch with recompute that runs it, when one exists
+    if max_tokens_fitting_one_rank(cost, TIGHT_LAYERS) * TIGHT_WORLD > m * TIGHT_WORLD + 1:
+        plan = MegatronHybridCPTuned().plan(too_long, cost)
+        assert plan.info["ckpt_layers"] > 0 and plan.info["tune_s"] > 0
+
+
+def test_search_is_only_the_tuned_variant():
+    with pytest.raises(ConfigError, match="megatron_hybrid_cp_tuned"):
+        MegatronHybridCP(recompute="auto")
+    assert MegatronHybridCPTuned().recompute == "auto"

@@ -10,7 +10,7 @@ from test_baselines import toy
 
 from baselines.bucket_static import BucketStatic
 from baselines.flexsp_milp import FlexSPMILP
-from baselines.megatron_hybrid_cp import MegatronHybridCP
+from baselines.megatron_hybrid_cp import MegatronHybridCP, MegatronHybridCPTuned
 from baselines.packed_static import PackedStatic
 from baselines.static_tuned import StaticTuned
 from baselines.wlb_llm import WLBLLM
@@ -26,6 +26,7 @@ def planners():
         StaticTuned(budget_multiples=[1, None]),
         PackedStatic(),
         MegatronHybridCP(),
+        MegatronHybridCPTuned(),
         FlexSPMILP(step_time_limit_s=0.2),
         WLBLLM(),
     ]

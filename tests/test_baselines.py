@@ -387,3 +387,50 @@ def test_static_tuned_retunes_when_a_later_batch_cannot_run():
     validate_plan(plan, later, cost)
     assert plan.info["retuned"] and plan.info["tuned_on_batches"] == 2 and plan.info["tune_s"] > 0
     assert not plan.info["tuned_config"].startswith("sp=1 ")
+
+
+def test_packed_static_default_recompute_is_selective_then_full_when_it_cannot_hold():
+    from baselines.scheduling import (
+        largest_fitting,
+        recompute_holding_longest,
+        smallest_fitting_sp,
+    )
+
+    cost = toy()
+    L = cost.model.num_layers
+    W = cost.cluster.world_size
+    # the longest sequence selective recompute holds on the world's largest group
+    n_sel = largest_fitting(lambda n: smallest_fitting_sp(n, 1, cost, L // 2, W) is not None, 2**28)
+    assert 0 < n_sel < 2**28
+    short = GlobalBatch.from_lengths([n_sel, 1000])
+    planner = PackedStatic()
+    assert planner.plan(short, cost).info["recompute"] == "selective"
+    too_long = GlobalBatch.from_lengths([n_sel + 1, 1000])
+    assert smallest_fitting_sp(n_sel + 1, 1, cost, L, W) is not None  # full recompute holds it
+    assert recompute_holding_longest(too_long, cost, "selective") == "full"
+    assert planner.plan(too_long, cost).info["recompute"] == "full"
+    # the fallback stays for the rest of the run
+    assert planner.plan(short, cost).info["recompute"] == "full"
+    # a pinned setting is never changed
+    with pytest.raises(InfeasibleError):
+        PackedStatic(recompute="selective").plan(too_long, cost)
+
+
+def test_dp_balanced_packing_is_megatrons_in_order_round_robin():
+    # data_schedule.py:437-489 (Megatron-LM d98e8a64), worked by hand: lengths 5, 4, 3, 6, 2
+    # with 8 tokens per pack: next-fit in order gives [5] [4, 3] [6, 2]; 3 packs are not a
+    # multiple of dp = 2, so the last sample of the last multi-sample pack (2) moves to its own
+    # pack: [5] [4, 3] [6] [2]; pack q goes to replica q % 2
+    from baselines.packed_static import dp_balanced_packs
+
+    cost = toy()  # 32 ranks; sp=16 -> dp=2
+    batch = GlobalBatch.from_lengths([5, 4, 3, 6, 2])
+    assert dp_balanced_packs(batch, cost, 16, 0, 8, 2) == [[(0,), (3,)], [(1, 2), (4,)]]
+    plan = PackedStatic(sp=16, token_budget=8, packing="dp_balanced").plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    assert [[mb.samples for mb in g.micro_batches] for g in plan.rounds[0].groups] == [
+        [(0,), (3,)],
+        [(1, 2), (4,)],
+    ]
+    with pytest.raises(ConfigError, match="packing"):
+        PackedStatic(packing="ffd")

@@ -228,3 +228,39 @@ def test_config_defaults_are_the_parsers_defaults() -> None:
         "zero_stage",
     ):
         assert getattr(bare, f) == getattr(full, f), f
+
+
+def test_a_batch_dealer_trains_every_fresh_sample_once_over_the_run() -> None:
+    # WLB-LLM delays outliers (its `deal_batch`): the run's steps train the workload's samples,
+    # each once, some in a later step than they arrived; the rest are still waiting at the end
+    spec = _spec(
+        [
+            "workload=synthetic_lognormal",
+            "model=tiny_llama",
+            "method=wlb_llm",
+            "method.outlier_thresholds=[2048]",
+            "method.outlier_queues=1",
+            "nproc=4",
+            "cluster=cpu",
+            "steps=5",
+            "warmup_steps=1",
+            "run.root=unused",
+        ]
+    )
+    parts = assemble(spec)
+    fresh = assemble(spec).workload
+    trained: list[int] = []
+    arrived: list[int] = []
+    late = 0
+    for d in deal_steps(spec, parts, 4):
+        ids = fresh.global_batch(d.step, 4, spec.model.max_seq_len).sample_ids.tolist()
+        arrived += ids
+        plan = d.plan_fn(d.batch)
+        assert sorted(set(plan.sample_positions())) == list(range(d.batch.n))
+        late += len(plan.info["released_samples"])
+        trained += d.batch.sample_ids.tolist()
+        assert d.deal_s >= 0.0
+    waiting = plan.info["documents_waiting"]
+    assert len(trained) == len(set(trained)) and set(trained) <= set(arrived)
+    assert len(trained) + waiting == len(arrived)
+    assert late > 0  # some outlier did wait for a later step

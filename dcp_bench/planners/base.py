@@ -26,6 +26,9 @@ class Planner(ABC):
     """Base class for methods. Subclasses set ``name`` and implement `plan`."""
 
     name: ClassVar[str] = "planner"
+    #: The system a peer reproduces and its defaults, with their sources (the report's method
+    #: glossary shows it; empty for the suite's own methods).
+    source: ClassVar[str] = ""
 
     def __init__(self, mode: Mode = "fair") -> None:
         if mode not in ("fair", "paper"):

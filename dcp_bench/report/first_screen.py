@@ -17,6 +17,7 @@ as they are present; absent, the screen says "not computed".
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
@@ -498,9 +499,23 @@ def _own_first_screen(doc: Document, data: ReportData) -> None:
     )
 
 
+def method_source(target: Any) -> str:
+    """What a method's planner class says it reproduces and its defaults, with their sources
+    (`Planner.source`; empty when the class does not say or cannot be imported)."""
+    module, _, attr = str(target or "").rpartition(".")
+    if not module:
+        return ""
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError):
+        return ""
+    return str(getattr(cls, "source", "") or "")
+
+
 def glossary_section(doc: Document, data: ReportData) -> None:
-    """Every method label of the campaign: its method family, mode and parameters, and whether it
-    is a baseline (colours follow the family in every figure)."""
+    """Every method label of the campaign: its method family, mode and parameters, whether it
+    is a baseline (colours follow the family in every figure), and for a peer the system it
+    reproduces and its defaults, with their sources."""
     cells = data.cells
     if cells.empty:
         return
@@ -514,12 +529,15 @@ def glossary_section(doc: Document, data: ReportData) -> None:
                 "mode": first.get("mode", ""),
                 "baseline": bool(first["is_baseline"]),
                 "parameters": first.get("params", ""),
+                "source and defaults": method_source(first.get("target")),
             }
         )
     doc.h2("Method labels")
     doc.p(
         "A label is the method's name, the parameters it runs with where they differ from its "
         "defaults, and its mode: paper mode is the reference's own loop, otherwise fair mode. "
+        "A peer's row names the system it reproduces and the defaults its users run, with their "
+        "sources (baselines/README.md has the rules). "
         "Every figure gives a family one hue and its variants shades of it."
     )
     doc.table(pd.DataFrame(rows), "Method labels", appendix=False)

@@ -4,7 +4,9 @@ A workload deals global batches (`StepWorkload`); the reference's epoch loop (``
 needs a planner with an epoch sampler (`EpochSampler`) and a workload with a fixed dataset
 (`FixedDataset`); a workload that knows the reference's latent-voxel token count of its samples
 (`LatentTokens`) has it recorded beside each iteration; one that documents itself
-(`DocumentedWorkload`) has its description and provenance kept in the run summary.
+(`DocumentedWorkload`) has its description and provenance kept in the run summary; a planner
+that decides which documents a step trains (`BatchDealer`: WLB-LLM delays outliers) deals each
+fresh batch before it is planned.
 """
 
 from __future__ import annotations
@@ -56,3 +58,13 @@ class EpochSampler(Protocol):
     """A planner with the reference's epoch sampler: an epoch's iterations and their plans."""
 
     def plan_epoch(self, dataset: GlobalBatch, cost: CostModel, epoch: int = 0) -> EpochPlan: ...
+
+
+@runtime_checkable
+class BatchDealer(Protocol):
+    """A planner whose method decides which samples a step trains (e.g. delaying some to a
+    later step): given each fresh global batch in step order, the batch the step trains.
+    Stateful over a run; every sample it takes in is trained once, in that step or a later
+    one (those still held when the run ends are listed by the planner)."""
+
+    def deal_batch(self, batch: GlobalBatch, cost: CostModel) -> GlobalBatch: ...

@@ -8,7 +8,8 @@ from here.
 - ``run.unit=step``: ``warmup_steps + steps`` global batches, each dealt fresh by the workload
   (``global_batch``: the same for every method at a given seed and step) and planned by the
   planner when the step is executed (`StepDeal.plan_fn` is `RunParts.plan_step`); the first
-  ``warmup_steps`` are warm-up.
+  ``warmup_steps`` are warm-up. A planner that decides which samples a step trains
+  (`BatchDealer`) deals each fresh batch first, in step order.
 - ``run.unit=epoch``: the reference runtime's loop. Each of ``run.epochs`` epochs takes the
   workload's fixed dataset (``epoch_dataset``), the planner's reference sampler deals it into
   iterations with their plans (``plan_epoch``), and every iteration is one step: its own batch,
@@ -35,7 +36,7 @@ from dcp_bench.batch import GlobalBatch
 from dcp_bench.errors import ConfigError
 from dcp_bench.plan import StepPlan, validate_plan
 from dcp_bench.run.assemble import RunParts
-from dcp_bench.run.capabilities import EpochSampler, FixedDataset, LatentTokens
+from dcp_bench.run.capabilities import BatchDealer, EpochSampler, FixedDataset, LatentTokens
 from dcp_bench.run.spec import RunSpec
 
 
@@ -45,7 +46,8 @@ class StepDeal:
     (``plan_fn``, called by the executor: rank 0 plans, every rank receives the plan), and, for
     the epoch unit, the planning time already spent on it (``planner_s``; None: the executor
     times ``plan_fn``), its epoch and iteration, and the epoch's accounting on its first
-    iteration."""
+    iteration; ``deal_s``: the time a `BatchDealer` took to deal the batch (planning time too:
+    the loop adds it to the timed ``plan_fn``)."""
 
     step: int
     batch: GlobalBatch
@@ -55,6 +57,7 @@ class StepDeal:
     epoch: int | None = None
     iteration: int | None = None
     epoch_info: dict[str, Any] | None = None
+    deal_s: float = 0.0
 
     @property
     def where(self) -> str:
@@ -89,8 +92,17 @@ def deal_steps(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[Step
         return
     for step in range(spec.total_steps):
         batch = parts.workload.global_batch(step, world_size, spec.model.max_seq_len)
+        deal_s = 0.0
+        if isinstance(parts.planner, BatchDealer):
+            t0 = time.perf_counter()
+            batch = parts.planner.deal_batch(batch, parts.plan_cost)
+            deal_s = time.perf_counter() - t0
         yield StepDeal(
-            step=step, batch=batch, plan_fn=parts.plan_step, warmup=step < spec.warmup_steps
+            step=step,
+            batch=batch,
+            plan_fn=parts.plan_step,
+            warmup=step < spec.warmup_steps,
+            deal_s=deal_s,
         )
 
 

@@ -180,6 +180,7 @@ def run_steps(
             raise RunTimeout(f"run exceeded {spec.limit_text()} before {deal.where}")
         batch = deal.batch
         plan, planner_s = executor.plan(batch, deal.plan_fn)
+        planner_s += deal.deal_s
         if deal.planner_s is not None:
             planner_s = deal.planner_s
         out = executor.execute(plan, batch)
