@@ -387,22 +387,34 @@ class AnalyticalCostModel(CostModel):
         return np.where(s > 1, t, 0.0)
 
     def activation_bytes(
-        self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+        self,
+        tokens: np.ndarray,
+        sp: np.ndarray,
+        ckpt_layers: np.ndarray,
+        frames: np.ndarray | None = None,
     ) -> np.ndarray:
         """Activation bytes per rank of each sample (sequence split over ``sp`` ranks): what the
         runtime's models keep for the backward, unit by unit (`dcp_bench.cost.activations`,
         equal to the bytes `dcp_bench.runtime.memory_count` counts from the models), per-sample
-        terms (caption keys/values and features) on every rank of the group.
+        terms (caption keys/values and features, timestep modulation) on every rank of the group.
+        ``frames``: each sample's frames (STDiT: the attention path of each length,
+        `ActivationTerms.layer_tok_at`); None prices every attention on its fused path.
 
         Stored layers keep everything, checkpointed ones their blocks' inputs (and, while any is
         checkpointed, the conditioning they take). Peak: at the start of the backward, (L-k)
         stored layers + k inputs; when a checkpointed block is recomputed the layers above it are
         already freed, so the inputs below + one full block. The second exceeds the first only
         when every layer is checkpointed."""
-        n_r = np.asarray(tokens, dtype=float) / np.asarray(sp, dtype=float)
+        n = np.asarray(tokens, dtype=float)
+        n_r = n / np.asarray(sp, dtype=float)
         k = np.clip(np.asarray(ckpt_layers, dtype=float), 0, self._L)
         L, t = self._L, self._act_terms
-        full_tok, full_s, inp = t.full_tok, t.full_sample, t.checkpoint_input_tok
+        if frames is None:
+            full_tok: np.ndarray | float = t.full_tok
+        else:
+            T = np.maximum(np.asarray(frames, dtype=float), 1.0)
+            full_tok = t.full_tok_at(n / T, T)
+        full_s, inp = t.full_sample, t.checkpoint_input_tok
         nb = t.blocks_per_layer
         every = k >= L
         per_tok = (
@@ -415,27 +427,45 @@ class AnalyticalCostModel(CostModel):
         per_sample = (
             (L - k) * full_s
             + np.where(every, full_s / nb, 0.0)
+            + np.where(k > 0, t.conditioning_held_sample, 0.0)
             + sum(t.outer_sample.values())
             + t.shared_sample
         )
         return self._scale("act_bytes") * (n_r * per_tok + per_sample)
 
     def activation_breakdown(
-        self, tokens: float, samples: float = 1.0, sp: int = 1, ckpt_layers: int = 0
+        self,
+        tokens: float | np.ndarray,
+        samples: float = 1.0,
+        sp: int = 1,
+        ckpt_layers: int = 0,
+        frames: np.ndarray | list[int] | None = None,
     ) -> dict[str, float]:
         """Bytes one micro-batch of ``tokens`` over ``samples`` samples keeps per rank, by unit
-        (per-layer units multiplied by the stored layers; without the recomputation peak)."""
+        (per-layer units multiplied by the stored layers; without the recomputation peak).
+        ``frames``: each sample's frames, ``tokens`` then each sample's tokens (``samples`` is
+        their number): every attention on the path of its length (`ActivationTerms.layer_tok_at`);
+        None prices every attention on its fused path."""
         t, L = self._act_terms, self._L
         k = min(max(int(ckpt_layers), 0), L)
-        n_r = float(tokens) / sp
+        if frames is None:
+            n_r = float(np.sum(tokens)) / sp
+            layer = {u: n_r * v for u, v in t.layer_tok.items()}
+        else:
+            n = np.atleast_1d(np.asarray(tokens, dtype=float))
+            T = np.maximum(np.atleast_1d(np.asarray(frames, dtype=float)), 1.0)
+            samples = float(len(n))
+            n_r = float(n.sum()) / sp
+            at = t.layer_tok_at(n / T, T)
+            layer = {u: float(np.sum(n / sp * at[u])) for u in t.layer_tok}
         out = {
-            f"layer.{u}": (L - k) * (n_r * v + samples * t.layer_sample.get(u, 0.0))
-            for u, v in t.layer_tok.items()
+            f"layer.{u}": (L - k) * (layer[u] + samples * t.layer_sample.get(u, 0.0))
+            for u in t.layer_tok
         }
         out["checkpoint_inputs"] = k * n_r * t.checkpoint_input_tok
+        held = n_r * t.conditioning_held_tok + samples * t.conditioning_held_sample
         out["shared"] = (
-            n_r * (t.shared_tok + (t.conditioning_held_tok if k > 0 else 0.0))
-            + samples * t.shared_sample
+            n_r * t.shared_tok + (held if k > 0 else 0.0) + samples * t.shared_sample
         )
         for u in sorted(set(t.outer_tok) | set(t.outer_sample)):
             out[u] = n_r * t.outer_tok.get(u, 0.0) + samples * t.outer_sample.get(u, 0.0)
@@ -536,7 +566,9 @@ class AnalyticalCostModel(CostModel):
         recompute = k / L * (t_layer_gemm + t_attn + floor)
         comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, s), s, collectives=2)
         comm = comm_layer * (2 * L + k) + self.fsdp_pass_time()
-        act = np.bincount(idx, weights=self.activation_bytes(tokens, s[idx], k[idx]), minlength=m)
+        act = np.bincount(
+            idx, weights=self.activation_bytes(tokens, s[idx], k[idx], frames), minlength=m
+        )
         flops = 3.0 * per_mb(fl["layer_gemm"] + fl["head_gemm"] + fl["attn"])
         own = {
             "fwd_s": fwd,
@@ -651,7 +683,9 @@ class AnalyticalCostModel(CostModel):
         """Activation bytes of each sample (`activation_bytes`) plus the allocator's
         fragmentation share of them (``allocator_fragmentation``, a separate term)."""
         n = len(tokens)
-        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers)) * (
+        return self.activation_bytes(
+            tokens, np.full(n, sp), np.full(n, ckpt_layers), frames
+        ) * (
             1.0 + self.allocator_fragmentation
         )
 

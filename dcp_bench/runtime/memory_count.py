@@ -377,7 +377,9 @@ def memory_table(
                 spec, list(toks), list(frs) if frs else None, checkpoint=ckpt, layers=layers
             )
             k = spec.num_layers if ckpt else 0
-            breakdown = cost.activation_breakdown(float(sum(toks)), float(len(toks)), 1, k)  # type: ignore[attr-defined]
+            breakdown = cost.activation_breakdown(  # type: ignore[attr-defined]
+                list(toks), float(len(toks)), 1, k, frames=list(frs or [1] * len(toks))
+            )
             for unit, (c, m) in compare_units(counted, breakdown, spec.num_layers).items():
                 rows.append(
                     {
