@@ -6,6 +6,8 @@ Time of a sequence-split micro-batch on an SP group of ``s`` ranks, per rank:
 
 - forward = GEMM FLOPs / (s * peak * eff_gemm(tokens per rank))
   + sum over samples and attention kinds of attention FLOPs / (s * peak * eff_attn(length))
+  (STDiT3 self-attention on the reference's path for its length: none for length 1, the
+  memory-bound math path under 30 keys, `AnalyticalCostModel._self_attention_work`)
   + memory-bound kernels: tokens per rank x layers x bytes moved per token / memory bandwidth;
 - backward = 2 x the forward's GEMMs and memory-bound kernels (weight- and input-gradient GEMMs)
   + ``attn_bwd_factor`` x the forward's attention time (flash attention's backward);
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dcp_bench.cost.activations import activation_terms
+from dcp_bench.cost.activations import FUSED_ATTENTION_MIN_LEN, activation_terms
 from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
 from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
@@ -352,16 +354,43 @@ class AnalyticalCostModel(CostModel):
             T = np.asarray(frames, dtype=float)
             S = n / T
             h, M = m.hidden, m.text_tokens
-            spatial = 4.0 * T * S * S * h  # per frame, full (non-causal) attention over S
-            temporal = 4.0 * S * T * T * h  # per patch, attention over T'
+            # per frame, full (non-causal) attention over S; per patch, attention over T'. A
+            # length-1 sequence attends to nothing (the reference returns v: no FLOPs).
+            spatial = np.where(S > 1, 4.0 * T * S * S * h, 0.0)
+            temporal = np.where(T > 1, 4.0 * S * T * T * h, 0.0)
             cross = 2 * 4.0 * n * M * h  # both blocks attend to the M caption tokens
             attn = L * (spatial + temporal + cross)
             work = L * (
-                spatial / self.attention_efficiency(S)
-                + temporal / self.attention_efficiency(T)
+                self._self_attention_work(spatial, S, n)
+                + self._self_attention_work(temporal, T, n)
                 + cross / self.attention_efficiency(float(max(M, 1)))
             )
         return {"layer_gemm": layer_gemm, "head_gemm": head_gemm, "attn": attn, "attn_work": work}
+
+    def _self_attention_work(
+        self, flops: np.ndarray, length: np.ndarray, rows: np.ndarray
+    ) -> np.ndarray:
+        """Peak-equivalent FLOPs (time x peak) of one STDiT block's self-attention over ``rows``
+        rows in sequences of ``length`` keys, on the reference's path for that length
+        (`dcp_bench.cost.activations.FUSED_ATTENTION_MIN_LEN`; VideoSys
+        ``videosys/models/modules/attentions.py:57-66``): length 1 is free (v is the output);
+        the fused kernel at its efficiency; under the threshold the unfused math path, priced
+        memory-bound at the measured bandwidth: the l x l scores materialised in HBM (q k^T
+        writes them in the compute dtype, the fp32 cast, the softmax, the cast back and
+        scores x v read and write them: ``(4b + 12) H l`` bytes per row) plus the passes the
+        fused kernel does not make (the q scaling, the contiguous k and v copies the batched
+        matmuls take: read and write each, ``6bh`` per row); never faster than its FLOPs at the
+        fused kernel's ceiling."""
+        ln = np.asarray(length, dtype=float)
+        m, b = self.model, self._b
+        fused = flops / self.attention_efficiency(np.maximum(ln, 1.0))
+        nbytes = np.asarray(rows, dtype=float) * (
+            6.0 * b * m.hidden + (4.0 * b + 12.0) * m.heads * ln
+        )
+        math = np.maximum(
+            flops / self._attn_max, nbytes / self.cluster.gpu.measured_mem_bw * self._peak
+        )
+        return np.where(ln <= 1, 0.0, np.where(ln < FUSED_ATTENTION_MIN_LEN, math, fused))
 
     def a2a_bytes_per_layer(self, tokens_per_rank: np.ndarray, sp: np.ndarray) -> np.ndarray:
         """Bytes each rank holds in the all-to-alls of one layer's forward (before the (s-1)/s
@@ -464,9 +493,7 @@ class AnalyticalCostModel(CostModel):
         }
         out["checkpoint_inputs"] = k * n_r * t.checkpoint_input_tok
         held = n_r * t.conditioning_held_tok + samples * t.conditioning_held_sample
-        out["shared"] = (
-            n_r * t.shared_tok + (held if k > 0 else 0.0) + samples * t.shared_sample
-        )
+        out["shared"] = n_r * t.shared_tok + (held if k > 0 else 0.0) + samples * t.shared_sample
         for u in sorted(set(t.outer_tok) | set(t.outer_sample)):
             out[u] = n_r * t.outer_tok.get(u, 0.0) + samples * t.outer_sample.get(u, 0.0)
         return {u: self._scale("act_bytes") * v for u, v in out.items()}
@@ -683,9 +710,7 @@ class AnalyticalCostModel(CostModel):
         """Activation bytes of each sample (`activation_bytes`) plus the allocator's
         fragmentation share of them (``allocator_fragmentation``, a separate term)."""
         n = len(tokens)
-        return self.activation_bytes(
-            tokens, np.full(n, sp), np.full(n, ckpt_layers), frames
-        ) * (
+        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers), frames) * (
             1.0 + self.allocator_fragmentation
         )
 
