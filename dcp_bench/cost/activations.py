@@ -52,9 +52,9 @@ class ActivationTerms:
     its layers (embeddings, final layer, loss), kept whatever the checkpointing. ``shared``: inputs
     every layer reads, kept once (the first layer saves them, or the checkpoints hold them): the
     STDiT caption features, Llama's RoPE tables. ``conditioning_held``: inputs every checkpointed
-    unit takes besides the hidden states (the STDiT per-row timestep modulation, Llama's RoPE
-    tables), kept once while any unit is checkpointed. ``blocks_per_layer``: checkpoints per layer
-    unit (recomputed one at a time). ``conditioning_held_sample``: the same per sample (the STDiT
+    unit takes besides the hidden states (per token: Llama's RoPE tables), kept once while any
+    unit is checkpointed. ``blocks_per_layer``: checkpoints per layer unit (recomputed one at a
+    time). ``conditioning_held_sample``: the same per sample (the STDiT
     per-sample timestep modulation, 6h). ``attention_tok``: STDiT self-attention bytes per row by
     path, (length 1, math path without its scores, fused); ``score_tok``: the math path's score
     bytes per row and key (`layer_tok_at`)."""
@@ -86,7 +86,8 @@ class ActivationTerms:
 
     def layer_tok_at(self, spatial: Any, temporal: Any) -> dict[str, Any]:
         """``layer_tok`` for samples of ``spatial`` patches per frame and ``temporal`` frames
-        (array-likes): each block's self-attention on the path of its length. Llama: ``layer_tok``."""
+        (array-likes): each block's self-attention on the path of its length. Llama:
+        ``layer_tok``."""
         out: dict[str, Any] = dict(self.layer_tok)
         if self.attention_tok is not None:
             out["spatial.self_attention"] = self.self_attention_tok(spatial)

@@ -7,8 +7,10 @@
   (self-attention over the T' frames of each patch); each block also has cross-attention to the
   caption and an MLP. Timestep conditioning is adaLN-style as in STDiT3: a shared
   ``t_block`` maps the timestep embedding to 6 vectors (shift/scale/gate for attention and MLP),
-  each block adds its own learned ``scale_shift_table``; an fps embedding is added to the
-  timestep embedding; q and k get a per-head RMSNorm. Patches of ``in_channels`` latents with
+  each block adds its own learned ``scale_shift_table``, one modulation per sample broadcast over
+  its rows; an fps embedding is added to the timestep embedding; q and k get a per-head RMSNorm
+  (``model.qk_norm``: the reference's fallback or a fused one); self-attention takes the
+  reference's path for its length (`STDiTBlock`). Patches of ``in_channels`` latents with
   patch (1, 2, 2) are embedded by a linear layer (equal to a stride=kernel Conv3d); fixed sin-cos
   embeddings of the frame and patch index are added. The final layer predicts noise and variance
   (learned sigma, as STDiT3); the loss is the MSE between the predicted and the true noise on
