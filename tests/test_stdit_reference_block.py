@@ -191,6 +191,15 @@ def test_an_image_temporal_block_returns_v() -> None:
     torch.testing.assert_close(out, block.proj(v))
     out.sum().backward()
     assert block.q_norm.weight.grad is None and block.k_norm.weight.grad is None
+    # through the whole model the unused q/k norms get zero gradients, not none (every rank of a
+    # sharded run reduces the same parameters), and the spatial ones real gradients
+    model.zero_grad(set_to_none=True)
+    model(shard, SINGLE).backward()
+    pairs: Any = model.pairs
+    for pair in pairs:
+        for norm in (pair.temporal.q_norm, pair.temporal.k_norm):
+            assert norm.weight.grad is not None and not norm.weight.grad.any()
+        assert pair.spatial.q_norm.weight.grad.abs().sum() > 0
 
 
 def test_image_attention_is_free_and_short_attention_is_memory_bound() -> None:

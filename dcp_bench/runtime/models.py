@@ -567,8 +567,9 @@ def _gate(x: Tensor, gate: Tensor) -> Tensor:
 def math_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The reference's unfused attention on (B, H, n, D) tensors, op for op (VideoSys
     ``videosys/models/modules/attentions.py:111-120``): scaled q, the score matrix in the compute
-    dtype, its fp32 softmax cast back, times v. Autograd keeps the scaled q, k, the fp32 softmax,
-    its cast and v: the materialised n x n scores."""
+    dtype, its fp32 softmax cast back, times v. Autograd keeps the scaled q, k and v (contiguous
+    copies when they are strided views: the batched matmuls take them so), the fp32 softmax and
+    its cast: the materialised n x n scores."""
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
     return scores.float().softmax(dim=-1).to(q.dtype) @ v
 
@@ -733,6 +734,10 @@ class STDiTBlock(nn.Module):
     ) -> Tensor:
         """``t_mod``: (samples, 6, h), one modulation per sample of the micro-batch."""
         mod = t_mod + self.scale_shift_table[None]  # (n, 6, h)
+        if max(shard.frames if self.temporal else shard.spatial) <= 1:
+            # no sequence attends (the length-1 branch): the q/k norms get zero gradients, not
+            # none, so every rank of a sharded run reduces the same parameters
+            mod = mod + 0.0 * (self.q_norm.weight.sum() + self.k_norm.weight.sum())
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod.unbind(1)  # 6 x (n, h)
         counts = shard.sample_rows(sp.size)
         h = per_sample(_modulate, self.norm1(x), counts, shift_a, scale_a)
