@@ -80,7 +80,7 @@ def test_analytical_memory_agrees_with_the_count_per_unit(
     k = spec.num_layers if ckpt else 0
     rows = compare_units(
         counted,
-        cost.activation_breakdown(float(sum(tokens)), float(len(tokens)), 1, k),
+        cost.activation_breakdown(tokens, float(len(tokens)), 1, k, frames=frames),
         spec.num_layers,
     )
     assert "total" in rows and len(rows) >= (5 if ckpt else 6)
@@ -89,14 +89,13 @@ def test_analytical_memory_agrees_with_the_count_per_unit(
         assert abs(m / c - 1) <= TOL, f"{name} ckpt={ckpt} {unit}: counted {c:.0f} model {m:.0f}"
     # the cost model charges exactly its breakdown (one sample of all the tokens), plus one
     # recomputed block when every layer is checkpointed (the recomputation peak)
-    n = float(sum(tokens))
-    charged = float(
-        cost.sample_memory(np.array([sum(tokens)]), np.array([sum(frames or [1])]), 1, k)[0]
-    )
-    kept = float(sum(cost.activation_breakdown(n, 1.0, 1, k).values()))
+    n, f = float(sum(tokens)), float(sum(frames or [1]))
+    charged = float(cost.sample_memory(np.array([n]), np.array([f]), 1, k)[0])
+    kept = float(sum(cost.activation_breakdown([n], 1.0, 1, k, frames=[f]).values()))
     t = cost._act_terms  # type: ignore[attr-defined]
+    full_tok = float(t.full_tok_at(n / f, f))  # the sample's attention paths
     peak = (
-        ((t.full_tok - t.checkpoint_input_tok) * n + t.full_sample) / t.blocks_per_layer
+        ((full_tok - t.checkpoint_input_tok) * n + t.full_sample) / t.blocks_per_layer
         if ckpt
         else 0.0
     )
@@ -106,7 +105,7 @@ def test_analytical_memory_agrees_with_the_count_per_unit(
 def test_caption_keys_and_values_are_recomputed_under_checkpointing() -> None:
     """STDiT3's caption K/V (M x 2h per sample and block) are kept without checkpointing and
     recomputed with it: with the same tokens, a second sample adds its K/V to every block of a
-    stored layer, and under checkpointing only its embeddings and caption features."""
+    stored layer, and under checkpointing only its embeddings, caption features and modulation."""
     spec = model_spec("stdit3_xl2")
     kv = spec.text_tokens * 2 * spec.hidden * 2  # bf16
     one = count_activations(spec, [512], [1], checkpoint=False, layers=2)
@@ -119,7 +118,10 @@ def test_caption_keys_and_values_are_recomputed_under_checkpointing() -> None:
     per_sample = ck_two.total - ck_one.total
     embeddings = two.units["embeddings"] - one.units["embeddings"]
     caption_features = spec.text_tokens * spec.hidden * 2
-    assert per_sample == embeddings + caption_features
+    # the timestep modulation the checkpoints hold (6h) and the final layer's (1 + scale) (h): one
+    # per sample, as Open-Sora broadcasts them
+    modulation = 7 * spec.hidden * 2
+    assert per_sample == embeddings + caption_features + modulation
     assert per_sample < kv * 2 * spec.num_layers / 10
 
 

@@ -8,19 +8,38 @@ model (docs/cost_model.md, "Activation memory").
 
 Notation: ``b`` bytes of the compute dtype, ``h`` hidden, ``f`` MLP width, ``H`` heads, ``hd``
 head dim, ``kvd`` = KV heads x hd, ``M`` caption tokens, ``D`` caption width, ``C`` latent patch
-width (in_channels x patch volume). Attention is a fused kernel: it keeps q, k, v, its output and
-an fp32 log-sum-exp per head and query row (4H bytes per token), never the score matrix.
-RMSNorm computes in fp32: it keeps its fp32 input (4h) and its output in the compute dtype (bh).
+width (in_channels x patch volume). A fused attention kernel keeps q, k, v, its output and an fp32
+log-sum-exp per head and query row (4H bytes per token), never the score matrix. RMSNorm computes
+in fp32: it keeps its fp32 input (4h) and its output in the compute dtype (bh).
+
+STDiT3's self-attention branches on its sequence length ``l`` as the reference's does (VideoSys
+``videosys/models/modules/attentions.py:57-66``, runtime.models.STDiTBlock): ``l == 1`` keeps
+no attention state (the output is v), ``l < FUSED_ATTENTION_MIN_LEN`` runs the unfused math path
+(it keeps the l x l scores per head: fp32 softmax and its cast, ``(4 + b) H l`` per row), longer
+sequences the fused kernel; `ActivationTerms.layer_tok_at` prices a sample by its lengths
+(spatial S patches, temporal T' frames), ``layer_tok`` is the fused path of both. The six
+modulation vectors of a block are one per sample (``t2i_modulate``), so the modulation is a
+per-sample term.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from dcp_bench.cost.specs import ModelSpec
 
 FREQ_DIM = 256  # the timestep embedder's sinusoidal width (runtime.models.STDiTModel.FREQ_DIM)
+# Attention over fewer keys runs the reference's unfused math path ("flash attn is not memory
+# efficient for small sequences", VideoSys videosys/models/modules/attentions.py:57-58, :95-97).
+FUSED_ATTENTION_MIN_LEN = 30
+# The q/k RMSNorm implementations (model.qk_norm): the reference's fallback LlamaRMSNorm
+# (videosys/models/modules/normalization.py:9-33, used when apex is absent) and a fused one
+# (apex FusedRMSNorm, normalization.py:11-13).
+QK_NORMS = ("reference", "fused")
 
 
 @dataclass(frozen=True)
@@ -33,9 +52,12 @@ class ActivationTerms:
     its layers (embeddings, final layer, loss), kept whatever the checkpointing. ``shared``: inputs
     every layer reads, kept once (the first layer saves them, or the checkpoints hold them): the
     STDiT caption features, Llama's RoPE tables. ``conditioning_held``: inputs every checkpointed
-    unit takes besides the hidden states (the STDiT per-row timestep modulation, Llama's RoPE
-    tables), kept once while any unit is checkpointed. ``blocks_per_layer``: checkpoints per layer
-    unit (recomputed one at a time)."""
+    unit takes besides the hidden states (per token: Llama's RoPE tables), kept once while any
+    unit is checkpointed. ``blocks_per_layer``: checkpoints per layer unit (recomputed one at a
+    time). ``conditioning_held_sample``: the same per sample (the STDiT
+    per-sample timestep modulation, 6h). ``attention_tok``: STDiT self-attention bytes per row by
+    path, (length 1, math path without its scores, fused); ``score_tok``: the math path's score
+    bytes per row and key (`layer_tok_at`)."""
 
     layer_tok: dict[str, float]
     layer_sample: dict[str, float]
@@ -46,10 +68,35 @@ class ActivationTerms:
     checkpoint_input_tok: float
     conditioning_held_tok: float
     blocks_per_layer: int
+    conditioning_held_sample: float = 0.0
+    attention_tok: tuple[float, float, float] | None = None
+    score_tok: float = 0.0
 
     @property
     def full_tok(self) -> float:
         return float(sum(self.layer_tok.values()))
+
+    def self_attention_tok(self, length: Any) -> Any:
+        """STDiT self-attention bytes per row of sequences of ``length`` keys (array-like)."""
+        assert self.attention_tok is not None
+        one, math_base, fused = self.attention_tok
+        n = np.asarray(length, dtype=float)
+        short = math_base + self.score_tok * n
+        return np.where(n <= 1, one, np.where(n < FUSED_ATTENTION_MIN_LEN, short, fused))
+
+    def layer_tok_at(self, spatial: Any, temporal: Any) -> dict[str, Any]:
+        """``layer_tok`` for samples of ``spatial`` patches per frame and ``temporal`` frames
+        (array-likes): each block's self-attention on the path of its length. Llama:
+        ``layer_tok``."""
+        out: dict[str, Any] = dict(self.layer_tok)
+        if self.attention_tok is not None:
+            out["spatial.self_attention"] = self.self_attention_tok(spatial)
+            out["temporal.self_attention"] = self.self_attention_tok(temporal)
+        return out
+
+    def full_tok_at(self, spatial: Any, temporal: Any) -> Any:
+        """`full_tok` for samples of the given lengths (`layer_tok_at`)."""
+        return sum(self.layer_tok_at(spatial, temporal).values())
 
     @property
     def full_sample(self) -> float:
@@ -94,25 +141,28 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
         )
     M, D = spec.text_tokens, spec.text_dim
     C = spec.in_channels * math.prod(spec.patch)
-    # q and k RMSNorms: in 16-bit each keeps an fp32 copy (4h) and its output (bh); in fp32 the
-    # "copy" is the qkv output itself (3bh, shared by q and k) plus the two outputs.
-    qk_norm = 2 * (4.0 * h + b * h) if b < 4 else 3.0 * b * h + 2 * b * h
+    if spec.qk_norm == "fused":
+        # apex-style: a contiguous copy of the strided q (k) view and an fp32 rstd per head, row
+        qk_norm = 2 * (b * h + 4.0 * H)
+    else:
+        # the reference's fallback: an fp32 copy of q (k) (4h), the fp32 rsqrt per head and row,
+        # and the output cast (bh), each for q and k
+        qk_norm = 2 * (4.0 * h + 4.0 * H + b * h)
+    # self-attention per row by path: the modulated input (qkv projection), the projection input
+    # (the packed output) and output (kept by the gate) on every path; with attention the q/k
+    # norms, then on the fused path the stacked normed q/k/v the kernel reads (3bh), its output
+    # and log-sum-exp; on the math path the scaled q and the contiguous copies of k and v its
+    # batched matmuls keep (3bh), its l x l scores in ``score_tok``
+    one = 3.0 * b * h
+    math_base = one + qk_norm + 3.0 * b * h
+    fused = one + qk_norm + 3.0 * b * h + b * h + lse
+    # the softmax in fp32 and its cast to the compute dtype (one tensor in fp32)
+    score = (4.0 + (b if b < 4 else 0)) * H
     block = {
-        # LayerNorm input, its output, (1 + scale) per row, and its mean / rstd per row in the
-        # compute dtype; twice (before self-attention and before the MLP)
-        "norm_modulation": 2 * (3.0 * b * h + 2.0 * b),
-        # modulated input, q/k norms (+ fp32 rsqrt per head and row each), the stacked normed
-        # q/k/v the kernel reads, its output and log-sum-exp, the projection input and output,
-        # and the block's (t_mod + scale_shift_table) rows: 6h per row (gates and scales)
-        "self_attention": b * h
-        + qk_norm
-        + 2 * 4.0 * H
-        + 3 * b * h
-        + b * h
-        + lse
-        + b * h
-        + b * h
-        + 6.0 * b * h,
+        # LayerNorm input, its output and its mean / rstd per row in the compute dtype; twice
+        # (before self-attention and before the MLP)
+        "norm_modulation": 2 * (2.0 * b * h + 2.0 * b),
+        "self_attention": fused,
         # input (q projection), q, the kernel's output and log-sum-exp, the output projection's
         # input
         "cross_attention": 4.0 * b * h + lse,
@@ -120,6 +170,11 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
         "mlp": 2.0 * b * h + 2.0 * b * f,
     }
     block_sample = {k: 0.0 for k in block}
+    # (1 + scale) of the two modulations, one per sample
+    block_sample["norm_modulation"] = 2.0 * b * h
+    # the block's six modulation vectors (t_mod + scale_shift_table), one per sample, kept by the
+    # gates
+    block_sample["self_attention"] = 6.0 * b * h
     # the caption keys and values of this block: M x 2h per sample, on every rank of the group
     block_sample["cross_attention"] = M * 2.0 * h * b
     layer_tok = {f"{kind}.{k}": v for kind in ("spatial", "temporal") for k, v in block.items()}
@@ -127,16 +182,18 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
         f"{kind}.{k}": v for kind in ("spatial", "temporal") for k, v in block_sample.items()
     }
     outer_tok = {
-        # latent patches in the compute dtype (x embedder input), the int64 row -> sample index
-        "embeddings": C * b + 8.0,
-        # LayerNorm input, mean/rstd, output, (1 + scale), modulated input; the fp32 difference
-        # of the noise prediction and the target, the fp32 loss weight
-        "final_layer": 4.0 * b * h + 2.0 * b + 4.0 * C + 4.0,
+        # latent patches in the compute dtype (x embedder input)
+        "embeddings": C * b,
+        # LayerNorm input, mean/rstd, output, modulated input; the fp32 difference of the noise
+        # prediction and the target, the fp32 loss weight
+        "final_layer": 3.0 * b * h + 2.0 * b + 4.0 * C + 4.0,
     }
     outer_sample = {
         # the caption in the compute dtype (caption MLP input), the MLP's hidden and GELU
         # outputs; the timestep and fps MLPs (input, hidden, GELU), their sum and its SiLU
         "embeddings": M * D * b + 2.0 * M * h * b + 2 * (FREQ_DIM * b + 2.0 * h * b) + 2.0 * h * b,
+        # the final layer's (1 + scale), one per sample
+        "final_layer": b * h,
     }
     return ActivationTerms(
         layer_tok,
@@ -146,8 +203,11 @@ def activation_terms(spec: ModelSpec, b: int | None = None) -> ActivationTerms:
         shared_tok=0.0,
         shared_sample=M * h * b,  # the caption features
         checkpoint_input_tok=2.0 * b * h,  # the spatial and the temporal block input
-        conditioning_held_tok=6.0 * b * h,  # t_mod rows (N, 6, h)
+        conditioning_held_tok=0.0,
         blocks_per_layer=2,
+        conditioning_held_sample=6.0 * b * h,  # t_mod (samples, 6, h)
+        attention_tok=(one, math_base, fused),
+        score_tok=score,
     )
 
 
@@ -162,7 +222,8 @@ def kept_bytes(
     """Bytes kept for the backward by one micro-batch of ``tokens`` per rank over ``samples``
     samples, with ``ckpt_layers`` of ``num_layers`` layer units checkpointed. ``peak``: add what
     recomputing one checkpointed block materialises on top when every layer is checkpointed
-    (otherwise the stored layers above are freed before the first recomputation)."""
+    (otherwise the stored layers above are freed before the first recomputation). Every
+    attention on its fused path (``layer_tok``; `ActivationTerms.layer_tok_at` by length)."""
     L, k = num_layers, min(max(ckpt_layers, 0), num_layers)
     full = tokens * terms.full_tok + samples * terms.full_sample
     inp = tokens * terms.checkpoint_input_tok
@@ -170,7 +231,7 @@ def kept_bytes(
     out += tokens * sum(terms.outer_tok.values()) + samples * sum(terms.outer_sample.values())
     out += tokens * terms.shared_tok + samples * terms.shared_sample
     if k > 0:
-        out += tokens * terms.conditioning_held_tok
+        out += tokens * terms.conditioning_held_tok + samples * terms.conditioning_held_sample
     if peak and k == L and L > 0:
         nb = terms.blocks_per_layer
         out += full / nb - inp / nb
@@ -195,4 +256,11 @@ def reference_block_inputs(spec: ModelSpec, b: int | None = None) -> tuple[float
     return 2.0 * b * h, 2.0 * per_block_sample
 
 
-__all__ = ["ActivationTerms", "activation_terms", "kept_bytes", "reference_block_inputs"]
+__all__ = [
+    "FUSED_ATTENTION_MIN_LEN",
+    "QK_NORMS",
+    "ActivationTerms",
+    "activation_terms",
+    "kept_bytes",
+    "reference_block_inputs",
+]

@@ -6,6 +6,8 @@ Time of a sequence-split micro-batch on an SP group of ``s`` ranks, per rank:
 
 - forward = GEMM FLOPs / (s * peak * eff_gemm(tokens per rank))
   + sum over samples and attention kinds of attention FLOPs / (s * peak * eff_attn(length))
+  (STDiT3 self-attention on the reference's path for its length: none for length 1, the
+  memory-bound math path under 30 keys, `AnalyticalCostModel._self_attention_work`)
   + memory-bound kernels: tokens per rank x layers x bytes moved per token / memory bandwidth;
 - backward = 2 x the forward's GEMMs and memory-bound kernels (weight- and input-gradient GEMMs)
   + ``attn_bwd_factor`` x the forward's attention time (flash attention's backward);
@@ -31,7 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dcp_bench.cost.activations import activation_terms
+from dcp_bench.cost.activations import FUSED_ATTENTION_MIN_LEN, activation_terms
 from dcp_bench.cost.base import (
     MICROBATCH_TIME_TERMS,
     STEP_TIME_TERMS,
@@ -396,16 +398,43 @@ class AnalyticalCostModel(CostModel):
             T = np.asarray(frames, dtype=float)
             S = n / T
             h, M = m.hidden, m.text_tokens
-            spatial = 4.0 * T * S * S * h  # per frame, full (non-causal) attention over S
-            temporal = 4.0 * S * T * T * h  # per patch, attention over T'
+            # per frame, full (non-causal) attention over S; per patch, attention over T'. A
+            # length-1 sequence attends to nothing (the reference returns v: no FLOPs).
+            spatial = np.where(S > 1, 4.0 * T * S * S * h, 0.0)
+            temporal = np.where(T > 1, 4.0 * S * T * T * h, 0.0)
             cross = 2 * 4.0 * n * M * h  # both blocks attend to the M caption tokens
             attn = L * (spatial + temporal + cross)
             work = L * (
-                spatial / self.attention_efficiency(S)
-                + temporal / self.attention_efficiency(T)
+                self._self_attention_work(spatial, S, n)
+                + self._self_attention_work(temporal, T, n)
                 + cross / self.attention_efficiency(float(max(M, 1)))
             )
         return {"layer_gemm": layer_gemm, "head_gemm": head_gemm, "attn": attn, "attn_work": work}
+
+    def _self_attention_work(
+        self, flops: np.ndarray, length: np.ndarray, rows: np.ndarray
+    ) -> np.ndarray:
+        """Peak-equivalent FLOPs (time x peak) of one STDiT block's self-attention over ``rows``
+        rows in sequences of ``length`` keys, on the reference's path for that length
+        (`dcp_bench.cost.activations.FUSED_ATTENTION_MIN_LEN`; VideoSys
+        ``videosys/models/modules/attentions.py:57-66``): length 1 is free (v is the output);
+        the fused kernel at its efficiency; under the threshold the unfused math path, priced
+        memory-bound at the measured bandwidth: the l x l scores materialised in HBM (q k^T
+        writes them in the compute dtype, the fp32 cast, the softmax, the cast back and
+        scores x v read and write them: ``(4b + 12) H l`` bytes per row) plus the passes the
+        fused kernel does not make (the q scaling, the contiguous k and v copies the batched
+        matmuls take: read and write each, ``6bh`` per row); never faster than its FLOPs at the
+        fused kernel's ceiling."""
+        ln = np.asarray(length, dtype=float)
+        m, b = self.model, self._b
+        fused = flops / self.attention_efficiency(np.maximum(ln, 1.0))
+        nbytes = np.asarray(rows, dtype=float) * (
+            6.0 * b * m.hidden + (4.0 * b + 12.0) * m.heads * ln
+        )
+        math = np.maximum(
+            flops / self._attn_max, nbytes / self.cluster.gpu.measured_mem_bw * self._peak
+        )
+        return np.where(ln <= 1, 0.0, np.where(ln < FUSED_ATTENTION_MIN_LEN, math, fused))
 
     def a2a_bytes_per_layer(self, tokens_per_rank: np.ndarray, sp: np.ndarray) -> np.ndarray:
         """Bytes each rank holds in the all-to-alls of one layer's forward (before the (s-1)/s
@@ -431,22 +460,34 @@ class AnalyticalCostModel(CostModel):
         return np.where(s > 1, t, 0.0)
 
     def activation_bytes(
-        self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+        self,
+        tokens: np.ndarray,
+        sp: np.ndarray,
+        ckpt_layers: np.ndarray,
+        frames: np.ndarray | None = None,
     ) -> np.ndarray:
         """Activation bytes per rank of each sample (sequence split over ``sp`` ranks): what the
         runtime's models keep for the backward, unit by unit (`dcp_bench.cost.activations`,
         equal to the bytes `dcp_bench.runtime.memory_count` counts from the models), per-sample
-        terms (caption keys/values and features) on every rank of the group.
+        terms (caption keys/values and features, timestep modulation) on every rank of the group.
+        ``frames``: each sample's frames (STDiT: the attention path of each length,
+        `ActivationTerms.layer_tok_at`); None prices every attention on its fused path.
 
         Stored layers keep everything, checkpointed ones their blocks' inputs (and, while any is
         checkpointed, the conditioning they take). Peak: at the start of the backward, (L-k)
         stored layers + k inputs; when a checkpointed block is recomputed the layers above it are
         already freed, so the inputs below + one full block. The second exceeds the first only
         when every layer is checkpointed."""
-        n_r = np.asarray(tokens, dtype=float) / np.asarray(sp, dtype=float)
+        n = np.asarray(tokens, dtype=float)
+        n_r = n / np.asarray(sp, dtype=float)
         k = np.clip(np.asarray(ckpt_layers, dtype=float), 0, self._L)
         L, t = self._L, self._act_terms
-        full_tok, full_s, inp = t.full_tok, t.full_sample, t.checkpoint_input_tok
+        if frames is None:
+            full_tok: np.ndarray | float = t.full_tok
+        else:
+            T = np.maximum(np.asarray(frames, dtype=float), 1.0)
+            full_tok = t.full_tok_at(n / T, T)
+        full_s, inp = t.full_sample, t.checkpoint_input_tok
         nb = t.blocks_per_layer
         every = k >= L
         per_tok = (
@@ -459,28 +500,44 @@ class AnalyticalCostModel(CostModel):
         per_sample = (
             (L - k) * full_s
             + np.where(every, full_s / nb, 0.0)
+            + np.where(k > 0, t.conditioning_held_sample, 0.0)
             + sum(t.outer_sample.values())
             + t.shared_sample
         )
         return self._scale("act_bytes") * (n_r * per_tok + per_sample)
 
     def activation_breakdown(
-        self, tokens: float, samples: float = 1.0, sp: int = 1, ckpt_layers: int = 0
+        self,
+        tokens: float | np.ndarray,
+        samples: float = 1.0,
+        sp: int = 1,
+        ckpt_layers: int = 0,
+        frames: np.ndarray | list[int] | None = None,
     ) -> dict[str, float]:
         """Bytes one micro-batch of ``tokens`` over ``samples`` samples keeps per rank, by unit
-        (per-layer units multiplied by the stored layers; without the recomputation peak)."""
+        (per-layer units multiplied by the stored layers; without the recomputation peak).
+        ``frames``: each sample's frames, ``tokens`` then each sample's tokens (``samples`` is
+        their number): every attention on the path of its length (`ActivationTerms.layer_tok_at`);
+        None prices every attention on its fused path."""
         t, L = self._act_terms, self._L
         k = min(max(int(ckpt_layers), 0), L)
-        n_r = float(tokens) / sp
+        if frames is None:
+            n_r = float(np.sum(tokens)) / sp
+            layer = {u: n_r * v for u, v in t.layer_tok.items()}
+        else:
+            n = np.atleast_1d(np.asarray(tokens, dtype=float))
+            T = np.maximum(np.atleast_1d(np.asarray(frames, dtype=float)), 1.0)
+            samples = float(len(n))
+            n_r = float(n.sum()) / sp
+            at = t.layer_tok_at(n / T, T)
+            layer = {u: float(np.sum(n / sp * at[u])) for u in t.layer_tok}
         out = {
-            f"layer.{u}": (L - k) * (n_r * v + samples * t.layer_sample.get(u, 0.0))
-            for u, v in t.layer_tok.items()
+            f"layer.{u}": (L - k) * (layer[u] + samples * t.layer_sample.get(u, 0.0))
+            for u in t.layer_tok
         }
         out["checkpoint_inputs"] = k * n_r * t.checkpoint_input_tok
-        out["shared"] = (
-            n_r * (t.shared_tok + (t.conditioning_held_tok if k > 0 else 0.0))
-            + samples * t.shared_sample
-        )
+        held = n_r * t.conditioning_held_tok + samples * t.conditioning_held_sample
+        out["shared"] = n_r * t.shared_tok + (held if k > 0 else 0.0) + samples * t.shared_sample
         for u in sorted(set(t.outer_tok) | set(t.outer_sample)):
             out[u] = n_r * t.outer_tok.get(u, 0.0) + samples * t.outer_sample.get(u, 0.0)
         return {u: self._scale("act_bytes") * v for u, v in out.items()}
@@ -588,7 +645,9 @@ class AnalyticalCostModel(CostModel):
         recompute = k / L * (t_layer_gemm + t_attn + floor)
         comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, s), s, collectives=2)
         comm = comm_layer * (2 * L + k) + self.fsdp_pass_time()
-        act = np.bincount(idx, weights=self.activation_bytes(tokens, s[idx], k[idx]), minlength=m)
+        act = np.bincount(
+            idx, weights=self.activation_bytes(tokens, s[idx], k[idx], frames), minlength=m
+        )
         flops = 3.0 * per_mb(fl["layer_gemm"] + fl["head_gemm"] + fl["attn"])
         own = {
             "fwd_s": fwd,
@@ -734,7 +793,7 @@ class AnalyticalCostModel(CostModel):
 
     def short_attention_excess(self, tokens: np.ndarray, frames: np.ndarray) -> np.ndarray:
         """Seconds per sample (one rank's worth of the whole sample, forward + backward, all
-        layers) by which the memory traffic of its attention calls over fewer than
+        layers) by which the memory traffic of its fused attention calls over fewer than
         `SHORT_ATTENTION_KEYS` keys exceeds their FLOP-priced time (`sample_flops`). A call of
         ``n`` query rows moves ``n x h x b`` bytes per activation-sized tensor: 4 forward, 8
         backward, at the measured memory bandwidth."""
@@ -760,7 +819,9 @@ class AnalyticalCostModel(CostModel):
         ):
             flop_t = bwd * flops / self.attention_efficiency(length) / flop_rate
             io_t = rows * per_row
-            short = (length < SHORT_ATTENTION_KEYS) & (length > 1)
+            # the fused kernel's lengths only: length 1 is free, the math path under
+            # FUSED_ATTENTION_MIN_LEN is priced on its own traffic (`_self_attention_work`)
+            short = (length < SHORT_ATTENTION_KEYS) & (length >= FUSED_ATTENTION_MIN_LEN)
             out += np.where(short, L * np.maximum(io_t - flop_t, 0.0), 0.0)
         return out
 
@@ -770,7 +831,7 @@ class AnalyticalCostModel(CostModel):
         """Activation bytes of each sample (`activation_bytes`) plus the allocator's
         fragmentation share of them (``allocator_fragmentation``, a separate term)."""
         n = len(tokens)
-        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers)) * (
+        return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers), frames) * (
             1.0 + self.allocator_fragmentation
         )
 

@@ -411,7 +411,7 @@ class ProfiledCostModel(CostModel):
             + outer
         )
         if k > 0:  # the conditioning every checkpointed unit holds (not in the outer law)
-            mem = mem + terms.conditioning_held_tok * tpr
+            mem = mem + terms.conditioning_held_tok * tpr + terms.conditioning_held_sample * n
         if (
             peak and k == L and L > 0
         ):  # recomputing one checkpointed block materialises its activations

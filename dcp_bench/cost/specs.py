@@ -120,6 +120,10 @@ class ModelSpec:
     dtype: str = "bf16"
     sources: dict[str, str] = field(default_factory=dict)
     qkv_bias: bool = False  # llama: q/k/v projections with bias (Qwen2)
+    # stdit: the per-head q/k RMSNorm, a cost option: "reference" (the fallback the reference
+    # runs without apex, keeping an fp32 copy of q and k) or "fused" (apex's FusedRMSNorm: the
+    # input and an fp32 rstd per row). dcp_bench.cost.activations.QK_NORMS; docs/cost_model.md.
+    qk_norm: str = "reference"
     # A model of another library (``transformers``): the spec was derived from its config
     # (`dcp_bench.cost.library_specs`), which the runtime builds the model from.
     library: str = ""
@@ -138,6 +142,11 @@ class ModelSpec:
         if self.arch not in ("llama", "stdit"):
             raise ConfigError(
                 f"model {self.name!r}: arch {self.arch!r}; expected 'llama' or 'stdit'"
+            )
+        if self.qk_norm not in ("reference", "fused"):
+            raise ConfigError(
+                f"model.qk_norm={self.qk_norm!r} (model {self.name!r}): expected 'reference' "
+                "(the reference's fallback RMSNorm) or 'fused'"
             )
         if self.heads % self.kv_heads:
             raise ConfigError(

@@ -103,14 +103,13 @@ def layer_case(
         # training where they come from the timestep and caption embedders)
         with torch.no_grad():
             t_emb = model.t_embed(sincos_embedding(shard.timesteps, model.FREQ_DIM).to(dtype))
-            t_mod = model.t_block(torch.nn.functional.silu(t_emb)).view(-1, 6, h)
-            t_mod_s = t_mod.index_select(0, shard.sample_of_row)
+            t_mod = model.t_block(torch.nn.functional.silu(t_emb)).view(-1, 6, h)  # per sample
             caption_h = model.y_embed(shard.captions.to(dtype))
-        t_mod_s.requires_grad_(True)
+        t_mod.requires_grad_(True)
         caption_h.requires_grad_(True)
 
         def fn(x: Tensor) -> Tensor:
-            return layer(x, shard, t_mod_s, t_mod_s, caption_h, sp)
+            return layer(x, shard, t_mod, caption_h, sp)
 
     def make_input() -> Tensor:
         return torch.randn(rows, h, device=device, dtype=dtype).requires_grad_(True)

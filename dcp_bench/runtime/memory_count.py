@@ -16,7 +16,9 @@ Llama-3-8B and STDiT3-XL/2 count at full width on a laptop. Attention is the CPU
 kernel (SDPA restricted to its fused backends): it saves q, k, v, its output and the fp32
 log-sum-exp per head and row, as fused kernels on a GPU do, never the n x n score matrix; every
 count records the attention backward nodes it saw and `count_activations` fails if a saved
-tensor has a square attention-length shape (a math-path score matrix).
+tensor has a square attention-length shape above 64 keys (a math-path score matrix where a
+fused kernel should run). STDiT3 self-attention over fewer than 30 keys runs the math path on
+purpose, as the reference does (`runtime.models.STDiTBlock`): its small score matrices count.
 
 A unit is the part of the model an op runs in: the module section entered last (the layer's
 sub-modules map to sections: norm and adaLN modulation, self-attention, cross-attention, MLP), the
@@ -377,7 +379,9 @@ def memory_table(
                 spec, list(toks), list(frs) if frs else None, checkpoint=ckpt, layers=layers
             )
             k = spec.num_layers if ckpt else 0
-            breakdown = cost.activation_breakdown(float(sum(toks)), float(len(toks)), 1, k)  # type: ignore[attr-defined]
+            breakdown = cost.activation_breakdown(  # type: ignore[attr-defined]
+                list(toks), float(len(toks)), 1, k, frames=list(frs or [1] * len(toks))
+            )
             for unit, (c, m) in compare_units(counted, breakdown, spec.num_layers).items():
                 rows.append(
                     {

@@ -7,8 +7,10 @@
   (self-attention over the T' frames of each patch); each block also has cross-attention to the
   caption and an MLP. Timestep conditioning is adaLN-style as in STDiT3: a shared
   ``t_block`` maps the timestep embedding to 6 vectors (shift/scale/gate for attention and MLP),
-  each block adds its own learned ``scale_shift_table``; an fps embedding is added to the
-  timestep embedding; q and k get a per-head RMSNorm. Patches of ``in_channels`` latents with
+  each block adds its own learned ``scale_shift_table``, one modulation per sample broadcast over
+  its rows; an fps embedding is added to the timestep embedding; q and k get a per-head RMSNorm
+  (``model.qk_norm``: the reference's fallback or a fused one); self-attention takes the
+  reference's path for its length (`STDiTBlock`). Patches of ``in_channels`` latents with
   patch (1, 2, 2) are embedded by a linear layer (equal to a stride=kernel Conv3d); fixed sin-cos
   embeddings of the frame and patch index are added. The final layer predicts noise and variance
   (learned sigma, as STDiT3); the loss is the MSE between the predicted and the true noise on
@@ -49,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from dcp_bench.cost.activations import FUSED_ATTENTION_MIN_LEN, QK_NORMS
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
 from dcp_bench.runtime.attention import (
@@ -392,6 +395,11 @@ class VideoShard:
     def loss_tokens(self) -> int:
         return int(self.weight.sum())
 
+    def sample_rows(self, sp_size: int) -> list[int]:
+        """Rows of each sample on this rank, the same in both layouts (T_p/P x S_p or T_p x S_p/P);
+        from the shard's sizes rather than the row index (no device sync)."""
+        return [fp * spd // sp_size for fp, spd in zip(self.frames_padded, self.spatial_padded)]
+
 
 def video_sample(
     seed: int, sample_id: int, frames: int, spatial: int, spec: ModelSpec
@@ -535,8 +543,100 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
+def per_sample(fn: Any, x: Tensor, counts: list[int], *vecs: Tensor) -> Tensor:
+    """``fn(rows, *vectors)`` with sample i's row of each (n, h) vector broadcast over its
+    ``counts[i]`` consecutive rows of ``x`` (N, h): one vector per sample, never one per row (as
+    Open-Sora modulates: ``t2i_modulate`` with (B, 1, C) shift and scale). Samples of equal rows
+    are one reshape; otherwise one segment per sample."""
+    n = len(counts)
+    if all(c == counts[0] for c in counts):
+        out = fn(x.reshape(n, counts[0], x.shape[-1]), *(v[:, None] for v in vecs))
+        return out.reshape(x.shape[0], -1)
+    parts = torch.split(x, counts)
+    return torch.cat([fn(p, *(v[i] for v in vecs)) for i, p in enumerate(parts)])
+
+
+def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale) + shift
+
+
+def _gate(x: Tensor, gate: Tensor) -> Tensor:
+    return gate * x
+
+
+def math_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The reference's unfused attention on (B, H, n, D) tensors, op for op (VideoSys
+    ``videosys/models/modules/attentions.py:111-120``): scaled q, the score matrix in the compute
+    dtype, its fp32 softmax cast back, times v. Autograd keeps the scaled q, k and v (contiguous
+    copies when they are strided views: the batched matmuls take them so), the fp32 softmax and
+    its cast: the materialised n x n scores."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+    return scores.float().softmax(dim=-1).to(q.dtype) @ v
+
+
+class ReferenceRMSNorm(nn.Module):
+    """The q/k norm the reference falls back to without apex (``LlamaRMSNorm``, VideoSys
+    ``videosys/models/modules/normalization.py:9-33``): computes on an fp32 copy of its input,
+    which autograd keeps (with the fp32 rsqrt per row and the output cast). The copy is made in
+    every dtype (in fp32 too), so what is kept never aliases the qkv projection."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.to(torch.float32, copy=True)
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+class _FusedRMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        xc = x.clone(memory_format=torch.contiguous_format)
+        xf = xc.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(xc, weight, rstd)
+        return (xf * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        xc, weight, rstd = ctx.saved_tensors
+        xhat = xc.float() * rstd
+        gw = grad.float() * weight.float()
+        dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        dweight = (grad.float() * xhat.to(xc.dtype).float()).reshape(-1, xc.shape[-1]).sum(0)
+        return dx.to(xc.dtype), dweight.to(weight.dtype), None
+
+
+class FusedRMSNorm(ReferenceRMSNorm):
+    """A fused q/k norm as apex's ``FusedRMSNorm`` keeps it (what the reference uses when apex is
+    installed, ``normalization.py:11-13``): a contiguous copy of the input and an fp32 rstd per
+    row, nothing in fp32 of the input's size; the backward recomputes the rest."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = _FusedRMSNormFn.apply(x, self.weight, self.eps)
+        return out
+
+
+def qk_norm_class(name: str) -> type[ReferenceRMSNorm]:
+    """The q/k RMSNorm of ``model.qk_norm`` (`dcp_bench.cost.activations.QK_NORMS`)."""
+    if name not in QK_NORMS:
+        raise ConfigError(f"model.qk_norm={name!r}; expected one of {list(QK_NORMS)}")
+    return ReferenceRMSNorm if name == "reference" else FusedRMSNorm
+
+
 class STDiTBlock(nn.Module):
-    """One spatial or temporal block: modulated self-attention, cross-attention, modulated MLP."""
+    """One spatial or temporal block: modulated self-attention, cross-attention, modulated MLP.
+
+    As the reference's ``STDiT3Block`` (VideoSys ``open_sora_transformer_3d.py:162-286``): the
+    block's six modulation vectors are one per sample (``t`` reshaped to (B, 6, C)), broadcast
+    over the sample's rows; self-attention branches on the sequence length as
+    ``OpenSoraAttention`` does (``attentions.py:57-66``): a length-1 sequence (an image's temporal
+    attention) is its own v, with no q/k norm and no attention; fewer than
+    `FUSED_ATTENTION_MIN_LEN` keys run the unfused math path (`math_attention`); longer ones the
+    fused kernel."""
 
     def __init__(self, spec: ModelSpec, temporal: bool) -> None:
         super().__init__()
@@ -546,8 +646,9 @@ class STDiTBlock(nn.Module):
         self.attention = PORTABLE
         self.norm1 = nn.LayerNorm(h, elementwise_affine=False, eps=1e-6)
         self.qkv = nn.Linear(h, 3 * h)
-        self.q_norm = RMSNorm(spec.head_dim, eps=1e-6)  # per-head q/k norm (STDiT3 qk_norm)
-        self.k_norm = RMSNorm(spec.head_dim, eps=1e-6)
+        norm = qk_norm_class(spec.qk_norm)
+        self.q_norm = norm(spec.head_dim, eps=1e-6)  # per-head q/k norm (STDiT3 qk_norm)
+        self.k_norm = norm(spec.head_dim, eps=1e-6)
         self.proj = nn.Linear(h, h)
         self.cross_q = nn.Linear(h, h)
         self.cross_kv = nn.Linear(h, 2 * h)
@@ -556,30 +657,48 @@ class STDiTBlock(nn.Module):
         self.mlp = MLP(h, spec.ffn_hidden, h)
         self.scale_shift_table = nn.Parameter(torch.randn(6, h) / h**0.5)
 
+    def _normed(self, rows: Tensor) -> Tensor:
+        """(..., 3, H, D) q/k/v rows -> the same with q and k normed (one stacked tensor)."""
+        return torch.stack(
+            [self.q_norm(rows[..., 0, :, :]), self.k_norm(rows[..., 1, :, :]), rows[..., 2, :, :]],
+            dim=-3,
+        )
+
     def _self_attention(self, x: Tensor, shard: VideoShard, sp: SPContext) -> Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
-        qkv = torch.stack([self.q_norm(q), self.k_norm(k), v], dim=1)
+        qkv = self.qkv(x).view(n, 3, self.heads, self.head_dim)
+        P = sp.size
+        lengths = shard.frames if self.temporal else shard.spatial
+        # every sequence attends: norm q and k of all rows at once; else sample by sample, the
+        # length-1 ones not at all (the reference norms only what it attends)
+        normed_all = min(lengths) > 1
+        if normed_all:
+            qkv = self._normed(qkv)
         outs = []
         start = 0
-        P = sp.size
-        for f, s, fp, spd in zip(
-            shard.frames, shard.spatial, shard.frames_padded, shard.spatial_padded
-        ):
+        for length, fp, spd in zip(lengths, shard.frames_padded, shard.spatial_padded):
             if self.temporal:  # layout (T_p, S_p/P): attend over the real frames of each patch
-                rows, cols, length = fp, spd // P, f
+                rows, cols = fp, spd // P
             else:  # layout (T_p/P, S_p): attend over the real patches of each frame
-                rows, cols, length = fp // P, spd, s
+                rows, cols = fp // P, spd
             blk = qkv[start : start + rows * cols].view(rows, cols, 3, self.heads, self.head_dim)
             if self.temporal:
                 blk = blk.transpose(0, 1)  # (cols, rows=frames, 3, H, D)
                 seq_len = rows
             else:
                 seq_len = cols
-            q, k, v = (blk[:, :length, i].transpose(1, 2) for i in range(3))  # (B, H, len, D)
-            o = dense_attention(q, k, v, fused_only=self.attention.fused_only).transpose(
-                1, 2
-            )  # (B, len, H, D)
+            blk = blk[:, :length]
+            if length == 1:
+                o = blk[:, :, 2]  # (B, 1, H, D): the reference returns v (attentions.py:65-66)
+            else:
+                if not normed_all:
+                    blk = self._normed(blk)
+                q, k, v = (blk[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, len, D)
+                if length < FUSED_ATTENTION_MIN_LEN:
+                    o = math_attention(q, k, v)
+                else:
+                    o = dense_attention(q, k, v, fused_only=self.attention.fused_only)
+                o = o.transpose(1, 2)  # (B, len, H, D)
             if seq_len > length:
                 o = F.pad(o, (0, 0, 0, 0, 0, seq_len - length))
             if self.temporal:
@@ -596,10 +715,7 @@ class STDiTBlock(nn.Module):
         kv = self.cross_kv(caption_h)  # (n_samples, L_text, 2h)
         outs = []
         start = 0
-        # rows per sample, the same in both layouts (T_p/P x S_p or T_p x S_p/P); from the shard's
-        # sizes rather than the row index (no device sync, shapes known before any data)
-        counts = [fp * spd // sp.size for fp, spd in zip(shard.frames_padded, shard.spatial_padded)]
-        for i, cnt in enumerate(counts):
+        for i, cnt in enumerate(shard.sample_rows(sp.size)):
             if cnt == 0:
                 continue
             # 4-D (1, H, n, D): SDPA's fused kernels take no 3-D input
@@ -616,12 +732,19 @@ class STDiTBlock(nn.Module):
     def forward(
         self, x: Tensor, shard: VideoShard, t_mod: Tensor, caption_h: Tensor, sp: SPContext
     ) -> Tensor:
-        mod = (t_mod + self.scale_shift_table[None]).unbind(1)  # 6 x (N, h)
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod
-        x = x + gate_a * self._self_attention(self.norm1(x) * (1 + scale_a) + shift_a, shard, sp)
+        """``t_mod``: (samples, 6, h), one modulation per sample of the micro-batch."""
+        mod = t_mod + self.scale_shift_table[None]  # (n, 6, h)
+        if max(shard.frames if self.temporal else shard.spatial) <= 1:
+            # no sequence attends (the length-1 branch): the q/k norms get zero gradients, not
+            # none, so every rank of a sharded run reduces the same parameters
+            mod = mod + 0.0 * (self.q_norm.weight.sum() + self.k_norm.weight.sum())
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod.unbind(1)  # 6 x (n, h)
+        counts = shard.sample_rows(sp.size)
+        h = per_sample(_modulate, self.norm1(x), counts, shift_a, scale_a)
+        x = x + per_sample(_gate, self._self_attention(h, shard, sp), counts, gate_a)
         x = x + self._cross_attention(x, shard, caption_h, sp)
-        x = x + gate_m * self.mlp(self.norm2(x) * (1 + scale_m) + shift_m)
-        return x
+        h = per_sample(_modulate, self.norm2(x), counts, shift_m, scale_m)
+        return x + per_sample(_gate, self.mlp(h), counts, gate_m)
 
 
 class STDiTPair(nn.Module):
@@ -640,21 +763,21 @@ class STDiTPair(nn.Module):
         self,
         x: Tensor,
         shard: VideoShard,
-        t_mod_s: Tensor,
-        t_mod_t: Tensor,
+        t_mod: Tensor,
         caption_h: Tensor,
         sp: SPContext,
         checkpointed: bool = False,
     ) -> Tensor:
+        """``t_mod``: (samples, 6, h), the per-sample timestep modulation both blocks take."""
         if checkpointed:
-            x = checkpoint(self.spatial, x, shard, t_mod_s, caption_h, sp, use_reentrant=False)
+            x = checkpoint(self.spatial, x, shard, t_mod, caption_h, sp, use_reentrant=False)
         else:
-            x = self.spatial(x, shard, t_mod_s, caption_h, sp)
+            x = self.spatial(x, shard, t_mod, caption_h, sp)
         x = permuted_all_to_all(x, sp, *shard.to_temporal)
         if checkpointed:
-            x = checkpoint(self.temporal, x, shard, t_mod_t, caption_h, sp, use_reentrant=False)
+            x = checkpoint(self.temporal, x, shard, t_mod, caption_h, sp, use_reentrant=False)
         else:
-            x = self.temporal(x, shard, t_mod_t, caption_h, sp)
+            x = self.temporal(x, shard, t_mod, caption_h, sp)
         return permuted_all_to_all(x, sp, *shard.to_spatial)
 
 
@@ -704,17 +827,15 @@ class STDiTModel(RuntimeModel):
         )  # (n, h)
         fps = torch.full_like(inputs.timesteps, FPS)
         t_emb = t_emb + self.fps_embed(sincos_embedding(fps, self.FREQ_DIM).to(x.dtype))
+        # one modulation per sample (the reference's t_mlp, (B, 6h)), broadcast over its rows in
+        # every block, in both layouts (a sample's rows are consecutive in each)
         t_mod = self.t_block(F.silu(t_emb)).view(-1, 6, h)  # (n, 6, h)
-        t_mod_s = t_mod.index_select(0, inputs.sample_of_row)
-        # Per-row sample index in the temporal layout (samples occupy the same row ranges).
-        t_mod_t = t_mod_s
         caption_h = self.y_embed(inputs.captions.to(x.dtype))
         for i, pair in enumerate(self.pairs):
-            x = pair(x, inputs, t_mod_s, t_mod_t, caption_h, sp, checkpointed=i < ckpt_layers)
-        shift, scale = (
-            self.final_table[None] + t_emb.index_select(0, inputs.sample_of_row)[:, None]
-        ).unbind(1)
-        out = self.final_linear(self.final_norm(x) * (1 + scale) + shift)
+            x = pair(x, inputs, t_mod, caption_h, sp, checkpointed=i < ckpt_layers)
+        shift, scale = (self.final_table[None] + t_emb[:, None]).unbind(1)  # (n, h) each
+        counts = inputs.sample_rows(sp.size)
+        out = self.final_linear(per_sample(_modulate, self.final_norm(x), counts, shift, scale))
         noise_pred = out[:, : inputs.target.shape[1]]
         per_row = (noise_pred.float() - inputs.target.float()).pow(2).mean(-1)
         return (per_row * inputs.weight).sum()
