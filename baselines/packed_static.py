@@ -41,7 +41,7 @@ def packed_static_plan(
     longest-processing-time on their predicted time alone at this SP degree (attention makes it
     grow as L^2), then packed per group under the token budget and the memory cap."""
     W = cost.cluster.world_size
-    check_sp_degree(sp, W)
+    check_sp_degree(sp, W, cost.model)
     dp = W // sp
     times: list[float] = (
         cost.sample_time(batch.tokens, batch.frames, sp, ckpt).tolist() if batch.n else []

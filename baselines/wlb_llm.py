@@ -129,7 +129,7 @@ class WLBLLM(Planner):
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         if self.sp is not None:
             sp = int(self.sp)
-            check_sp_degree(sp, W)
+            check_sp_degree(sp, W, cost.model)
         else:
             self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
             sp = self._auto_sp

@@ -485,7 +485,7 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
     fastest = np.full(n, np.inf)
     best_sp = np.zeros(n, dtype=np.int64)
     L = cost.model.num_layers
-    for sp in cost.cluster.sp_degrees():
+    for sp in cost.sp_degrees():  # the degrees a plan may use: the model's heads divide them
         kmin = min_feasible_ckpt(cost, tokens, frames, sp)
         ok = np.flatnonzero(kmin >= 0)
         if not len(ok):
@@ -528,9 +528,9 @@ def lower_bound(
         i = int(np.flatnonzero(bad)[0])
         raise InfeasibleError(
             f"{int(bad.sum())} sample(s) fit no SP degree under the memory cap "
-            f"({cost.memory_cap_bytes / 2**30:.1f} GiB per rank, every layer checkpointed, up to "
-            f"sp={cost.cluster.sp_degrees()[-1]}); e.g. position {i} with {int(batch.tokens[i])} "
-            "tokens"
+            f"({cost.memory_cap_bytes / 2**30:.1f} GiB per rank, every layer checkpointed, at the "
+            f"runnable SP degrees {cost.describe_sp_degrees()}); e.g. position {i} with "
+            f"{int(batch.tokens[i])} tokens"
         )
     ok = ~bad
     W = cost.cluster.world_size

@@ -53,6 +53,17 @@ def run(args: argparse.Namespace) -> int:
     from dcp_bench.campaign.one_run import simulate_one
 
     spec, summary = simulate_one(list(args.overrides), record=args.record, say=_note)
+    refused = next(
+        (k for k in ("PlanError: ", "ConfigError: ") if (summary.error or "").startswith(k)), None
+    )
+    if summary.status == "error" and refused is not None:
+        # a plan the validator refuses (e.g. an SP degree the model's heads do not divide), or a
+        # method setting the model cannot run, is not a result: one line, the usage-error status
+        sys.stderr.write(
+            f"dcp-bench simulate: error: {summary.method} has no runnable plan: "
+            f"{(summary.error or '')[len(refused) :]}\n"
+        )
+        return 2
     if summary.status == "error" and not args.json:
         sys.stderr.write(
             "dcp-bench simulate: error: the run failed after "

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
+from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
+
 # The per-GPU memory cap of every method, as a fraction of usable GPU memory: the DCP reference
 # profiles under 0.7 (docs/cost_model.md). The one default; configs and reports refer to it.
 DEFAULT_MEM_CAP_FRACTION = 0.7
@@ -321,6 +323,16 @@ class CostModel(ABC):
 
     def spans_nodes(self, sp: int) -> bool:
         return sp > self.cluster.gpus_per_node
+
+    def sp_degrees(self) -> list[int]:
+        """The SP degrees plans may use on this cluster with this model: aligned degrees the
+        model's attention heads divide (`dcp_bench.cost.specs.runnable_sp_degrees`). Every
+        planner takes its degrees from here."""
+        return runnable_sp_degrees(self.model, self.cluster.world_size)
+
+    def describe_sp_degrees(self) -> str:
+        """`sp_degrees` in words, with why (for errors that say no degree fits)."""
+        return describe_sp_degrees(self.model, self.cluster.world_size)
 
     def describe(self) -> dict[str, Any]:
         """Provenance of every number this model produces (shown beside simulated results)."""

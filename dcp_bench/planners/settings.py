@@ -24,7 +24,6 @@ import numpy as np
 
 from dcp_bench.cost.base import CostModel
 from dcp_bench.errors import InfeasibleError
-from dcp_bench.layout import aligned_sp_degrees
 
 
 def fewest_ckpt_layers(
@@ -146,9 +145,10 @@ class ShapeTable:
 
 
 def build_shape_table(
-    tokens: np.ndarray, frames: np.ndarray, cost: CostModel, world_size: int, packed: bool = False
+    tokens: np.ndarray, frames: np.ndarray, cost: CostModel, packed: bool = False
 ) -> ShapeTable:
-    """Evaluate every distinct shape at every aligned SP degree (a few vectorised calls each).
+    """Evaluate every distinct shape at every SP degree the model can run on the cluster
+    (`CostModel.sp_degrees`; a few vectorised calls each).
 
     ``packed``: the time a sample costs when micro-batches are packed: its packed share (see
     `time_at_ckpt`) where it can share a micro-batch with others (no recompute and at most half
@@ -157,7 +157,7 @@ def build_shape_table(
     key = tokens.astype(np.int64) * (1 << 20) + frames.astype(np.int64)
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     ut, uf = tokens[first], frames[first]
-    sps = np.asarray(aligned_sp_degrees(world_size), dtype=np.int64)
+    sps = np.asarray(cost.sp_degrees(), dtype=np.int64)
     m, kk = len(ut), len(sps)
     ckpt = np.full((m, kk), -1, dtype=np.int64)
     time = np.full((m, kk), np.inf)
@@ -183,11 +183,10 @@ def build_shape_table(
 
 
 def largest_fitting_length(cost: CostModel, frames: int = 1) -> int:
-    """The longest sample (tokens) that fits the cap at the largest SP degree with full
-    recompute: what an infeasibility error reports. Video keeps the frame count and grows the
-    spatial size; text (frames=1) grows the length."""
-    W = cost.cluster.world_size
-    sp = aligned_sp_degrees(W)[-1]
+    """The longest sample (tokens) that fits the cap at the largest SP degree the model can run
+    with full recompute: what an infeasibility error reports. Video keeps the frame count and
+    grows the spatial size; text (frames=1) grows the length."""
+    sp = cost.sp_degrees()[-1]
     L = cost.model.num_layers
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
 
@@ -221,13 +220,12 @@ def raise_if_infeasible(
     i = int(bad[np.argmax(table.tokens[bad])])
     t, f = int(table.tokens[i]), int(table.frames[i])
     limit = largest_fitting_length(cost, frames=f)
-    W = cost.cluster.world_size
     shape = f"{t} tokens ({f} frames x {t // f})" if f > 1 else f"{t} tokens"
     raise InfeasibleError(
-        f"a sample of {shape} fits no SP degree up to {aligned_sp_degrees(W)[-1]} on {W} GPUs "
-        f"even with all {cost.model.num_layers} layers recomputed (memory cap "
-        f"{cost.memory_cap_bytes / 2**30:.1f} GiB); the largest that fits is {limit} tokens"
-        + (f" at {f} frames" if f > 1 else "")
+        f"a sample of {shape} fits none of the runnable SP degrees "
+        f"{cost.describe_sp_degrees()} even with all {cost.model.num_layers} layers recomputed "
+        f"(memory cap {cost.memory_cap_bytes / 2**30:.1f} GiB); the largest that fits is "
+        f"{limit} tokens" + (f" at {f} frames" if f > 1 else "")
     )
 
 
@@ -294,7 +292,7 @@ def profile_bucket(
     L = cost.model.num_layers
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
     gpn = cost.cluster.gpus_per_node
-    all_sps = aligned_sp_degrees(cost.cluster.world_size)
+    all_sps = cost.sp_degrees()
     inside = [s for s in all_sps if s <= gpn]
     outside = [s for s in all_sps if s > gpn]
     t1 = np.asarray([tokens], dtype=np.int64)

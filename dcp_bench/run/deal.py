@@ -114,7 +114,9 @@ def _epoch_deals(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[St
         for i, it in enumerate(deal.iterations):
             sub = dataset.subset(it.positions)
             batch = dataclasses.replace(sub, step=step, info={"epoch": epoch, "iteration": i})
-            validate_plan(it.plan, batch, num_layers=parts.cost.model.num_layers)
+            validate_plan(
+                it.plan, batch, num_layers=parts.cost.model.num_layers, model=parts.cost.model
+            )
             info = {**deal.info, "planner_s": share * len(deal.iterations)} if i == 0 else None
             yield StepDeal(
                 step=step,
