@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="config overrides: workload=, method=, cluster=, model=, steps= (measured), "
         "warmup_steps=, seed=, cost.source=analytical|profiled|auto, cost.scales.act_bytes=1.2, "
-        "run.noise.jitter_sigma=0.05, planner_clock=overlap|serial|off",
+        "run.noise.jitter_sigma=0.05, planner_clock=overlap|serial|off, "
+        "planner_time=auto|cpu|wall|none",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the run summary as one JSON object"
@@ -85,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {summary.error}")
     print(
         f"cost model: {cm.get('source')} (cluster {cm.get('cluster')}, memory cap "
-        f"{cm.get('mem_cap_fraction')} of usable GPU memory); planner clock {spec.planner_clock}"
+        f"{cm.get('mem_cap_fraction')} of usable GPU memory); planner clock {spec.planner_clock}, "
+        f"charged planning time: {spec.planner_time}"
     )
     if cm.get("auto_fallback"):
         print(f"note: {cm['auto_fallback']}")
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         ("OOM steps", _fmt(summary.oom_steps)),
         ("steps over the cap", _fmt(ex.get("over_cap_steps"))),
         ("median MFU", _fmt(summary.mfu)),
-        ("median planner time", _fmt(summary.planner_ms, " ms")),
+        ("median planner CPU time", _fmt(summary.planner_ms, " ms")),
         ("tokens/s", _fmt(summary.tokens_per_s)),
     ]
     width = max(len(k) for k, _ in rows)

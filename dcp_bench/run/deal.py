@@ -52,6 +52,7 @@ class StepDeal:
     plan_fn: Callable[[GlobalBatch], StepPlan]
     warmup: bool = False
     planner_s: float | None = None
+    planner_cpu_s: float | None = None  # the same planning's process CPU time
     epoch: int | None = None
     iteration: int | None = None
     epoch_info: dict[str, Any] | None = None
@@ -99,9 +100,10 @@ def _epoch_deals(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[St
     step = 0
     for epoch in range(spec.epochs):
         dataset = data.epoch_dataset(world_size, spec.model.max_seq_len)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         deal = sampler.plan_epoch(dataset, parts.plan_cost, epoch)
         share = (time.perf_counter() - t0) / max(1, len(deal.iterations))
+        cpu_share = (time.process_time() - c0) / max(1, len(deal.iterations))
         if not deal.iterations:
             drops = ", ".join(
                 f"{k} {v}" for k, v in deal.info.get("dropped_samples", {}).items() if v
@@ -123,6 +125,7 @@ def _epoch_deals(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[St
                 batch=batch,
                 plan_fn=_planned(it.plan),
                 planner_s=share,
+                planner_cpu_s=cpu_share,
                 epoch=epoch,
                 iteration=i,
                 epoch_info=info,
