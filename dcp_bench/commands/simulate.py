@@ -45,6 +45,16 @@ def _fmt(value: object, unit: str = "", digits: int = 4) -> str:
     return f"{value}{unit}"
 
 
+def _ratio(num: float | None, den: float | None) -> str:
+    if num is None or den is None or not den > 0:
+        return "n/a"
+    return f"{num / den:.3f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
 def _note(message: str) -> None:
     sys.stderr.write(f"dcp-bench: {message}\n")
     sys.stderr.flush()
@@ -96,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         ("  of which executed", _fmt(ex.get("executed_s"), " s")),
         ("median lower bound", _fmt(summary.lower_bound_s, " s") + " at the cap"),
         ("  at physical memory", _fmt(ex.get("lower_bound_physical_s"), " s")),
-        ("median imbalance", _fmt(summary.imbalance)),
+        ("step / bound", _ratio(summary.step_time_s, summary.lower_bound_s)),
+        ("  idle share of GPU time", _pct(summary.imbalance) + " (median imbalance)"),
         ("median comm share", _fmt(ex.get("comm_share"))),
         ("peak memory", _fmt(summary.peak_mem_gib, " GiB")),
         ("OOM steps", _fmt(summary.oom_steps)),
