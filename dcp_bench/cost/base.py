@@ -321,6 +321,46 @@ class CostModel(ABC):
                 out[k][j] = values[k]
         return out
 
+    # -- batched over settings: one call for many (sample, SP degree, checkpoint) triples ------
+    # A planner that prices every shape of a batch at every SP degree (`build_shape_table`) asks
+    # once instead of once per degree and checkpoint count. Sample ``i`` is priced at ``sp[i]``
+    # and ``ckpt_layers[i]`` exactly as the per-setting method prices it (same value, bit for
+    # bit); the defaults call that method once per distinct setting, sources override them.
+
+    def sample_time_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        """`sample_time` of sample ``i`` at ``sp[i]``, ``ckpt_layers[i]``."""
+        return self._per_setting(self.sample_time, tokens, frames, sp, ckpt_layers)
+
+    def sample_time_packed_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        """`sample_time_packed` of sample ``i`` at ``sp[i]``, ``ckpt_layers[i]``."""
+        return self._per_setting(self.sample_time_packed, tokens, frames, sp, ckpt_layers)
+
+    def sample_memory_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        """`sample_memory` of sample ``i`` at ``sp[i]``, ``ckpt_layers[i]``."""
+        return self._per_setting(self.sample_memory, tokens, frames, sp, ckpt_layers)
+
+    @staticmethod
+    def _per_setting(
+        fn: Any, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        n = len(tokens)
+        s = np.broadcast_to(np.asarray(sp, dtype=np.int64), (n,))
+        k = np.broadcast_to(np.asarray(ckpt_layers, dtype=np.int64), (n,))
+        out = np.zeros(n)
+        if n == 0:
+            return out
+        keys, inverse = np.unique(s * (1 << 20) + k, return_inverse=True)
+        for j, key in enumerate(keys.tolist()):
+            sel = np.flatnonzero(inverse == j)
+            out[sel] = fn(tokens[sel], frames[sel], key >> 20, key & ((1 << 20) - 1))
+        return out
+
     def spans_nodes(self, sp: int) -> bool:
         return sp > self.cluster.gpus_per_node
 
