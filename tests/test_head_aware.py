@@ -192,3 +192,35 @@ def test_simulate_refuses_an_unrunnable_setting_on_one_line() -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "SP degree 8 does not divide the 12 attention heads" in lines[0]
     assert "runnable degrees 1, 2, 4" in lines[0]
+
+
+def test_plan_and_simulate_refuse_a_planner_s_unrunnable_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's planner that groups 8 ranks for a 12-head model: `plan` and `simulate` refuse the
+    plan on one line (exit 2); `plan --validate` lists the offence (exit 1)."""
+    from dcp_bench.cli import main
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from runner_doubles import write_toy_conf
+
+    conf = write_toy_conf(tmp_path / "conf")
+    run = [
+        f"extra_conf={conf}",
+        "workload=toy",
+        "method=toy_static",
+        "method.sp=8",
+        "cluster=h200x32",
+        "model=hf",
+        "model.config.hidden_size=384",
+        "model.config.num_attention_heads=12",
+        "model.config.num_key_value_heads=4",
+    ]
+    for command in (["plan"], ["simulate", "steps=1", "warmup_steps=0"]):
+        assert main([*command, *run]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert "SP degree 8 does not divide the 12 attention heads" in err[0]
+        assert "runnable SP degrees on 32 GPUs: 1, 2, 4" in err[0]
+    assert main(["plan", "--validate", *run]) == 1
+    assert "SP degree 8 does not divide the 12 attention heads" in capsys.readouterr().out
