@@ -544,7 +544,8 @@ def lower_bound(
 
 # What the lower bound keeps from the cost model (the report lists them beside the bound).
 BOUND_ASSUMPTIONS = (
-    "SP degrees are the powers of two dividing the world (aligned groups), as every planner's",
+    "SP degrees are the powers of two dividing the world (aligned groups) that the model's "
+    "attention heads divide (Ulysses shards heads), as every planner's",
     "recompute is whole layers (the first k of L checkpointed); no selective (attention- or "
     "MLP-only) recompute, which the cost model does not price",
     "no overlap of compute with communication or recompute inside a micro-batch",
