@@ -159,7 +159,7 @@ class BucketStatic(Planner):
     def fixed_sp(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
         W = cost.cluster.world_size
         if self.sp is not None:
-            check_sp_degree(int(self.sp), W)
+            check_sp_degree(int(self.sp), W, cost.model)
             return int(self.sp)
         self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
         return self._auto_sp

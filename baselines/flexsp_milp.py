@@ -35,7 +35,6 @@ from baselines.scheduling import (
     lpt_assign,
     microbatch_fits,
     pack_under_budget,
-    sp_degrees,
 )
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
@@ -614,7 +613,7 @@ class FlexSPMILP(Planner):
         self, batch: GlobalBatch, positions: list[int], cost: CostModel, ckpt: int
     ) -> RoundModel:
         W = cost.cluster.world_size
-        degrees = sp_degrees(W)
+        degrees = cost.sp_degrees()
         t = batch.tokens[positions]
         f = batch.frames[positions]
         # A group runs its sequences packed in one micro-batch, so a sequence costs its packed
@@ -725,14 +724,16 @@ class FlexSPMILP(Planner):
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
         if room <= 0:
             raise InfeasibleError("static memory alone exceeds the memory cap")
-        per_rank_w = (
-            cost.sample_memory(batch.tokens, batch.frames, W, ckpt) if batch.n else np.zeros(0)
+        # the largest group the model runs (the runnable degrees are a prefix of the aligned ones)
+        top = cost.sp_degrees()[-1]
+        per_rank_top = (
+            cost.sample_memory(batch.tokens, batch.frames, top, ckpt) if batch.n else np.zeros(0)
         )
-        if batch.n and float(per_rank_w.max()) > room:
-            p = int(np.argmax(per_rank_w))
+        if batch.n and float(per_rank_top.max()) > room:
+            p = int(np.argmax(per_rank_top))
             raise InfeasibleError(
-                f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap even on "
-                f"all {W} ranks"
+                f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap at any "
+                f"runnable SP degree {cost.describe_sp_degrees()}"
             )
         # the cluster-wide activation footprint of a sequence is smallest on few ranks (per-sample
         # buffers repeat on every rank), so size the rounds by each sequence's smallest footprint
@@ -740,7 +741,7 @@ class FlexSPMILP(Planner):
             np.min(
                 [
                     cost.sample_memory(batch.tokens, batch.frames, d, ckpt) * d
-                    for d in sp_degrees(W)
+                    for d in cost.sp_degrees()
                 ],
                 axis=0,
             )

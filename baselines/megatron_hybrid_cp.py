@@ -40,7 +40,6 @@ from baselines.scheduling import (
     largest_fitting,
     max_tokens_fitting_one_rank,
     pack_under_budget,
-    sp_degrees,
 )
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
@@ -95,15 +94,14 @@ class CPGroup:
 
 
 def form_round(
-    seqs: list[Seq], cp_of: dict[int, int], world_size: int, delta: float
+    seqs: list[Seq], cp_of: dict[int, int], world_size: int, delta: float, max_degree: int
 ) -> tuple[list[CPGroup], list[Seq]]:
-    """One reference "group" (our round): the CP groups with their sequences, and the leftovers."""
+    """One reference "group" (our round): the CP groups with their sequences, and the leftovers.
+    ``max_degree``: the largest group the model runs on this world (`CostModel.sp_degrees`: the
+    largest power of two dividing both the world size and the model's attention heads)."""
     buckets = equal_work_buckets(seqs, cp_of)
     groups: list[CPGroup] = []
     free = world_size
-    # The largest group an aligned layout holds: the world itself when it is a power of two,
-    # else the largest power of two dividing it (3 nodes of 8 GPUs: 8).
-    max_degree = sp_degrees(world_size)[-1]
     first_needed: int | None = None
     check_balance = False
 
@@ -245,7 +243,9 @@ def hybrid_cp_plan(
     raise ``max-seqlen-per-cp-rank``) or does not fit the memory cap on its group.
     """
     W = cost.cluster.world_size
-    max_degree = sp_degrees(W)[-1]
+    # The largest group an aligned layout holds that the model runs (3 nodes of 8 GPUs: 8; 32
+    # attention heads on 12,288 GPUs: 32).
+    max_degree = cost.sp_degrees()[-1]
     m, ckpt = config.max_tokens_per_rank, config.ckpt_layers
     if m < 1:
         raise InfeasibleError(f"not even one token fits a GPU with {ckpt} recomputed layers")
@@ -256,8 +256,8 @@ def hybrid_cp_plan(
         if need > max_degree:
             raise InfeasibleError(
                 f"sample {p} ({L} tokens) needs {need} context-parallel ranks at "
-                f"max_tokens_per_rank={m}, more than the largest aligned group of the world "
-                f"({max_degree} of {W} ranks)"
+                f"max_tokens_per_rank={m}, more than the largest group the model runs: SP "
+                f"degrees {cost.describe_sp_degrees()}"
             )
         cp_of[p] = need
     remaining: list[Seq] = sorted(
@@ -266,7 +266,7 @@ def hybrid_cp_plan(
     rounds: list[Round] = []
     expanded = 0
     while remaining:
-        groups, remaining = form_round(remaining, cp_of, W, delta)
+        groups, remaining = form_round(remaining, cp_of, W, delta, max_degree)
         expanded += sum(1 for g in groups for p, _ in g.seqs if g.size > cp_of[p])
         # Aligned layout: power-of-two sizes placed largest first are always aligned.
         start = 0
@@ -310,7 +310,7 @@ def hybrid_cp_plan(
 
 def candidate_configs(
     longest: int,
-    world_size: int,
+    max_degree: int,
     ladder: list[int],
     allowed_ckpt: list[int],
     pinned_budget: int | None = None,
@@ -318,20 +318,21 @@ def candidate_configs(
     """The launch configurations a user tries, least recompute first.
 
     Ceilings (``max_seqlen_per_dp_cp_rank``): with ``pinned_budget`` just that one; otherwise
-    every value from ceil(longest / world) — the smallest that still places the longest sequence
-    on the whole DPxCP world, Megatron's documented starting point "maximum sequence length /
-    context parallel size" — up to the most a rank holds with the allowed recompute: that
-    starting point, the powers of two between, and the memory limit of every allowed recompute
-    setting (``ladder[k]``). Each ceiling takes the least allowed recompute under which it fits
-    (more recompute only adds time: the plan is the same, since no rank holds more than the
-    ceiling); a pinned ceiling that fits none takes the most recompute allowed and fails in the
-    plan, naming the sample. Empty when no ceiling places the longest sequence.
+    every value from ceil(longest / ``max_degree``) — the smallest that still places the longest
+    sequence on the largest group the model runs (``max_degree``), Megatron's documented
+    starting point "maximum sequence length / context parallel size" — up to the most a rank
+    holds with the allowed recompute: that starting point, the powers of two between, and the
+    memory limit of every allowed recompute setting (``ladder[k]``). Each ceiling takes the
+    least allowed recompute under which it fits (more recompute only adds time: the plan is the
+    same, since no rank holds more than the ceiling); a pinned ceiling that fits none takes the
+    most recompute allowed and fails in the plan, naming the sample. Empty when no ceiling
+    places the longest sequence.
     """
     ks = sorted(allowed_ckpt)
     if pinned_budget is not None:
         k = next((k for k in ks if ladder[k] >= pinned_budget), ks[-1])
         return [LaunchConfig(pinned_budget, k)]
-    lo = max(1, -(-longest // sp_degrees(world_size)[-1]))
+    lo = max(1, -(-longest // max_degree))
     hi = max(ladder[k] for k in ks)
     if lo > hi:
         return []
@@ -487,14 +488,15 @@ class MegatronHybridCP(Planner):
         if self._ladder is None or self._ladder[0] != limit:
             self._ladder = (limit, max_tokens_per_rank_ladder(cost, limit))
         ladder = self._ladder[1]
-        cands = candidate_configs(longest, W, ladder, ks, self.max_tokens_per_rank)
+        top = cost.sp_degrees()[-1]
+        cands = candidate_configs(longest, top, ladder, ks, self.max_tokens_per_rank)
         if not cands:
             k = max(ks, key=lambda k: ladder[k])
             raise InfeasibleError(
                 f"sample {p} ({longest} tokens) cannot run on {W} ranks with any hybrid-CP "
                 f"configuration: with recompute {recompute_flags(k, num_layers)} one rank holds "
-                f"at most {ladder[k]} tokens, so one sequence (on at most {sp_degrees(W)[-1]} "
-                f"ranks) can have at most {ladder[k] * sp_degrees(W)[-1]} tokens"
+                f"at most {ladder[k]} tokens, so one sequence (on at most {top} ranks: SP "
+                f"degrees {cost.describe_sp_degrees()}) can have at most {ladder[k] * top} tokens"
             )
         return cands
 
@@ -508,7 +510,7 @@ class MegatronHybridCP(Planner):
         settings), unless none of them runs every batch, or ``use_shortlist`` is off (a retune
         after a failure): then every candidate is priced on every batch.
         """
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: what the run loop books as offline tuning
         cands = self.candidates(batches, cost)
         best: LaunchConfig | None = None
         if use_shortlist and len(batches) > 1 and self._shortlist:
@@ -524,7 +526,7 @@ class MegatronHybridCP(Planner):
             priced = sorted((t, i) for i, (_, t) in enumerate(results) if t is not None)
             self._shortlist = [results[i][0] for _, i in priced[: self.shortlist]]
         self._search = results
-        self._tune_s = time.perf_counter() - t0
+        self._tune_s = time.process_time() - t0
         return best
 
     def fastest(
@@ -578,7 +580,7 @@ class MegatronHybridCP(Planner):
         L = cost.model.num_layers
         ckpt = self.allowed_ckpt(L)[0]
         m = self.max_tokens_per_rank or max_tokens_fitting_one_rank(cost, ckpt)
-        top = sp_degrees(cost.cluster.world_size)[-1]
+        top = cost.sp_degrees()[-1]
         if self._relaunch and m * top < longest:
             m = self.max_tokens_per_rank or max_tokens_fitting_one_rank(cost, L)
             return LaunchConfig(int(m), L)

@@ -95,7 +95,7 @@ def packed_static_plan(
     it grow as L^2), then packed per group under the token budget and the memory cap;
     ``dp_balanced``: Megatron's in-order packing and dealing (`dp_balanced_packs`)."""
     W = cost.cluster.world_size
-    check_sp_degree(sp, W)
+    check_sp_degree(sp, W, cost.model)
     dp = W // sp
     per_group: list[list[MicroBatch]] = []
     if packing == "dp_balanced":

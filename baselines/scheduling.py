@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.layout import aligned_sp_degrees as sp_degrees
 from dcp_bench.layout import is_power_of_two
 from dcp_bench.plan import Group, MicroBatch, Round, Split, StepPlan
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
     from dcp_bench.cost.base import CostModel
+    from dcp_bench.cost.specs import ModelSpec
 
 RECOMPUTE_POLICIES = ("full", "selective", "none")
 
@@ -39,14 +40,21 @@ def ckpt_layers_for(policy: str, num_layers: int) -> int:
     )
 
 
-def check_sp_degree(sp: int, world_size: int) -> None:
-    """A fixed SP degree must be a power of two that divides the world."""
+def check_sp_degree(sp: int, world_size: int, model: ModelSpec | None = None) -> None:
+    """A fixed SP degree must be a power of two that divides the world and, given the
+    ``model``, a degree its attention heads divide (`ModelSpec.sp_degree_offence`)."""
     if not is_power_of_two(sp):
         raise ConfigError(f"sp={sp} is not a power of two (expected 1, 2, 4, ...)")
     if sp > world_size:
         raise ConfigError(f"sp={sp} is larger than the world ({world_size} ranks)")
     if world_size % sp:
         raise ConfigError(f"sp={sp} does not divide the world size {world_size}")
+    offence = model.sp_degree_offence(sp) if model is not None else None
+    if offence is not None:
+        assert model is not None
+        raise ConfigError(
+            f"sp={sp}: {offence}; runnable degrees {describe_sp_degrees(model, world_size)}"
+        )
 
 
 def split_for(batch: GlobalBatch, positions: Sequence[int], cost: CostModel) -> Split:
@@ -70,10 +78,11 @@ def microbatch_fits(
 def smallest_fitting_sp(
     tokens: int, frames: int, cost: CostModel, ckpt: int, world_size: int, split: str = "sequence"
 ) -> int | None:
-    """The smallest power-of-two SP degree at which one sample fits alone, or None."""
+    """The smallest SP degree the model runs (`runnable_sp_degrees`) at which one sample fits
+    alone, or None."""
     t = np.array([tokens], dtype=np.int64)
     f = np.array([frames], dtype=np.int64)
-    for sp in sp_degrees(world_size):
+    for sp in runnable_sp_degrees(cost.model, world_size):
         if cost.microbatch_memory(t, f, sp, ckpt, split) <= cost.memory_cap_bytes:
             return sp
     return None
@@ -269,8 +278,9 @@ def estimate_step_time(
 
 
 def smallest_sp_for_batch(batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
-    """The smallest power-of-two SP degree at which the longest sample of ``batch`` fits alone
-    (sharded along the sequence). `InfeasibleError` when none up to the world size does."""
+    """The smallest SP degree the model runs at which the longest sample of ``batch`` fits alone
+    (sharded along the sequence). `InfeasibleError` naming the runnable degrees and the sample's
+    length when none does."""
     W = cost.cluster.world_size
     if batch.n == 0:
         return 1
@@ -279,8 +289,8 @@ def smallest_sp_for_batch(batch: GlobalBatch, cost: CostModel, ckpt: int) -> int
     if sp is None:
         raise InfeasibleError(
             f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap "
-            f"{cost.memory_cap_bytes / 2**30:.1f} GiB even at SP degree {W} (the whole world) "
-            f"with {ckpt} checkpointed layers"
+            f"{cost.memory_cap_bytes / 2**30:.1f} GiB with {ckpt} checkpointed layers at any "
+            f"runnable SP degree {cost.describe_sp_degrees()}"
         )
     return sp
 

@@ -26,8 +26,8 @@ from baselines.scheduling import (
     RECOMPUTE_POLICIES,
     ckpt_layers_for,
     estimate_step_time,
-    sp_degrees,
 )
+from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import Mode, StepPlan
 from dcp_bench.planners.base import Planner
@@ -35,6 +35,7 @@ from dcp_bench.planners.base import Planner
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
     from dcp_bench.cost.base import CostModel
+    from dcp_bench.cost.specs import ModelSpec
 
 Config = tuple[
     int, str, int | None
@@ -85,12 +86,25 @@ class StaticTuned(Planner):
         self._longest = 1  # longest sequence seen so far (the token-budget rule's base)
         self._tuned_budget: int | None = None
 
-    def candidates(self, world_size: int) -> list[Config]:
-        sps = self.sp_choices if self.sp_choices is not None else sp_degrees(world_size)
+    def candidates(self, world_size: int, model: ModelSpec) -> list[Config]:
+        """The grid: SP degrees (``sp_choices``, else every degree the model runs on the world) x
+        recompute policies x token-budget multiples. A chosen degree the model cannot run is a
+        `ConfigError`."""
+        sps = (
+            self.sp_choices
+            if self.sp_choices is not None
+            else runnable_sp_degrees(model, world_size)
+        )
         for sp in sps:
             if sp > world_size:
                 raise ConfigError(
                     f"sp={sp} in sp_choices is larger than the world ({world_size} ranks)"
+                )
+            offence = model.sp_degree_offence(sp)
+            if offence is not None:
+                raise ConfigError(
+                    f"sp={sp} in sp_choices: {offence}; runnable degrees "
+                    f"{describe_sp_degrees(model, world_size)}"
                 )
         multiples = [None if m is None else int(m) for m in self.budget_multiples]
         return list(itertools.product(sps, self.recompute_choices, multiples))
@@ -102,7 +116,7 @@ class StaticTuned(Planner):
 
     def tune(self, batches: list[GlobalBatch], cost: CostModel) -> Config:
         """Score every candidate on ``batches``; return the fastest feasible one."""
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: what the run loop books as offline tuning
         longest = max((int(b.tokens.max()) for b in batches if b.n), default=1)
         W = cost.cluster.world_size
         results: list[dict[str, Any]] = []
@@ -116,7 +130,7 @@ class StaticTuned(Planner):
         # micro-batch hold never binds, so it packs exactly as the memory-limited candidate does
         # (scored once per setting, the first such candidate in grid order keeps the tie).
         unbound: dict[tuple[int, str], float | None] = {}
-        for sp, rec, multiple in self.candidates(W):
+        for sp, rec, multiple in self.candidates(W, cost.model):
             budget = self.token_budget(multiple, longest)
             ckpt = ckpt_layers_for(rec, cost.model.num_layers)
             fits = (
@@ -152,7 +166,7 @@ class StaticTuned(Planner):
                 f"policy in {self.recompute_choices}"
             )
         self._search = results
-        self._tune_s = time.perf_counter() - t0
+        self._tune_s = time.process_time() - t0
         self._longest = max(self._longest, longest)
         self._tuned_budget = self.token_budget(best[1][2], longest)
         return best[1]

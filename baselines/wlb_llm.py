@@ -333,7 +333,7 @@ class WLBLLM(Planner):
     def degree(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
         if self.sp is not None:
             sp = int(self.sp)
-            check_sp_degree(sp, cost.cluster.world_size)
+            check_sp_degree(sp, cost.cluster.world_size, cost.model)
             return sp
         self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
         return self._auto_sp
@@ -437,7 +437,7 @@ class WLBLLM(Planner):
             dealt = None  # a batch this planner did not deal: pack it as it is
         if dealt is not None:
             sp, k, s_max, bins = dealt["sp"], dealt["k"], dealt["s_max"], dealt["bins"]
-            check_sp_degree(sp, W)
+            check_sp_degree(sp, W, cost.model)
         else:
             sp = self.degree(batch, cost, ckpt)
             s_max = self.token_limit(cost, sp, ckpt, int(batch.tokens.max()) if batch.n else 0)

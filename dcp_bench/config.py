@@ -184,6 +184,7 @@ SHORTCUTS: dict[str, str] = {
     "nproc": "run.nproc",
     "timeout_s": "run.timeout_s",
     "planner_clock": "run.planner_clock",
+    "planner_time": "run.planner_time",
     "lr": "train.lr",
     "grad_clip": "train.grad_clip",
     "threads": "train.threads",

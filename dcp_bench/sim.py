@@ -485,7 +485,7 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
     fastest = np.full(n, np.inf)
     best_sp = np.zeros(n, dtype=np.int64)
     L = cost.model.num_layers
-    for sp in cost.cluster.sp_degrees():
+    for sp in cost.sp_degrees():  # the degrees a plan may use: the model's heads divide them
         kmin = min_feasible_ckpt(cost, tokens, frames, sp)
         ok = np.flatnonzero(kmin >= 0)
         if not len(ok):
@@ -528,9 +528,9 @@ def lower_bound(
         i = int(np.flatnonzero(bad)[0])
         raise InfeasibleError(
             f"{int(bad.sum())} sample(s) fit no SP degree under the memory cap "
-            f"({cost.memory_cap_bytes / 2**30:.1f} GiB per rank, every layer checkpointed, up to "
-            f"sp={cost.cluster.sp_degrees()[-1]}); e.g. position {i} with {int(batch.tokens[i])} "
-            "tokens"
+            f"({cost.memory_cap_bytes / 2**30:.1f} GiB per rank, every layer checkpointed, at the "
+            f"runnable SP degrees {cost.describe_sp_degrees()}); e.g. position {i} with "
+            f"{int(batch.tokens[i])} tokens"
         )
     ok = ~bad
     W = cost.cluster.world_size
@@ -544,7 +544,8 @@ def lower_bound(
 
 # What the lower bound keeps from the cost model (the report lists them beside the bound).
 BOUND_ASSUMPTIONS = (
-    "SP degrees are the powers of two dividing the world (aligned groups), as every planner's",
+    "SP degrees are the powers of two dividing the world (aligned groups) that the model's "
+    "attention heads divide (Ulysses shards heads), as every planner's",
     "recompute is whole layers (the first k of L checkpointed); no selective (attention- or "
     "MLP-only) recompute, which the cost model does not price",
     "no overlap of compute with communication or recompute inside a micro-batch",

@@ -138,7 +138,7 @@ def test_brute_force_optimality_on_tiny_instances() -> None:
         lengths += rng.integers(1, 200_000, int(rng.integers(0, 2))).tolist()
         lengths = lengths[:8]
         batch = GlobalBatch.from_lengths(lengths)
-        table = build_shape_table(batch.tokens, batch.frames, cost, world)
+        table = build_shape_table(batch.tokens, batch.frames, cost)
         times = {int(s): table.time[table.inverse, j] for j, s in enumerate(table.sps)}
         opt = brute_force_one_round(times, world)
         plan = DCPPlanner().plan(batch, cost)
@@ -206,7 +206,7 @@ def test_dcp_reaches_lower_bound_estimate_on_many_short_samples() -> None:
     lengths = rng.integers(100, 20_000, 400)
     batch = GlobalBatch.from_lengths(lengths)
     plan = DCPPlanner().plan(batch, cost)
-    table = build_shape_table(batch.tokens, batch.frames, cost, 16)
+    table = build_shape_table(batch.tokens, batch.frames, cost)
     counts = np.bincount(table.inverse)
     lb = max(
         float((table.gpu_seconds.min(axis=1) * counts).sum()) / 16,

@@ -11,6 +11,7 @@ import pytest
 
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost import make_cost_model
+from dcp_bench.cost.base import CostModel
 from dcp_bench.cost.specs import cluster_spec
 from dcp_bench.layout import aligned_sp_degrees
 from dcp_bench.planners.dcp import DCPPlanner, list_schedule, lpt
@@ -118,3 +119,61 @@ def test_vectorised_packing_gives_the_loop_plans() -> None:
         a.info.clear()
         b.info.clear()
         assert a.to_dict() == b.to_dict()
+
+
+def per_degree_table(
+    batch: GlobalBatch, cost: CostModel, packed: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shape table as it was built before the batched cost-model calls: degree by degree,
+    each with the per-setting cost-model methods."""
+    from dcp_bench.planners.settings import ckpt_and_memory, time_at_ckpt
+
+    key = batch.tokens.astype(np.int64) * (1 << 20) + batch.frames.astype(np.int64)
+    _, first = np.unique(key, return_index=True)
+    ut, uf = batch.tokens[first], batch.frames[first]
+    sps = cost.sp_degrees()
+    ckpt = np.full((len(ut), len(sps)), -1, dtype=np.int64)
+    time = np.full((len(ut), len(sps)), np.inf)
+    mem = np.full((len(ut), len(sps)), np.inf)
+    budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+    for j, sp in enumerate(sps):
+        k, m0 = ckpt_and_memory(cost, ut, uf, int(sp), budget)
+        ok = k >= 0
+        if ok.any():
+            ckpt[ok, j] = k[ok]
+            time[ok, j] = time_at_ckpt(cost, ut[ok], uf[ok], int(sp), k[ok], packed)
+            mem[ok, j] = m0[ok]
+            if packed:
+                alone = ok & ((k > 0) | (mem[:, j] > budget / 2))
+                if alone.any():
+                    time[alone, j] = time_at_ckpt(
+                        cost, ut[alone], uf[alone], int(sp), k[alone], False
+                    )
+    return ckpt, time, mem
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "workload"),
+    [
+        ("llama3_8b", "h200x32", "prolong"),
+        ("llama3_8b", "h200x8", "wikipedia"),
+        ("llama2_7b", "h200x64", "sharegpt"),
+        ("stdit3_xl2", "h200x32", "videosys_zipf"),
+    ],
+)
+@pytest.mark.parametrize("packed", [False, True])
+def test_batched_shape_table_is_the_per_degree_table(
+    model: str, cluster: str, workload: str, packed: bool
+) -> None:
+    """Every shape at every degree priced in a few batched calls equals the per-degree table bit
+    for bit (same checkpoint counts, times and memory), so the plans are the same."""
+    from dcp_bench.planners.settings import build_shape_table
+
+    cost = make_cost_model(model, cluster)
+    wl = load_workload(workload, seed=0)
+    batch = wl.global_batch(0, cost.cluster.world_size, cost.model.max_seq_len)
+    table = build_shape_table(batch.tokens, batch.frames, cost, packed=packed)
+    ckpt, time, mem = per_degree_table(batch, cost, packed)
+    assert np.array_equal(table.ckpt, ckpt)
+    assert np.array_equal(table.time, time)
+    assert np.array_equal(table.mem, mem)

@@ -209,3 +209,24 @@ def test_peer_table_from_the_records_of_a_sweep(tmp_path: Path):
     peer_section(doc, SimpleNamespace(campaign=campaign))
     md = doc.to_markdown()
     assert "Every method against the lower bound" in md and "infeasible 1/1" in md
+
+
+def test_idle_share_is_shown_beside_step_over_bound():
+    """A plan at its bound can leave most of the machine idle (one long document sets the bound):
+    the cell says so beside the ratio, from the steps' idle share (``imbalance``)."""
+    runs = pd.DataFrame([{**run_row("dcp", 0, step=10.0, bound=10.0), "imbalance": 0.5}])
+    steps = pd.DataFrame(
+        {
+            "run_id": [runs["run_id"][0]] * 3,
+            "step_time_s": [10.0, 10.0, 10.0],
+            "lower_bound_s": [10.0, 10.0, 10.0],
+            "imbalance": [0.30, 0.43, 0.13],
+        }
+    )
+    row = peer_table(runs, steps).iloc[0]
+    assert row["step_over_bound"] == pytest.approx(1.0)
+    assert row["idle_share"] == pytest.approx(0.30)  # the steps' median, not the run's 0.5
+    assert cell_text(row) == "1.000, idle 30%"
+    # without per-step records, the runs' medians
+    assert peer_table(runs).iloc[0]["idle_share"] == pytest.approx(0.5)
+    assert peer_matrix(peer_table(runs)).iloc[0]["dcp"] == "1.000, idle 50%"

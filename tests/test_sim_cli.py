@@ -126,6 +126,13 @@ def test_simulate_steps_shortcut_and_text_output(conf_dir, capsys):
         and "1 measured steps after 1 warm-up" in text
         and "median lower bound" in text
     )
+    # the idle share sits beside step / bound, equal to the run's median imbalance
+    summary = simulate([*args, "steps=1"])
+    lines = text.splitlines()
+    ratio = next(i for i, line in enumerate(lines) if line.strip().startswith("step / bound"))
+    assert f"{summary.step_time_s / summary.lower_bound_s:.3f}" in lines[ratio]
+    assert lines[ratio + 1].strip().startswith("idle share of GPU time")
+    assert f"{100 * summary.imbalance:.1f}%" in lines[ratio + 1]
 
 
 def test_the_seed_picks_the_batches_in_simulate(conf_dir):

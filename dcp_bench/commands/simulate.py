@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="config overrides: workload=, method=, cluster=, model=, steps= (measured), "
         "warmup_steps=, seed=, cost.source=analytical|profiled|auto, cost.scales.act_bytes=1.2, "
-        "run.noise.jitter_sigma=0.05, planner_clock=overlap|serial|off",
+        "run.noise.jitter_sigma=0.05, planner_clock=overlap|serial|off, "
+        "planner_time=auto|cpu|wall|none",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the run summary as one JSON object"
@@ -44,6 +45,16 @@ def _fmt(value: object, unit: str = "", digits: int = 4) -> str:
     return f"{value}{unit}"
 
 
+def _ratio(num: float | None, den: float | None) -> str:
+    if num is None or den is None or not den > 0:
+        return "n/a"
+    return f"{num / den:.3f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
 def _note(message: str) -> None:
     sys.stderr.write(f"dcp-bench: {message}\n")
     sys.stderr.flush()
@@ -53,6 +64,17 @@ def run(args: argparse.Namespace) -> int:
     from dcp_bench.campaign.one_run import simulate_one
 
     spec, summary = simulate_one(list(args.overrides), record=args.record, say=_note)
+    refused = next(
+        (k for k in ("PlanError: ", "ConfigError: ") if (summary.error or "").startswith(k)), None
+    )
+    if summary.status == "error" and refused is not None:
+        # a plan the validator refuses (e.g. an SP degree the model's heads do not divide), or a
+        # method setting the model cannot run, is not a result: one line, the usage-error status
+        sys.stderr.write(
+            f"dcp-bench simulate: error: {summary.method} has no runnable plan: "
+            f"{(summary.error or '')[len(refused) :]}\n"
+        )
+        return 2
     if summary.status == "error" and not args.json:
         sys.stderr.write(
             "dcp-bench simulate: error: the run failed after "
@@ -74,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {summary.error}")
     print(
         f"cost model: {cm.get('source')} (cluster {cm.get('cluster')}, memory cap "
-        f"{cm.get('mem_cap_fraction')} of usable GPU memory); planner clock {spec.planner_clock}"
+        f"{cm.get('mem_cap_fraction')} of usable GPU memory); planner clock {spec.planner_clock}, "
+        f"charged planning time: {spec.planner_time}"
     )
     if cm.get("auto_fallback"):
         print(f"note: {cm['auto_fallback']}")
@@ -83,13 +106,14 @@ def run(args: argparse.Namespace) -> int:
         ("  of which executed", _fmt(ex.get("executed_s"), " s")),
         ("median lower bound", _fmt(summary.lower_bound_s, " s") + " at the cap"),
         ("  at physical memory", _fmt(ex.get("lower_bound_physical_s"), " s")),
-        ("median imbalance", _fmt(summary.imbalance)),
+        ("step / bound", _ratio(summary.step_time_s, summary.lower_bound_s)),
+        ("  idle share of GPU time", _pct(summary.imbalance) + " (median imbalance)"),
         ("median comm share", _fmt(ex.get("comm_share"))),
         ("peak memory", _fmt(summary.peak_mem_gib, " GiB")),
         ("OOM steps", _fmt(summary.oom_steps)),
         ("steps over the cap", _fmt(ex.get("over_cap_steps"))),
         ("median MFU", _fmt(summary.mfu)),
-        ("median planner time", _fmt(summary.planner_ms, " ms")),
+        ("median planner CPU time", _fmt(summary.planner_ms, " ms")),
         ("tokens/s", _fmt(summary.tokens_per_s)),
     ]
     width = max(len(k) for k, _ in rows)

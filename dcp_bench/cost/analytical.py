@@ -720,6 +720,51 @@ class AnalyticalCostModel(CostModel):
         )
         return self.total_time(c)
 
+    def sample_time_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        n = len(tokens)
+        c = self.microbatch_costs(
+            tokens,
+            frames,
+            np.arange(n),
+            np.broadcast_to(np.asarray(sp), (n,)),
+            np.broadcast_to(np.asarray(ckpt_layers), (n,)),
+        )
+        return self.total_time(c)
+
+    def sample_time_packed_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        # `sample_time_packed` with a degree and checkpoint count per sample: the same
+        # operations element by element, so the same values bit for bit.
+        n = len(tokens)
+        s = np.broadcast_to(np.asarray(sp, dtype=float), (n,))
+        k = np.broadcast_to(np.asarray(ckpt_layers, dtype=float), (n,))
+        L = self._L
+        fl = self.sample_flops(tokens, frames)
+        rate = s * self._peak * self._gemm_max
+        n_r = np.asarray(tokens, dtype=float) / s
+        attn = fl["attn_work"] / (s * self._peak)
+        dense = fl["layer_gemm"] / rate + n_r * L * self._elem_tok_s
+        layer = dense + attn
+        fwd_bwd = 3.0 * (dense + fl["head_gemm"] / rate) + (1.0 + self._attn_bwd) * attn
+        c = self.cluster
+        bw = np.where(s > c.gpus_per_node, c.inter_node_bw, c.intra_node_bw) * self._a2a
+        comm = self.a2a_bytes_per_layer(n_r, s.astype(np.int64)) * (s - 1) / s / bw * (2 * L + k)
+        comm = np.where(s > 1, comm, 0.0)
+        return fwd_bwd + k / L * layer + comm
+
+    def sample_memory_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        n = len(tokens)
+        return self.activation_bytes(
+            tokens,
+            np.broadcast_to(np.asarray(sp), (n,)),
+            np.broadcast_to(np.asarray(ckpt_layers), (n,)),
+        ) * (1.0 + self.allocator_fragmentation)
+
     def sample_time_packed(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
     ) -> np.ndarray:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import numpy as np
 
 from dcp_bench.cost.activations import activation_terms
+from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
 
 # The per-GPU memory cap of every method, as a fraction of usable GPU memory: the DCP reference
 # profiles under 0.7 (docs/cost_model.md). The one default; configs and reports refer to it.
@@ -330,8 +331,58 @@ class CostModel(ABC):
                 out[k][j] = values[k]
         return out
 
+    # -- batched over settings: one call for many (sample, SP degree, checkpoint) triples ------
+    # A planner that prices every shape of a batch at every SP degree (`build_shape_table`) asks
+    # once instead of once per degree and checkpoint count. Sample ``i`` is priced at ``sp[i]``
+    # and ``ckpt_layers[i]`` exactly as the per-setting method prices it (same value, bit for
+    # bit); the defaults call that method once per distinct setting, sources override them.
+
+    def sample_time_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        """`sample_time` of sample ``i`` at ``sp[i]``, ``ckpt_layers[i]``."""
+        return self._per_setting(self.sample_time, tokens, frames, sp, ckpt_layers)
+
+    def sample_time_packed_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        """`sample_time_packed` of sample ``i`` at ``sp[i]``, ``ckpt_layers[i]``."""
+        return self._per_setting(self.sample_time_packed, tokens, frames, sp, ckpt_layers)
+
+    def sample_memory_many(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        """`sample_memory` of sample ``i`` at ``sp[i]``, ``ckpt_layers[i]``."""
+        return self._per_setting(self.sample_memory, tokens, frames, sp, ckpt_layers)
+
+    @staticmethod
+    def _per_setting(
+        fn: Any, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
+    ) -> np.ndarray:
+        n = len(tokens)
+        s = np.broadcast_to(np.asarray(sp, dtype=np.int64), (n,))
+        k = np.broadcast_to(np.asarray(ckpt_layers, dtype=np.int64), (n,))
+        out = np.zeros(n)
+        if n == 0:
+            return out
+        keys, inverse = np.unique(s * (1 << 20) + k, return_inverse=True)
+        for j, key in enumerate(keys.tolist()):
+            sel = np.flatnonzero(inverse == j)
+            out[sel] = fn(tokens[sel], frames[sel], key >> 20, key & ((1 << 20) - 1))
+        return out
+
     def spans_nodes(self, sp: int) -> bool:
         return sp > self.cluster.gpus_per_node
+
+    def sp_degrees(self) -> list[int]:
+        """The SP degrees plans may use on this cluster with this model: aligned degrees the
+        model's attention heads divide (`dcp_bench.cost.specs.runnable_sp_degrees`). Every
+        planner takes its degrees from here."""
+        return runnable_sp_degrees(self.model, self.cluster.world_size)
+
+    def describe_sp_degrees(self) -> str:
+        """`sp_degrees` in words, with why (for errors that say no degree fits)."""
+        return describe_sp_degrees(self.model, self.cluster.world_size)
 
     def describe(self) -> dict[str, Any]:
         """Provenance of every number this model produces (shown beside simulated results)."""

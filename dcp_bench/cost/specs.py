@@ -158,9 +158,41 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    def sp_degree_offence(self, sp: int) -> str | None:
+        """Why this model cannot run a sequence-split micro-batch on ``sp`` ranks, or None.
+
+        Ulysses (text) and DSP (video) shard the attention heads over the group, so ``sp`` must
+        divide the query heads (`dcp_bench.runtime.attention.check_heads`). KV heads add no
+        further rule: the runtime repeats them up to lcm(kv_heads, sp) (`kv_heads_for_sp`),
+        which divides the query heads whenever ``sp`` does."""
+        if sp > 1 and self.heads % sp:
+            return (
+                f"SP degree {sp} does not divide the {self.heads} attention heads of model "
+                f"{self.name!r} (Ulysses shards heads over the group)"
+            )
+        return None
+
     @property
     def dtype_bytes(self) -> int:
         return {"bf16": 2, "fp16": 2, "fp32": 4}[self.dtype]
+
+
+def runnable_sp_degrees(model: ModelSpec, world_size: int) -> list[int]:
+    """The SP degrees a plan may give a sequence-split group: the aligned degrees of the world
+    (powers of two dividing it) that the model's attention heads divide. Being powers of two,
+    they are a prefix of the aligned degrees: 1, 2, ... up to the largest power of two dividing
+    both the world size and the head count (12 heads on 32 GPUs: 1, 2, 4)."""
+    return [d for d in aligned_sp_degrees(world_size) if model.sp_degree_offence(d) is None]
+
+
+def describe_sp_degrees(model: ModelSpec, world_size: int) -> str:
+    """The runnable degrees in words, for errors: "1, 2, 4 (powers of two dividing both 32 GPUs
+    and the model's 12 attention heads)"."""
+    degrees = runnable_sp_degrees(model, world_size)
+    return (
+        f"{', '.join(map(str, degrees))} (powers of two dividing both {world_size} GPUs and "
+        f"the {model.heads} attention heads of model {model.name!r})"
+    )
 
 
 def _read_yaml(group: str, name: str) -> dict[str, Any]:

@@ -563,7 +563,7 @@ class DCPPlanner(Planner):
                 world_size=W, rounds=[], method=self.name, mode=self.mode, step=batch.step
             )
         # Packed shares: short samples are packed into well-filled micro-batches (step 5).
-        table = build_shape_table(batch.tokens, batch.frames, cost, W, packed=True)
+        table = build_shape_table(batch.tokens, batch.frames, cost, packed=True)
         raise_if_infeasible(table, batch.tokens, batch.frames, cost)
         charge_microbatch_overhead(table, cost)
         inv = table.inverse

@@ -209,9 +209,7 @@ class FaithfulDCPPlanner(Planner):
                 setting = self._profile(cost, longest, frames, cross_node=True)
             if setting is None:
                 if self.mode == "fair":
-                    table = build_shape_table(
-                        batch.tokens[members], batch.frames[members], cost, cost.cluster.world_size
-                    )
+                    table = build_shape_table(batch.tokens[members], batch.frames[members], cost)
                     raise_if_infeasible(table, batch.tokens[members], batch.frames[members], cost)
                     raise InfeasibleError(
                         f"{self.name}: bucket of {int(rep_t[b])} tokens fits no setting"
@@ -250,7 +248,9 @@ class FaithfulDCPPlanner(Planner):
                     [bk.queue.popleft() for _ in range(min(bk.setting.bs, len(bk.queue)))]
                 )
 
-    def _balance_intra(self, groups: list[_GroupPlan], buckets: list[_Bucket], W: int) -> None:
+    def _balance_intra(
+        self, groups: list[_GroupPlan], buckets: list[_Bucket], W: int, max_sp: int
+    ) -> None:
         if not groups:
             return
         t_min = min(
@@ -271,12 +271,14 @@ class FaithfulDCPPlanner(Planner):
                 del mb[keep:]
                 t = unit * keep
             # Batch size 1 and still slow: a larger SP degree (ideal halving, as the reference
-            # assumes) while free ranks remain and the doubled degree divides the world.
+            # assumes) while free ranks remain and the doubled degree divides the world and is
+            # one the model runs (``max_sp``: the largest; the runnable degrees are a prefix).
             while (
                 t > t_min * (1 + self.tolerance)
                 and free >= g.sp
                 and len(mb) == 1
                 and W % (2 * g.sp) == 0
+                and 2 * g.sp <= max_sp
             ):
                 free -= g.sp
                 g.sp *= 2
@@ -294,7 +296,7 @@ class FaithfulDCPPlanner(Planner):
             if self.balance == "inter":
                 self._balance_inter(groups, buckets)
             else:
-                self._balance_intra(groups, buckets, W)
+                self._balance_intra(groups, buckets, W, cost.sp_degrees()[-1])
             rounds.append(self._round(groups, buckets))
             iterations += 1
             if self.mode == "paper":
@@ -342,7 +344,13 @@ class FaithfulDCPPlanner(Planner):
                 memory=self.profile_memory,
                 unit_grad=self.balance == "inter",
             )
-            entry[1][key] = dcp_search(measure, gpn, cost.cluster.world_size, self.variant)
+            entry[1][key] = dcp_search(
+                measure,
+                gpn,
+                cost.cluster.world_size,
+                self.variant,
+                runs=lambda sp: cost.model.sp_degree_offence(sp) is None,
+            )
         return entry[1][key]
 
     def plan_epoch(self, dataset: GlobalBatch, cost: CostModel, epoch: int = 0) -> EpochPlan:
@@ -354,7 +362,8 @@ class FaithfulDCPPlanner(Planner):
         profile = {b.key: self.reference_profile(cost, *bucket_shape(b.key)) for b in buckets}
         rng = np.random.default_rng(self.seed + epoch)
         if self.variant == "intra":
-            gpn = min(cost.cluster.gpus_per_node, W)
+            # DCP-intra raises a plan's degree up to a node; never past what the model runs
+            gpn = min(cost.cluster.gpus_per_node, W, cost.sp_degrees()[-1])
             deal = dcp_intra_epoch(
                 buckets,
                 profile,

@@ -24,11 +24,33 @@ import numpy as np
 
 from dcp_bench.cost.base import CostModel
 from dcp_bench.errors import InfeasibleError
-from dcp_bench.layout import aligned_sp_degrees
+
+SP = int | np.ndarray  # one SP degree for every sample, or one per sample
+
+
+def _at(sp: SP, idx: np.ndarray) -> SP:
+    """``sp`` for the samples ``idx`` (a per-sample array is indexed, one degree is kept)."""
+    return sp if np.ndim(sp) == 0 else np.asarray(sp)[idx]
+
+
+def _memory(cost: CostModel, t: np.ndarray, f: np.ndarray, sp: SP, k: int) -> np.ndarray:
+    if np.ndim(sp) == 0:
+        return np.asarray(cost.sample_memory(t, f, int(sp), k), dtype=float)
+    return np.asarray(cost.sample_memory_many(t, f, np.asarray(sp), np.full(len(t), k)), float)
+
+
+def _time(
+    cost: CostModel, t: np.ndarray, f: np.ndarray, sp: SP, k: int, packed: bool
+) -> np.ndarray:
+    if np.ndim(sp) == 0:
+        fn = cost.sample_time_packed if packed else cost.sample_time
+        return np.asarray(fn(t, f, int(sp), k), dtype=float)
+    many = cost.sample_time_packed_many if packed else cost.sample_time_many
+    return np.asarray(many(t, f, np.asarray(sp), np.full(len(t), k)), dtype=float)
 
 
 def fewest_ckpt_layers(
-    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, budget: np.ndarray | float
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: SP, budget: np.ndarray | float
 ) -> np.ndarray:
     """Vectorised: the smallest ``k`` (layers checkpointed) with activation memory <= ``budget``
     per sample, or -1 where even ``k = num_layers`` does not fit (see `ckpt_and_memory`)."""
@@ -36,11 +58,11 @@ def fewest_ckpt_layers(
 
 
 def ckpt_and_memory(
-    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, budget: np.ndarray | float
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: SP, budget: np.ndarray | float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised: the smallest ``k`` (layers checkpointed) with activation memory <= ``budget``
     per sample, or -1 where even ``k = num_layers`` does not fit; and the memory without
-    checkpointing.
+    checkpointing. ``sp``: one SP degree, or one per sample (the batched cost-model calls).
 
     Memory is non-increasing in ``k``. Between ``k = 1`` and ``k = num_layers - 1`` it is
     usually affine (the end points may differ by a recompute peak); when a midpoint check
@@ -49,27 +71,27 @@ def ckpt_and_memory(
     L = cost.model.num_layers
     budget = np.broadcast_to(np.asarray(budget, dtype=float), tokens.shape)
     k = np.full(tokens.shape, -1, dtype=np.int64)
-    m0 = np.asarray(cost.sample_memory(tokens, frames, sp, 0), dtype=float)
+    m0 = _memory(cost, tokens, frames, sp, 0)
     k[m0 <= budget] = 0
     todo = m0 > budget
     if not todo.any() or L == 0:
         return k, m0
     idx = np.flatnonzero(todo)
-    t, f, bud = tokens[idx], frames[idx], budget[idx]
-    mL = np.asarray(cost.sample_memory(t, f, sp, L), dtype=float)
+    t, f, bud, s = tokens[idx], frames[idx], budget[idx], _at(sp, idx)
+    mL = _memory(cost, t, f, s, L)
     fits = mL <= bud
     if not fits.any():
         return k, m0
-    idx, t, f, bud, mL = idx[fits], t[fits], f[fits], bud[fits], mL[fits]
+    idx, t, f, bud, mL, s = idx[fits], t[fits], f[fits], bud[fits], mL[fits], _at(s, fits)
     sub = np.full(len(idx), -1, dtype=np.int64)
-    m1 = np.asarray(cost.sample_memory(t, f, sp, 1), dtype=float)
+    m1 = _memory(cost, t, f, s, 1)
     affine = L <= 2
     if L > 2:
         # Segment [1, L-1] (k = 0 may differ by the recomputed layer, k = L by the recompute
         # peak): affine when the midpoint agrees.
-        mT = np.asarray(cost.sample_memory(t, f, sp, L - 1), dtype=float)
+        mT = _memory(cost, t, f, s, L - 1)
         mid = L // 2
-        m_mid = np.asarray(cost.sample_memory(t, f, sp, mid), dtype=float)
+        m_mid = _memory(cost, t, f, s, mid)
         affine = bool(np.allclose(m_mid, m1 + (mT - m1) * (mid - 1) / (L - 2), rtol=1e-9, atol=1.0))
     if affine and L > 2:
         per_layer = (m1 - mT) / (L - 2)  # bytes saved by checkpointing one more layer
@@ -82,7 +104,7 @@ def ckpt_and_memory(
             open_ = sub < 0
             if not open_.any():
                 break
-            mem = np.asarray(cost.sample_memory(t[open_], f[open_], sp, kk), dtype=float)
+            mem = _memory(cost, t[open_], f[open_], _at(s, open_), kk)
             sub[np.flatnonzero(open_)[mem <= bud[open_]]] = kk
     k[idx] = sub
     return k, m0
@@ -92,34 +114,32 @@ def time_at_ckpt(
     cost: CostModel,
     tokens: np.ndarray,
     frames: np.ndarray,
-    sp: int,
+    sp: SP,
     k: np.ndarray,
     packed: bool = False,
 ) -> np.ndarray:
     """Vectorised per-sample time with a per-sample checkpoint count ``k`` (>= 0); with
-    ``packed`` the sample's share of a well-filled micro-batch (`CostModel.sample_time_packed`,
-    where the source has it) instead of its time alone.
+    ``packed`` the sample's share of a well-filled micro-batch (`CostModel.sample_time_packed`)
+    instead of its time alone. ``sp``: one SP degree, or one per sample.
 
     Recompute time is one extra forward of each checkpointed layer, affine in ``k``; checked at
     the midpoint like memory, with an exact per-``k`` fallback.
     """
     L = cost.model.num_layers
-    fn = getattr(cost, "sample_time_packed", None) if packed else None
-    time_fn = fn if fn is not None else cost.sample_time
-    t0 = np.asarray(time_fn(tokens, frames, sp, 0), dtype=float)
+    t0 = _time(cost, tokens, frames, sp, 0, packed)
     if not np.any(k > 0):
         return t0
-    tL = np.asarray(time_fn(tokens, frames, sp, L), dtype=float)
+    tL = _time(cost, tokens, frames, sp, L, packed)
     out = t0 + (tL - t0) * k / L
     probe = (k > 0) & (k < L)
     if probe.any():
         kk = int(np.median(k[probe]))
-        exact = np.asarray(time_fn(tokens[probe], frames[probe], sp, kk), dtype=float)
+        exact = _time(cost, tokens[probe], frames[probe], _at(sp, probe), kk, packed)
         guess = t0[probe] + (tL[probe] - t0[probe]) * kk / L
         if not np.allclose(exact, guess, rtol=1e-9, atol=1e-12):
             for kv in np.unique(k[probe]):
                 sel = k == kv
-                out[sel] = time_fn(tokens[sel], frames[sel], sp, int(kv))
+                out[sel] = _time(cost, tokens[sel], frames[sel], _at(sp, sel), int(kv), packed)
     return out
 
 
@@ -146,9 +166,10 @@ class ShapeTable:
 
 
 def build_shape_table(
-    tokens: np.ndarray, frames: np.ndarray, cost: CostModel, world_size: int, packed: bool = False
+    tokens: np.ndarray, frames: np.ndarray, cost: CostModel, packed: bool = False
 ) -> ShapeTable:
-    """Evaluate every distinct shape at every aligned SP degree (a few vectorised calls each).
+    """Evaluate every distinct shape at every SP degree the model can run on the cluster
+    (`CostModel.sp_degrees`; a few vectorised calls each).
 
     ``packed``: the time a sample costs when micro-batches are packed: its packed share (see
     `time_at_ckpt`) where it can share a micro-batch with others (no recompute and at most half
@@ -157,37 +178,37 @@ def build_shape_table(
     key = tokens.astype(np.int64) * (1 << 20) + frames.astype(np.int64)
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     ut, uf = tokens[first], frames[first]
-    sps = np.asarray(aligned_sp_degrees(world_size), dtype=np.int64)
+    sps = np.asarray(cost.sp_degrees(), dtype=np.int64)
     m, kk = len(ut), len(sps)
-    ckpt = np.full((m, kk), -1, dtype=np.int64)
-    time = np.full((m, kk), np.inf)
-    mem = np.full((m, kk), np.inf)
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
-    for j, sp in enumerate(sps):
-        # A shape that fits at some SP degree without checkpointing never needs a larger one for
-        # memory; it is still evaluated everywhere so the scheduler may raise its degree.
-        k, m0 = ckpt_and_memory(cost, ut, uf, int(sp), budget)
-        ok = k >= 0
-        if ok.any():
-            ckpt[ok, j] = k[ok]
-            time[ok, j] = time_at_ckpt(cost, ut[ok], uf[ok], int(sp), k[ok], packed)
-            # Memory without checkpointing decides packing (only k = 0 samples are packed).
-            mem[ok, j] = m0[ok]
-            if packed:
-                alone = ok & ((k > 0) | (mem[:, j] > budget / 2))
-                if alone.any():
-                    time[alone, j] = time_at_ckpt(
-                        cost, ut[alone], uf[alone], int(sp), k[alone], False
-                    )
+    # The whole (shape x degree) grid at once, row-major (shape i at degree j is i * kk + j):
+    # a handful of batched cost-model calls instead of a handful per degree. A shape that fits
+    # at some degree without checkpointing never needs a larger one for memory; it is still
+    # evaluated everywhere so the scheduler may raise its degree.
+    gt, gf, gs = np.repeat(ut, kk), np.repeat(uf, kk), np.tile(sps, m)
+    gk, gm0 = ckpt_and_memory(cost, gt, gf, gs, budget)
+    ok = gk >= 0
+    gtime = np.full(m * kk, np.inf)
+    gmem = np.full(m * kk, np.inf)
+    if ok.any():
+        gtime[ok] = time_at_ckpt(cost, gt[ok], gf[ok], gs[ok], gk[ok], packed)
+        # Memory without checkpointing decides packing (only k = 0 samples are packed).
+        gmem[ok] = gm0[ok]
+        if packed:
+            alone = ok & ((gk > 0) | (gmem > budget / 2))
+            if alone.any():
+                gtime[alone] = time_at_ckpt(cost, gt[alone], gf[alone], gs[alone], gk[alone], False)
+    ckpt = np.where(ok, gk, -1).reshape(m, kk)
+    time = gtime.reshape(m, kk)
+    mem = gmem.reshape(m, kk)
     return ShapeTable(ut, uf, inverse.astype(np.int64), sps, ckpt, time, mem)
 
 
 def largest_fitting_length(cost: CostModel, frames: int = 1) -> int:
-    """The longest sample (tokens) that fits the cap at the largest SP degree with full
-    recompute: what an infeasibility error reports. Video keeps the frame count and grows the
-    spatial size; text (frames=1) grows the length."""
-    W = cost.cluster.world_size
-    sp = aligned_sp_degrees(W)[-1]
+    """The longest sample (tokens) that fits the cap at the largest SP degree the model can run
+    with full recompute: what an infeasibility error reports. Video keeps the frame count and
+    grows the spatial size; text (frames=1) grows the length."""
+    sp = cost.sp_degrees()[-1]
     L = cost.model.num_layers
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
 
@@ -221,13 +242,12 @@ def raise_if_infeasible(
     i = int(bad[np.argmax(table.tokens[bad])])
     t, f = int(table.tokens[i]), int(table.frames[i])
     limit = largest_fitting_length(cost, frames=f)
-    W = cost.cluster.world_size
     shape = f"{t} tokens ({f} frames x {t // f})" if f > 1 else f"{t} tokens"
     raise InfeasibleError(
-        f"a sample of {shape} fits no SP degree up to {aligned_sp_degrees(W)[-1]} on {W} GPUs "
-        f"even with all {cost.model.num_layers} layers recomputed (memory cap "
-        f"{cost.memory_cap_bytes / 2**30:.1f} GiB); the largest that fits is {limit} tokens"
-        + (f" at {f} frames" if f > 1 else "")
+        f"a sample of {shape} fits none of the runnable SP degrees "
+        f"{cost.describe_sp_degrees()} even with all {cost.model.num_layers} layers recomputed "
+        f"(memory cap {cost.memory_cap_bytes / 2**30:.1f} GiB); the largest that fits is "
+        f"{limit} tokens" + (f" at {f} frames" if f > 1 else "")
     )
 
 
@@ -294,7 +314,7 @@ def profile_bucket(
     L = cost.model.num_layers
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
     gpn = cost.cluster.gpus_per_node
-    all_sps = aligned_sp_degrees(cost.cluster.world_size)
+    all_sps = cost.sp_degrees()
     inside = [s for s in all_sps if s <= gpn]
     outside = [s for s in all_sps if s > gpn]
     t1 = np.asarray([tokens], dtype=np.int64)

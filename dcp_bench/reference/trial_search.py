@@ -162,9 +162,20 @@ def damp_to_median(profiles: Mapping[Hashable, BucketProfile]) -> dict[Hashable,
 
 
 def dcp_search(
-    measure: Measure, max_sp: int, world_size: int, variant: str
+    measure: Measure,
+    max_sp: int,
+    world_size: int,
+    variant: str,
+    runs: Callable[[int], bool] | None = None,
 ) -> BucketProfile | None:
-    """The DCP profiler's search (module docstring) for ``variant`` intra, inter or pac."""
+    """The DCP profiler's search (module docstring) for ``variant`` intra, inter or pac.
+    ``runs(sp)``: whether the model can run SP degree ``sp`` (its attention heads divide it,
+    `dcp_bench.cost.specs.ModelSpec.sp_degree_offence`); the search never doubles to a degree
+    it cannot (default: every degree runs)."""
+
+    def can_double(sp: int, limit: int) -> bool:
+        return sp < limit and world_size % (2 * sp) == 0 and (runs is None or runs(2 * sp))
+
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}; expected one of {', '.join(VARIANTS)}")
     candidates: list[ProfileRow] = []
@@ -191,11 +202,11 @@ def dcp_search(
         restart = 1 if variant == "pac" else max(1, bs // 4)
         # A doubled degree must still tile the world (3 nodes of 8 GPUs: up to 8; the
         # reference's worlds are powers of two, where this always holds).
-        if sp < max_sp and world_size % (2 * sp) == 0:
+        if can_double(sp, max_sp):
             sp, bs = sp * 2, restart
             continue
         if not candidates:
-            if sp < world_size and world_size % (2 * sp) == 0:
+            if can_double(sp, world_size):
                 sp, bs = sp * 2, restart
                 continue
             return None

@@ -33,6 +33,7 @@ PEER_COLUMNS = [
     "step_over_bound",
     "step_over_bound_min",
     "step_over_bound_max",
+    "idle_share",
     "steps",
     "step_time_s",
     "lower_bound_s",
@@ -110,8 +111,12 @@ def peer_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.Data
     ``step_over_bound``: step time / lower bound, per measured step where ``steps`` carries the
     step's ``lower_bound_s``, else per run (its median step time over its median bound), the
     median over every ok repeat; ``_min`` / ``_max`` the extremes; ``steps`` the measured steps
-    behind it. ``runs``, ``ok`` and the failure counts (`FAILURE_KINDS`) count repeats. Paper-mode
-    runs and runs at non-default cost constants or memory cap are left out (module docstring)."""
+    behind it. ``idle_share``: the share of the step's GPU time left idle (a step record's
+    ``imbalance``: idle rank-seconds over ranks x step time), median over the same steps (else the
+    runs' medians): where one long document sets the bound, a ratio of 1.000 can still leave much
+    of the machine idle. ``runs``, ``ok`` and the failure counts (`FAILURE_KINDS`) count repeats.
+    Paper-mode runs and runs at non-default cost constants or memory cap are left out (module
+    docstring)."""
     if runs is None or runs.empty:
         return pd.DataFrame(columns=PEER_COLUMNS)
     keep = _default_constants(runs)
@@ -140,6 +145,11 @@ def peer_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.Data
                 ok["step_time_s"].astype(float) / ok["lower_bound_s"].astype(float)
             ).to_numpy()
         ratios = ratios[np.isfinite(ratios)]
+        if per_step and steps is not None and "imbalance" in steps:
+            idle = steps.loc[steps["run_id"].isin(ok["run_id"]), "imbalance"]
+        else:
+            idle = ok["imbalance"] if "imbalance" in ok else pd.Series(dtype=float)
+        idle = pd.to_numeric(idle, errors="coerce").dropna()
         n_steps = (
             len(ratios)
             if per_step
@@ -154,6 +164,7 @@ def peer_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.Data
             step_over_bound=float(np.median(ratios)) if len(ratios) else math.nan,
             step_over_bound_min=float(ratios.min()) if len(ratios) else math.nan,
             step_over_bound_max=float(ratios.max()) if len(ratios) else math.nan,
+            idle_share=float(np.median(idle)) if len(idle) else math.nan,
             steps=int(n_steps),
             step_time_s=float(np.median(ok["step_time_s"].astype(float))) if len(ok) else math.nan,
             lower_bound_s=float(np.median(ok["lower_bound_s"].astype(float)))
@@ -180,7 +191,8 @@ def peer_table(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.Data
 
 def cell_text(row: pd.Series) -> str:
     """A peer-table cell as read: ``1.012`` (every repeat ran), ``1.30 (1 oom)`` (some failed),
-    ``infeasible 3/3`` (none ran)."""
+    ``infeasible 3/3`` (none ran); with the idle share beside the ratio where the table has one:
+    ``1.000, idle 31%``."""
     fails = [f"{int(row[k])} {k}" for k in FAILURE_KINDS if int(row[k])]
     if int(row["ok"]) == 0 or not math.isfinite(float(row["step_over_bound"])):
         if len(fails) == 1:
@@ -188,6 +200,9 @@ def cell_text(row: pd.Series) -> str:
             return f"{kind} {int(row['runs'])}/{int(row['runs'])}"
         return "failed: " + ", ".join(fails) if fails else "-"
     text = f"{float(row['step_over_bound']):.3f}"
+    idle = float(row.get("idle_share", math.nan))
+    if math.isfinite(idle):
+        text += f", idle {100 * idle:.0f}%"
     return f"{text} ({', '.join(fails)})" if fails else text
 
 
@@ -222,6 +237,9 @@ def peer_section(doc: Document, data: Any) -> None:
         "plan of the batch is faster; it counts the fixed cost of every micro-batch the memory cap "
         "forces), per step where the records hold the step's bound, else each run's median step "
         "time over its median bound, then the median over repeats; 1.000 would be an optimal plan. "
+        "Beside it, the share of the step's GPU time left idle (median over the same steps): "
+        "where one long document sets the bound, a plan at 1.000 can still leave much of the "
+        "machine idle, which the ratio alone hides. "
         "A failed run has no ratio and is counted: `oom` (a step over the GPU's memory), "
         "`infeasible` (the method found no configuration that runs the batch under the memory "
         "cap), `timeout` (the run passed its time limit), `error` (any other failure). Paper-mode "

@@ -68,7 +68,8 @@ def planning_cost_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def machine_bound_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per workload, model, GPU count and method: median step time over the bound at the
-    run's cap and over the bound at the physical memory limit (median over runs that finished)."""
+    run's cap and over the bound at the physical memory limit, and the share of the step's GPU
+    time left idle beside them (the runs' ``imbalance``; medians over runs that finished)."""
     need = {"step_time_s", "lower_bound_s", "lower_bound_physical_s", *GROUP}
     if runs.empty or not need <= set(runs.columns):
         return pd.DataFrame()
@@ -88,6 +89,7 @@ def machine_bound_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "step / physical bound": _fmt(
                     (step / _num(g["lower_bound_physical_s"])).median(), digits=3
                 ),
+                "idle share": _fmt(_column(g, "imbalance").median(), pct=True),
             }
         )
     return pd.DataFrame(rows)

@@ -1222,8 +1222,9 @@ def _provenance_section(doc: Document, data: ReportData) -> None:
             if _uses_calibration(data)
             else []
         ),
-        "planner time: measured on this machine, charged per `run.planner_clock` (default overlap: "
-        "max(step, planner))",
+        "planner time: measured on this machine (CPU and wall time), charged per "
+        "`run.planner_time` (default: none on the simulator, CPU time on measured runs) and "
+        "`run.planner_clock` (default overlap: max(step, planner))",
     ]
     doc.bullets(items)
     doc.bullets([scrub_paths(n) for n in inp.notes])

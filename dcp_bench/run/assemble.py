@@ -38,7 +38,7 @@ class RunParts:
         plan = check_is_plan(
             self.planner.plan(batch, self.plan_cost), f"planner {type(self.planner).__name__}.plan"
         )
-        validate_plan(plan, batch, num_layers=self.cost.model.num_layers)
+        validate_plan(plan, batch, num_layers=self.cost.model.num_layers, model=self.cost.model)
         return plan
 
 

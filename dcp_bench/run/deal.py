@@ -54,10 +54,12 @@ class StepDeal:
     plan_fn: Callable[[GlobalBatch], StepPlan]
     warmup: bool = False
     planner_s: float | None = None
+    planner_cpu_s: float | None = None  # the same planning's process CPU time
     epoch: int | None = None
     iteration: int | None = None
     epoch_info: dict[str, Any] | None = None
     deal_s: float = 0.0
+    deal_cpu_s: float = 0.0  # the same in process CPU time
 
     @property
     def where(self) -> str:
@@ -92,17 +94,19 @@ def deal_steps(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[Step
         return
     for step in range(spec.total_steps):
         batch = parts.workload.global_batch(step, world_size, spec.model.max_seq_len)
-        deal_s = 0.0
+        deal_s = deal_cpu_s = 0.0
         if isinstance(parts.planner, BatchDealer):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             batch = parts.planner.deal_batch(batch, parts.plan_cost)
             deal_s = time.perf_counter() - t0
+            deal_cpu_s = time.process_time() - c0
         yield StepDeal(
             step=step,
             batch=batch,
             plan_fn=parts.plan_step,
             warmup=step < spec.warmup_steps,
             deal_s=deal_s,
+            deal_cpu_s=deal_cpu_s,
         )
 
 
@@ -111,9 +115,10 @@ def _epoch_deals(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[St
     step = 0
     for epoch in range(spec.epochs):
         dataset = data.epoch_dataset(world_size, spec.model.max_seq_len)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         deal = sampler.plan_epoch(dataset, parts.plan_cost, epoch)
         share = (time.perf_counter() - t0) / max(1, len(deal.iterations))
+        cpu_share = (time.process_time() - c0) / max(1, len(deal.iterations))
         if not deal.iterations:
             drops = ", ".join(
                 f"{k} {v}" for k, v in deal.info.get("dropped_samples", {}).items() if v
@@ -126,13 +131,16 @@ def _epoch_deals(spec: RunSpec, parts: RunParts, world_size: int) -> Iterator[St
         for i, it in enumerate(deal.iterations):
             sub = dataset.subset(it.positions)
             batch = dataclasses.replace(sub, step=step, info={"epoch": epoch, "iteration": i})
-            validate_plan(it.plan, batch, num_layers=parts.cost.model.num_layers)
+            validate_plan(
+                it.plan, batch, num_layers=parts.cost.model.num_layers, model=parts.cost.model
+            )
             info = {**deal.info, "planner_s": share * len(deal.iterations)} if i == 0 else None
             yield StepDeal(
                 step=step,
                 batch=batch,
                 plan_fn=_planned(it.plan),
                 planner_s=share,
+                planner_cpu_s=cpu_share,
                 epoch=epoch,
                 iteration=i,
                 epoch_info=info,

@@ -51,6 +51,18 @@ class _StopRun(Exception):
         self.status = status
 
 
+def charged_planning(wall_s: float, cpu_s: float, what: str) -> float:
+    """The planning time the step clock is charged (``run.planner_time``): the planning call's
+    process CPU time (``cpu``), its wall-clock time (``wall``: other processes' load included),
+    or nothing (``none``: the simulator's default, so a simulated step depends only on its
+    inputs, never on the host's load or speed)."""
+    if what == "cpu":
+        return cpu_s
+    if what == "wall":
+        return wall_s
+    return 0.0
+
+
 def charge_planner(step_s: float, planner_s: float, clock: str) -> float:
     """The step time with planning charged. ``serial``: the planner runs between steps (step +
     planner). ``overlap``: the next step is planned on the host while this one runs, as data
@@ -100,18 +112,29 @@ def step_record(
     planner_s: float,
     out: StepOutcome,
     warmup: bool | None = None,
+    planner_cpu_s: float | None = None,
 ) -> StepRecord:
     """The record of one executed step (see the module docstring); ``warmup`` (None: the step is
-    one of the run's first ``warmup_steps``) excludes it from the summary."""
+    one of the run's first ``warmup_steps``) excludes it from the summary. ``planner_s`` is the
+    planning's wall-clock time, ``planner_cpu_s`` its process CPU time (None: unknown, taken as
+    the wall time); both are recorded, ``run.planner_time`` says which is charged."""
     used = plan.sample_positions()
     peaks = [float(b) / 2**30 for b in out.peak_mem_bytes]
+    cpu_s = planner_s if planner_cpu_s is None else planner_cpu_s
+    planning_s = charged_planning(planner_s, cpu_s, spec.planner_time)
     # A planner's configuration search (`plan.info["tune_s"]`: static_tuned's grid, Megatron's
-    # launch tuning) is work its users do once before training, not on every step's clock.
-    tune_s = min(planner_s, max(0.0, float(plan.info.get("tune_s") or 0.0)))
+    # launch tuning, in CPU time) is work its users do once before training, not on every step's
+    # clock.
+    tune_s = min(cpu_s, max(0.0, float(plan.info.get("tune_s") or 0.0)))
+    charged_s = max(0.0, planning_s - tune_s) if planning_s else 0.0
     extra: dict[str, Any] = {
         **out.extra,
         "executed_s": out.step_time_s,
         "offline_tune_s": tune_s,
+        # planning measured both ways, whatever the clock is charged (run.planner_time)
+        "planner_wall_ms": planner_s * 1e3,
+        "planner_cpu_ms": cpu_s * 1e3,
+        "planner_charged_ms": charged_s * 1e3,
         "rounds": len(plan.rounds),
         "micro_batches": sum(1 for _ in plan.micro_batches()),
         "mem_cap_gib": float(parts.cost.memory_cap_bytes) / 2**30,
@@ -132,9 +155,9 @@ def step_record(
         )
     return StepRecord(
         step=step,
-        step_time_s=charge_planner(out.step_time_s, planner_s - tune_s, spec.planner_clock),
+        step_time_s=charge_planner(out.step_time_s, charged_s, spec.planner_clock),
         warmup=step < spec.warmup_steps if warmup is None else warmup,
-        planner_ms=planner_s * 1e3,
+        planner_ms=cpu_s * 1e3,
         tokens=int(batch.tokens[used].sum()) if used else 0,
         samples=len(used),
         samples_dropped=batch.n - len(set(used)) + int(batch.dropped),
@@ -154,6 +177,23 @@ def step_record(
         grad_norm=_finite(out.grad_norm),
         extra=extra,
     )
+
+
+class _CpuTimed:
+    """A plan function that keeps the process CPU time of its last call (``seconds``): the
+    executor times the call's wall clock; this, what the planner itself computed. CPU time of the
+    whole process, so a planner's solver threads count; other processes' load does not."""
+
+    def __init__(self, plan_fn: Any) -> None:
+        self.plan_fn = plan_fn
+        self.seconds: float | None = None
+
+    def __call__(self, batch: Any) -> StepPlan:
+        t0 = time.process_time()
+        try:
+            return self.plan_fn(batch)  # type: ignore[no-any-return]
+        finally:
+            self.seconds = time.process_time() - t0
 
 
 def run_steps(
@@ -179,13 +219,25 @@ def run_steps(
         if executor.agree(late):
             raise RunTimeout(f"run exceeded {spec.limit_text()} before {deal.where}")
         batch = deal.batch
-        plan, planner_s = executor.plan(batch, deal.plan_fn)
+        cpu = _CpuTimed(deal.plan_fn)
+        plan, planner_s = executor.plan(batch, cpu)
+        # a batch-dealing planner's deal is planning too (wall and CPU time)
         planner_s += deal.deal_s
+        planner_cpu_s = None if cpu.seconds is None else cpu.seconds + deal.deal_cpu_s
         if deal.planner_s is not None:
-            planner_s = deal.planner_s
+            planner_s, planner_cpu_s = deal.planner_s, deal.planner_cpu_s
         out = executor.execute(plan, batch)
         rec = step_record(
-            deal.step, spec, parts, executor, batch, plan, planner_s, out, warmup=deal.warmup
+            deal.step,
+            spec,
+            parts,
+            executor,
+            batch,
+            plan,
+            planner_s,
+            out,
+            warmup=deal.warmup,
+            planner_cpu_s=planner_cpu_s,
         )
         if deal.epoch is not None:
             rec.extra.update(epoch=deal.epoch, iteration=deal.iteration)
@@ -254,6 +306,7 @@ def _summary_extra(
         "mem_cap_fraction": spec.mem_cap_fraction,
         "world_size": executor.world_size,
         "planner_clock": spec.planner_clock,
+        "planner_time": spec.planner_time,
         "noise": {
             "jitter_sigma": spec.noise.jitter_sigma,
             "straggler_prob": spec.noise.straggler_prob,

@@ -34,6 +34,12 @@ from dcp_bench.workloads import LEGACY_REGISTRY_TARGET, REGISTRY_TARGET, REGISTR
 
 EXECUTORS = ("sim", "torch")
 PLANNER_CLOCKS = ("overlap", "serial", "off")
+# What planning time the step clock is charged (``run.planner_time``): ``cpu`` the planning call's
+# process CPU time, ``wall`` its wall-clock time (other processes' load included), ``none``
+# nothing; ``auto`` = ``none`` on the simulator (a simulated result depends only on its inputs,
+# never on the host's load or speed) and ``cpu`` on measured runs. Both times are recorded on
+# every step whatever is charged (docs/planners.md, "Planning time").
+PLANNER_TIMES = ("auto", "cpu", "wall", "none")
 UNITS = ("auto", "step", "epoch")  # auto: epoch in paper mode, step in fair mode
 
 # Keys of the `run` group that say where or how often a run is recorded, not what it measures:
@@ -56,6 +62,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "timeout_s": None,
     "kill_grace_s": None,
     "planner_clock": "overlap",
+    "planner_time": "auto",
 }
 MEM_CAP_DEFAULT = 0.7
 
@@ -242,6 +249,9 @@ class RunSpec:
     # The ZeRO stage of the runtime's training states (real runs) and of the cost model that
     # prices them: ``cost.zero_stage``, or the policy's default when that is null.
     zero_stage: int = DEFAULT_ZERO_STAGE
+    # What planning time the step clock is charged: cpu | wall | none (``run.planner_time``,
+    # ``auto`` resolved by the executor: none on the simulator, cpu on measured runs).
+    planner_time: str = "none"
 
     @property
     def world_size(self) -> int:
@@ -531,8 +541,12 @@ def _slug(text: str) -> str:
 # Config keys the packaged config came to list after run ids were fixed, each with the value every
 # earlier run had by leaving it out: a run's hash leaves the key out at that value, so listing it
 # changes no run id (a run that sets another value hashes it, as it always did).
-HASH_OMITTED_AT_DEFAULT: tuple[tuple[tuple[str, ...], float], ...] = (
+HASH_OMITTED_AT_DEFAULT: tuple[tuple[tuple[str, ...], float | str], ...] = (
     (("cost", "scales", "elementwise"), SCALE_DEFAULTS["elementwise"]),
+    # Earlier runs charged wall-clock planning time; ``auto`` charges none on the simulator. Under
+    # the default overlap clock the two differ only on a step planned for longer than it ran, and
+    # the wall-clock charge there was the host's load, not a result: ``auto`` keeps those ids.
+    (("run", "planner_time"), "auto"),
 )
 
 
@@ -553,7 +567,12 @@ def _hashable(cfg: Mapping[str, Any]) -> dict[str, Any]:
         for key in path[:-1]:
             node = node.get(key) if isinstance(node, dict) else None
         value = node.get(path[-1]) if isinstance(node, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == default:
+        if (
+            isinstance(value, (int, float, str))
+            and not isinstance(value, bool)
+            and isinstance(value, str) == isinstance(default, str)
+            and value == default
+        ):
             del node[path[-1]]
     return data
 
@@ -584,6 +603,7 @@ def _check_run_keys(run: Mapping[str, Any]) -> None:
         "timeout_s",
         "kill_grace_s",
         "planner_clock",
+        "planner_time",
         "noise",
         "jobs",
         "progress",
@@ -670,6 +690,11 @@ def parse_run_spec(
     clock = _choice(
         run.get("planner_clock", RUN_DEFAULTS["planner_clock"]), "run.planner_clock", PLANNER_CLOCKS
     )
+    charged = _choice(
+        run.get("planner_time", RUN_DEFAULTS["planner_time"]), "run.planner_time", PLANNER_TIMES
+    )
+    if charged == "auto":
+        charged = "none" if executor == "sim" else "cpu"
     timeout = _float(run.get("timeout_s"), "run.timeout_s", positive=True, allow_none=True)
     grace = _float(run.get("kill_grace_s"), "run.kill_grace_s", lo=0.0, hi=1e9, allow_none=True)
     noise = _noise_settings(_node(run, "noise"))
@@ -719,6 +744,7 @@ def parse_run_spec(
         steps=steps,
         warmup_steps=warmup,
         planner_clock=clock,
+        planner_time=charged,
         noise=noise,
         executor=executor,
         timeout_s=timeout,

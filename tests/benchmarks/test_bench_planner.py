@@ -2,8 +2,10 @@
 (``time.process_time``: a shared machine's load inflates wall time several-fold, CPU time much
 less). Goals, read from the table (median), never asserted: 32 GPUs x 512 sequences under 5 ms,
 1,024 GPUs x 16,384 sequences under 100 ms, 12,288 GPUs (1,536 nodes of 8) x 196,608 sequences
-under 1 s, and the lower bound of that 12,288-GPU batch under 1 s; plus the faithful
-DCP-inter+PAC at 32 x 512. Analytical cost model, llama3_8b, log-normal lengths (median ~5K
+under 1 s, the lower bound of that 12,288-GPU batch under 1 s, and the plan checker
+(`plan_offences` with the cost model: every rule, memory included, as ``dcp-bench plan
+--validate`` runs it) on that 12,288-GPU plan under 5 s; plus the faithful DCP-inter+PAC at
+32 x 512. Analytical cost model, llama3_8b, log-normal lengths (median ~5K
 tokens, capped at 128K). Run: ``make bench`` or
 ``pytest tests/benchmarks/test_bench_planner.py --benchmark-enable``.
 """
@@ -18,7 +20,7 @@ import pytest
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.specs import cluster_spec
-from dcp_bench.plan import validate_plan
+from dcp_bench.plan import plan_offences, validate_plan
 from dcp_bench.planners.dcp import DCPPlanner
 from dcp_bench.planners.dcp_faithful import DCPInterPACPlanner
 from dcp_bench.sim import lower_bound
@@ -59,6 +61,17 @@ def test_bench_lower_bound_at_12288_gpus(benchmark) -> None:
     batch = _batch(196608)
     bound = benchmark.pedantic(lower_bound, (batch, cost), rounds=5, iterations=1, warmup_rounds=1)
     assert bound > 0
+
+
+@pytest.mark.benchmark(timer=time.process_time)
+def test_bench_plan_checker_at_12288_gpus(benchmark) -> None:
+    cost = _cost(12288)
+    batch = _batch(196608)
+    plan = DCPPlanner().plan(batch, cost)
+    offences = benchmark.pedantic(
+        plan_offences, (plan, batch, cost), rounds=3, iterations=1, warmup_rounds=0
+    )
+    assert offences == []
 
 
 def test_bench_dcp_inter_pac_planning_time(benchmark) -> None:
