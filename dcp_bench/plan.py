@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from dcp_bench.errors import PlanError
-from dcp_bench.layout import is_power_of_two, spans_nodes_cleanly
+from dcp_bench.layout import SP_KINDS, is_power_of_two, spans_nodes_cleanly
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 Mode = Literal["fair", "paper"]
 Split = Literal["sequence", "batch"]
 SPKind = Literal["ulysses", "ring", "hybrid"]
-SP_KINDS: tuple[str, ...] = ("ulysses", "ring", "hybrid")
 
 
 @dataclass(frozen=True)

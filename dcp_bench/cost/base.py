@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
+from dcp_bench.errors import ConfigError
+
 # The per-GPU memory cap of every method, as a fraction of usable GPU memory: the DCP reference
 # profiles under 0.7 (docs/cost_model.md). The one default; configs and reports refer to it.
 DEFAULT_MEM_CAP_FRACTION = 0.7
@@ -301,12 +303,21 @@ class CostModel(ABC):
         mb_index: np.ndarray,
         sp: np.ndarray,
         ckpt_layers: np.ndarray,
+        ulysses: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """Vectorised over many sequence-split micro-batches: sample ``i`` belongs to micro-batch
         ``mb_index[i]`` (0..m-1, every micro-batch non-empty); ``sp`` and ``ckpt_layers`` have one
         entry per micro-batch. Returns arrays of length m keyed by the declared time terms
-        (`time_terms`) and `MICROBATCH_OTHER_KEYS`. The default loops over `microbatch_cost`;
-        sources override it for speed."""
+        (`time_terms`) and `MICROBATCH_OTHER_KEYS`. ``ulysses`` (None: Ulysses over each whole
+        group) gives each micro-batch's head-sharding span (`dcp_bench.layout.ulysses_span`):
+        smaller than its group means ring attention across the rest (ring or hybrid SP); only
+        sources that price ring attention accept it (`AnalyticalCostModel`). The default loops
+        over `microbatch_cost`; sources override it for speed."""
+        if ulysses is not None and not np.array_equal(np.asarray(ulysses), np.asarray(sp)):
+            raise ConfigError(
+                f"the {self.source} cost model ({type(self).__name__}) does not price ring or "
+                "hybrid sequence parallelism; use cost.source=analytical"
+            )
         m = len(sp)
         order = np.argsort(mb_index, kind="stable")
         bounds = np.searchsorted(mb_index[order], np.arange(m + 1))

@@ -47,11 +47,9 @@ except ImportError:  # not in older torch releases; the torch_varlen kernel is t
     varlen_attn = None  # type: ignore[assignment]
 
 from dcp_bench.errors import ConfigError
+from dcp_bench.layout import SP_KINDS
 
 KERNELS = ("sdpa", "torch_varlen", "flash_attn")
-
-
-SP_KINDS = ("ulysses", "ring", "hybrid")
 
 
 @dataclass(frozen=True)
