@@ -279,3 +279,31 @@ def test_pool_free_ring_context_and_hybrid_ranks() -> None:
     assert hyb.ulysses_group == "g67" and hyb.ring_ranks == (4, 6) and hyb.ring_rank == 1
     with pytest.raises(PlanError):
         pool.context(4, 4, "hybrid", 4)
+
+
+@pytest.mark.parametrize("tile", [1 << 24, 40])
+def test_ring_kernel_on_one_rank_equals_packed_attention(
+    monkeypatch: pytest.MonkeyPatch, tile: int
+) -> None:
+    """The ring's block kernel (online-softmax merge, its backward, GQA, padding, query tiles)
+    against per-document SDPA, on a ring of one rank (no communication)."""
+    from dcp_bench.runtime import ring as ring_module
+    from dcp_bench.runtime.attention import PORTABLE
+
+    monkeypatch.setattr(ring_module, "SCORE_TILE_ELEMENTS", tile)
+    lens = [37, 5, 64, 1]
+    padded = [sp_padded_length(n, SPContext(kind="ring", ring_ranks=(0,))) for n in lens]
+    g = torch.Generator().manual_seed(3)
+    t = sum(padded)
+    q, k, v = (torch.randn(t, h, 8, generator=g, requires_grad=True) for h in (4, 2, 2))
+    grad = torch.randn(t, 4, 8, generator=g)
+    valid_rows = torch.cat([torch.arange(p) < n for p, n in zip(padded, lens)])
+    layout = ring_module.ring_layout(padded, lens, 0, [0])
+    out = ring_module.ring_attention(q, k, v, layout)
+    got = torch.autograd.grad((out * grad).sum(), (q, k, v))
+    ref = PORTABLE(q, k, v, padded, lens, causal=True)
+    want = torch.autograd.grad((ref * grad).sum(), (q, k, v))
+    assert rel_l2(out[valid_rows].detach(), ref[valid_rows].detach()) < 1e-6
+    assert float(out[~valid_rows].detach().abs().max()) == 0.0
+    for a, b in zip(got, want):
+        assert rel_l2(a, b) < 1e-6

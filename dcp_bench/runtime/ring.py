@@ -25,10 +25,12 @@ Padding (a document's tail up to the multiple of ``2r``) is never attended and a
 its rows come out as zeros. Grouped-query attention: keys and values circulate with their KV
 heads only.
 
-The block kernel is plain matrix products in fp32 with an explicit mask (exact on every device;
-memory per block is (heads, queries, keys)). A fused kernel that returns the log-sum-exp
-(flash-attention's varlen forward and backward) is a drop-in for `_block_forward` /
-`_block_backward` on GPUs and is not wired here.
+The block kernel is plain matrix products in fp32 with an explicit mask, exact on every device,
+run over tiles of query rows so that no score matrix exceeds `SCORE_TILE_ELEMENTS` entries
+(memory stays bounded on long documents). It is not a fused kernel: on a GPU a fused attention
+that returns the log-sum-exp (flash-attention's varlen forward and backward, as Transformer
+Engine's context parallelism uses) would replace `_block_forward` and the backward's block
+step; that is not wired here.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+# Most entries of one score tile (heads x query rows x keys, fp32): 2^24 = 64 MiB, a few times
+# that with the backward's temporaries.
+SCORE_TILE_ELEMENTS = 1 << 24
 KV_TAG = 71  # tags keep the key/value and gradient streams between one pair of ranks apart
 DKV_TAG = 72
 
@@ -104,6 +109,24 @@ def _pieces(layout: RingLayout, src: int) -> list[tuple[slice, slice, Tensor, Te
             k_rows = slice(off + kr[0], off + kr[1])
             out.append((q_rows, k_rows, qpos, kpos, valid))
         off += 2 * c
+    return out
+
+
+def _tiles(
+    pieces: list[tuple[slice, slice, Tensor, Tensor, int]], heads: int
+) -> list[tuple[slice, slice, Tensor, Tensor, int]]:
+    """The pieces cut into tiles of query rows so that one tile's score matrix holds at most
+    `SCORE_TILE_ELEMENTS` entries (the block kernel's memory stays bounded on long documents);
+    tiles of padding queries only are left out."""
+    out = []
+    for qrows, krows, qpos, kpos, valid in pieces:
+        m = krows.stop - krows.start
+        step = max(1, SCORE_TILE_ELEMENTS // max(1, heads * m))
+        for a in range(0, qrows.stop - qrows.start, step):
+            qp = qpos[a : a + step]
+            if int(qp.min()) < valid:
+                rows = slice(qrows.start + a, min(qrows.start + a + step, qrows.stop))
+                out.append((rows, krows, qp, kpos, valid))
     return out
 
 
@@ -195,7 +218,7 @@ class _RingAttention(torch.autograd.Function):
                 reqs = _exchange([(kv, nxt, KV_TAG)], [(incoming, prv, KV_TAG)], group)
             src = (layout.rank - s) % layout.size
             kb, vb = kv[:, :kv_heads], kv[:, kv_heads:]
-            for qrows, krows, qpos, kpos, valid in _pieces(layout, src):
+            for qrows, krows, qpos, kpos, valid in _tiles(_pieces(layout, src), heads):
                 mask = _mask(qpos, kpos, valid, q.device)
                 o_b, lse_b = _block_forward(
                     q[qrows], _repeat(kb[krows], rep), _repeat(vb[krows], rep), mask, scale
@@ -229,7 +252,7 @@ class _RingAttention(torch.autograd.Function):
                 reqs = _exchange([(kv, nxt, KV_TAG)], [(incoming, prv, KV_TAG)], group)
             src = (layout.rank - s) % layout.size
             kb, vb = kv[:, :kv_heads], kv[:, kv_heads:]
-            for qrows, krows, qpos, kpos, valid in _pieces(layout, src):
+            for qrows, krows, qpos, kpos, valid in _tiles(_pieces(layout, src), heads):
                 mask = _mask(qpos, kpos, valid, q.device)
                 kr_rep, vr_rep = _repeat(kb[krows], rep), _repeat(vb[krows], rep)
                 p = _probs(_scores(q[qrows], kr_rep, mask, scale), lse[:, qrows])
