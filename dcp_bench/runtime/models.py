@@ -308,7 +308,9 @@ def text_sp_attention(
         k, v = repeat_kv(k, kv // kv_heads, 1), repeat_kv(v, kv // kv_heads, 1)
         q, k, v = ulysses_qkv_to_heads(q, k, v, uly, shard.full_from_gathered)
     if shard.ring is not None:
-        o = ring_attention(q, k, v, shard.ring)
+        # A pure ring's sends run on its own group's communicator when the pool has one (an
+        # aligned block); a hybrid's strided rings, and rings of other sizes, on the default one.
+        o = ring_attention(q, k, v, shard.ring, sp.group if sp.kind == "ring" else None)
     else:
         o = kernel(q, k, v, shard.seg_lens, shard.valid, causal=True)
     return ulysses_heads_to_seq(o, uly, shard.gathered_from_full)
