@@ -140,3 +140,36 @@ def test_simulator_prices_each_micro_batch_by_its_kind() -> None:
         assert sim.step_time_s == pytest.approx(2 * one.total_s + cm.step_sync_time(), rel=1e-9), (
             kind
         )
+
+
+def test_profiled_source_prices_rings_with_the_analytical_transfers() -> None:
+    """The measured compute of the nearest SP degree, the Ulysses part's all-to-alls only, and
+    the ring's unhidden point-to-point time from the analytical model (recorded as a fallback)."""
+    from dcp_bench.cost.profiled import ProfiledCostModel
+
+    cm = make_cost_model("tiny_llama", "cpu", "profiled")
+    assert isinstance(cm, ProfiledCostModel)
+    tok, fr = np.array([900, 300]), np.ones(2, dtype=np.int64)
+    uly = cm.microbatch_cost(tok, fr, 4, 1)
+    ring = cm.microbatch_cost(tok, fr, 4, 1, sp_kind="ring")
+    hyb = cm.microbatch_cost(tok, fr, 4, 1, sp_kind="hybrid", ulysses_degree=2)
+    for c in (ring, hyb):
+        assert (c.fwd_s, c.bwd_s, c.recompute_s, c.mem_bytes) == (
+            uly.fwd_s,
+            uly.bwd_s,
+            uly.recompute_s,
+            uly.mem_bytes,
+        )
+    exposed = cm.analytical.ring_exposed_comm(tok, 4, 1, 1)
+    assert exposed > 0
+    # the ring has no all-to-all: its communication is the exposed ring time (plus ZeRO passes)
+    base = cm.microbatch_cost(tok, fr, 1, 1).comm_s
+    assert ring.comm_s == pytest.approx(base + exposed, rel=1e-9)
+    assert hyb.comm_s > ring.comm_s - exposed
+    assert any("ring attention" in f for f in cm.fallbacks)
+    # the vectorised path takes the kind per micro-batch
+    vec = cm.microbatch_costs(
+        tok, fr, np.array([0, 1]), np.array([4, 4]), np.array([1, 1]), ulysses=np.array([1, 4])
+    )
+    one = cm.microbatch_cost(tok[:1], fr[:1], 4, 1, sp_kind="ring")
+    assert vec["comm_s"][0] == pytest.approx(one.comm_s, rel=1e-12)

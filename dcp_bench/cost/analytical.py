@@ -33,6 +33,7 @@ source; ``describe()["constant_sources"]`` says where every value came from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -73,6 +74,8 @@ ADAM_BYTES_PER_PARAM = 32.0
 @dataclass
 class AnalyticalCostModel(CostModel):
     """Cost model from first principles. See the module docstring and docs/cost_model.md."""
+
+    prices_ring: ClassVar[bool] = True
 
     source: str = "analytical"
     # Multipliers on the uncertain constants, for sensitivity studies (keys in SCALE_KEYS).
@@ -434,6 +437,45 @@ class AnalyticalCostModel(CostModel):
         one = r <= 1
         return np.where(one, a, fwd), np.where(one, b, bwd)
 
+    def _ring_attention_compute(
+        self, tokens: np.ndarray, idx: np.ndarray, s: np.ndarray, ring: np.ndarray
+    ) -> np.ndarray:
+        """Attention compute per rank of each micro-batch (all layers) under ring attention: the
+        same FLOPs over ``s`` ranks at the efficiency of full blocks of a sample's n / r keys."""
+        if self.model.arch != "llama":
+            raise ConfigError("ring attention prices text models; video runs DSP (ulysses)")
+        n = np.asarray(tokens, dtype=float)
+        fl = self.sample_flops(np.asarray(tokens), np.ones(len(n), dtype=np.int64))
+        work = fl["attn"] / self.attention_efficiency(n / ring[idx], causal=False)
+        return np.bincount(idx, weights=work, minlength=len(s)) / (s * self._peak)
+
+    def _ring_exposed(
+        self, t_attn: np.ndarray, ntok: np.ndarray, s: np.ndarray, u: np.ndarray, k: np.ndarray
+    ) -> np.ndarray:
+        """What the ring's transfers add beyond the attention compute they overlap, per
+        micro-batch (0 where the ring has one rank)."""
+        ring, L = s / u, self._L
+        step = self.p2p_time(self.ring_step_bytes(ntok / ring, u), s > self.cluster.gpus_per_node)
+        a = t_attn / L
+        f, b = self.ring_attention_times(a, step, ring)
+        return np.where(ring > 1, L * (f - a + b - self._attn_bwd * a) + k * (f - a), 0.0)
+
+    def ring_exposed_comm(
+        self, tokens: np.ndarray, sp: int, ulysses: int, ckpt_layers: int
+    ) -> float:
+        """Seconds per rank the ring's point-to-point steps add to one text micro-batch of
+        ``tokens`` on ``sp`` ranks with a Ulysses part of ``ulysses`` (see
+        `ring_attention_times`); 0 without a ring. The profiled source prices its rings with
+        it (its profile measures no point-to-point)."""
+        t = np.atleast_1d(np.asarray(tokens))
+        if sp // ulysses <= 1:
+            return 0.0
+        s, u = np.array([float(sp)]), np.array([float(ulysses)])
+        idx = np.zeros(len(t), dtype=np.int64)
+        t_attn = self._ring_attention_compute(t, idx, s, s / u)
+        ntok = np.array([float(t.sum())])
+        return float(self._ring_exposed(t_attn, ntok, s, u, np.array([float(ckpt_layers)]))[0])
+
     def activation_bytes(
         self, tokens: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
     ) -> np.ndarray:
@@ -586,12 +628,7 @@ class AnalyticalCostModel(CostModel):
         L = self._L
         ringed = ring > 1
         if ringed.any():
-            if self.model.arch != "llama":
-                raise ConfigError("ring attention prices text models; video runs DSP (ulysses)")
-            # A ring step attends blocks of a sample's n / r tokens (full, not causal tiles).
-            n = np.asarray(tokens, dtype=float)
-            work = fl["attn"] / self.attention_efficiency(n / ring[idx], causal=False)
-            t_attn = np.where(ringed, per_mb(work) / (s * self._peak), t_attn)
+            t_attn = np.where(ringed, self._ring_attention_compute(tokens, idx, s, ring), t_attn)
         blocks = L * self._act_terms.blocks_per_layer
         floor = self.layer_launch_s * blocks  # one pass over every block of the micro-batch
         fwd = t_layer_gemm + t_head + t_attn + floor
@@ -600,13 +637,7 @@ class AnalyticalCostModel(CostModel):
         comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, u), u, collectives=2)
         comm = comm_layer * (2 * L + k) + self.fsdp_pass_time()
         if ringed.any():
-            # what the ring's transfers add beyond the attention compute they overlap
-            step = self.p2p_time(
-                self.ring_step_bytes(ntok / ring, u), s > self.cluster.gpus_per_node
-            )
-            a = t_attn / L
-            f, b = self.ring_attention_times(a, step, ring)
-            comm = comm + np.where(ringed, L * (f - a + b - self._attn_bwd * a) + k * (f - a), 0.0)
+            comm = comm + self._ring_exposed(t_attn, ntok, s, u, k)
         act = np.bincount(idx, weights=self.activation_bytes(tokens, s[idx], k[idx]), minlength=m)
         flops = 3.0 * per_mb(fl["layer_gemm"] + fl["head_gemm"] + fl["attn"])
         own = {
