@@ -307,3 +307,26 @@ def test_ring_kernel_on_one_rank_equals_packed_attention(
     assert float(out[~valid_rows].detach().abs().max()) == 0.0
     for a, b in zip(got, want):
         assert rel_l2(a, b) < 1e-6
+
+
+def test_ring_kernel_in_bf16_stays_near_fp32() -> None:
+    """16-bit inputs: the kernel computes in fp32 and returns the input dtype (as the model's
+    other kernels do); output and gradients within bf16 rounding of the fp32 result."""
+    from dcp_bench.runtime import ring as ring_module
+
+    lens = [33, 70]
+    padded = [sp_padded_length(n, SPContext(kind="ring", ring_ranks=(0,))) for n in lens]
+    g = torch.Generator().manual_seed(4)
+    t = sum(padded)
+    base = [torch.randn(t, h, 16, generator=g) for h in (4, 2, 2)]
+    grad = torch.randn(t, 4, 16, generator=g)
+    layout = ring_module.ring_layout(padded, lens, 0, [0])
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (x.to(dtype).requires_grad_() for x in base)
+        out = ring_module.ring_attention(q, k, v, layout)
+        assert out.dtype == dtype
+        grads = torch.autograd.grad((out.float() * grad).sum(), (q, k, v))
+        results.append([out.detach().float(), *(x.float() for x in grads)])
+    for a, b in zip(results[1], results[0]):
+        assert rel_l2(a, b) < 3e-2

@@ -227,9 +227,11 @@ class _RingAttention(torch.autograd.Function):
             _wait(reqs)
             if reqs:
                 kv = incoming
-        ctx.save_for_backward(q, k, v, out, lse)
+        result = out.to(q.dtype)
+        # kept as flash attention keeps it: the output in the input dtype and the fp32 lse
+        ctx.save_for_backward(q, k, v, result, lse)
         ctx.layout, ctx.group = layout, group
-        return out.to(q.dtype)
+        return result
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -239,7 +241,7 @@ class _RingAttention(torch.autograd.Function):
         heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
         rep, scale = heads // kv_heads, 1.0 / math.sqrt(dim)
         g = grad.float()
-        delta = (g * out).sum(-1).transpose(0, 1)  # (H, n): rowsum(dO * O)
+        delta = (g * out.float()).sum(-1).transpose(0, 1)  # (H, n): rowsum(dO * O)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.cat([k, v], dim=1).contiguous()
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
