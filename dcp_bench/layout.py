@@ -11,7 +11,10 @@ blocks from here.
 
 from __future__ import annotations
 
-from dcp_bench.errors import ClusterError
+from dcp_bench.errors import ClusterError, PlanError
+
+# How a sequence-split micro-batch spreads attention over its group (`dcp_bench.plan.MicroBatch`).
+SP_KINDS: tuple[str, ...] = ("ulysses", "ring", "hybrid")
 
 
 def is_power_of_two(n: int) -> bool:
@@ -46,3 +49,16 @@ def spans_nodes_cleanly(start: int, size: int, gpus_per_node: int) -> bool:
     if size <= gpus_per_node:
         return start // gpus_per_node == (start + size - 1) // gpus_per_node
     return size % gpus_per_node == 0 and start % gpus_per_node == 0
+
+
+def ulysses_span(sp_kind: str, ulysses_degree: int, group_size: int) -> int:
+    """Ranks one head-sharding all-to-all of a micro-batch spans on a group of ``group_size``:
+    the group (``ulysses``), 1 (``ring``), ``ulysses_degree`` (``hybrid``); the micro-batch's
+    rings then have group_size / this ranks."""
+    if sp_kind == "ulysses":
+        return group_size
+    if sp_kind == "ring":
+        return 1
+    if sp_kind == "hybrid":
+        return ulysses_degree
+    raise PlanError(f"sp_kind {sp_kind!r}; expected one of {', '.join(SP_KINDS)}")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from dcp_bench.errors import PlanError
-from dcp_bench.layout import aligned_sp_degrees, is_power_of_two, spans_nodes_cleanly
+from dcp_bench.layout import SP_KINDS, aligned_sp_degrees, is_power_of_two, spans_nodes_cleanly
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 Mode = Literal["fair", "paper"]
 Split = Literal["sequence", "batch"]
+SPKind = Literal["ulysses", "ring", "hybrid"]
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,18 @@ class MicroBatch:
     ``split="sequence"`` shards every sample's tokens over the group (Ulysses / DSP);
     ``split="batch"`` deals whole samples to the group's ranks instead (the reference runtime
     does this for images).
+
+    ``sp_kind`` says how a sequence-split micro-batch's attention spans the group: ``ulysses``
+    (all-to-all over heads across the group, the default), ``ring`` (ring attention across the
+    group: no head constraint) or ``hybrid`` (Ulysses inside sub-groups of ``ulysses_degree``
+    consecutive ranks, ring across them). ``ulysses_degree`` is read for ``hybrid`` only.
     """
 
     samples: tuple[int, ...]
     ckpt_layers: int = 0
     split: Split = "sequence"
+    sp_kind: SPKind = "ulysses"
+    ulysses_degree: int = 0
 
 
 @dataclass
@@ -111,6 +119,8 @@ class StepPlan:
                                 samples=tuple(mb["samples"]),
                                 ckpt_layers=mb.get("ckpt_layers", 0),
                                 split=mb.get("split", "sequence"),
+                                sp_kind=mb.get("sp_kind", "ulysses"),
+                                ulysses_degree=mb.get("ulysses_degree", 0),
                             )
                             for mb in g["micro_batches"]
                         ],
@@ -150,6 +160,8 @@ PLAN_RULES = (
     "a size dividing the model's attention heads (Ulysses / DSP shard heads over the group)",
     "groups of one round are disjoint (a rank is in at most one group per round)",
     "every micro-batch holds at least one sample, and its split is 'sequence' or 'batch'",
+    "a micro-batch's sp_kind is 'ulysses', 'ring' or 'hybrid'; a hybrid one's ulysses_degree is a "
+    "power of two, more than 1, that divides its group's size and is less than it",
     "ckpt_layers is between 0 and the model's number of layers",
     "every sample position is in the batch (0 .. n - 1) and used at most once in the plan",
     "fair mode: every sample position of the batch is used exactly once",
@@ -280,8 +292,20 @@ def _group_offences(
             f"{cost.cluster.gpus_per_node} GPUs; a group lies inside one node or is made "
             "of whole nodes)"
         )
-    if model is not None and any(mb.split == "sequence" for mb in g.micro_batches):
-        offence = model.sp_degree_offence(g.size)
+    # the heads are sharded over the Ulysses part only: the whole group (ulysses), a hybrid's
+    # sub-group, none for a pure ring
+    uly = max(
+        (
+            g.size
+            if mb.sp_kind == "ulysses"
+            else (mb.ulysses_degree if mb.sp_kind == "hybrid" else 1)
+            for mb in g.micro_batches
+            if mb.split == "sequence"
+        ),
+        default=1,
+    )
+    if model is not None and uly > 1:
+        offence = model.sp_degree_offence(uly)
         if offence is not None:
             degrees = [d for d in aligned_sp_degrees(W) if model.sp_degree_offence(d) is None]
             yield (
@@ -322,6 +346,17 @@ def _micro_batch_offences(
     if mb.split not in ("sequence", "batch"):
         yield f"{where}: unknown split {mb.split!r}"
         ok = False
+    if mb.sp_kind not in SP_KINDS:
+        yield f"{where}: unknown sp_kind {mb.sp_kind!r}; expected one of {', '.join(SP_KINDS)}"
+    elif mb.sp_kind == "hybrid" and not (
+        is_power_of_two(mb.ulysses_degree)
+        and 1 < mb.ulysses_degree < g.size
+        and g.size % mb.ulysses_degree == 0
+    ):
+        yield (
+            f"{where}: hybrid ulysses_degree {mb.ulysses_degree} must be a power of two, more "
+            f"than 1, dividing the group size {g.size} and less than it"
+        )
     if mb.ckpt_layers < 0 or (layers is not None and mb.ckpt_layers > layers):
         yield f"{where}: ckpt_layers={mb.ckpt_layers} outside 0..{layers}"
         ok = False

@@ -32,6 +32,7 @@ from dcp_bench.cost.base import (
 )
 from dcp_bench.errors import ClusterError, InfeasibleError
 from dcp_bench.execution import PlanFn, StepOutcome
+from dcp_bench.layout import ulysses_span
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -134,6 +135,9 @@ class _PlanArrays:
     seq_sp: list[int]
     seq_ckpt: list[int]
     batch_split: list[tuple[int, tuple[int, ...], int, int]]  # (micro-batch, samples, size, ckpt)
+    # sequence-split micro-batches: the ranks of their head-sharding part (`ulysses_span`: the
+    # group for Ulysses, 1 for ring, the Ulysses degree for hybrid)
+    seq_ulysses: list[int] = field(default_factory=list)
 
     @property
     def n_groups(self) -> int:
@@ -166,6 +170,7 @@ def _flatten(plan: StepPlan) -> _PlanArrays:
                     out.seq_mb.append(j)
                     out.seq_sp.append(g.size)
                     out.seq_ckpt.append(mb.ckpt_layers)
+                    out.seq_ulysses.append(ulysses_span(mb.sp_kind, mb.ulysses_degree, g.size))
     out.g_start = np.asarray(g_start, dtype=np.int64)
     out.g_size = np.asarray(g_size, dtype=np.int64)
     out.mb_group = np.asarray(mb_group, dtype=np.int64)
@@ -221,13 +226,17 @@ def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> _Priced:
             (s for p in arr.seq_pos for s in p), dtype=np.int64, count=int(lens.sum())
         )
         local = np.repeat(np.arange(len(arr.seq_pos)), lens)
-        c = cost.microbatch_costs(
+        args = (
             batch.tokens[pos],
             batch.frames[pos],
             local,
             np.asarray(arr.seq_sp),
             np.asarray(arr.seq_ckpt),
         )
+        if arr.seq_ulysses == arr.seq_sp:
+            c = cost.microbatch_costs(*args)
+        else:  # ring or hybrid micro-batches: a cost model that prices them takes ``ulysses``
+            c = cost.microbatch_costs(*args, ulysses=np.asarray(arr.seq_ulysses))
         idx = np.asarray(arr.seq_mb)
         for name, t in out.times.items():
             t[idx] = c[name]

@@ -3,7 +3,7 @@
 The reference is independent of the adapter: the library's own model with its own attention
 (SDPA), one sample per forward, the loss from its logits. Against it, on 2 and 4 gloo ranks:
 hand-built plans through the runtime's executor (one step with samples split over 1, 2 and 4
-ranks, recompute on and off, a batch split), and every method's own plan through
+ranks, recompute on and off, a batch split, ring attention), and every method's own plan through
 DataCentricParallel (slow). fp32, relative error <= 1e-5.
 """
 
@@ -96,7 +96,36 @@ def two_rank_plan() -> StepPlan:
 
 HAND4 = [("multi_round", 0), ("inter_unequal", 2), ("split_batch", 0), ("static_sp4", 4)]
 CASES4 = [(f"{name}-ckpt{c}", TEXT, text_plans(c)[name]) for name, c in HAND4]
-CASES2 = [("sp2_then_single", TEXT, two_rank_plan()), ("api-dcp", TEXT, ("dcp", 0.068))]
+
+
+def two_rank_ring_plan() -> StepPlan:
+    """Ring attention through the library's attention hook (and a Ulysses micro-batch beside)."""
+    mb = MicroBatch
+    return StepPlan(
+        world_size=2,
+        rounds=[
+            Round(
+                groups=[
+                    Group(
+                        start=0,
+                        size=2,
+                        micro_batches=[
+                            mb(samples=(4, 0, 6), ckpt_layers=2, sp_kind="ring"),
+                            mb(samples=(1, 2, 3), sp_kind="ring"),
+                            mb(samples=(5,)),
+                        ],
+                    )
+                ]
+            )
+        ],
+    )
+
+
+CASES2 = [
+    ("sp2_then_single", TEXT, two_rank_plan()),
+    ("api-dcp", TEXT, ("dcp", 0.068)),
+    ("ring2", TEXT, two_rank_ring_plan()),
+]
 
 
 def test_spec_counts_the_library_models_parameters() -> None:

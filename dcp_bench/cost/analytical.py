@@ -15,7 +15,13 @@ Time of a sequence-split micro-batch on an SP group of ``s`` ranks, per rank:
 - communication = per layer and direction 2 all-to-alls (Ulysses: fused q/k/v, then the output;
   DSP: the spatial->temporal and temporal->spatial switches), each priced
   ``latency + bytes * (s-1)/s / (bandwidth * a2a efficiency)`` with the inter-node link when the
-  aligned group spans nodes; paid forward, backward and again for each recomputed layer.
+  aligned group spans nodes; paid forward, backward and again for each recomputed layer;
+- ring attention (a micro-batch's ``ulysses`` part smaller than its group: ring or hybrid SP,
+  `ring_attention_times`): per layer ``r - 1`` point-to-point steps of the K/V block
+  (``r`` = group / Ulysses part), each overlapped with one step of attention compute, so a pass
+  takes ``(r-1) max(compute/r, step) + compute/r`` (backward: the K/V and their gradients travel,
+  and the gradients' last hop home is not hidden); only what is not hidden is charged to
+  communication. A hybrid's Ulysses part adds its all-to-alls over its sub-group.
 
 Model FLOPs are 3 x the forward FLOPs and exclude recomputation (the MLPerf rule for MFU).
 
@@ -57,6 +63,7 @@ from dcp_bench.cost.reference_loop import (
     host_input_bytes,
 )
 from dcp_bench.errors import ConfigError
+from dcp_bench.layout import ulysses_span
 from dcp_bench.train_policy import (
     DEFAULT_ZERO_STAGE,
     LOGITS_CHUNK_TOKENS,
@@ -88,6 +95,8 @@ ADAM_BYTES_PER_PARAM = 32.0
 @dataclass
 class AnalyticalCostModel(CostModel):
     """Cost model from first principles. See the module docstring and docs/cost_model.md."""
+
+    prices_ring: ClassVar[bool] = True
 
     source: str = "analytical"
     # The micro-batch terms beyond the model's own work (`dcp_bench.cost.reference_loop`): the
@@ -459,6 +468,86 @@ class AnalyticalCostModel(CostModel):
         t = collectives * lat + np.asarray(nbytes) * (s - 1) / s / bw
         return np.where(s > 1, t, 0.0)
 
+    def ring_step_bytes(self, tokens_per_ring_rank: np.ndarray, ulysses: np.ndarray) -> np.ndarray:
+        """Bytes of one ring step of one layer's forward: the K/V block a ring rank holds (its
+        share of every sample, ``tokens_per_ring_rank``) with the KV heads of its Ulysses slice
+        (all KV heads for pure ring; a hybrid's Ulysses part of ``u`` ranks holds
+        max(KV, u) / u of them, as `a2a_bytes_per_layer` repeats them)."""
+        m = self.model
+        u = np.asarray(ulysses, dtype=float)
+        kv = np.maximum(m.kv_heads, u) / u * m.head_dim
+        return np.asarray(tokens_per_ring_rank, dtype=float) * self._b * 2 * kv
+
+    def p2p_time(self, nbytes: np.ndarray, spans_nodes: np.ndarray) -> np.ndarray:
+        """One point-to-point send of ``nbytes`` to the next ring rank (inter-node link and
+        latency when the ring crosses nodes: the ring waits for its slowest hop), at the
+        all-to-all's link efficiency (``a2a_eff``: the same links; an assumption)."""
+        c = self.cluster
+        bw = np.where(spans_nodes, c.inter_node_bw, c.intra_node_bw) * self._a2a
+        lat = np.where(spans_nodes, c.inter_node_latency_s, float(self.a2a_latency_s or 0.0))
+        return lat + np.asarray(nbytes, dtype=float) / bw
+
+    def ring_attention_times(
+        self, attn_fwd_s: np.ndarray, step_s: np.ndarray, ring: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) time of one layer's ring attention on a ring of ``ring`` ranks:
+        ``attn_fwd_s`` the layer's attention compute per rank (the backward's is
+        ``attn_bwd_factor`` times it), ``step_s`` one K/V transfer (`p2p_time`).
+
+        The causal load-balanced split (2 r chunks, rank i holds i and 2r-1-i) gives every step
+        the same compute: the diagonal step attends 2c causal queries to 2c keys, every other
+        step 2c to c (or c to 2c) in full, 2c^2 pairs each. Step j's transfer (the block of step
+        j+1) runs under step j's compute: forward ``(r-1) max(A/r, C) + A/r``; backward the K/V
+        and their gradients travel (2 C per step) and the gradients' last hop home is exposed:
+        ``(r-1) max(B/r, 2C) + B/r + C``."""
+        r = np.asarray(ring, dtype=float)
+        a = np.asarray(attn_fwd_s, dtype=float)
+        b = self._attn_bwd * a
+        c = np.asarray(step_s, dtype=float)
+        fwd = (r - 1) * np.maximum(a / r, c) + a / r
+        bwd = (r - 1) * np.maximum(b / r, 2 * c) + b / r + c
+        one = r <= 1
+        return np.where(one, a, fwd), np.where(one, b, bwd)
+
+    def _ring_attention_compute(
+        self, tokens: np.ndarray, idx: np.ndarray, s: np.ndarray, ring: np.ndarray
+    ) -> np.ndarray:
+        """Attention compute per rank of each micro-batch (all layers) under ring attention: the
+        same FLOPs over ``s`` ranks at the efficiency of full blocks of a sample's n / r keys."""
+        if self.model.arch != "llama":
+            raise ConfigError("ring attention prices text models; video runs DSP (ulysses)")
+        n = np.asarray(tokens, dtype=float)
+        fl = self.sample_flops(np.asarray(tokens), np.ones(len(n), dtype=np.int64))
+        work = fl["attn"] / self.attention_efficiency(n / ring[idx], causal=False)
+        return np.bincount(idx, weights=work, minlength=len(s)) / (s * self._peak)
+
+    def _ring_exposed(
+        self, t_attn: np.ndarray, ntok: np.ndarray, s: np.ndarray, u: np.ndarray, k: np.ndarray
+    ) -> np.ndarray:
+        """What the ring's transfers add beyond the attention compute they overlap, per
+        micro-batch (0 where the ring has one rank)."""
+        ring, L = s / u, self._L
+        step = self.p2p_time(self.ring_step_bytes(ntok / ring, u), s > self.cluster.gpus_per_node)
+        a = t_attn / L
+        f, b = self.ring_attention_times(a, step, ring)
+        return np.where(ring > 1, L * (f - a + b - self._attn_bwd * a) + k * (f - a), 0.0)
+
+    def ring_exposed_comm(
+        self, tokens: np.ndarray, sp: int, ulysses: int, ckpt_layers: int
+    ) -> float:
+        """Seconds per rank the ring's point-to-point steps add to one text micro-batch of
+        ``tokens`` on ``sp`` ranks with a Ulysses part of ``ulysses`` (see
+        `ring_attention_times`); 0 without a ring. The profiled source prices its rings with
+        it (its profile measures no point-to-point)."""
+        t = np.atleast_1d(np.asarray(tokens))
+        if sp // ulysses <= 1:
+            return 0.0
+        s, u = np.array([float(sp)]), np.array([float(ulysses)])
+        idx = np.zeros(len(t), dtype=np.int64)
+        t_attn = self._ring_attention_compute(t, idx, s, s / u)
+        ntok = np.array([float(t.sum())])
+        return float(self._ring_exposed(t_attn, ntok, s, u, np.array([float(ckpt_layers)]))[0])
+
     def activation_bytes(
         self,
         tokens: np.ndarray,
@@ -621,11 +710,18 @@ class AnalyticalCostModel(CostModel):
         mb_index: np.ndarray,
         sp: np.ndarray,
         ckpt_layers: np.ndarray,
+        ulysses: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
+        """See `CostModel.microbatch_costs`. ``ulysses`` (one entry per micro-batch, None: each
+        group's size) is the size of a micro-batch's head-sharding part: the group size for
+        Ulysses, 1 for ring attention over the group, in between for hybrid SP (rings of group /
+        ulysses ranks); see the module docstring."""
         m = len(sp)
         idx = np.asarray(mb_index)
         s = np.asarray(sp, dtype=float)
         k = np.asarray(ckpt_layers, dtype=float)
+        u = s if ulysses is None else np.asarray(ulysses, dtype=float)
+        ring = s / u
         fl = self.sample_flops(tokens, frames)
 
         def per_mb(x: np.ndarray | float) -> np.ndarray:
@@ -638,13 +734,18 @@ class AnalyticalCostModel(CostModel):
         t_head = per_mb(fl["head_gemm"]) / rate
         t_attn = per_mb(fl["attn_work"]) / (s * self._peak)
         L = self._L
+        ringed = ring > 1
+        if ringed.any():
+            t_attn = np.where(ringed, self._ring_attention_compute(tokens, idx, s, ring), t_attn)
         blocks = L * self._act_terms.blocks_per_layer
         floor = self.layer_launch_s * blocks  # one pass over every block of the micro-batch
         fwd = t_layer_gemm + t_head + t_attn + floor
         bwd = 2.0 * (t_layer_gemm + t_head) + self._attn_bwd * t_attn + floor
         recompute = k / L * (t_layer_gemm + t_attn + floor)
-        comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, s), s, collectives=2)
+        comm_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, u), u, collectives=2)
         comm = comm_layer * (2 * L + k) + self.fsdp_pass_time()
+        if ringed.any():
+            comm = comm + self._ring_exposed(t_attn, ntok, s, u, k)
         act = np.bincount(
             idx, weights=self.activation_bytes(tokens, s[idx], k[idx], frames), minlength=m
         )
@@ -666,10 +767,17 @@ class AnalyticalCostModel(CostModel):
         sp: int,
         ckpt_layers: int,
         split: str = "sequence",
+        sp_kind: str = "ulysses",
+        ulysses_degree: int = 0,
     ) -> MicroBatchCost:
+        """See `CostModel.microbatch_cost`; ``sp_kind`` and ``ulysses_degree`` as a plan's
+        `dcp_bench.plan.MicroBatch` has them (ring: any group size; see the module docstring)."""
         tokens = np.atleast_1d(np.asarray(tokens, dtype=np.int64))
         frames = np.atleast_1d(np.asarray(frames, dtype=np.int64))
-        self._check(sp, ckpt_layers)
+        u = ulysses_span(sp_kind, ulysses_degree, sp)
+        self._check(u, ckpt_layers)
+        if sp_kind != "ulysses" and self.model.arch != "llama":
+            raise ConfigError(f"sp_kind={sp_kind!r} prices text models; video runs DSP (ulysses)")
         if split == "batch" and sp > 1:
             return self._batch_split_cost(tokens, frames, sp, ckpt_layers)
         if split not in ("sequence", "batch"):
@@ -680,6 +788,7 @@ class AnalyticalCostModel(CostModel):
             np.zeros(len(tokens), dtype=np.int64),
             np.array([sp]),
             np.array([ckpt_layers]),
+            None if u == sp else np.array([u]),
         )
         return MicroBatchCost.from_terms({key: float(v[0]) for key, v in c.items()})
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from dcp_bench.cost.activations import activation_terms
 from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
+from dcp_bench.errors import ConfigError
 
 # The per-GPU memory cap of every method, as a fraction of usable GPU memory: the DCP reference
 # profiles under 0.7 (docs/cost_model.md). The one default; configs and reports refer to it.
@@ -147,6 +148,9 @@ class CostModel(ABC):
     # `added_costs` (docs/extending.md, "A new cost term"); nothing else names it.
     time_terms: ClassVar[tuple[TimeTerm, ...]] = MICROBATCH_TIME_TERMS
     step_terms: ClassVar[tuple[TimeTerm, ...]] = STEP_TIME_TERMS
+    # Whether `microbatch_cost` takes ``sp_kind`` and ``ulysses_degree`` (ring and hybrid SP,
+    # `dcp_bench.plan.MicroBatch`); sources that cannot price them refuse such micro-batches.
+    prices_ring: ClassVar[bool] = False
 
     @property
     def memory_cap_bytes(self) -> float:
@@ -313,19 +317,37 @@ class CostModel(ABC):
         mb_index: np.ndarray,
         sp: np.ndarray,
         ckpt_layers: np.ndarray,
+        ulysses: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """Vectorised over many sequence-split micro-batches: sample ``i`` belongs to micro-batch
         ``mb_index[i]`` (0..m-1, every micro-batch non-empty); ``sp`` and ``ckpt_layers`` have one
         entry per micro-batch. Returns arrays of length m keyed by the declared time terms
-        (`time_terms`) and `MICROBATCH_OTHER_KEYS`. The default loops over `microbatch_cost`;
-        sources override it for speed."""
+        (`time_terms`) and `MICROBATCH_OTHER_KEYS`. ``ulysses`` (None: Ulysses over each whole
+        group) gives each micro-batch's head-sharding span (`dcp_bench.layout.ulysses_span`):
+        smaller than its group means ring attention across the rest (ring or hybrid SP); only
+        sources that price ring attention accept it (`AnalyticalCostModel`). The default loops
+        over `microbatch_cost`; sources override it for speed."""
+        ring = ulysses is not None and not np.array_equal(np.asarray(ulysses), np.asarray(sp))
+        if ring and not self.prices_ring:
+            raise ConfigError(
+                f"the {self.source} cost model ({type(self).__name__}) does not price ring or "
+                "hybrid sequence parallelism; use cost.source=analytical"
+            )
         m = len(sp)
         order = np.argsort(mb_index, kind="stable")
         bounds = np.searchsorted(mb_index[order], np.arange(m + 1))
         out = {k: np.zeros(m) for k in (*(t.name for t in self.time_terms), *MICROBATCH_OTHER_KEYS)}
         for j in range(m):
             sel = order[bounds[j] : bounds[j + 1]]
-            c = self.microbatch_cost(tokens[sel], frames[sel], int(sp[j]), int(ckpt_layers[j]))
+            size, ckpt = int(sp[j]), int(ckpt_layers[j])
+            u = size if ulysses is None else int(np.asarray(ulysses)[j])
+            if u == size:
+                c = self.microbatch_cost(tokens[sel], frames[sel], size, ckpt)
+            else:  # a source with prices_ring takes the micro-batch's kind
+                kind = "ring" if u == 1 else "hybrid"
+                c = self.microbatch_cost(  # type: ignore[call-arg]
+                    tokens[sel], frames[sel], size, ckpt, "sequence", sp_kind=kind, ulysses_degree=u
+                )
             values = {**c.times(), "mem_bytes": c.mem_bytes, "model_flops": c.model_flops}
             for k in out:
                 out[k][j] = values[k]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from dcp_bench.cost.profile_fit import (
 )
 from dcp_bench.errors import ConfigError
 from dcp_bench.files import sha256_file
+from dcp_bench.layout import ulysses_span
 from dcp_bench.train_policy import (
     DEFAULT_ZERO_STAGE,
     check_zero_stage,
@@ -124,6 +125,8 @@ class ProfiledCostModel(CostModel):
     """A `CostModel` built from a profile artifact (``profile``: its path, or a folder holding
     ``<model name>.json``; relative paths are taken from the repository root). Defaults to the
     cluster config's ``profile`` field."""
+
+    prices_ring: ClassVar[bool] = True
 
     profile: str | None = None
     source: str = "profiled"
@@ -354,9 +357,13 @@ class ProfiledCostModel(CostModel):
         sp: int,
         ckpt_layers: int,
         packed_share: bool = False,
+        ulysses: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(fwd, bwd, recompute, comm) seconds for micro-batches with the given per-rank sizes.
-        ``packed_share``: without the per-micro-batch constants (see `sample_time_packed`)."""
+        ``packed_share``: without the per-micro-batch constants (see `sample_time_packed`).
+        ``ulysses``: the ranks the all-to-alls span (None: ``sp``; ring and hybrid SP have
+        fewer, see `microbatch_cost`)."""
+        a2a = sp if ulysses is None else ulysses
         L = self.model.num_layers
         sp_t, tab = self._table(sp)
         x = layer_features(tpr, ppr, n)
@@ -370,9 +377,9 @@ class ProfiledCostModel(CostModel):
         # (never below a tenth of the measurement) and price the all-to-alls of this degree
         inside = np.minimum(self._comm_per_layer(sp_t, tpr), 0.9 * (fwd_l + bwd_l))
         keep = np.where(fwd_l + bwd_l > 0, 1.0 - inside / np.maximum(fwd_l + bwd_l, 1e-30), 1.0)
-        comm_l = self._comm_per_layer(sp, tpr)
-        if packed_share and sp > 1:  # bytes only: latencies are shared by a micro-batch's samples
-            comm_l = comm_l - self._comm_per_layer(sp, np.zeros_like(tpr))
+        comm_l = self._comm_per_layer(a2a, tpr)
+        if packed_share and a2a > 1:  # bytes only: latencies are shared by a micro-batch's samples
+            comm_l = comm_l - self._comm_per_layer(a2a, np.zeros_like(tpr))
         fwd = L * fwd_l * keep + self._outer_time("fwd", xo) + self._outer_time("inputs", xo)
         bwd = L * bwd_l * keep + self._outer_time("bwd", xo)
         # recompute is measured (checkpointed minus plain backward) with its all-to-alls inside
@@ -442,10 +449,19 @@ class ProfiledCostModel(CostModel):
         sp: int,
         ckpt_layers: int,
         split: str = "sequence",
+        sp_kind: str = "ulysses",
+        ulysses_degree: int = 0,
     ) -> MicroBatchCost:
+        """See `CostModel.microbatch_cost`. Ring and hybrid SP (``sp_kind``): the measured
+        per-rank compute of the nearest measured SP degree, the all-to-alls of the Ulysses part
+        only, and the ring's point-to-point steps as the analytical model prices them (overlap
+        included; the profile measures no point-to-point: recorded as a fallback)."""
         tokens = np.atleast_1d(np.asarray(tokens, dtype=float))
         frames = np.atleast_1d(np.asarray(frames, dtype=float))
         flops = self.model_flops(tokens, frames)
+        u = ulysses_span(sp_kind, ulysses_degree, sp)
+        if u != sp and self.model.arch != "llama":
+            raise ConfigError(f"sp_kind={sp_kind!r} prices text models; video runs DSP (ulysses)")
         if split not in ("sequence", "batch"):
             raise ConfigError(f"split={split!r}; expected 'sequence' or 'batch'")
         if split == "batch" and sp > 1:
@@ -468,7 +484,10 @@ class ProfiledCostModel(CostModel):
                 }
             )
         tpr, ppr, n = self._sizes(tokens, frames, sp)
-        fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, n, sp, ckpt_layers)
+        fwd, bwd, rec, comm = self._sequence_costs(tpr, ppr, n, sp, ckpt_layers, ulysses=u)
+        if u != sp:
+            self.fallbacks.add("ring attention point-to-point steps: analytical")
+            comm = comm + self.analytical.ring_exposed_comm(tokens, sp, u, ckpt_layers)
         mem = (
             float(self._activation_bytes(tpr, ppr, n, sp, ckpt_layers)[0])
             + self.static_memory_bytes()

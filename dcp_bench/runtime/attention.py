@@ -47,6 +47,7 @@ except ImportError:  # not in older torch releases; the torch_varlen kernel is t
     varlen_attn = None  # type: ignore[assignment]
 
 from dcp_bench.errors import ConfigError
+from dcp_bench.layout import SP_KINDS
 
 KERNELS = ("sdpa", "torch_varlen", "flash_attn")
 
@@ -54,15 +55,71 @@ KERNELS = ("sdpa", "torch_varlen", "flash_attn")
 @dataclass(frozen=True)
 class SPContext:
     """The sequence-parallel group a micro-batch runs on: ``size`` ranks, this rank's index in it,
-    and the process group (None for a group of one)."""
+    and the process group (None for a group of one).
+
+    ``kind`` says how attention is split over the group (`SP_KINDS`):
+
+    - ``ulysses``: all-to-all over heads across the whole group (``group``);
+    - ``ring``: ring attention (`dcp_bench.runtime.ring`) across the whole group; ``ring_ranks``
+      are the group's global ranks in ring order; no process group is needed beyond the
+      default one (point-to-point only), so any number of ranks works;
+    - ``hybrid``: Ulysses inside sub-groups of ``ulysses_size`` consecutive ranks
+      (``ulysses_group``, this rank's sub-group), ring across the sub-groups: ``ring_ranks``
+      are the global ranks with this rank's index in their sub-group, one per sub-group.
+    """
 
     size: int = 1
     rank: int = 0
     group: Any = None
+    kind: str = "ulysses"
+    ulysses_size: int = 0
+    ulysses_group: Any = None
+    ring_ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.size > 1 and self.group is None:
+        if self.kind not in SP_KINDS:
+            raise ValueError(f"SP kind {self.kind!r}; expected one of {', '.join(SP_KINDS)}")
+        if self.size > 1 and self.kind == "ulysses" and self.group is None:
             raise ValueError("an SP group of more than one rank needs a process group")
+        if self.kind == "hybrid":
+            u = self.ulysses_size
+            if not 1 < u < self.size or self.size % u:
+                raise ValueError(
+                    f"hybrid SP on {self.size} ranks: the Ulysses size {u} must divide it and "
+                    "lie strictly between 1 and the group size"
+                )
+            if self.ulysses_group is None:
+                raise ValueError("hybrid SP needs the process group of its Ulysses sub-group")
+        if self.kind != "ulysses" and len(self.ring_ranks) != self.ring_size:
+            raise ValueError(
+                f"{self.kind} SP on {self.size} ranks: {len(self.ring_ranks)} ring ranks given, "
+                f"{self.ring_size} expected"
+            )
+
+    @property
+    def ulysses_degree(self) -> int:
+        """Ranks one head-sharding all-to-all spans (1 for pure ring)."""
+        return {"ulysses": self.size, "ring": 1, "hybrid": self.ulysses_size}[self.kind]
+
+    @property
+    def ring_size(self) -> int:
+        """Ranks of this rank's ring (1 for pure Ulysses)."""
+        return self.size // self.ulysses_degree
+
+    @property
+    def ring_rank(self) -> int:
+        """This rank's position on its ring."""
+        return self.rank // self.ulysses_degree
+
+    def ulysses_part(self) -> SPContext:
+        """The context of the head-sharding exchange alone (SINGLE when there is none)."""
+        if self.kind == "ulysses":
+            return self
+        if self.kind == "ring":
+            return SINGLE
+        return SPContext(
+            size=self.ulysses_size, rank=self.rank % self.ulysses_size, group=self.ulysses_group
+        )
 
 
 SINGLE = SPContext()

@@ -2,18 +2,19 @@
 optimizer step.
 
 For each round, the rank finds its group (idle if none), and runs that group's micro-batches in
-order with the group's SP degree and each micro-batch's ``ckpt_layers``. ``split="sequence"``
-shards every sample over the group (Ulysses for text, DSP for video); ``split="batch"`` deals
-whole samples to the group's ranks (largest first to the least-loaded rank), each running its
-share alone. Every micro-batch's loss is its sum over real tokens divided by the step's global
-token count (fair mode: every token of the batch; paper mode: the tokens the plan covers), so the
-summed gradient equals single-device training on the whole batch whatever the plan. How gradients
-accumulate and are summed over the world, and where the optimizer states live, is the rank's
-`dcp_bench.runtime.training.TrainingState` (ZeRO stage 0-3, fp32 accumulation and reduction;
-ranks idle in a round contribute zeros). A lockstep state (FSDP: collectives over the world
-inside every micro-batch) makes every rank run the same number of micro-batch passes per round:
-a rank with fewer runs empty passes (one token, zero loss weight). A non-finite loss skips the
-optimizer step and is reported.
+order with the group's SP degree and each micro-batch's ``ckpt_layers``. ``split="sequence"`` shards
+every sample over the group (Ulysses for text, DSP for video; ring or hybrid Ulysses x ring
+attention for text when the micro-batch's ``sp_kind`` says so); ``split="batch"`` deals whole
+samples to the group's ranks (largest first to the least-loaded rank), each running its share alone.
+Every micro-batch's loss is its sum over real tokens divided by the step's global token count (fair
+mode: every token of the batch; paper mode: the tokens the plan covers), so the summed gradient
+equals single-device training on the whole batch whatever the plan. How gradients accumulate and are
+summed over the world, and where the optimizer states live, is the rank's
+`dcp_bench.runtime.training.TrainingState` (ZeRO stage 0-3, fp32 accumulation and reduction; ranks
+idle in a round contribute zeros). A lockstep state (FSDP: collectives over the world inside every
+micro-batch) makes every rank run the same number of micro-batch passes per round: a rank with fewer
+runs empty passes (one token, zero loss weight). A non-finite loss skips the optimizer step and is
+reported.
 """
 
 from __future__ import annotations
@@ -87,15 +88,17 @@ def rank_work(
     for r in range(len(plan.rounds)):
         group = plan.group_for_rank(r, rank)
         if group is not None:
-            sp = pool.context(group.start, group.size)
             for mb in group.micro_batches:
                 positions = list(mb.samples)
-                ctx = sp
                 if mb.split == "batch" or group.size == 1:
-                    positions = deal_samples(positions, batch.tokens, group.size)[sp.rank]
-                    ctx = SINGLE
+                    positions = deal_samples(positions, batch.tokens, group.size)[
+                        rank - group.start
+                    ]
                     if not positions:
                         continue
+                    yield r, mb, SINGLE, positions
+                    continue
+                ctx = pool.context(group.start, group.size, mb.sp_kind, mb.ulysses_degree)
                 yield r, mb, ctx, positions
 
 

@@ -54,10 +54,40 @@ class ProcessGroupPool:
             )
         return self._groups[key]
 
-    def context(self, start: int, size: int) -> SPContext:
-        """The SP context of this rank in the group [start, start+size)."""
+    def context(
+        self, start: int, size: int, kind: str = "ulysses", ulysses_degree: int = 0
+    ) -> SPContext:
+        """The SP context of this rank in the group [start, start+size) for attention ``kind``
+        (`dcp_bench.runtime.attention.SP_KINDS`). Ulysses needs the group's process group (an
+        aligned block). Ring needs none (point-to-point between global ranks), so a ring runs on
+        any block of ranks, e.g. 3 or 24. Hybrid needs the process group of each Ulysses
+        sub-group of ``ulysses_degree`` consecutive ranks (aligned blocks)."""
         if not start <= self.rank < start + size:
             raise PlanError(f"rank {self.rank} is not in the group {start}..{start + size - 1}")
-        return SPContext(
-            size=size, rank=self.rank - start, group=self.get(range(start, start + size))
-        )
+        rank = self.rank - start
+        if kind == "ring":
+            return SPContext(
+                size=size,
+                rank=rank,
+                group=self._groups.get(tuple(range(start, start + size))),
+                kind="ring",
+                ring_ranks=tuple(range(start, start + size)),
+            )
+        if kind == "hybrid":
+            u = ulysses_degree
+            if not 1 < u < size or size % u:
+                raise PlanError(
+                    f"hybrid SP on {size} ranks with Ulysses degree {u}: it must divide the "
+                    "group size and lie strictly between 1 and it"
+                )
+            sub = start + (rank // u) * u
+            return SPContext(
+                size=size,
+                rank=rank,
+                group=self._groups.get(tuple(range(start, start + size))),
+                kind="hybrid",
+                ulysses_size=u,
+                ulysses_group=self.get(range(sub, sub + u)),
+                ring_ranks=tuple(start + rank % u + j * u for j in range(size // u)),
+            )
+        return SPContext(size=size, rank=rank, group=self.get(range(start, start + size)))

@@ -69,6 +69,7 @@ from dcp_bench.runtime.attention import (
     ulysses_qkv_to_heads,
 )
 from dcp_bench.runtime.lm_loss import IGNORE, chunked_cross_entropy_sum
+from dcp_bench.runtime.ring import RingLayout, ring_attention, ring_layout, ring_token_index
 from dcp_bench.train_policy import LOGITS_CHUNK_TOKENS
 
 TOKEN_PERIOD = 16  # synthetic text repeats a random 16-token motif (learnable by induction)
@@ -188,6 +189,7 @@ class TextShard:
     valid: list[int]  # real length of each sample
     full_from_gathered: Tensor  # Ulysses index maps (empty when sp == 1)
     gathered_from_full: Tensor
+    ring: RingLayout | None = None  # ring and hybrid SP: the ring layout of the local rows
 
     @property
     def loss_tokens(self) -> int:
@@ -204,6 +206,27 @@ def text_sample(seed: int, sample_id: int, length: int, vocab: int) -> Tensor:
     return torch.where(flip, noise, ids)
 
 
+def sp_token_index(padded: int, sp: SPContext) -> Tensor:
+    """Positions (within a sample padded to ``padded`` = `sp_padded_length`) of the tokens this
+    rank holds, in local order. Ulysses: the rank's contiguous chunk. Ring: chunks ``i`` and
+    ``2r-1-i`` of ``2r`` (`dcp_bench.runtime.ring.ring_token_index`). Hybrid: the ring rank's
+    two chunks, cut in equal contiguous parts over its Ulysses sub-group."""
+    u = sp.ulysses_degree
+    if sp.kind == "ulysses":
+        c = padded // u
+        return torch.arange(sp.rank * c, (sp.rank + 1) * c)
+    local = ring_token_index(padded, sp.ring_size, sp.ring_rank)
+    c = local.numel() // u
+    j = sp.rank % u
+    return local[j * c : (j + 1) * c]
+
+
+def sp_padded_length(length: int, sp: SPContext) -> int:
+    """A sample's length padded for ``sp``: a multiple of the group size (Ulysses) or of twice
+    the group size (ring and hybrid: 2 x ring size chunks, each cut over the Ulysses part)."""
+    return _pad_to(length, sp.size if sp.kind == "ulysses" else 2 * sp.size)
+
+
 def make_text_shard(
     sample_ids: Any,
     tokens: Any,
@@ -214,8 +237,10 @@ def make_text_shard(
     sample_tokens: Any = None,
 ) -> TextShard:
     """``sample_tokens(sample_id, length)``: a sample's length+1 token ids (default
-    `text_sample`)."""
-    P, r = sp.size, sp.rank
+    `text_sample`). The rank's tokens of each sample are `sp_token_index`'s; the Ulysses index
+    maps span the Ulysses part of ``sp`` (for hybrid SP: the ring rank's share of every
+    sample)."""
+    U = sp.ulysses_degree
     ids_parts, lab_parts, pos_parts = [], [], []
     seg_lens, valid, chunks = [], [], []
     for sid, length in zip(np.asarray(sample_ids).tolist(), np.asarray(tokens).tolist()):
@@ -224,35 +249,38 @@ def make_text_shard(
             if sample_tokens is None
             else sample_tokens(sid, length)
         )
-        padded = _pad_to(length, P)
-        c = padded // P
+        padded = sp_padded_length(length, sp)
         ids = torch.zeros(padded, dtype=torch.long)
         ids[:length] = seq[:length]
         lab = torch.full((padded,), IGNORE, dtype=torch.long)
         lab[:length] = seq[1:]
-        ids_parts.append(ids[r * c : (r + 1) * c])
-        lab_parts.append(lab[r * c : (r + 1) * c])
-        pos_parts.append(torch.arange(r * c, (r + 1) * c))
+        mine = sp_token_index(padded, sp)
+        ids_parts.append(ids[mine])
+        lab_parts.append(lab[mine])
+        pos_parts.append(mine)
         seg_lens.append(padded)
         valid.append(length)
-        chunks.append(c)
+        chunks.append(mine.numel())
     full_from_gathered = torch.empty(0, dtype=torch.long)
     gathered_from_full = torch.empty(0, dtype=torch.long)
-    if P > 1:
+    if U > 1:
         t_loc = sum(chunks)
-        fmap = np.empty(sum(seg_lens), dtype=np.int64)
+        fmap = np.empty(t_loc * U, dtype=np.int64)
         full_off = local_off = 0
         for c in chunks:
-            for j in range(P):
+            for j in range(U):
                 fmap[full_off + j * c : full_off + (j + 1) * c] = (
                     j * t_loc + local_off + np.arange(c)
                 )
-            full_off += c * P
+            full_off += c * U
             local_off += c
         inv = np.empty_like(fmap)
         inv[fmap] = np.arange(len(fmap))
         full_from_gathered = torch.from_numpy(fmap).to(device)
         gathered_from_full = torch.from_numpy(inv).to(device)
+    ring = None
+    if sp.kind != "ulysses":
+        ring = ring_layout(seg_lens, valid, sp.ring_rank, sp.ring_ranks)
     return TextShard(
         input_ids=torch.cat(ids_parts).to(device),
         labels=torch.cat(lab_parts).to(device),
@@ -261,7 +289,34 @@ def make_text_shard(
         valid=valid,
         full_from_gathered=full_from_gathered,
         gathered_from_full=gathered_from_full,
+        ring=ring,
     )
+
+
+def text_sp_attention(
+    q: Tensor, k: Tensor, v: Tensor, shard: TextShard, sp: SPContext, kernel: AttentionKernel
+) -> Tensor:
+    """Causal attention of this rank's tokens of a packed text micro-batch under ``sp``: q
+    (T_local, H, D), k and v (T_local, KV, D) -> (T_local, H, D).
+
+    The Ulysses part (the whole group, or a hybrid's sub-group) switches q, k and v to head
+    sharding by all-to-all; the ring part (ring or hybrid) then runs `ring_attention` over the
+    ring's share of every sample; without a ring, ``kernel`` runs the packed attention."""
+    uly = sp.ulysses_part()
+    if uly.size > 1:
+        # GQA: k and v travel with their KV heads only, repeated only when the group is
+        # larger than the number of KV heads (each rank needs whole KV heads).
+        heads, kv_heads = q.shape[1], k.shape[1]
+        kv = kv_heads_for_sp(heads, kv_heads, uly.size)
+        k, v = repeat_kv(k, kv // kv_heads, 1), repeat_kv(v, kv // kv_heads, 1)
+        q, k, v = ulysses_qkv_to_heads(q, k, v, uly, shard.full_from_gathered)
+    if shard.ring is not None:
+        # A pure ring's sends run on its own group's communicator when the pool has one (an
+        # aligned block); a hybrid's strided rings, and rings of other sizes, on the default one.
+        o = ring_attention(q, k, v, shard.ring, sp.group if sp.kind == "ring" else None)
+    else:
+        o = kernel(q, k, v, shard.seg_lens, shard.valid, causal=True)
+    return ulysses_heads_to_seq(o, uly, shard.gathered_from_full)
 
 
 class RMSNorm(nn.Module):
@@ -317,14 +372,7 @@ class LlamaLayer(nn.Module):
         k = self.k_proj(hn).view(t, self.kv_heads, self.head_dim)
         v = self.v_proj(hn).view(t, self.kv_heads, self.head_dim)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if sp.size > 1:
-            # GQA: k and v travel with their KV heads only, repeated only when the group is
-            # larger than the number of KV heads (each rank needs whole KV heads).
-            kv = kv_heads_for_sp(self.heads, self.kv_heads, sp.size)
-            k, v = repeat_kv(k, kv // self.kv_heads, 1), repeat_kv(v, kv // self.kv_heads, 1)
-            q, k, v = ulysses_qkv_to_heads(q, k, v, sp, shard.full_from_gathered)
-        o = self.attention(q, k, v, shard.seg_lens, shard.valid, causal=True)
-        o = ulysses_heads_to_seq(o, sp, shard.gathered_from_full)
+        o = text_sp_attention(q, k, v, shard, sp, self.attention)
         x = x + self.o_proj(o.reshape(t, self.heads * self.head_dim))
         hn = self.mlp_norm(x)
         return x + self.down_proj(F.silu(self.gate_proj(hn)) * self.up_proj(hn))
@@ -354,8 +402,8 @@ class LlamaModel(RuntimeModel):
         return make_text_shard(sample_ids, tokens, self.spec.vocab, sp, seed, self.device())
 
     def forward(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
-        if sp.size > 1:
-            check_heads(self.spec.heads, sp.size)
+        if sp.ulysses_degree > 1:
+            check_heads(self.spec.heads, sp.ulysses_degree)
         x = self.embed(inputs.input_ids)
         rope = rope_tables(inputs.positions, self.spec.head_dim, x.dtype)
         for i, layer in enumerate(self.layers):
@@ -813,6 +861,11 @@ class STDiTModel(RuntimeModel):
         return make_video_shard(sample_ids, tokens, frames, self.spec, sp, seed, self.device())
 
     def forward(self, inputs: VideoShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
+        if sp.kind != "ulysses":
+            raise ConfigError(
+                f"{sp.kind} sequence parallelism runs text models; a video model shards by DSP "
+                "(sp_kind=ulysses)"
+            )
         if sp.size > 1:
             check_heads(self.spec.heads, sp.size)
         h = self.spec.hidden

@@ -310,6 +310,11 @@ class WanAdapter:
         self, inputs: list[ClipShard], sp: SPContext = SINGLE, ckpt_layers: int = 0
     ) -> Tensor:
         """Summed loss over this rank's tokens of every clip (see the module docstring)."""
+        if sp.kind != "ulysses":
+            raise ConfigError(
+                f"{sp.kind} sequence parallelism runs text models; a diffusers video model "
+                "shards by heads (sp_kind=ulysses)"
+            )
         if sp.size > 1:
             check_heads(int(self.model.config.num_attention_heads), sp.size)
         on = ckpt_layers > 0

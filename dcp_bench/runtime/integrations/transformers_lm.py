@@ -5,15 +5,19 @@
   `ATTENTION` and selected with ``model.set_attn_implementation``. The model computes q, k, v and
   applies its rotary positions as always; the function switches them from sequence sharding to
   head sharding over the micro-batch's SP group (the runtime's Ulysses exchange,
-  `dcp_bench.runtime.attention`), runs packed variable-length causal attention, and switches back.
-  Every keyword argument the library passes is honoured (scaling, soft-capping, sliding windows,
-  sinks: `eager_varlen_attention`) or refused by name (`check_attention_arguments`), and one
-  probe forward at construction (`probe_attention`) checks every layer's before the first step.
+  `dcp_bench.runtime.attention`), runs packed variable-length causal attention, and switches back;
+  a micro-batch on ring or hybrid SP runs ring attention (`dcp_bench.runtime.ring`) for its ring
+  part instead (`dcp_bench.runtime.models.text_sp_attention`). Every keyword argument the library
+  passes is honoured (scaling, soft-capping, sliding windows, sinks: `eager_varlen_attention`, on
+  Ulysses SP) or refused by name (`check_attention_arguments`; soft-capping, windows and sinks on
+  a ring too), and one probe forward at construction (`probe_attention`) checks every layer's
+  before the first step.
   No attention mask is built: the library skips mask creation for a registered function without a
   mask function, and the packed segments come with the micro-batch.
 - Packed samples: one micro-batch is one row of packed samples (batch size 1), with
   ``position_ids`` that restart at 0 for every sample, as the library's packed path expects;
-  under SP each rank holds a contiguous chunk of every sample (`make_text_shard`), so its position
+  under Ulysses SP each rank holds a contiguous chunk of every sample (`make_text_shard`; under
+  ring SP two load-balanced chunks), so its position
   ids continue where the previous rank's chunk ends and the rotary positions are those of the
   whole sample. The segment lengths (the cumulative lengths of the library's varlen path) travel
   to the attention function as keyword arguments of the forward call, which the library passes
@@ -49,16 +53,17 @@ from dcp_bench.runtime.attention import (
     AttentionKernel,
     SPContext,
     check_heads,
-    kv_heads_for_sp,
-    repeat_kv,
     select_attention_kernel,
-    ulysses_heads_to_seq,
-    ulysses_qkv_to_heads,
-    varlen_attention,
 )
 from dcp_bench.runtime.integrations import require
 from dcp_bench.runtime.lm_loss import chunked_cross_entropy_sum
-from dcp_bench.runtime.models import RuntimeModel, TextShard, _local_rows, make_text_shard
+from dcp_bench.runtime.models import (
+    RuntimeModel,
+    TextShard,
+    _local_rows,
+    make_text_shard,
+    text_sp_attention,
+)
 from dcp_bench.train_policy import LOGITS_CHUNK_TOKENS
 
 ATTENTION = "dcp_ulysses"
@@ -201,16 +206,31 @@ def ulysses_attention(
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     heads, kv, dim = q.shape[1], k.shape[1], q.shape[2]
     sinks: Tensor | None = kwargs.get("s_aux")
+    softcap = kwargs.get("softcap")
+    window = kwargs.get("sliding_window")
+    if window is not None and max(shard.valid, default=0) <= int(window):
+        window = None  # no sample is longer than the window: full causal attention is the same
+    if shard.ring is not None:
+        # ring attention implements plain causal attention only: refuse the rest by name
+        extra = [
+            n
+            for n, val in (("softcap", softcap), ("sliding_window", window), ("s_aux", sinks))
+            if val is not None
+        ]
+        if extra:
+            raise ConfigError(
+                f"attention argument(s) {', '.join(extra)} of {name} are not implemented on ring "
+                f"or hybrid sequence parallelism ({sp.kind}); use Ulysses SP for this model"
+            )
+        if scaling is not None and not math.isclose(scaling, dim**-0.5, rel_tol=1e-12):
+            q = q * (scaling * math.sqrt(dim))  # the kernel scales by 1/sqrt(D)
+        return text_sp_attention(q, k, v, shard, sp, kernel).unsqueeze(0), None
     if sp.size > 1:
         wanted = kv_heads_for_sp(heads, kv, sp.size)
         k, v = repeat_kv(k, wanted // kv, 1), repeat_kv(v, wanted // kv, 1)
         q, k, v = ulysses_qkv_to_heads(q, k, v, sp, shard.full_from_gathered)
         if sinks is not None:  # this rank now holds query heads [r H/sp, (r+1) H/sp)
             sinks = sinks.reshape(heads).chunk(sp.size)[sp.rank]
-    softcap = kwargs.get("softcap")
-    window = kwargs.get("sliding_window")
-    if window is not None and max(shard.valid, default=0) <= int(window):
-        window = None  # no sample is longer than the window: full causal attention is the same
     if softcap is not None or window is not None or sinks is not None:
         scale = dim**-0.5 if scaling is None else float(scaling)
         out = eager_varlen_attention(
@@ -387,8 +407,8 @@ class CausalLMAdapter:
     def loss_sum(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
         """Summed next-token loss over this rank's real tokens; every layer recomputed when the plan
         recomputes any (see the module docstring)."""
-        if sp.size > 1:
-            check_heads(int(self.model.config.num_attention_heads), sp.size)
+        if sp.ulysses_degree > 1:
+            check_heads(int(self.model.config.num_attention_heads), sp.ulysses_degree)
         on = ckpt_layers > 0
         if on != self._checkpointing:
             set_checkpointing(self.model, on)
