@@ -165,15 +165,22 @@ def test_a_refusal_on_every_rank_is_rank_0s_message_on_one_line(
     from dcp_bench.errors import ConfigError
     from dcp_bench.run.torch_run import write_rank_error
 
-    for rank in ("1", "0"):  # rank 1 reports first; the run's message is still rank 0's
+    def fail(rank: str, exc: Exception) -> None:
         monkeypatch.setenv("RANK", rank)
         try:
-            raise ConfigError(f"rank {rank} refuses:\n  attention argument s_aux")
-        except ConfigError as exc:
-            write_rank_error(exc)
+            raise exc
+        except Exception as raised:
+            write_rank_error(raised)
+
+    for rank in ("1", "0"):  # rank 1 reports first; the same refusal is shown as rank 0's
+        fail(rank, ConfigError("refused:\n  attention argument s_aux"))
     stderr = capsys.readouterr().err
     assert stderr.count("Traceback (most recent call last)") == 2  # the traces stay in the log
-    assert error_tail(stderr) == "rank 0: ConfigError: rank 0 refuses: attention argument s_aux"
+    assert error_tail(stderr) == "rank 0: ConfigError: refused: attention argument s_aux"
+    # a rank 0 that failed only because rank 1 did: the first failure is the cause
+    fail("1", RuntimeError("injected"))
+    fail("0", RuntimeError("Connection closed by peer"))
+    assert error_tail(capsys.readouterr().err) == "rank 1: RuntimeError: injected"
 
 
 @pytest.mark.slow  # one torchrun launch

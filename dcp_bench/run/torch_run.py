@@ -436,16 +436,21 @@ def write_rank_error(exc: BaseException) -> None:
 
 
 def error_tail(stderr: str) -> str:
-    """The most telling line of the ranks' stderr: a rank's marked failure (rank 0's when it has
-    one: every rank usually refuses alike, and rank 0's is the one the run's record belongs to),
-    else the last exception line that says more than torchrun's own "ChildFailedError", else the
-    signal or exit code torchrun reports for a rank, else the last line that is not torchrun's
-    frame."""
+    """The most telling line of the ranks' stderr: the first rank's marked failure (rank 0's
+    when it failed the same way: a refusal is raised on every rank alike), else the last
+    exception line that says more than torchrun's own "ChildFailedError", else the signal or exit
+    code torchrun reports for a rank, else the last line that is not torchrun's frame."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     marked = [ln[len(RANK_ERROR_MARK) :].strip() for ln in lines if ln.startswith(RANK_ERROR_MARK)]
     if marked:
-        first = [m for m in marked if m.startswith("rank 0:")] or marked
-        return first[0][:500]
+
+        def body(m: str) -> str:  # the failure without its "rank N:" prefix
+            return m.split(":", 1)[1].strip() if m.startswith("rank ") else m
+
+        same_on_rank0 = [
+            m for m in marked if m.startswith("rank 0:") and body(m) == body(marked[0])
+        ]
+        return (same_on_rank0 or marked)[0][:500]
     own = [
         ln
         for ln in lines
