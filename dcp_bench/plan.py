@@ -237,8 +237,8 @@ def _offences(
         yield f"mode must be 'fair' or 'paper', got {plan.mode!r}"
     layers = num_layers if num_layers is not None else (cost.model.num_layers if cost else None)
     model = model if model is not None else (cost.model if cost is not None else None)
-    used = np.full(max(n, 0), -1, dtype=np.int64)  # the round of each sample's first use
-    used_at = np.full(max(n, 0), -1, dtype=np.int64)  # ... and its group's first rank
+    used = [-1] * max(n, 0)  # the round of each sample's first use
+    used_at = [-1] * max(n, 0)  # ... and its group's first rank
     memory = _MemoryChecks() if cost is not None and not isinstance(batch, int) else None
     for r, rnd in enumerate(plan.rounds):
         owner = np.full(W, -1, dtype=np.int64)
@@ -254,12 +254,9 @@ def _offences(
     if memory is not None:
         assert cost is not None and not isinstance(batch, int)
         yield from memory.offences(batch, cost)
-    if plan.mode == "fair" and n > 0 and (used < 0).any():
-        missing = np.flatnonzero(used < 0)
-        yield (
-            f"fair mode: {len(missing)} sample(s) missing from the plan, e.g. "
-            f"{missing[:5].tolist()}"
-        )
+    if plan.mode == "fair" and n > 0 and min(used) < 0:
+        missing = [p for p, r in enumerate(used) if r < 0]
+        yield f"fair mode: {len(missing)} sample(s) missing from the plan, e.g. {missing[:5]}"
 
 
 def _group_offences(
@@ -332,13 +329,14 @@ def _micro_batch_offences(
     r: int,
     n: int,
     layers: int | None,
-    used: np.ndarray,
-    used_at: np.ndarray,
+    used: list[int],
+    used_at: list[int],
 ) -> Generator[str, None, bool]:
     """What is wrong with micro-batch ``mb`` of group ``g`` in round ``r`` (memory aside);
     ``used`` / ``used_at`` hold the round and group start of every sample planned so far (-1:
     not yet) and gain ``mb``'s. Returns whether its memory can be checked (samples in range,
-    a known split, checkpoint setting in range)."""
+    a known split, checkpoint setting in range). Plain Python: most micro-batches hold a
+    sample or a few, where per-call array overheads would dominate."""
     if not mb.samples:
         yield f"{where}: empty"
         return False
@@ -360,25 +358,17 @@ def _micro_batch_offences(
     if mb.ckpt_layers < 0 or (layers is not None and mb.ckpt_layers > layers):
         yield f"{where}: ckpt_layers={mb.ckpt_layers} outside 0..{layers}"
         ok = False
-    s = np.fromiter(mb.samples, dtype=np.int64, count=len(mb.samples))
-    inside = (s >= 0) & (s < n)
-    if not inside.all():
-        for bad in s[~inside].tolist():
-            yield f"{where}: sample {bad} not in batch of {n}"
-        ok = False
-    s = s[inside]
-    seen_before = used[s] >= 0
-    if seen_before.any() or len(np.unique(s)) < len(s):
-        for p in s.tolist():  # the rare offending micro-batch: sample by sample, in order
-            if used[p] >= 0:
-                yield (
-                    f"sample {p} repeated (round {int(used[p])}, rank {int(used_at[p])} and "
-                    f"round {r}, rank {g.start})"
-                )
-            else:
-                used[p], used_at[p] = r, g.start
-    else:
-        used[s], used_at[s] = r, g.start
+    for p in mb.samples:
+        if not 0 <= p < n:
+            yield f"{where}: sample {p} not in batch of {n}"
+            ok = False
+        elif used[p] >= 0:
+            yield (
+                f"sample {p} repeated (round {used[p]}, rank {used_at[p]} and "
+                f"round {r}, rank {g.start})"
+            )
+        else:
+            used[p], used_at[p] = r, g.start
     return ok
 
 
