@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from dcp_bench.config import load_config, to_container
 from dcp_bench.envinfo import collect_env
-from dcp_bench.errors import ConfigError
+from dcp_bench.errors import ConfigError, OutputError
 from dcp_bench.files import check_output
 from dcp_bench.records import (
     RecordError,
@@ -181,8 +181,13 @@ def _child(
             os.close(fd)
     # Pin threads in workers so parallel runs do not oversubscribe the cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with contextlib.suppress(KeyboardInterrupt):
-        run_simulated(spec, build=build, env=env)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            run_simulated(spec, build=build, env=env)
+    except OutputError:
+        # Records that cannot be written (a full disk): the parent records the run as unfinished,
+        # and that write says why on one line; no traceback from this process.
+        raise SystemExit(1) from None
 
 
 # A run the deadline cuts is killed at most this long after it: its last step may be stuck.
