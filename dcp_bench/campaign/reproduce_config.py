@@ -225,13 +225,24 @@ def read_reproduce_yaml(path: Path) -> ReproduceConfig:
 # The command line
 
 
+# Upper bounds of the command line's numbers: far above any real reproduction, low enough that
+# `repeats=1e20` is refused at once.
+MAXIMA = {"repeats": 1_000, "jobs": 1_024, "seed_base": 2**32 - 1, "budget_s": 7 * 24 * 3600.0}
+
+
 def _number(key: str, value: str, integer: bool, minimum: float) -> float:
-    expected = f"expected {'an integer' if integer else 'a finite number'} >= {minimum:g}"
+    maximum = MAXIMA.get(key, float("inf"))
+    expected = f"expected {'an integer' if integer else 'a finite number'} >= {minimum:g}" + (
+        f" and at most {maximum:,g}" if maximum < float("inf") else ""
+    )
+    text = value.strip()
+    if integer and not (text.isdigit() and text.isascii()):
+        raise ConfigError(f"{key}={value!r}: {expected} (ASCII digits)")
     try:
-        out = float(int(value)) if integer else float(value)
-    except ValueError:
+        out = float(int(text)) if integer else float(text)
+    except (ValueError, OverflowError):
         raise ConfigError(f"{key}={value!r}: {expected}") from None
-    if not minimum <= out < float("inf"):  # also refuses nan
+    if not minimum <= out <= maximum or out == float("inf"):  # also refuses nan
         raise ConfigError(f"{key}={value!r}: {expected}")
     return out
 

@@ -104,6 +104,11 @@ def expand_grid(overrides: Sequence[str]) -> list[list[str]]:
     return [list(p) for p in itertools.product(*axes)]
 
 
+# Repeats of one grid point: far above what a comparison needs (its CI converges in tens), and
+# low enough that `run.repeats=1e9` is refused at once instead of planning for ever.
+MAX_REPEATS = 1_000
+
+
 def plan_sweep(
     overrides: Sequence[str],
     repeats: int | None = None,
@@ -116,8 +121,10 @@ def plan_sweep(
         cfg = to_container(compose(cell))
         run_node = cfg.get("run") or {}
         n = repeats if repeats is not None else run_node.get("repeats", 5)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"run.repeats={n!r}: expected an integer >= 1")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPEATS:
+            raise ConfigError(
+                f"run.repeats (repeats)={n!r}: expected an integer >= 1 and at most {MAX_REPEATS:,}"
+            )
         first = parse_run_spec(cfg, sweep=sweep, overrides=cell)
         specs.append(first)
         specs += [
