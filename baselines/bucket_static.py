@@ -95,6 +95,8 @@ class BucketStatic(Planner):
     """
 
     name = "bucket_static"
+    OPTION_MINIMA = {"max_batch_size": 1}
+    SP_OPTIONS = ("sp",)
 
     def __init__(
         self,

@@ -576,6 +576,7 @@ class FlexSPMILP(Planner):
     """
 
     name = "flexsp_milp"
+    OPTION_MINIMA = {"buckets": 1, "max_buckets": 1}
 
     def __init__(
         self,

@@ -369,6 +369,7 @@ class MegatronHybridCP(Planner):
     """
 
     name = "megatron_hybrid_cp"
+    OPTION_MINIMA = {"max_tokens_per_rank": 1, "tune_batches": 1, "shortlist": 1}
 
     def __init__(
         self,

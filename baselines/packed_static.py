@@ -75,6 +75,8 @@ class PackedStatic(Planner):
     """
 
     name = "packed_static"
+    OPTION_MINIMA = {"token_budget": 1}
+    SP_OPTIONS = ("sp",)
 
     def __init__(
         self,

@@ -54,6 +54,7 @@ class StaticTuned(Planner):
     """
 
     name = "static_tuned"
+    OPTION_MINIMA = {"tune_batches": 1}
 
     def __init__(
         self,

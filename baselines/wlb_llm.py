@@ -83,6 +83,8 @@ class WLBLLM(Planner):
     """
 
     name = "wlb_llm"
+    OPTION_MINIMA = {"token_capacity": 1}
+    SP_OPTIONS = ("sp",)
 
     def __init__(
         self,

@@ -39,14 +39,14 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
     ([*SIM, "run_timeout_s=20"], ["run_timeout_s", "run.timeout_s"]),
     ([*SIM, "lengths_file=x.txt"], ["lengths_file", "workload.lengths_file"]),
     # numbers of the run
-    ([*SIM, "steps=0"], ["steps", "=0", ">= 1"]),
-    ([*SIM, "steps=-1"], ["steps", "-1", ">= 1"]),
-    ([*SIM, "steps=abc"], ["steps", "abc", "integer"]),
-    ([*SIM, "steps=2.5"], ["steps", "2.5", "integer"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=0"], ["steps", "=0", ">= 1"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=-1"], ["steps", "-1", ">= 1"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=abc"], ["steps", "abc", "integer"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=2.5"], ["steps", "2.5", "integer"]),
     ([*SIM, "seed=abc"], ["seed", "abc", "integer"]),
     ([*SIM, "seed=-3"], ["seed", "-3", ">= 0"]),
     ([*SIM, "seed=1.5"], ["seed", "1.5", "integer"]),
-    ([*SIM, "warmup_steps=-1"], ["warmup_steps", "-1", ">= 0"]),
+    ([*SIM[:6], "warmup_steps=-1"], ["warmup_steps", "-1", ">= 0"]),
     ([*SIM, "nproc=20"], ["nproc", "20", "whole nodes of 8"]),
     (
         [

@@ -120,5 +120,8 @@ def test_the_command_line_replaces_top_keys(tmp_path: Path) -> None:
     assert (cfg.budget_s, cfg.jobs, cfg.seed_base) == (300.0, 3, 10)
     assert cfg.grid_keys() == ["cluster=h200x8", "nnodes=2"]
     assert [s.name for s in cfg.chosen_sections()] == ["b"]
-    with pytest.raises(ConfigError, match="report_reserve_s=60: expected less than budget_s=50"):
+    # named by the key typed: budget_s, with the reserve it must exceed
+    with pytest.raises(ConfigError, match=r"^budget_s=50: expected more than the 60 s kept"):
         load_reproduce_config([f"config={path}", "budget_s=50"])
+    with pytest.raises(ConfigError, match="report_reserve_s=400: expected less than budget_s=300"):
+        load_reproduce_config([f"config={path}", "report_reserve_s=400"])

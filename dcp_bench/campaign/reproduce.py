@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dcp_bench.campaign.reproduce_config import (
     ReproduceConfig,
     ReproduceSection,
@@ -47,6 +49,8 @@ from dcp_bench.records import RunSummary
 from dcp_bench.report.writer import ReportInputs, build_report, shown_path
 from dcp_bench.run.spec import CAMPAIGN_NAME, RunSpec
 
+# The keys every claim holds (what `dcp_bench.report.claims.load_claims` requires).
+CLAIM_KEYS = ("id", "value", "tolerance", "context", "baseline", "method")
 EXIT_INCOMPLETE = 4  # a section was cut or not run: the report is written beside out, not over it
 INCOMPLETE = "incomplete: {done} of {total} sections, rerun `make reproduce` to resume"
 
@@ -95,7 +99,9 @@ def reproduce(overrides: Sequence[str], progress: bool = True) -> int:
     cfg = load_reproduce_config(overrides)
     claims = find_claims(cfg.claims)
     check_places(cfg)  # every place this writes, checked now, not after minutes of sweeps
-    done = run_sections(cfg, t_start, progress_mode(progress))
+    # every run's config (cluster=nosuch), before the first section runs; planned once
+    planned = check_sections(cfg)
+    done = run_sections(cfg, t_start, progress_mode(progress), planned)
     command = "dcp-bench reproduce " + " ".join(shlex.quote(a) for a in overrides)
     return write_report(cfg, claims, command.strip(), done, t_start)
 
@@ -112,6 +118,23 @@ def check_places(cfg: ReproduceConfig) -> None:
             "A-Z a-z 0-9 . _ - (starting with a letter or digit)"
         )
     check_output(Path(cfg.root) / cfg.campaign, "campaign", value=cfg.campaign)
+
+
+Planned = dict[str, tuple[list[RunSpec], list[RunSpec]]]
+
+
+def check_sections(cfg: ReproduceConfig) -> Planned:
+    """Every chosen section's runs, composed and parsed (`plan_section`) by section name; the
+    first section that does not compose is a `ConfigError` naming it, before any run starts."""
+    planned: Planned = {}
+    for section in cfg.chosen_sections():
+        if section.real and not cfg.real:
+            continue
+        try:
+            planned[section.name] = plan_section(cfg, section)
+        except ConfigError as exc:
+            raise ConfigError(f"section {section.name}: {exc}") from None
+    return planned
 
 
 def plan_section(
@@ -143,8 +166,11 @@ def plan_section(
     return sim_specs, real_specs
 
 
-def run_sections(cfg: ReproduceConfig, t_start: float, progress: str) -> Progress:
-    """Every chosen section in order under its budget; what was done, and the report's notes."""
+def run_sections(
+    cfg: ReproduceConfig, t_start: float, progress: str, planned: Planned | None = None
+) -> Progress:
+    """Every chosen section in order under its budget; what was done, and the report's notes.
+    ``planned``: the sections' runs as `check_sections` planned them (planned here otherwise)."""
     hard_deadline = t_start + cfg.budget_s - cfg.report_reserve_s
     env = collect_env()  # once: the same machine for every section's runs
     done = Progress(
@@ -173,7 +199,9 @@ def run_sections(cfg: ReproduceConfig, t_start: float, progress: str) -> Progres
             continue
         done.wanted.append(name)
         try:
-            sim_specs, real_specs = plan_section(cfg, section)
+            sim_specs, real_specs = (
+                planned[name] if planned and name in planned else plan_section(cfg, section)
+            )
         except ConfigError as exc:
             done.notes.append(f"section {name}: NOT RUN, its configs do not compose: {exc}")
             done.cut.append(name)
@@ -378,14 +406,52 @@ def _budget_cut(summary: RunSummary) -> bool:
 def find_claims(given: str) -> Path:
     """The claims file: as given, else (a relative path) in the repository, from any folder."""
     path = Path(given)
-    if path.is_file():
-        return path
-    if not path.is_absolute() and (REPO_ROOT / path).is_file():
-        return REPO_ROOT / path
-    raise ConfigError(
-        f"claims={given!r}: claims file not found here or in {REPO_ROOT} (expected "
-        "results/reference/claims.yaml or a file like it)"
-    )
+    if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
+        path = REPO_ROOT / path
+    if not path.is_file():
+        raise ConfigError(
+            f"claims={given!r}: claims file not found here or in {REPO_ROOT} (expected "
+            "results/reference/claims.yaml or a file like it)"
+        )
+    check_claims_file(path, given)
+    return path
+
+
+# A claims file is read whole before any run: one far larger than a claims list is refused unread.
+CLAIMS_MAX_BYTES = 4 << 20
+
+
+def check_claims_file(path: Path, given: str) -> None:
+    """The claims file reads as a YAML mapping with a non-empty list of claims, each a mapping
+    with the keys the report needs; checked before any run so a wrong file costs no sweep."""
+    expected = "expected a YAML claims file like results/reference/claims.yaml"
+    if path.stat().st_size > CLAIMS_MAX_BYTES:
+        raise ConfigError(
+            f"claims={given!r}: {path.stat().st_size:,} bytes (at most {CLAIMS_MAX_BYTES:,}); "
+            f"{expected}"
+        )
+    try:
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"claims={given!r}: not UTF-8 text (byte {exc.start}); {expected}"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"claims={given!r}: not valid YAML{where}; {expected}") from None
+    claims = data.get("claims") if isinstance(data, dict) else None
+    if not isinstance(claims, list) or not claims:
+        raise ConfigError(f"claims={given!r}: no list of claims; {expected}")
+    for index, claim in enumerate(claims):
+        if not isinstance(claim, dict):
+            raise ConfigError(f"claims={given!r}: claim {index + 1} is not a mapping; {expected}")
+        missing = [k for k in CLAIM_KEYS if k not in claim]
+        if missing:
+            raise ConfigError(
+                f"claims={given!r}: claim {claim.get('id', index + 1)!r} has no {missing[0]!r}; "
+                f"{expected}"
+            )
 
 
 def _report_within(inputs: ReportInputs, seconds: float) -> dict[str, Any] | None:

@@ -303,6 +303,14 @@ def load_reproduce_config(overrides: Sequence[str]) -> ReproduceConfig:
     for key, value in kv.items():
         cfg = dataclasses.replace(cfg, **_override(cfg, key, value))
     if cfg.report_reserve_s >= cfg.budget_s:
+        # named by the key the user typed: budget_s=30 alone is a budget too small for the
+        # report's reserve, not a bad report_reserve_s
+        if "budget_s" in kv or "report_reserve_s" not in kv:
+            raise ConfigError(
+                f"budget_s={cfg.budget_s:g}: expected more than the {cfg.report_reserve_s:g} s "
+                "kept for the report out of the whole budget (report_reserve_s, "
+                f"{'given' if 'report_reserve_s' in kv else 'the config default'})"
+            )
         raise ConfigError(
             f"report_reserve_s={cfg.report_reserve_s:g}: expected less than "
             f"budget_s={cfg.budget_s:g} (the time kept for the report out of the whole budget)"

@@ -27,6 +27,7 @@ from dcp_bench.cost import SOURCES, resolve_cluster, resolve_model
 from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec
 from dcp_bench.errors import ClusterError, ConfigError, DcpBenchError
+from dcp_bench.planners.base import check_planner_options
 from dcp_bench.reference import run_label
 from dcp_bench.run.capabilities import EpochSampler, FixedDataset
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, ZERO_STAGES
@@ -187,6 +188,7 @@ def _method_spec(node: dict[str, Any]) -> MethodSpec:
     mode = node.get("mode", "fair")
     if mode not in ("fair", "paper"):
         raise ConfigError(f"method.mode={mode!r}; expected fair or paper")
+    check_planner_options(node)  # method.sp=abc is refused here, not in the run's first step
     return MethodSpec(
         name=str(node.get("name", "method")),
         target=str(node["_target_"]),
