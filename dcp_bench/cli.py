@@ -84,7 +84,7 @@ def check_overrides_text(overrides: Sequence[str]) -> None:
     (``steps=2 steps=3`` or ``steps=2 run.steps=3``; ``extra_conf`` lists folders and may repeat),
     digits ASCII (``steps=١٠٠`` is refused, not read as 100), and no ``_`` digit groups
     (``1_000``). A `ConfigError` naming the override and what was expected."""
-    from dcp_bench.config import SHORTCUTS
+    from dcp_bench.config import SHORTCUTS  # hydra: `dcp-bench --help` answers without it
 
     seen: dict[str, str] = {}
     for ov in overrides:

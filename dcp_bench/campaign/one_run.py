@@ -8,18 +8,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from dcp_bench.campaign.sweep import check_run_places
 from dcp_bench.config import load_config, to_container
 from dcp_bench.errors import ConfigError
+from dcp_bench.records import RunSummary, executing
+from dcp_bench.run.assemble import assemble
+from dcp_bench.run.memory_precheck import check_memory_fits
+from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import RunSpec, parse_run_spec
-
-if TYPE_CHECKING:
-    from dcp_bench.records import RunSummary
-
-# The run path's heavier modules (the simulator, the sweep's machinery, torch through the real
-# run's launcher) are imported once the command line has parsed: a bad value is refused first,
-# in well under a second.
+from dcp_bench.run.torch_run import check_local_ranks, launch_torch_run
+from dcp_bench.run.train_config import resolve_train_config, run_device
 
 
 def train_one(overrides: list[str], say: Callable[[str], None]) -> tuple[RunSpec, RunSummary]:
@@ -27,12 +26,6 @@ def train_one(overrides: list[str], say: Callable[[str], None]) -> tuple[RunSpec
     (`resolve_train_config`): refused with a `ConfigError` before any process starts when this
     node cannot run its ranks, its records cannot be written, or its plans need more memory than
     this machine has; ``say`` gets the notes on how the config was completed."""
-    from dcp_bench.campaign.sweep import check_run_places
-    from dcp_bench.records import executing
-    from dcp_bench.run.memory_precheck import check_memory_fits
-    from dcp_bench.run.torch_run import check_local_ranks, launch_torch_run
-    from dcp_bench.run.train_config import resolve_train_config, run_device
-
     notes: list[str] = []
     spec = parse_run_spec(resolve_train_config(overrides, notes))
     check_local_ranks(spec)
@@ -55,11 +48,6 @@ def simulate_one(
     written (as a sweep writes them) under the run folder's execution lock. A bad config is a
     `ConfigError` before any step runs."""
     spec = parse_run_spec(to_container(load_config(overrides)))
-    from dcp_bench.campaign.sweep import check_run_places
-    from dcp_bench.records import executing
-    from dcp_bench.run.assemble import assemble
-    from dcp_bench.run.simulated import run_simulated
-
     if record:
         check_run_places([spec])
     if spec.executor != "sim":

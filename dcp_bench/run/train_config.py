@@ -26,7 +26,7 @@ def _cuda_available() -> bool:
     torch takes to import."""
     if not any(os.path.exists(node) for node in GPU_DRIVER_NODES):
         return False
-    import torch
+    import torch  # here, not at the top: a CPU machine's bad command line never waits for it
 
     return bool(torch.cuda.is_available())
 
