@@ -309,7 +309,7 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
         ["num_attention_heads=7", "divides hidden_size"],
     ),
     # issue 37: the whole reproduction checked before its first run
-    (["reproduce", "cluster=nosuch"], ["section claim", "nosuch", "valid choices"]),
+    (["reproduce", "cluster=nosuch"], ["cluster='nosuch'", "valid choices"]),
     (["reproduce", "claims={data}/binary.yaml"], ["binary.yaml", "not UTF-8", "claims file"]),
     (["reproduce", "claims={data}/big.txt"], ["big.txt", "no list of claims"]),
     (["reproduce", "budget_s=30"], ["budget_s=30", "report_reserve_s"]),

@@ -47,6 +47,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "dcp_bench.config",
     ): "imports hydra; `dcp-bench --help` and argparse's own errors answer without it",
     (
+        "dcp_bench/campaign/reproduce_config.py",
+        "dcp_bench.config",
+    ): "imports hydra; the CLI imports this module to build `dcp-bench --help`",
+    (
         "dcp_bench/run/train_config.py",
         "torch",
     ): "asked only where a GPU driver is present, so a bad `train` command line is refused "

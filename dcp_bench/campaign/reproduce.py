@@ -33,24 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dcp_bench.campaign.reproduce_config import (
     ReproduceConfig,
     ReproduceSection,
+    find_claims,
     load_reproduce_config,
 )
 from dcp_bench.campaign.sweep import SweepResult, plan_sweep, progress_mode, run_sweep
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.files import atomic_write_json, check_output
-from dcp_bench.paths import REPO_ROOT
 from dcp_bench.records import RunSummary
 from dcp_bench.report.writer import ReportInputs, build_report, shown_path
 from dcp_bench.run.spec import CAMPAIGN_NAME, RunSpec
 
-# The keys every claim holds (what `dcp_bench.report.claims.load_claims` requires).
-CLAIM_KEYS = ("id", "value", "tolerance", "context", "baseline", "method")
 EXIT_INCOMPLETE = 4  # a section was cut or not run: the report is written beside out, not over it
 INCOMPLETE = "incomplete: {done} of {total} sections, rerun `make reproduce` to resume"
 
@@ -401,57 +397,6 @@ def _cell_name(run_id: str) -> str:
 def _budget_cut(summary: RunSummary) -> bool:
     """A run the time budget cut (the harness ran out of time; the method did not fail)."""
     return bool(summary.status == "timeout" and (summary.extra or {}).get("limit") == "budget")
-
-
-def find_claims(given: str) -> Path:
-    """The claims file: as given, else (a relative path) in the repository, from any folder."""
-    path = Path(given)
-    if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
-        path = REPO_ROOT / path
-    if not path.is_file():
-        raise ConfigError(
-            f"claims={given!r}: claims file not found here or in {REPO_ROOT} (expected "
-            "results/reference/claims.yaml or a file like it)"
-        )
-    check_claims_file(path, given)
-    return path
-
-
-# A claims file is read whole before any run: one far larger than a claims list is refused unread.
-CLAIMS_MAX_BYTES = 4 << 20
-
-
-def check_claims_file(path: Path, given: str) -> None:
-    """The claims file reads as a YAML mapping with a non-empty list of claims, each a mapping
-    with the keys the report needs; checked before any run so a wrong file costs no sweep."""
-    expected = "expected a YAML claims file like results/reference/claims.yaml"
-    if path.stat().st_size > CLAIMS_MAX_BYTES:
-        raise ConfigError(
-            f"claims={given!r}: {path.stat().st_size:,} bytes (at most {CLAIMS_MAX_BYTES:,}); "
-            f"{expected}"
-        )
-    try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"claims={given!r}: not UTF-8 text (byte {exc.start}); {expected}"
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"claims={given!r}: not valid YAML{where}; {expected}") from None
-    claims = data.get("claims") if isinstance(data, dict) else None
-    if not isinstance(claims, list) or not claims:
-        raise ConfigError(f"claims={given!r}: no list of claims; {expected}")
-    for index, claim in enumerate(claims):
-        if not isinstance(claim, dict):
-            raise ConfigError(f"claims={given!r}: claim {index + 1} is not a mapping; {expected}")
-        missing = [k for k in CLAIM_KEYS if k not in claim]
-        if missing:
-            raise ConfigError(
-                f"claims={given!r}: claim {claim.get('id', index + 1)!r} has no {missing[0]!r}; "
-                f"{expected}"
-            )
 
 
 def _report_within(inputs: ReportInputs, seconds: float) -> dict[str, Any] | None:
