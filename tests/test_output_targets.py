@@ -91,3 +91,58 @@ def test_a_full_disk_leaves_the_old_content_and_no_temporary_file(
     assert "\n" not in message
     assert target.read_text() == "old"
     assert _leftovers(tmp_path) == []
+
+
+def _no_space(fd: int) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+PLAN = ["workload=videosys_zipf", "method=dcp", "cluster=h200x8", "model=stdit3_xl2"]
+SIM = [*PLAN, "steps=1", "warmup_steps=0"]
+
+
+def _cli(args: list[str]) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from dcp_bench.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(args)
+    return code, err.getvalue()
+
+
+def test_plan_out_on_a_full_disk_is_one_line_and_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "plan.json"
+    out.write_text("old")
+    monkeypatch.setattr(os, "fsync", _no_space)
+    code, err = _cli(["plan", *PLAN, "--out", str(out)])
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "plan.json" in err and "No space left on device" in err
+    assert out.read_text() == "old" and _leftovers(tmp_path) == []
+
+
+def test_plan_out_through_a_symlink_replaces_its_target(tmp_path: Path) -> None:
+    (tmp_path / "real.json").write_text("old")
+    (tmp_path / "link.json").symlink_to("real.json")
+    code, err = _cli(["plan", *PLAN, "--out", str(tmp_path / "link.json")])
+    assert code == 0, err
+    assert (tmp_path / "link.json").is_symlink()
+    assert (tmp_path / "real.json").read_text().startswith("{")
+
+
+def test_a_sweep_on_a_full_disk_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the run's forked process inherits the full disk: it exits without a traceback and the
+    # sweep's own write of the unfinished run says why, on one line
+    monkeypatch.setattr(os, "fsync", _no_space)
+    code, err = _cli(["sweep", *SIM, "run.repeats=1", f"root={tmp_path / 'runs'}", "--no-progress"])
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "No space left on device" in lines[0] and "nothing written" in lines[0]
