@@ -44,8 +44,15 @@ lint: setup
 	$(VENV)/bin/ruff format --check dcp_bench baselines tests scripts
 	$(VENV)/bin/mypy dcp_bench baselines
 
+# make exits 2 for any failing recipe; the last line names dcp-bench's own status (4: an incomplete
+# reproduction, its report written) and scripts/reproduce.sh exits with it. ARGS="budget_s=600" is
+# passed to the command.
+ARGS ?=
 reproduce: setup
-	$(VENV)/bin/dcp-bench reproduce
+	@$(VENV)/bin/dcp-bench reproduce $(ARGS); status=$$?; \
+	if [ $$status -ne 0 ]; then echo "make reproduce: dcp-bench reproduce exited $$status" \
+	"(2 bad input, 4 incomplete reproduction: its report is written; scripts/reproduce.sh exits" \
+	"with that status)" >&2; fi; exit $$status
 
 # The first screen of reports/reproduce/report.html as a reviewer sees it (headless Chromium, 1400 px
 # wide): reports/reproduce/first_screen.png, and the rendered page's layout check.

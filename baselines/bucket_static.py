@@ -115,6 +115,8 @@ class BucketStatic(Planner):
         "Defaults: the smallest fixed SP degree that fits (the reference benchmark: 4), full "
         "checkpointing as the reference config, per-bucket batch sizes."
     )
+    OPTION_MINIMA = {"max_batch_size": 1}
+    SP_OPTIONS = ("sp",)
 
     def __init__(
         self,

@@ -579,6 +579,7 @@ class FlexSPMILP(Planner):
         "FlexSP (ASPLOS'25): a per-step MILP over heterogeneous SP groups, solved with HiGHS. "
         "Defaults: full recompute, 2 s planning budget per step, 16 length buckets (FlexSP's)."
     )
+    OPTION_MINIMA = {"buckets": 1, "max_buckets": 1}
 
     def __init__(
         self,

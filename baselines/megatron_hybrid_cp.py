@@ -385,6 +385,7 @@ class MegatronHybridCP(Planner):
     )
     search = False  # the tuned variant searches the launch flags on the cost model
     default_recompute: str | None = None  # none, or full when none cannot place the longest
+    OPTION_MINIMA = {"max_tokens_per_rank": 1, "tune_batches": 1, "shortlist": 1}
 
     def __init__(
         self,

@@ -151,6 +151,8 @@ class PackedStatic(Planner):
         "longest sequence at any degree; micro-batches limited by the memory cap; L^2-aware "
         "balance over replicas."
     )
+    OPTION_MINIMA = {"token_budget": 1}
+    SP_OPTIONS = ("sp",)
 
     def __init__(
         self,

@@ -60,6 +60,7 @@ class StaticTuned(Planner):
         "token budget priced on the cost model. Defaults: tuned on the first batch (offline "
         "tuning)."
     )
+    OPTION_MINIMA = {"tune_batches": 1}
 
     def __init__(
         self,

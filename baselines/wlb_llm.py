@@ -274,6 +274,8 @@ class WLBLLM(Planner):
         "priced); the smallest CP degree that fits the longest sequence; packed_static's recompute "
         "(selective, full once it cannot hold the longest; the paper does not say)."
     )
+    OPTION_MINIMA = {"token_capacity": 1}
+    SP_OPTIONS = ("sp",)
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -20,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from dcp_bench.commands import COMMANDS
-from dcp_bench.errors import DcpBenchError
+from dcp_bench.errors import ConfigError, DcpBenchError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,6 +75,44 @@ def parse_anywhere(
     return args
 
 
+# `1_000` (which hydra and Python read as 1000) in a value or in one of a sweep's alternatives.
+_DIGIT_GROUPS = re.compile(r"[+-]?[0-9]+(_[0-9]+)+")
+
+
+def check_overrides_text(overrides: Sequence[str]) -> None:
+    """What the command line's ``key=value`` text must be before any of it is read: each key once
+    (``steps=2 steps=3`` or ``steps=2 run.steps=3``; ``extra_conf`` lists folders and may repeat),
+    digits ASCII (``steps=١٠٠`` is refused, not read as 100), and no ``_`` digit groups
+    (``1_000``). A `ConfigError` naming the override and what was expected."""
+    from dcp_bench.config import SHORTCUTS  # hydra: `dcp-bench --help` answers without it
+
+    seen: dict[str, str] = {}
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        if not sep:
+            continue
+        bare = key.lstrip("+~")
+        name = SHORTCUTS.get(bare, bare)
+        if name in seen and bare != "extra_conf":
+            raise ConfigError(
+                f"{ov}: the key {bare} is given twice ({seen[name]} and {ov}); expected each key "
+                "once"
+            )
+        seen[name] = ov
+        odd = next((c for c in value if c.isdigit() and not c.isascii()), None)
+        if odd is not None:
+            raise ConfigError(
+                f"{ov}: {odd!r} (U+{ord(odd):04X}) is not an ASCII digit; expected numbers "
+                "written with the digits 0-9"
+            )
+        for part in value.strip("[]").split(","):
+            if _DIGIT_GROUPS.fullmatch(part.strip()):
+                raise ConfigError(
+                    f"{ov}: {part.strip()!r} groups digits with '_'; expected "
+                    f"{part.strip().replace('_', '')} (or a quoted '{part.strip()}' for a name)"
+                )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser, modules = build_parser()
     args = parse_anywhere(parser, argv)
@@ -84,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        overrides = getattr(args, "overrides", None)
+        if isinstance(overrides, list):
+            check_overrides_text(overrides)
         return int(modules[args.command].run(args) or 0)
     except DcpBenchError as exc:
         sys.stderr.write(f"dcp-bench {args.command}: error: {exc}\n")

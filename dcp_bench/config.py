@@ -120,7 +120,7 @@ def expand_cluster_size(overrides: Sequence[str]) -> list[str]:
             out.append(ov)
             continue
         name, _, n = value.partition("@")
-        if not n.isdigit() or int(n) < 1:
+        if not (n.isdigit() and n.isascii()) or int(n) < 1:
             raise ConfigError(
                 f"cluster={value}: {n!r} is not a GPU count; expected cluster=NAME@N with N the "
                 "total number of GPUs (e.g. cluster=h200x8@12288)"

@@ -354,20 +354,28 @@ def derive_debian_docs(tokenizer: Tokenizer, workdir: Path | None = None) -> dic
 LENGTH_COLUMNS = ("length", "lengths", "tokens", "num_tokens", "n_tokens", "len")
 
 
-def _parse_length(value: Any, where: str) -> int:
-    """One length: a positive integer (an integral float such as 12.0 is accepted)."""
+# A length written as text: ASCII digits only (no 1_000, 1e3, 12.0 or non-ASCII digits, all of
+# which Python's int() or float() would take).
+_LENGTH_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def _parse_length(value: Any, where: str, text_ok: bool = True) -> int:
+    """One length: a positive integer. Text (a line of a text file) is ASCII digits; a number
+    read from JSON, CSV or Parquet may be an integral float such as 12.0; a JSON string
+    (``text_ok=False``) is refused."""
     if isinstance(value, bool):
         raise WorkloadError(f"{where}: length {value!r} is not an integer")
     if isinstance(value, str):
         text = value.strip()
-        try:
-            value = int(text)
-        except ValueError:
-            try:
-                as_float = float(text)
-            except ValueError:
-                raise WorkloadError(f"{where}: length {text!r} is not an integer") from None
-            value = as_float
+        if not text_ok:
+            raise WorkloadError(
+                f"{where}: length {value!r} is a string; expected a JSON number (an integer)"
+            )
+        if not _LENGTH_TEXT.fullmatch(text):
+            raise WorkloadError(
+                f"{where}: length {text!r} is not an integer; expected ASCII digits 0-9"
+            )
+        value = int(text)
     if isinstance(value, float):
         if not value.is_integer():
             raise WorkloadError(f"{where}: length {value!r} is not an integer")
@@ -382,11 +390,31 @@ def _parse_length(value: Any, where: str) -> int:
     return value
 
 
-def _require_file(path: Path) -> None:
+# A lengths file is read whole: one larger than this (about 100 million lengths as text) is
+# refused before reading, so a huge or sparse file cannot stall the command.
+MAX_LENGTHS_FILE_BYTES = 1 << 30
+
+
+def _require_file(path: Path, text: bool = True) -> None:
     if not path.exists():
         raise WorkloadError(f"lengths file {str(path)!r} does not exist")
     if not path.is_file():
         raise WorkloadError(f"lengths file {str(path)!r} is not a regular file")
+    size = path.stat().st_size
+    if size > MAX_LENGTHS_FILE_BYTES:
+        raise WorkloadError(
+            f"lengths file {str(path)!r} is {size:,} bytes; expected at most "
+            f"{MAX_LENGTHS_FILE_BYTES:,} (about 100 million lengths)"
+        )
+    if text:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+        nul = head.find(b"\0")
+        if nul >= 0:
+            raise WorkloadError(
+                f"lengths file {str(path)!r} holds a NUL byte (byte {nul}); "
+                "expected text: one integer per line, JSON or CSV"
+            )
 
 
 def _pick_column(columns: list[str], column: str | None, path: Path) -> str:
@@ -433,8 +461,8 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> Any:
     reads in seconds), the other formats as a list of integers. A UTF-8 byte-order mark is skipped.
     """
     path = Path(path)
-    _require_file(path)
     suffix = path.suffix.lower()
+    _require_file(path, text=suffix != ".parquet")
     lengths: list[int]
     if suffix == ".json":
         try:
@@ -447,7 +475,7 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> Any:
             raise WorkloadError(
                 f"{path}: expected a JSON list of lengths or an object with 'lengths'"
             )
-        lengths = [_parse_length(v, f"{path}: item {i}") for i, v in enumerate(data)]
+        lengths = [_parse_length(v, f"{path}: item {i}", text_ok=False) for i, v in enumerate(data)]
     elif suffix in (".csv", ".parquet"):
         # lazy: only csv/parquet inputs need pandas; the workload path stays free of it
         import pandas as pd
@@ -470,13 +498,15 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> Any:
             return fast
         lengths = []
         try:
-            text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is no part of line 1
+            # streamed line by line (the file's size is bounded by _require_file); a byte-order
+            # mark is no part of line 1
+            with open(path, encoding="utf-8-sig") as fh:
+                for lineno, line in enumerate(fh, start=1):
+                    item = line.split("#", 1)[0].strip()
+                    if item:
+                        lengths.append(_parse_length(item, f"{path}: line {lineno}"))
         except UnicodeDecodeError as exc:
             raise WorkloadError(f"{path}: not a UTF-8 text file ({exc})") from None
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            item = line.split("#", 1)[0].strip()
-            if item:
-                lengths.append(_parse_length(item, f"{path}: line {lineno}"))
     if not lengths:
         raise WorkloadError(f"{path}: contains no lengths (empty list)")
     return lengths

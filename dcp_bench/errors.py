@@ -26,3 +26,8 @@ class PlanError(DcpBenchError):
 
 class InfeasibleError(DcpBenchError):
     """A request no plan can satisfy, e.g. a sequence that fits no GPU at the largest SP degree."""
+
+
+class OutputError(DcpBenchError):
+    """An output place that cannot receive a file: a device, FIFO or folder where a file is
+    wanted, a full disk, a read-only place. Nothing was half-written."""

@@ -4,6 +4,13 @@ A write is atomic (temporary file in the same folder, fsync, rename over the tar
 and a process killed at any instant see either the previous complete content or the new one,
 never a mix. Files are created with mode 0644 (readable by everyone, as reports and records are
 meant to be shared), whatever the umask of ``tempfile`` would give.
+
+Output targets: only a regular file or a new path is written. A device (``/dev/full``), a FIFO,
+a socket or a folder where a file is wanted is refused (`OutputError`, one line) and left as it
+is. A symbolic link is followed: the file it points to is replaced (atomically, in the target's
+folder) and the link itself stays a link; a dangling link creates its target. A full disk or a
+read-only place is one line too, and the temporary file is removed, so nothing is half-written
+and the previous content (if any) is unchanged.
 """
 
 from __future__ import annotations
@@ -12,11 +19,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from dcp_bench.errors import ConfigError
+from dcp_bench.errors import ConfigError, OutputError
 
 FILE_MODE = 0o644
 NAME_MAX = 255  # bytes in one file or folder name (Linux, macOS)
@@ -33,12 +41,16 @@ def output_problem(path: str | os.PathLike[str], folder: bool) -> str | None:
                 f"the name {part[:20]!r}... is {len(os.fsencode(part))} bytes long (at most "
                 f"{NAME_MAX})"
             )
+    if not folder and path.is_symlink():
+        path = Path(os.path.realpath(path))  # a link is followed (module docstring)
     target = path if folder else path.parent
     if path.exists():
         if folder and not path.is_dir():
             return "exists and is not a folder"
         if not folder and path.is_dir():
             return "is a folder, not a file"
+        if not folder and not path.is_file():
+            return f"is a {_kind(path)}, not a regular file"
         if not folder and not os.access(path, os.W_OK):
             return "exists and is not writable"
     probe = target
@@ -55,6 +67,30 @@ def output_problem(path: str | os.PathLike[str], folder: bool) -> str | None:
             else f"cannot be created: {str(probe)!r} is not writable"
         )
     return None
+
+
+def _kind(path: Path) -> str:
+    """What a path that is not a regular file or a folder is, in words."""
+    mode = path.stat().st_mode
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    if stat.S_ISFIFO(mode):
+        return "FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
+
+
+def write_target(path: str | os.PathLike[str]) -> Path:
+    """The file a write to ``path`` replaces: ``path``, or the file a symbolic link there points
+    to; an `OutputError` when that exists and is not a regular file (nothing is touched)."""
+    path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        what = "folder" if path.is_dir() else _kind(path)
+        raise OutputError(f"{str(path)!r} is a {what}, not a regular file; nothing written")
+    return path
 
 
 def _writable(folder: Path) -> bool:
@@ -79,25 +115,35 @@ def check_output(
     if problem is not None:
         raise ConfigError(
             f"{key}={str(path) if value is None else value!r}: {problem}; expected a "
-            f"{'folder' if folder else 'file'} this user can write"
+            f"{'folder' if folder else 'regular file (or a new path)'} this user can write"
         )
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix.
+    Only a regular file or a new path is written, a symbolic link's target in its place (module
+    docstring); a place that cannot take it (a device, a folder, a full disk, a read-only folder)
+    is an `OutputError` naming the path and the reason, with nothing left behind."""
+    path = write_target(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, FILE_MODE)  # mkstemp creates 0600
+        write_target(path)  # still a regular file or absent just before the rename
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as exc:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OutputError(
+                f"cannot write {str(path)!r}: {exc.strerror or exc}; nothing written (a previous "
+                "file there is unchanged)"
+            ) from exc
         raise
 
 

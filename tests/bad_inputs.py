@@ -11,6 +11,7 @@ copy is docs/bad_inputs.md.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -39,14 +40,14 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
     ([*SIM, "run_timeout_s=20"], ["run_timeout_s", "run.timeout_s"]),
     ([*SIM, "lengths_file=x.txt"], ["lengths_file", "workload.lengths_file"]),
     # numbers of the run
-    ([*SIM, "steps=0"], ["steps", "=0", ">= 1"]),
-    ([*SIM, "steps=-1"], ["steps", "-1", ">= 1"]),
-    ([*SIM, "steps=abc"], ["steps", "abc", "integer"]),
-    ([*SIM, "steps=2.5"], ["steps", "2.5", "integer"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=0"], ["steps", "=0", ">= 1"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=-1"], ["steps", "-1", ">= 1"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=abc"], ["steps", "abc", "integer"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=2.5"], ["steps", "2.5", "integer"]),
     ([*SIM, "seed=abc"], ["seed", "abc", "integer"]),
     ([*SIM, "seed=-3"], ["seed", "-3", ">= 0"]),
     ([*SIM, "seed=1.5"], ["seed", "1.5", "integer"]),
-    ([*SIM, "warmup_steps=-1"], ["warmup_steps", "-1", ">= 0"]),
+    ([*SIM[:6], "warmup_steps=-1"], ["warmup_steps", "-1", ">= 0"]),
     ([*SIM, "nproc=20"], ["nproc", "20", "whole nodes of 8"]),
     (
         [
@@ -252,6 +253,87 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
     ([*SIM, "workload.length_scale=nan"], ["length_scale", "nan", "finite"]),
     (["profile", "model=tiny_llama", "nproc=3"], ["nproc=3", "power of two"]),
     (["profile", "model=tiny_llama", "nproc=[2,x]"], ["nproc='x'", "power of two"]),
+    # issue 37: output targets that are not regular files
+    (["plan", *SIM[1:5], "--out", "/dev/full"], ["--out='/dev/full'", "device", "regular file"]),
+    (["plan", *SIM[1:5], "--out", "{data}/fifo"], ["fifo", "FIFO", "regular file"]),
+    (["plan", *SIM[1:5], "--out", "{data}/conf"], ["--out", "conf", "is a folder"]),
+    (["workloads", "show", "prolong", "--plot", "/dev/full"], ["--plot", "device"]),
+    (["workloads", "show", "prolong", "--plot", "{data}/x.xyz"], ["x.xyz", "'.xyz'", ".png"]),
+    (["workloads", "show", "prolong", "--plot", "{data}/plot"], ["plot", "no suffix", ".svg"]),
+    (["validate", "--out", "{data}/big.txt"], ["--out", "big.txt", "not a folder"]),
+    (["profile", "model=tiny_llama", "out=/dev/full"], ["out='/dev/full'", "device"]),
+    # issue 37: sizes with upper bounds, numbers written one way
+    ([*SIM[:5], "warmup_steps=0", "steps=1e9"], ["steps", "1000000000.0", "100,000"]),
+    ([*SIM[:5], "steps=1", "warmup_steps=1e9"], ["warmup_steps", "100,000"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=1000000000"], ["steps", "1000000000", "100,000"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=1e3"], ["steps", "1000.0", "decimal number"]),
+    (["sweep", *SIM[1:], "run.repeats=1e9", "--dry-run"], ["run.repeats", "at most 1,000"]),
+    (["sweep", *SIM[1:], "repeats=1000000000", "--dry-run"], ["1000000000", "at most 1,000"]),
+    (["reproduce", "repeats=1e20"], ["repeats", "1e20", "at most 1,000"]),
+    (["reproduce", "repeats=100000000000000000000"], ["repeats", "at most 1,000"]),
+    (["reproduce", "budget_s=1e300"], ["budget_s", "1e300", "604,800"]),
+    (["reproduce", "jobs=100000"], ["jobs", "100000", "1,024"]),
+    ([*SIM[:3], "cluster=h200x8@1073741824", *SIM[4:]], ["cluster=NAME@N", "131,072"]),
+    ([*SIM, "nproc=1073741824"], ["nproc", "1073741824", "131,072"]),
+    ([*SIM, "seed=99999999999"], ["seed", "99999999999", "4,294,967,295"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=\u0661\u0660\u0660"], ["U+0661", "ASCII digit"]),
+    ([*SIM[:5], "warmup_steps=0", "steps=1_000"], ["1_000", "expected 1000"]),
+    (["reproduce", "repeats=\u0663"], ["repeats", "U+0663", "ASCII digit"]),
+    ([*SIM, "steps=3"], ["steps=3", "given twice", "each key once"]),
+    ([*SIM, "run.steps=3"], ["run.steps=3", "given twice", "steps=1"]),
+    (["reproduce", "jobs=1", "jobs=2"], ["jobs", "given twice"]),
+    # issue 37: per-method options checked when the config is parsed
+    ([*SIM[:2], "method=bucket_static", *SIM[3:], "method.sp=abc"], ["method.sp='abc'", "integer"]),
+    ([*SIM[:2], "method=bucket_static", *SIM[3:], "method.sp=nan"], ["method.sp=nan", "integer"]),
+    ([*SIM[:2], "method=bucket_static", *SIM[3:], "method.sp=3"], ["method.sp=3", "power of two"]),
+    (
+        [*SIM[:2], "method=bucket_static", *SIM[3:], "method.max_batch_size=0"],
+        ["method.max_batch_size=0", ">= 1"],
+    ),
+    (
+        [*SIM[:2], "method=dcp_inter_pac", *SIM[3:], "method.eject=maybe"],
+        ["method.eject='maybe'", "true or false"],
+    ),
+    (
+        [*SIM[:2], "method=wlb_llm", *SIM[3:], "method.outlier_factor=inf"],
+        ["method.outlier_factor=inf", "finite number"],
+    ),
+    (
+        [
+            *TEXT[:3],
+            "model=hf",
+            *TEXT[4:],
+            "workload=prolong",
+            "model.config.num_attention_heads=7",
+        ],
+        ["num_attention_heads=7", "divides hidden_size"],
+    ),
+    # issue 37: the whole reproduction checked before its first run
+    (["reproduce", "cluster=nosuch"], ["cluster='nosuch'", "valid choices"]),
+    (["reproduce", "claims={data}/binary.yaml"], ["binary.yaml", "not UTF-8", "claims file"]),
+    (["reproduce", "claims={data}/big.txt"], ["big.txt", "no list of claims"]),
+    (["reproduce", "budget_s=30"], ["budget_s=30", "report_reserve_s"]),
+    # issue 37: lengths files read strictly
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/grouped.txt"],
+        ["grouped.txt", "1_000", "ASCII digits"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/arabic.txt"],
+        ["arabic.txt", "ASCII digits"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/exponent.txt"],
+        ["exponent.txt", "1e3", "ASCII digits"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/strings.json"],
+        ["strings.json", "'100' is a string", "JSON number"],
+    ),
+    (
+        [*TEXT, "workload=lengths_file", "workload.lengths_file={data}/sparse.txt"],
+        ["sparse.txt", "NUL byte"],
+    ),
 ]
 
 
@@ -266,9 +348,18 @@ def write_data(folder: Path) -> Path:
         "fraction.txt": "3.5\n",
         "empty.txt": "# none\n",
         "bad.json": "[1, 2,",
+        "grouped.txt": "100\n1_000\n",
+        "arabic.txt": "100\n\u0661\u0660\n",
+        "exponent.txt": "100\n1e3\n",
+        "strings.json": '["100", 200]',
     }
     for name, text in files.items():
         (folder / name).write_text(text)
+    (folder / "binary.yaml").write_bytes(bytes(range(256)))
+    with open(folder / "sparse.txt", "wb") as fh:
+        fh.truncate(1 << 20)  # a sparse file: NUL bytes throughout
+    if not (folder / "fifo").exists():
+        os.mkfifo(folder / "fifo")
     # user config folders: a malformed YAML file, planners that break, one shadowing a packaged name
     methods = folder / "conf" / "method"
     methods.mkdir(parents=True, exist_ok=True)
@@ -295,8 +386,6 @@ def write_data(folder: Path) -> Path:
 def too_many_ranks() -> int:
     """A power of two above 4 ranks per usable core (docs/runtime.md: what one CPU node may
     start)."""
-    import os
-
     cores = (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )

@@ -43,6 +43,19 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
         "torch",
     ): "the launcher module stays free of torch: campaign.sweep imports it for simulated runs too",
     (
+        "dcp_bench/cli.py",
+        "dcp_bench.config",
+    ): "imports hydra; `dcp-bench --help` and argparse's own errors answer without it",
+    (
+        "dcp_bench/campaign/reproduce_config.py",
+        "dcp_bench.config",
+    ): "imports hydra; the CLI imports this module to build `dcp-bench --help`",
+    (
+        "dcp_bench/run/train_config.py",
+        "torch",
+    ): "asked only where a GPU driver is present, so a bad `train` command line is refused "
+    "without the seconds torch takes to import",
+    (
         "dcp_bench/runtime/attention.py",
         "flash_attn",
     ): "optional dependency (the gpu extra); loads CUDA code when imported",

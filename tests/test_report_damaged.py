@@ -163,3 +163,25 @@ def test_report_skips_names_and_counts_a_record_of_the_wrong_types(
     assert list(skipped) == [bad]
     assert name in skipped[bad] and field in skipped[bad]
     assert summary["runs"] == len(specs) - 1  # the others are all read
+
+
+def test_report_and_sweep_share_one_damaged_record_rule(tmp_path: Path) -> None:
+    """A run whose steps.jsonl was emptied under a run.json that counts its steps: the sweep's
+    resume calls it damaged (and redoes it), and the report skips it as damaged too, naming the
+    same problem, rather than counting its summary as a good run."""
+    from dcp_bench.campaign.sweep import pending
+    from dcp_bench.report.tables import load_campaign
+
+    specs = _campaign(tmp_path)
+    bad = specs[0]
+    (Path(bad.root) / "dmg" / bad.run_id / "steps.jsonl").write_text("")
+    warned: list[str] = []
+    todo, result = pending(specs, resume=True, retry_failed=False, warn=warned.append)
+    assert [s.run_id for s in todo] == [bad.run_id]
+    assert [run_id for run_id, _ in result.damaged] == [bad.run_id]
+    c = load_campaign(tmp_path / "runs", "dmg")
+    assert [run_id for run_id, _ in c.skipped] == [bad.run_id]
+    assert bad.run_id not in set(c.runs["run_id"])
+    (problem,) = [why for _, why in c.skipped]
+    assert "measured step(s), steps.jsonl holds 0" in problem
+    assert "measured step(s), steps.jsonl holds 0" in result.damaged[0][1]

@@ -120,5 +120,61 @@ def test_the_command_line_replaces_top_keys(tmp_path: Path) -> None:
     assert (cfg.budget_s, cfg.jobs, cfg.seed_base) == (300.0, 3, 10)
     assert cfg.grid_keys() == ["cluster=h200x8", "nnodes=2"]
     assert [s.name for s in cfg.chosen_sections()] == ["b"]
-    with pytest.raises(ConfigError, match="report_reserve_s=60: expected less than budget_s=50"):
+    # named by the key typed: budget_s, with the reserve it must exceed
+    with pytest.raises(ConfigError, match=r"^budget_s=50: expected more than the 60 s kept"):
         load_reproduce_config([f"config={path}", "budget_s=50"])
+    with pytest.raises(ConfigError, match="report_reserve_s=400: expected less than budget_s=300"):
+        load_reproduce_config([f"config={path}", "report_reserve_s=400"])
+
+
+def test_every_section_is_planned_before_the_first_run_and_a_bad_one_named(
+    tmp_path: Path,
+) -> None:
+    from dcp_bench.campaign.reproduce import check_sections
+
+    good = [
+        "workload=videosys_zipf",
+        "method=dcp",
+        "cluster=h200x8",
+        "model=stdit3_xl2",
+        "run.steps=1",
+        "run.warmup_steps=0",
+    ]
+    path = _write(
+        tmp_path,
+        {
+            "root": str(tmp_path / "runs"),
+            "repeats": 1,
+            "sections": [
+                {"name": "fine", "grids": [good]},
+                {"name": "broken", "grids": [[*good[:2], "cluster=nosuch", *good[3:]]]},
+            ],
+        },
+    )
+    with pytest.raises(ConfigError, match=r"^section broken: unknown cluster 'nosuch'"):
+        check_sections(load_reproduce_config([f"config={path}"]))
+    planned = check_sections(load_reproduce_config([f"config={path}", "sections=fine"]))
+    assert list(planned) == ["fine"]
+    sim, real = planned["fine"]
+    assert len(sim) == 1 and real == []
+
+
+def test_the_command_line_cluster_and_claims_are_checked_when_read(tmp_path: Path) -> None:
+    from dcp_bench.campaign.reproduce_config import find_claims
+
+    with pytest.raises(ConfigError, match=r"^cluster='nosuch': unknown cluster 'nosuch'"):
+        load_reproduce_config(["cluster=nosuch"])
+    assert load_reproduce_config(["cluster=h200x8@16"]).grid_keys() == ["cluster=h200x8@16"]
+    binary = tmp_path / "claims.yaml"
+    binary.write_bytes(b"\x00\xff" * 8)
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 1\)"):
+        find_claims(str(binary))
+    no_claims = tmp_path / "empty.yaml"
+    no_claims.write_text("claims: []\n")
+    with pytest.raises(ConfigError, match="no list of claims"):
+        find_claims(str(no_claims))
+    missing_key = tmp_path / "partial.yaml"
+    missing_key.write_text("claims:\n  - id: c1\n    value: 2.0\n")
+    with pytest.raises(ConfigError, match=r"claim 'c1' has no 'tolerance'"):
+        find_claims(str(missing_key))
+    assert find_claims("results/reference/claims.yaml").is_file()

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dcp_bench import corpora
 from dcp_bench.corpora import (
     derive_histogram,
     get_tokenizer,
@@ -103,7 +104,12 @@ def test_lengths_file_workload_samples_the_file(tmp_path: Path) -> None:
         ("", "empty list"),
         ("# only a comment\n\n", "empty list"),
         ("10\nabc\n", r"line 2: length 'abc' is not an integer"),
-        ("10\n2.5\n", r"line 2: length 2.5 is not an integer"),
+        ("10\n2.5\n", r"line 2: length '2.5' is not an integer"),
+        # text is ASCII digits: what Python's int() or float() would also take is refused
+        ("10\n1_000\n", r"line 2: length '1_000' is not an integer; expected ASCII digits"),
+        ("10\n\u0661\u0660\n", r"line 2: length '\u0661\u0660' is not an integer"),
+        ("10\n1e3\n", r"line 2: length '1e3' is not an integer"),
+        ("10\n12.0\n", r"line 2: length '12.0' is not an integer"),
         ("10\n20\n0\n", r"line 3: length 0 is not positive"),
         ("-4\n", r"line 1: length -4 is not positive"),
     ],
@@ -120,7 +126,8 @@ def test_bad_text_lengths_files(tmp_path: Path, content: str, match: str) -> Non
     ("content", "match"),
     [
         ("[]", "empty list"),
-        ('[1, 2, "x"]', r"item 2: length 'x' is not an integer"),
+        ('[1, 2, "x"]', r"item 2: length 'x' is a string; expected a JSON number"),
+        ('[1, "100"]', r"item 1: length '100' is a string; expected a JSON number"),
         ("[1, true]", r"item 1: length True is not an integer"),
         ("[1, -2]", r"item 1: length -2 is not positive"),
         ('{"a": 1}', "expected a JSON list"),
@@ -132,6 +139,21 @@ def test_bad_json_lengths_files(tmp_path: Path, content: str, match: str) -> Non
     f.write_text(content)
     with pytest.raises(WorkloadError, match=match):
         read_lengths_file(f)
+
+
+def test_a_binary_or_oversized_lengths_file_is_refused_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sparse = tmp_path / "sparse.txt"
+    with open(sparse, "wb") as fh:
+        fh.truncate(1 << 20)  # a sparse file: NUL bytes throughout
+    with pytest.raises(WorkloadError, match=r"holds a NUL byte \(byte 0\); expected text"):
+        read_lengths_file(sparse)
+    big = tmp_path / "big.txt"
+    big.write_text("100\n" * 100)
+    monkeypatch.setattr(corpora, "MAX_LENGTHS_FILE_BYTES", 64)
+    with pytest.raises(WorkloadError, match=r"is 400 bytes; expected at most 64"):
+        read_lengths_file(big)
 
 
 def test_bad_csv_value_names_the_line(tmp_path: Path) -> None:

@@ -36,13 +36,13 @@ from typing import Any
 from dcp_bench.campaign.reproduce_config import (
     ReproduceConfig,
     ReproduceSection,
+    find_claims,
     load_reproduce_config,
 )
 from dcp_bench.campaign.sweep import SweepResult, plan_sweep, progress_mode, run_sweep
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.files import atomic_write_json, check_output
-from dcp_bench.paths import REPO_ROOT
 from dcp_bench.records import RunSummary
 from dcp_bench.report.writer import ReportInputs, build_report, shown_path
 from dcp_bench.run.spec import CAMPAIGN_NAME, RunSpec
@@ -95,7 +95,9 @@ def reproduce(overrides: Sequence[str], progress: bool = True) -> int:
     cfg = load_reproduce_config(overrides)
     claims = find_claims(cfg.claims)
     check_places(cfg)  # every place this writes, checked now, not after minutes of sweeps
-    done = run_sections(cfg, t_start, progress_mode(progress))
+    # every run's config (cluster=nosuch), before the first section runs; planned once
+    planned = check_sections(cfg)
+    done = run_sections(cfg, t_start, progress_mode(progress), planned)
     command = "dcp-bench reproduce " + " ".join(shlex.quote(a) for a in overrides)
     return write_report(cfg, claims, command.strip(), done, t_start)
 
@@ -112,6 +114,23 @@ def check_places(cfg: ReproduceConfig) -> None:
             "A-Z a-z 0-9 . _ - (starting with a letter or digit)"
         )
     check_output(Path(cfg.root) / cfg.campaign, "campaign", value=cfg.campaign)
+
+
+Planned = dict[str, tuple[list[RunSpec], list[RunSpec]]]
+
+
+def check_sections(cfg: ReproduceConfig) -> Planned:
+    """Every chosen section's runs, composed and parsed (`plan_section`) by section name; the
+    first section that does not compose is a `ConfigError` naming it, before any run starts."""
+    planned: Planned = {}
+    for section in cfg.chosen_sections():
+        if section.real and not cfg.real:
+            continue
+        try:
+            planned[section.name] = plan_section(cfg, section)
+        except ConfigError as exc:
+            raise ConfigError(f"section {section.name}: {exc}") from None
+    return planned
 
 
 def plan_section(
@@ -143,8 +162,11 @@ def plan_section(
     return sim_specs, real_specs
 
 
-def run_sections(cfg: ReproduceConfig, t_start: float, progress: str) -> Progress:
-    """Every chosen section in order under its budget; what was done, and the report's notes."""
+def run_sections(
+    cfg: ReproduceConfig, t_start: float, progress: str, planned: Planned | None = None
+) -> Progress:
+    """Every chosen section in order under its budget; what was done, and the report's notes.
+    ``planned``: the sections' runs as `check_sections` planned them (planned here otherwise)."""
     hard_deadline = t_start + cfg.budget_s - cfg.report_reserve_s
     env = collect_env()  # once: the same machine for every section's runs
     done = Progress(
@@ -173,7 +195,9 @@ def run_sections(cfg: ReproduceConfig, t_start: float, progress: str) -> Progres
             continue
         done.wanted.append(name)
         try:
-            sim_specs, real_specs = plan_section(cfg, section)
+            sim_specs, real_specs = (
+                planned[name] if planned and name in planned else plan_section(cfg, section)
+            )
         except ConfigError as exc:
             done.notes.append(f"section {name}: NOT RUN, its configs do not compose: {exc}")
             done.cut.append(name)
@@ -373,19 +397,6 @@ def _cell_name(run_id: str) -> str:
 def _budget_cut(summary: RunSummary) -> bool:
     """A run the time budget cut (the harness ran out of time; the method did not fail)."""
     return bool(summary.status == "timeout" and (summary.extra or {}).get("limit") == "budget")
-
-
-def find_claims(given: str) -> Path:
-    """The claims file: as given, else (a relative path) in the repository, from any folder."""
-    path = Path(given)
-    if path.is_file():
-        return path
-    if not path.is_absolute() and (REPO_ROOT / path).is_file():
-        return REPO_ROOT / path
-    raise ConfigError(
-        f"claims={given!r}: claims file not found here or in {REPO_ROOT} (expected "
-        "results/reference/claims.yaml or a file like it)"
-    )
 
 
 def _report_within(inputs: ReportInputs, seconds: float) -> dict[str, Any] | None:

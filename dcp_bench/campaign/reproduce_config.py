@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from dcp_bench.errors import ConfigError
-from dcp_bench.paths import CONF_DIR
+from dcp_bench.paths import CONF_DIR, REPO_ROOT
 
 # Command-line keys: `config` and `preset` choose the file, `sections` picks some of its
 # sections; every other one replaces the YAML's top-level key of that name.
@@ -225,13 +225,24 @@ def read_reproduce_yaml(path: Path) -> ReproduceConfig:
 # The command line
 
 
+# Upper bounds of the command line's numbers: far above any real reproduction, low enough that
+# `repeats=1e20` is refused at once.
+MAXIMA = {"repeats": 1_000, "jobs": 1_024, "seed_base": 2**32 - 1, "budget_s": 7 * 24 * 3600.0}
+
+
 def _number(key: str, value: str, integer: bool, minimum: float) -> float:
-    expected = f"expected {'an integer' if integer else 'a finite number'} >= {minimum:g}"
+    maximum = MAXIMA.get(key, float("inf"))
+    expected = f"expected {'an integer' if integer else 'a finite number'} >= {minimum:g}" + (
+        f" and at most {maximum:,g}" if maximum < float("inf") else ""
+    )
+    text = value.strip()
+    if integer and not (text.isdigit() and text.isascii()):
+        raise ConfigError(f"{key}={value!r}: {expected} (ASCII digits)")
     try:
-        out = float(int(value)) if integer else float(value)
-    except ValueError:
+        out = float(int(text)) if integer else float(text)
+    except (ValueError, OverflowError):
         raise ConfigError(f"{key}={value!r}: {expected}") from None
-    if not minimum <= out < float("inf"):  # also refuses nan
+    if not minimum <= out <= maximum or out == float("inf"):  # also refuses nan
         raise ConfigError(f"{key}={value!r}: {expected}")
     return out
 
@@ -262,6 +273,16 @@ def _override(cfg: ReproduceConfig, key: str, value: str) -> dict[str, Any]:
         return {"only_sections": tuple(wanted)}
     if not value:
         raise ConfigError(f"{key}=: expected a value")
+    if key == "cluster":
+        # hydra: loaded here, not with this module, which the CLI imports to build its help
+        from dcp_bench.config import group_choices
+
+        name = value.partition("@")[0]
+        choices = group_choices("cluster")
+        if name not in choices:
+            raise ConfigError(
+                f"cluster={value!r}: unknown cluster {name!r}; valid choices: {', '.join(choices)}"
+            )
     return {key: value}
 
 
@@ -292,8 +313,71 @@ def load_reproduce_config(overrides: Sequence[str]) -> ReproduceConfig:
     for key, value in kv.items():
         cfg = dataclasses.replace(cfg, **_override(cfg, key, value))
     if cfg.report_reserve_s >= cfg.budget_s:
+        # named by the key the user typed: budget_s=30 alone is a budget too small for the
+        # report's reserve, not a bad report_reserve_s
+        if "budget_s" in kv or "report_reserve_s" not in kv:
+            raise ConfigError(
+                f"budget_s={cfg.budget_s:g}: expected more than the {cfg.report_reserve_s:g} s "
+                "kept for the report out of the whole budget (report_reserve_s, "
+                f"{'given' if 'report_reserve_s' in kv else 'the config default'})"
+            )
         raise ConfigError(
             f"report_reserve_s={cfg.report_reserve_s:g}: expected less than "
             f"budget_s={cfg.budget_s:g} (the time kept for the report out of the whole budget)"
         )
     return cfg
+
+
+# The keys every claim holds (what `dcp_bench.report.claims.load_claims` requires).
+CLAIM_KEYS = ("id", "value", "tolerance", "context", "baseline", "method")
+
+
+def find_claims(given: str) -> Path:
+    """The claims file: as given, else (a relative path) in the repository, from any folder."""
+    path = Path(given)
+    if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
+        path = REPO_ROOT / path
+    if not path.is_file():
+        raise ConfigError(
+            f"claims={given!r}: claims file not found here or in {REPO_ROOT} (expected "
+            "results/reference/claims.yaml or a file like it)"
+        )
+    check_claims_file(path, given)
+    return path
+
+
+# A claims file is read whole before any run: one far larger than a claims list is refused unread.
+CLAIMS_MAX_BYTES = 4 << 20
+
+
+def check_claims_file(path: Path, given: str) -> None:
+    """The claims file reads as a YAML mapping with a non-empty list of claims, each a mapping
+    with the keys the report needs; checked before any run so a wrong file costs no sweep."""
+    expected = "expected a YAML claims file like results/reference/claims.yaml"
+    if path.stat().st_size > CLAIMS_MAX_BYTES:
+        raise ConfigError(
+            f"claims={given!r}: {path.stat().st_size:,} bytes (at most {CLAIMS_MAX_BYTES:,}); "
+            f"{expected}"
+        )
+    try:
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"claims={given!r}: not UTF-8 text (byte {exc.start}); {expected}"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"claims={given!r}: not valid YAML{where}; {expected}") from None
+    claims = data.get("claims") if isinstance(data, dict) else None
+    if not isinstance(claims, list) or not claims:
+        raise ConfigError(f"claims={given!r}: no list of claims; {expected}")
+    for index, claim in enumerate(claims):
+        if not isinstance(claim, dict):
+            raise ConfigError(f"claims={given!r}: claim {index + 1} is not a mapping; {expected}")
+        missing = [k for k in CLAIM_KEYS if k not in claim]
+        if missing:
+            raise ConfigError(
+                f"claims={given!r}: claim {claim.get('id', index + 1)!r} has no {missing[0]!r}; "
+                f"{expected}"
+            )

@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from dcp_bench.config import load_config, to_container
 from dcp_bench.envinfo import collect_env
-from dcp_bench.errors import ConfigError
+from dcp_bench.errors import ConfigError, OutputError
 from dcp_bench.files import check_output
 from dcp_bench.records import (
     RecordError,
@@ -104,6 +104,11 @@ def expand_grid(overrides: Sequence[str]) -> list[list[str]]:
     return [list(p) for p in itertools.product(*axes)]
 
 
+# Repeats of one grid point: far above what a comparison needs (its CI converges in tens), and
+# low enough that `run.repeats=1e9` is refused at once instead of planning for ever.
+MAX_REPEATS = 1_000
+
+
 def plan_sweep(
     overrides: Sequence[str],
     repeats: int | None = None,
@@ -116,8 +121,10 @@ def plan_sweep(
         cfg = to_container(compose(cell))
         run_node = cfg.get("run") or {}
         n = repeats if repeats is not None else run_node.get("repeats", 5)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"run.repeats={n!r}: expected an integer >= 1")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPEATS:
+            raise ConfigError(
+                f"run.repeats (repeats)={n!r}: expected an integer >= 1 and at most {MAX_REPEATS:,}"
+            )
         first = parse_run_spec(cfg, sweep=sweep, overrides=cell)
         specs.append(first)
         specs += [
@@ -181,8 +188,13 @@ def _child(
             os.close(fd)
     # Pin threads in workers so parallel runs do not oversubscribe the cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with contextlib.suppress(KeyboardInterrupt):
-        run_simulated(spec, build=build, env=env)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            run_simulated(spec, build=build, env=env)
+    except OutputError:
+        # Records that cannot be written (a full disk): the parent records the run as unfinished,
+        # and that write says why on one line; no traceback from this process.
+        raise SystemExit(1) from None
 
 
 # A run the deadline cuts is killed at most this long after it: its last step may be stuck.

@@ -65,14 +65,16 @@ def split_overrides(overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.config import instantiate, load_config
-    from dcp_bench.files import sha256_file
+    from dcp_bench.files import check_output, sha256_file
     from dcp_bench.profiling.request import request_from_overrides
-    from dcp_bench.profiling.run import profile_to_file
 
     own, rest = split_overrides(list(args.overrides))
     model = instantiate(load_config(rest).model)
     req = request_from_overrides(own, model)
     out = Path(own.get("out") or f"profiles/{model.name}_{req.device}.json")
+    check_output(out, "out", folder=False)  # before the measuring, not after it
+    from dcp_bench.profiling.run import profile_to_file  # torch: once the request is known good
+
     print(
         f"profiling {model.name} on {req.device} ({req.dtype}): tokens/rank {req.tokens}, "
         f"sp {req.sp}, shapes {req.shapes}, nproc {req.nprocs}, {req.reps} reps after "

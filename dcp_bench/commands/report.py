@@ -55,7 +55,6 @@ def _n_boot(value: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.errors import ConfigError
-    from dcp_bench.report.campaign_report import report_campaign
 
     kv = parse_keys(list(args.overrides))
     campaign = kv.get("campaign", "default")
@@ -63,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if pairs not in ("true", "false"):
         raise ConfigError(f"baseline_pairs={kv['baseline_pairs']!r}: expected true or false")
     n_boot = _n_boot(kv.get("n_boot", "2000"))
+    # pandas and the figures load once the arguments are known good
+    from dcp_bench.report.campaign_report import report_campaign
+
     summary = report_campaign(
         campaign=campaign,
         root=kv.get("root", "runs"),

@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.campaign.reproduce_config import find_claims, load_reproduce_config
+
+    # the command line's keys and values and the claims file first (a light module): a bad one
+    # is refused before the report's libraries load
+    find_claims(load_reproduce_config(list(args.overrides)).claims)
     from dcp_bench.campaign.reproduce import reproduce
 
     return reproduce(list(args.overrides), progress=not args.no_progress)

@@ -51,7 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.files import check_output
     from dcp_bench.report.cost_validation import abs_pct, validate_cost_model
+
+    if args.out:  # before the fit: a place that cannot take the tables is refused first
+        check_output(args.out, "--out")
+        for name in ("table.md", "table.csv", "summary.json"):
+            check_output(Path(args.out) / name, "--out", value=args.out, folder=False)
 
     result = validate_cost_model(
         Path(args.published) if args.published else None, Path(args.out) if args.out else None

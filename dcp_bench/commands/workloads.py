@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dcp_bench.errors import ConfigError
+
 NAME = "workloads"
 HELP = (
     "list workloads, show a workload's length statistics (--json, --plot), or print a global batch"
@@ -30,6 +32,19 @@ STAT_KEYS = (
     "token_share_gt_8k", "token_share_gt_32k", "token_share_gt_128k",
     "attn_share_gt_8k", "attn_share_gt_32k", "attn_share_gt_128k",
 )  # fmt: skip
+
+
+# The figure formats `--plot` takes, by file name suffix (matplotlib's, without optional extras).
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps", "tif", "tiff")
+
+
+def plot_format_problem(path: Path) -> str | None:
+    """Why ``path``'s name does not say a figure format this command writes, or None."""
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in PLOT_FORMATS:
+        return None
+    said = f"ends in {path.suffix!r}" if path.suffix else "has no suffix"
+    return f"{said}; expected a name ending in " + ", ".join(f".{f}" for f in PLOT_FORMATS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         from dcp_bench.files import check_output
 
         check_output(args.plot, "--plot", folder=False)
+        problem = plot_format_problem(args.plot)
+        if problem is not None:
+            raise ConfigError(f"--plot {str(args.plot)!r}: {problem}")
     workload = load_named_workload(args.name, list(args.overrides))
     if args.action == "batch":
         batch = workload.global_batch(args.step, args.world_size, args.max_seq_len)

@@ -86,10 +86,16 @@ def transformers_spec_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"model config head_dim={head_dim} with {heads} heads and hidden_size={hidden}: "
             "the cost model needs head_dim = hidden_size / num_attention_heads"
         )
-    if hidden % heads or heads % kv_heads:
+    if hidden % heads:
         raise ConfigError(
-            f"model config hidden_size={hidden}, num_attention_heads={heads}, "
-            f"num_key_value_heads={kv_heads}: expected heads | hidden and kv_heads | heads"
+            f"model config num_attention_heads={heads} with hidden_size={hidden}: expected a "
+            f"number of heads that divides hidden_size exactly ({hidden} / {heads} = "
+            f"{hidden / heads:g} is not a whole head size)"
+        )
+    if heads % kv_heads:
+        raise ConfigError(
+            f"model config num_key_value_heads={kv_heads} with num_attention_heads={heads}: "
+            "expected a number of key-value heads that divides num_attention_heads exactly"
         )
     return {
         "arch": "llama",

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
+import types
+import typing
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dcp_bench.config import instantiate, to_container
@@ -29,6 +33,11 @@ class Planner(ABC):
     #: The system a peer reproduces and its defaults, with their sources (the report's method
     #: glossary shows it; empty for the suite's own methods).
     source: ClassVar[str] = ""
+    # Constructor options checked before any run (`check_planner_options`), besides their
+    # annotated types: the smallest value of an integer option (an unlisted one: >= 0), and the
+    # options that name an SP degree (null or a power of two).
+    OPTION_MINIMA: ClassVar[Mapping[str, int]] = {}
+    SP_OPTIONS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, mode: Mode = "fair") -> None:
         if mode not in ("fair", "paper"):
@@ -57,6 +66,7 @@ def make_planner(node: Any, seed: int | None = None) -> Planner:
     name = data.pop("name", None)
     if "_target_" not in data:
         raise ConfigError(f"method config {name!r} has no _target_ naming its planner class")
+    check_planner_options(data)
     if seed is not None and "seed" in _constructor_parameters(str(data["_target_"])):
         data["seed"] = seed
     planner = instantiate(data)
@@ -65,6 +75,64 @@ def make_planner(node: Any, seed: int | None = None) -> Planner:
     if name:
         planner.name = name  # type: ignore[misc]
     return planner
+
+
+def _scalar_kinds(hint: Any) -> set[Any] | None:
+    """The scalar types an annotation allows (int, float, bool, None), or None when it allows
+    anything else too (text, lists, a literal, a callable): such an option is left to the
+    planner."""
+    args = (
+        typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType)
+        else (hint,)
+    )
+    kinds = {type(None) if a is type(None) else a for a in args}
+    return kinds if kinds <= {int, float, bool, type(None)} else None
+
+
+def check_planner_options(node: Mapping[str, Any]) -> None:
+    """The options of a ``method`` config node against its planner's constructor, before any
+    run: an option annotated ``int`` takes an integer (not a bool, a decimal or text) of at least
+    the class's `Planner.OPTION_MINIMA` (0 unless listed), ``float`` a finite number, ``bool``
+    true or false, ``| None`` also null; an SP degree (`Planner.SP_OPTIONS`) is a power of two. A
+    `ConfigError` names ``method.KEY``, the value and what was expected. A target that cannot be
+    imported is left to the instantiation, which reports it."""
+    target = str(node.get("_target_", ""))
+    module, _, attr = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+        params = inspect.signature(cls).parameters
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # the instantiation that follows reports an import error on one line
+        return
+    minima = getattr(cls, "OPTION_MINIMA", {})
+    sp_options = getattr(cls, "SP_OPTIONS", ())
+    method = node.get("name", attr)
+    for key, value in node.items():
+        if key in ("_target_", "name", "mode") or key not in params or key not in hints:
+            continue
+        kinds = _scalar_kinds(hints[key])
+        if kinds is None:
+            continue
+        where = f"method.{key}={value!r} (method {method!r})"
+        null = " or null" if type(None) in kinds else ""
+        if value is None:
+            if type(None) not in kinds:
+                raise ConfigError(f"{where}: expected a value, not null")
+            continue
+        if bool in kinds and int not in kinds:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: expected true or false{null}")
+        elif int in kinds and float not in kinds:
+            low = int(minima.get(key, 1 if key in sp_options else 0))
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{where}: expected an integer >= {low}{null}")
+            if key in sp_options and value & (value - 1):
+                raise ConfigError(f"{where}: expected a power of two (1, 2, 4, ...){null}")
+        elif float in kinds:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value):
+                raise ConfigError(f"{where}: expected a finite number{null}")
 
 
 def _constructor_parameters(target: str) -> set[str]:

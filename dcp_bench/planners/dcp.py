@@ -503,6 +503,7 @@ class DCPPlanner(Planner):
     """Our planner (method ``dcp``): joint per-sequence SP degree, recompute and schedule."""
 
     name = "dcp"
+    OPTION_MINIMA = {"pack_tokens": 1, "search_max_samples": 1}
 
     def __init__(
         self,

@@ -111,6 +111,7 @@ class FaithfulDCPPlanner(Planner):
     """Common machinery of the faithful DCP methods (profile, buckets, iterations, modes)."""
 
     name = "dcp_faithful"
+    OPTION_MINIMA = {"buckets_per_octave": 1, "max_steps": 1, "sampler_max_steps": 1}
     pac: bool = False
     balance: str = "inter"  # "inter" (accumulation steps) or "intra" (batch size / SP degree)
 

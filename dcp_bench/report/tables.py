@@ -24,7 +24,14 @@ import yaml
 
 from dcp_bench.cost.base import MICROBATCH_TIME_TERMS, SYNC_PART, time_parts
 from dcp_bench.files import atomic_write_bytes, atomic_write_text, json_default
-from dcp_bench.records import RunSummary, StepRecord, iter_run_dirs, read_steps, read_summary
+from dcp_bench.records import (
+    RunSummary,
+    StepRecord,
+    check_run,
+    iter_run_dirs,
+    read_steps,
+    read_summary,
+)
 from dcp_bench.report.stats import cell_stats, paired_speedup
 
 # The config nodes the report reads as mappings.
@@ -134,6 +141,18 @@ class BadRecord(Exception):
 def _read_run(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]] | None:
     """(summary, config, steps) of a complete run, None for an incomplete one; `BadRecord`
     saying which file is unreadable and why (without the folder's local path)."""
+    # One rule for a damaged record, the sweep's (`check_run`): a record the sweep would redo
+    # (e.g. an emptied steps.jsonl under a run.json that counts steps) is never counted here.
+    state = check_run(run_dir, restore=False)
+    if state.state == "incomplete":
+        return None
+    if state.state == "damaged":
+        reason = (
+            str(state.problem)
+            .replace(str(run_dir) + os.sep, "")
+            .replace(str(run_dir), run_dir.name)
+        )
+        raise BadRecord(reason.splitlines()[0][:300])
     what = "run.json"
     try:
         summary = read_summary(run_dir)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
+from dcp_bench.files import atomic_write_bytes
 from dcp_bench.workloads.workload import Workload
 
 
@@ -28,5 +30,6 @@ def write_length_histogram(workload: Workload, path: Path) -> None:
     ax.set_title(f"{workload.name} (v{workload.version}); {method}", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lower().lstrip("."), dpi=120)
+    atomic_write_bytes(path, buf.getvalue())  # a regular file or nothing (dcp_bench.files)

@@ -27,6 +27,7 @@ from dcp_bench.cost import SOURCES, resolve_cluster, resolve_model
 from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec
 from dcp_bench.errors import ClusterError, ConfigError, DcpBenchError
+from dcp_bench.planners.base import check_planner_options
 from dcp_bench.reference import run_label
 from dcp_bench.run.capabilities import EpochSampler, FixedDataset
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, ZERO_STAGES
@@ -194,6 +195,7 @@ def _method_spec(node: dict[str, Any]) -> MethodSpec:
     mode = node.get("mode", "fair")
     if mode not in ("fair", "paper"):
         raise ConfigError(f"method.mode={mode!r}; expected fair or paper")
+    check_planner_options(node)  # method.sp=abc is refused here, not in the run's first step
     return MethodSpec(
         name=str(node.get("name", "method")),
         target=str(node["_target_"]),
@@ -313,25 +315,43 @@ def _node(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _int(value: Any, key: str, minimum: int | None = None, allow_none: bool = False) -> Any:
+# Upper bounds of a run's sizes: far above any real run, low enough that an absurd value is refused
+# at once rather than planned for minutes (or for ever).
+MAX_STEPS = 100_000  # run.steps and run.warmup_steps, each
+MAX_EPOCHS = 1_000
+MAX_RANKS = 131_072  # run.nproc, cluster=NAME@N: 16,384 nodes of 8 GPUs
+MAX_SEED = 2**32 - 1  # numpy's seed range
+
+
+def _int(
+    value: Any,
+    key: str,
+    minimum: int | None = None,
+    allow_none: bool = False,
+    maximum: int | None = None,
+) -> Any:
     if value is None and allow_none:
         return None
+    expected = "expected an integer" + (f" >= {minimum}" if minimum is not None else "")
+    if maximum is not None:
+        expected += f" and at most {maximum:,}"
     if isinstance(value, bool) or value is None:
+        raise ConfigError(f"{key}={value!r}: {expected}")
+    if isinstance(value, float):
+        # `steps=1e3` and `steps=1000.0` reach here as floats: refused, not rounded
         raise ConfigError(
-            f"{key}={value!r}: expected an integer"
-            + (f" >= {minimum}" if minimum is not None else "")
+            f"{key}={value!r}: {expected}, written in digits (a decimal point or an exponent, "
+            "as in 1e3, makes it a decimal number)"
         )
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
     if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise ConfigError(f"{key}={value!r}: expected an integer") from None
+        text = value.strip()
+        if not (text.lstrip("+-").isdigit() and text.isascii()):
+            raise ConfigError(f"{key}={value!r}: {expected} (ASCII digits)")
+        value = int(text)
     if not isinstance(value, int):
-        raise ConfigError(f"{key}={value!r}: expected an integer")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{key}={value}: expected an integer >= {minimum}")
+        raise ConfigError(f"{key}={value!r}: {expected}")
+    if minimum is not None and value < minimum or maximum is not None and value > maximum:
+        raise ConfigError(f"{key}={value}: {expected}")
     return value
 
 
@@ -638,7 +658,13 @@ def _run_unit(run: Mapping[str, Any], method: MethodSpec, workload: WorkloadSpec
 
 def _resized(cluster: ClusterSpec, run: Mapping[str, Any]) -> ClusterSpec:
     """``cluster`` resized to ``run.nproc`` ranks when that is set."""
-    nproc = _int(run.get("nproc"), "run.nproc (nproc)", minimum=1, allow_none=True)
+    nproc = _int(
+        run.get("nproc"),
+        "run.nproc (nproc, or cluster=NAME@N)",
+        minimum=1,
+        allow_none=True,
+        maximum=MAX_RANKS,
+    )
     if nproc is not None:
         try:
             cluster = cluster.resized(nproc)
@@ -677,14 +703,21 @@ def parse_run_spec(
     ``seed`` replaces the config's seed (a sweep's repeats). Raises `ConfigError` naming the key of
     the first bad value."""
     resolved: dict[str, Any] = copy.deepcopy(dict(cfg))
-    seed = _int(resolved.get("seed", 0) if seed is None else seed, "seed", minimum=0)
+    seed = _int(
+        resolved.get("seed", 0) if seed is None else seed, "seed", minimum=0, maximum=MAX_SEED
+    )
     resolved["seed"] = seed
     cfg = resolved
     run = _node(cfg, "run")
     _check_run_keys(run)
-    steps = _int(run.get("steps", RUN_DEFAULTS["steps"]), "run.steps (steps)", minimum=1)
+    steps = _int(
+        run.get("steps", RUN_DEFAULTS["steps"]), "run.steps (steps)", minimum=1, maximum=MAX_STEPS
+    )
     warmup = _int(
-        run.get("warmup_steps", RUN_DEFAULTS["warmup_steps"]), "run.warmup_steps", minimum=0
+        run.get("warmup_steps", RUN_DEFAULTS["warmup_steps"]),
+        "run.warmup_steps (warmup_steps)",
+        minimum=0,
+        maximum=MAX_STEPS,
     )
     executor = _choice(run.get("executor", RUN_DEFAULTS["executor"]), "run.executor", EXECUTORS)
     clock = _choice(
@@ -708,7 +741,9 @@ def parse_run_spec(
     method = _method_spec(_node(cfg, "method"))
     mode = method.mode
     unit = _run_unit(run, method, workload)
-    epochs = _int(run.get("epochs", RUN_DEFAULTS["epochs"]), "run.epochs", minimum=1)
+    epochs = _int(
+        run.get("epochs", RUN_DEFAULTS["epochs"]), "run.epochs", minimum=1, maximum=MAX_EPOCHS
+    )
     cluster = _resolve_group(_node(cfg, "cluster"), "cluster", resolve_cluster)
     model = _resolve_group(_node(cfg, "model"), "model", resolve_model)
     if getattr(model, "num_layers", 1) < 1:

@@ -7,14 +7,29 @@ sizes the workload so that a step takes seconds (`cpu_sizing`)."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
-
-import torch
 
 from dcp_bench.config import load_config, to_container
 from dcp_bench.errors import ConfigError
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.workloads import make_workload
+
+# What a GPU driver puts in /dev (NVIDIA's control device; AMD's compute device for ROCm torch):
+# torch sees no CUDA device without one.
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device. torch is imported only on a machine with a GPU driver,
+    not with this module, so on a CPU machine a bad command line is refused without the seconds
+    torch takes to import."""
+    if not any(os.path.exists(node) for node in GPU_DRIVER_NODES):
+        return False
+    import torch  # here, not at the top: a CPU machine's bad command line never waits for it
+
+    return bool(torch.cuda.is_available())
+
 
 # A real run on a CPU with a tiny model: lengths scaled so that a rank's step holds about this many
 # tokens, and capped, so that a step takes seconds (ShareGPT at full size: ~90 s a step on a quiet
@@ -43,14 +58,14 @@ def resolve_train_config(overrides: list[str], notes: list[str] | None = None) -
         if "campaign" not in keys and "run.campaign" not in keys
         else [*overrides, "run.executor=torch"]
     )
-    if "cluster" not in keys and not torch.cuda.is_available():
+    if "cluster" not in keys and not _cuda_available():
         ovs.append("cluster=cpu")
     cfg = to_container(load_config(ovs))
     if "model" not in keys:
         kind = getattr(make_workload(cfg["workload"]), "kind", "text")
         ovs = [*ovs, f"model={'tiny_stdit' if kind == 'video' else 'tiny_llama'}"]
         cfg = to_container(load_config(ovs))
-    sizing = cpu_sizing(cfg, keys, torch.cuda.is_available())
+    sizing = cpu_sizing(cfg, keys, _cuda_available())
     if sizing:
         cfg = to_container(load_config([*ovs, *sizing]))
         full = cfg["workload"].get("tokens_per_gpu")
@@ -96,5 +111,5 @@ def cpu_sizing(cfg: dict[str, Any], keys: set[str], cuda: bool) -> list[str]:
 def run_device(spec: RunSpec) -> str:
     """The device a real run trains on: ``train.device``, or with ``auto`` CUDA when present."""
     if spec.train.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if _cuda_available() else "cpu"
     return str(spec.train.device)

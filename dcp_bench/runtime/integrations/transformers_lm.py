@@ -53,7 +53,12 @@ from dcp_bench.runtime.attention import (
     AttentionKernel,
     SPContext,
     check_heads,
+    kv_heads_for_sp,
+    repeat_kv,
     select_attention_kernel,
+    ulysses_heads_to_seq,
+    ulysses_qkv_to_heads,
+    varlen_attention,
 )
 from dcp_bench.runtime.integrations import require
 from dcp_bench.runtime.lm_loss import chunked_cross_entropy_sum
