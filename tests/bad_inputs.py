@@ -295,8 +295,8 @@ BAD_INPUTS: list[tuple[list[str], list[str]]] = [
         ["method.eject='maybe'", "true or false"],
     ),
     (
-        [*SIM[:2], "method=wlb_llm", *SIM[3:], "method.outlier_factor=inf"],
-        ["method.outlier_factor=inf", "finite number"],
+        [*SIM[:2], "method=wlb_llm", *SIM[3:], "method.outlier_queues=-1"],
+        ["method.outlier_queues=-1", "integer >= 0"],
     ),
     (
         [
