@@ -136,3 +136,38 @@ def test_the_committed_system_table_is_what_the_simulator_gives_now(tmp_path: Pa
     fresh = json.loads((tmp_path / "systems.json").read_text())
     committed = json.loads((RESULTS_DIR / "validation" / "systems.json").read_text())
     assert fresh == committed
+
+
+def test_the_first_screen_shows_the_validation_beside_the_verdict() -> None:
+    from dcp_bench.report.first_screen import validation_line
+
+    (dcp,) = load_systems(SYSTEMS)
+    base = {0: 1.0e6}
+
+    def claim_with(x: float, ci: str) -> dict:  # type: ignore[type-arg]
+        v = validate_system(
+            dcp,
+            {
+                "bucket_static": base,
+                "dcp_intra": base,
+                "dcp_inter": base,
+                "dcp_inter_pac": {0: x * 1e6},
+            },
+        )
+        verdict, rule = verdict_rule(ci, 0.15, v)
+        return {
+            "tolerance": 0.15,
+            "verdict": verdict,
+            "ci_verdict": ci,
+            "verdict_rule": rule,
+            "validation": v.to_dict(),
+        }
+
+    line = validation_line(claim_with(2.17, "not reproduced"))
+    assert line is not None
+    assert "simulated 2.17x, published 2.49x, error -13%" in line
+    assert "within the claim's 15% tolerance, so the simulated verdict stands" in line
+    line = validation_line(claim_with(1.31, "not reproduced"))
+    assert line is not None and "error -47%" in line
+    assert "UNDECIDED in simulation (the seed CI alone: not reproduced)" in line
+    assert validation_line({"tolerance": 0.15, "verdict_rule": ""}) is None

@@ -174,25 +174,33 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
 def validation_line(claim: dict[str, Any]) -> str | None:
     """The claim's system-level check beside its verdict: the simulated and published speedup
     of the claimed comparison on the claim's own system, the error, and what the rule made of
-    it."""
+    it (`dcp_bench.report.system_validation.verdict_rule`)."""
     val = claim.get("validation")
+    rule = str(claim.get("verdict_rule") or "")
     if not val:
-        return claim.get("verdict_rule") or None
+        return rule or None
     cm = val.get("claimed_comparison") or {}
     sim, pub, err = cm.get("simulated_speedup"), cm.get("published_speedup"), cm.get("error")
-    rule = str(claim.get("verdict_rule") or "")
     head = (
         f"Validation on the authors' own measurement ({val.get('hardware', '').split(' (')[0]}, "
-        f"{val.get('context', {}).get('workload', '')}; {val.get('source', '').split(',')[0]}): "
+        f"{val.get('context', {}).get('workload', '')}): "
     )
-    if not (_finite(sim) and _finite(pub)):
-        return head + (rule or "not simulated in this campaign") + "."
-    return (
-        head + f"`{cm.get('method')}` over `{cm.get('baseline')}` published {float(pub):.2f}x, "
-        f"simulated {float(sim):.2f}x, error {float(err):+.0%}"
-        + (f"; {rule}" if rule else "")
-        + ". [System-level validation](#system-level-validation)."
+    link = " [System-level validation](#system-level-validation)."
+    if not (_finite(sim) and _finite(pub) and _finite(err)):
+        return head + (rule or "not simulated in this campaign") + "." + link
+    tol = float(claim["tolerance"])
+    numbers = (
+        f"`{cm.get('method')}` over `{cm.get('baseline')}` simulated {float(sim):.2f}x, "
+        f"published {float(pub):.2f}x, error {float(err):+.0%}"
     )
+    if abs(float(err)) <= tol:
+        outcome = f"within the claim's {tol:.0%} tolerance, so the simulated verdict stands"
+    else:
+        outcome = (
+            f"beyond the claim's {tol:.0%} tolerance, so the verdict is UNDECIDED in simulation "
+            f"(the seed CI alone: {claim.get('ci_verdict', '?')})"
+        )
+    return f"{head}{numbers}: {outcome}.{link}"
 
 
 def headline_rows(data: ReportData) -> pd.DataFrame:
