@@ -402,6 +402,7 @@ class MegatronHybridCP(Planner):
         super().__init__(mode)
         recompute = recompute or self.default_recompute
         self._relaunch = recompute is None  # none, full when a launch without cannot run
+        self._relaunched = False  # a launch without recompute stopped: full recompute from now
         recompute = recompute or "none"
         if recompute == "auto" and not self.search:
             raise ConfigError(
@@ -576,13 +577,14 @@ class MegatronHybridCP(Planner):
         """The launch's flags: the pinned recompute, and the pinned ceiling or the documented
         one (the most tokens one rank holds with that recompute). With the recompute left to
         the default: none, unless that ceiling cannot place a sequence of ``longest`` tokens
-        on the largest group the world holds; then full recompute (``full/uniform/1``: the
+        on the largest group the world holds, or a launch without it stopped; then full
+        recompute (``full/uniform/1``: the
         user's relaunch after the scheduler stops, hybrid_cp_schedule.py:369-370)."""
         L = cost.model.num_layers
         ckpt = self.allowed_ckpt(L)[0]
         m = self.max_tokens_per_rank or max_tokens_fitting_one_rank(cost, ckpt)
         top = cost.sp_degrees()[-1]
-        if self._relaunch and m * top < longest:
+        if self._relaunch and (self._relaunched or m * top < longest):
             m = self.max_tokens_per_rank or max_tokens_fitting_one_rank(cost, L)
             return LaunchConfig(int(m), L)
         return LaunchConfig(int(m), ckpt)
@@ -593,7 +595,16 @@ class MegatronHybridCP(Planner):
             self._longest = max(self._longest, int(batch.tokens.max()) if batch.n else 0)
             config = self.launch_config(cost, self._longest)
             try:
-                plan = self.fixed_plan(batch, cost, config)
+                try:
+                    plan = self.fixed_plan(batch, cost, config)
+                except InfeasibleError:
+                    if not self._relaunch or self._relaunched:
+                        raise
+                    # the scheduler stopped (hybrid_cp_schedule.py:369-370): the user relaunches
+                    # with full recompute, which stays on
+                    self._relaunched = True
+                    config = self.launch_config(cost, self._longest)
+                    plan = self.fixed_plan(batch, cost, config)
             except InfeasibleError as exc:
                 raise InfeasibleError(
                     f"{exc} (launch {config.describe(cost.model.num_layers)}; Megatron stops "
