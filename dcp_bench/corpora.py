@@ -519,7 +519,7 @@ def read_text_dataset(path: str | Path, tokenizer: str, text_field: str = "text"
     string column of that name. Corrupt records raise `WorkloadError` naming the file and line.
     """
     path = Path(path)
-    _require_file(path)
+    _require_file(path, text=path.suffix.lower() != ".parquet")
     tok = get_tokenizer(tokenizer)  # an unknown tokenizer fails before reading the data
     texts: list[str] = []
     if path.suffix.lower() == ".parquet":

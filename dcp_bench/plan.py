@@ -301,7 +301,7 @@ def _group_offences(
         ),
         default=1,
     )
-    if model is not None and uly > 1:
+    if model is not None and uly > 1 and placed and is_power_of_two(g.size):
         offence = model.sp_degree_offence(uly)
         if offence is not None:
             degrees = [d for d in aligned_sp_degrees(W) if model.sp_degree_offence(d) is None]

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 from dcp_bench.batch import GlobalBatch
+from dcp_bench.config import load_config, to_container
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.base import CostModel
 from dcp_bench.cost.specs import cluster_spec, model_spec, runnable_sp_degrees
@@ -50,7 +50,9 @@ def cost_of(model: Any, cluster: str = "h200x32", world: int | None = None) -> C
 
 
 def method_node(name: str) -> dict[str, Any]:
-    node = yaml.safe_load((ROOT / "dcp_bench" / "conf" / "method" / f"{name}.yaml").read_text())
+    """The method's config as a run composes it (a variant's YAML names its parent in
+    ``defaults``)."""
+    node = to_container(load_config([f"method={name}"]))["method"]
     return {k: v for k, v in node.items() if k == "_target_" or not k.startswith("_")}
 
 

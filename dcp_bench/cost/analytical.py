@@ -872,6 +872,7 @@ class AnalyticalCostModel(CostModel):
             tokens,
             np.broadcast_to(np.asarray(sp), (n,)),
             np.broadcast_to(np.asarray(ckpt_layers), (n,)),
+            frames,
         ) * (1.0 + self.allocator_fragmentation)
 
     def sample_time_packed(
