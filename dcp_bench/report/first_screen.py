@@ -189,11 +189,12 @@ def validation_line(claim: dict[str, Any]) -> str | None:
     if not (_finite(sim) and _finite(pub) and _finite(err)):
         return head + (rule or "not simulated in this campaign") + "." + link
     tol = float(claim["tolerance"])
+    sim_x, pub_x, err_x = float(str(sim)), float(str(pub)), float(str(err))
     numbers = (
-        f"`{cm.get('method')}` over `{cm.get('baseline')}` simulated {float(sim):.2f}x, "
-        f"published {float(pub):.2f}x, error {float(err):+.0%}"
+        f"`{cm.get('method')}` over `{cm.get('baseline')}` simulated {sim_x:.2f}x, "
+        f"published {pub_x:.2f}x, error {err_x:+.0%}"
     )
-    if abs(float(err)) <= tol:
+    if abs(err_x) <= tol:
         outcome = f"within the claim's {tol:.0%} tolerance, so the simulated verdict stands"
     else:
         outcome = (
