@@ -132,7 +132,7 @@ def test_llama3_8b_at_12288_gpus_caps_at_32_and_the_bound_with_it() -> None:
     assert lower_bound(batch, cost) <= simulate_step(plan, batch, cost).step_time_s * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("method", ["dcp", "static_tuned", "megatron_hybrid_cp", "flexsp_milp"])
+@pytest.mark.parametrize("method", METHODS)
 def test_a_document_no_runnable_degree_fits_is_named_with_the_degrees(method: str) -> None:
     """At 24 GPUs of Llama-3-8B the degrees are 1, 2, 4, 8: a 1,048,576-token document fits none.
     The error names them and the document's length, not a degree of 24."""
