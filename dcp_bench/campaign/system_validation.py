@@ -16,6 +16,7 @@ from dcp_bench.config import load_config, to_container
 from dcp_bench.files import atomic_write_json, atomic_write_text
 from dcp_bench.paths import RESULTS_DIR
 from dcp_bench.report.system_validation import (
+    ROW_FIELDS,
     PublishedSystem,
     SystemValidation,
     load_systems,
@@ -101,17 +102,7 @@ def render_markdown(results: list[SystemValidation]) -> str:
 
 def render_csv(results: list[SystemValidation]) -> str:
     buf = io.StringIO()
-    fields = [
-        "system",
-        "row",
-        "published",
-        "simulated",
-        "error",
-        "published_speedup",
-        "simulated_speedup",
-        "speedup_error",
-        "seeds",
-    ]
+    fields = ["system", "row", *ROW_FIELDS]
     w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     w.writeheader()
     for v in results:

@@ -42,6 +42,16 @@ SYSTEM_KEYS = (
 )
 ROW_KEYS = ("id", "label", "select", "published")
 METRICS = ("latent_tokens_per_s", "tokens_per_s", "step_time_s")
+# The columns of a validated row, in the order every table of them shows them.
+ROW_FIELDS = (
+    "published",
+    "simulated",
+    "error",
+    "published_speedup",
+    "simulated_speedup",
+    "speedup_error",
+    "seeds",
+)
 
 
 @dataclass(frozen=True)
@@ -285,6 +295,7 @@ def verdict_rule(
 
 
 __all__ = [
+    "ROW_FIELDS",
     "PublishedSystem",
     "SystemRow",
     "SystemValidation",

@@ -52,6 +52,7 @@ from dcp_bench.report.memory_error import memory_prediction_error
 from dcp_bench.report.peers import peer_section
 from dcp_bench.report.planning import machine_bound_section, planning_cost_section
 from dcp_bench.report.stats import max_relative_difference, relative_error
+from dcp_bench.report.system_validation import ROW_FIELDS
 from dcp_bench.report.tables import (
     Campaign,
     cell_table,
@@ -700,18 +701,7 @@ def _system_validation_section(doc: Document, data: ReportData) -> None:
         table = pd.DataFrame(v.rows)
         if not table.empty:
             doc.table(
-                table[
-                    [
-                        "label",
-                        "published",
-                        "simulated",
-                        "error",
-                        "published_speedup",
-                        "simulated_speedup",
-                        "speedup_error",
-                        "seeds",
-                    ]
-                ],
+                table[["label", *ROW_FIELDS]],
                 f"{s.id}: published vs simulated ({s.unit}; error = simulated / published - 1)",
             )
         if v.note:
