@@ -446,24 +446,32 @@ def _min_over_ckpt(
 
 
 def _packed_shares_by_ckpt(
-    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, ulysses: int | None = None
 ) -> tuple[np.ndarray, bool]:
     """(n, L+1): every sample's packed share at every checkpointed-layer count, and whether it is
     affine in the count. Recompute adds one forward per checkpointed layer, so it usually is;
-    checked at the midpoint, with an exact evaluation of every count where it is not."""
+    checked at the midpoint, with an exact evaluation of every count where it is not.
+    ``ulysses`` (None: Ulysses over the group): a ring or hybrid group's Ulysses span
+    (`CostModel.ring_packed_share`)."""
     L = cost.model.num_layers
-    t0 = np.asarray(cost.sample_time_packed(tokens, frames, sp, 0), dtype=float)
+
+    def share(k: int) -> np.ndarray:
+        if ulysses is None:
+            return np.asarray(cost.sample_time_packed(tokens, frames, sp, k), dtype=float)
+        return np.asarray(cost.ring_packed_share(tokens, frames, sp, ulysses, k), dtype=float)
+
+    t0 = share(0)
     if L == 0:
         return t0[:, None], True
-    tL = np.asarray(cost.sample_time_packed(tokens, frames, sp, L), dtype=float)
+    tL = share(L)
     ks = np.arange(L + 1, dtype=float)
     out = t0[:, None] + (tL - t0)[:, None] * (ks[None, :] / L)
     mid = L // 2
     if 0 < mid < L:
-        exact = np.asarray(cost.sample_time_packed(tokens, frames, sp, mid), dtype=float)
+        exact = share(mid)
         if not np.allclose(exact, out[:, mid], rtol=1e-9, atol=1e-15):
             for k in range(1, L):
-                out[:, k] = cost.sample_time_packed(tokens, frames, sp, k)
+                out[:, k] = share(k)
             return out, False
     return out, True
 
@@ -494,14 +502,20 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
     fastest = np.full(n, np.inf)
     best_sp = np.zeros(n, dtype=np.int64)
     L = cost.model.num_layers
-    for sp in cost.sp_degrees():  # the degrees a plan may use: the model's heads divide them
+    # Every group a plan may use: Ulysses at the degrees the model's heads divide, ring and
+    # hybrid groups beside them (`CostModel.ring_settings`; None: Ulysses over the group).
+    settings: list[tuple[int, int | None]] = [(sp, None) for sp in cost.sp_degrees()]
+    settings += [(sp, u) for sp, u in cost.ring_settings()]
+    for sp, uly in settings:
         kmin = min_feasible_ckpt(cost, tokens, frames, sp)
         ok = np.flatnonzero(kmin >= 0)
         if not len(ok):
             continue
         tok, fr = tokens[ok], frames[ok]
-        share, affine = _packed_shares_by_ckpt(cost, tok, fr, sp)  # (m, L+1)
-        over = np.array([cost.microbatch_overhead(sp, k) for k in range(L + 1)], dtype=float)
+        share, affine = _packed_shares_by_ckpt(cost, tok, fr, sp, uly)  # (m, L+1)
+        # a ring or hybrid micro-batch pays at least its Ulysses part's fixed cost
+        fixed_at = sp if uly is None else uly
+        over = np.array([cost.microbatch_overhead(fixed_at, k) for k in range(L + 1)], dtype=float)
         cap = np.array([cost.microbatch_token_capacity(sp, k) for k in range(L + 1)], dtype=float)
         # a capacity of 0 means nothing fits at that count (no sample is allowed there)
         per_tok = np.where(np.isfinite(cap) & (cap > 0), over / np.where(cap > 0, cap, 1.0), 0.0)
@@ -553,8 +567,11 @@ def lower_bound(
 
 # What the lower bound keeps from the cost model (the report lists them beside the bound).
 BOUND_ASSUMPTIONS = (
-    "SP degrees are the powers of two dividing the world (aligned groups) that the model's "
-    "attention heads divide (Ulysses shards heads), as every planner's",
+    "SP groups: Ulysses at the powers of two dividing the world (aligned groups) that the "
+    "model's attention heads divide (Ulysses shards heads); ring and hybrid groups at the other "
+    "aligned sizes and on whole nodes beyond the largest aligned group, up to 16 nodes "
+    "(CostModel.ring_settings), with the source's ring pricing (analytical); at a size the heads "
+    "divide a group runs Ulysses",
     "recompute is whole layers (the first k of L checkpointed); no selective (attention- or "
     "MLP-only) recompute, which the cost model does not price",
     "no overlap of compute with communication or recompute inside a micro-batch",
