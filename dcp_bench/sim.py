@@ -365,6 +365,11 @@ class SampleBounds:
     gpu_seconds: np.ndarray
     fastest_s: np.ndarray
     best_sp: np.ndarray  # SP degree of the fastest feasible setting (0 = infeasible)
+    # Per distinct shape (``shape_of``: each sample's row) and group setting (a column per SP
+    # degree, ring and hybrid groups after): the least time and GPU-seconds there (inf: unfit).
+    setting_time: np.ndarray | None = None
+    setting_gpu_seconds: np.ndarray | None = None
+    shape_of: np.ndarray | None = None
 
     @property
     def infeasible(self) -> np.ndarray:
@@ -506,7 +511,9 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
     # hybrid groups beside them (`CostModel.ring_settings`; None: Ulysses over the group).
     settings: list[tuple[int, int | None]] = [(sp, None) for sp in cost.sp_degrees()]
     settings += [(sp, u) for sp, u in cost.ring_settings()]
-    for sp, uly in settings:
+    set_t = np.full((n, len(settings)), np.inf)
+    set_g = np.full((n, len(settings)), np.inf)
+    for j, (sp, uly) in enumerate(settings):
         kmin = min_feasible_ckpt(cost, tokens, frames, sp)
         ok = np.flatnonzero(kmin >= 0)
         if not len(ok):
@@ -522,12 +529,38 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
         g = _min_over_ckpt(share, tok / sp, per_tok, kmin[ok], affine)
         t = _min_over_ckpt(share, np.ones(len(ok)), over, kmin[ok], affine)
         gpu_s[ok] = np.minimum(gpu_s[ok], sp * g)
+        set_t[ok, j], set_g[ok, j] = t, sp * g
         better = t < fastest[ok]
         best_sp[ok[better]] = sp
         fastest[ok] = np.where(better, t, fastest[ok])
     return SampleBounds(
-        gpu_seconds=gpu_s[inverse], fastest_s=fastest[inverse], best_sp=best_sp[inverse]
+        gpu_seconds=gpu_s[inverse],
+        fastest_s=fastest[inverse],
+        best_sp=best_sp[inverse],
+        setting_time=set_t,
+        setting_gpu_seconds=set_g,
+        shape_of=inverse,
     )
+
+
+# The longest samples each give the bound of `one_sample_bound`; this many are tried.
+LONG_SAMPLES_BOUNDED = 8
+
+
+def one_sample_bound(sb: SampleBounds, i: int, others_gpu_s: float, world: int) -> float:
+    """A step time no plan beats, from sample ``i``'s choice of group: on the setting j it runs
+    it takes at least T[i, j] and uses at least G[i, j] GPU-seconds, which the other samples'
+    cheapest GPU-seconds (``others_gpu_s``) add to; so the step takes at least
+    min over j of max(T[i, j], (others + G[i, j]) / W). Tighter than max(work / W, T_i) when
+    the sample's fastest group is wide (a ring of the whole world keeps every rank)."""
+    assert sb.setting_time is not None and sb.setting_gpu_seconds is not None
+    assert sb.shape_of is not None
+    r = int(sb.shape_of[i])
+    t, g = sb.setting_time[r], sb.setting_gpu_seconds[r]
+    fit = np.isfinite(t) & np.isfinite(g)
+    if not fit.any():
+        return math.inf
+    return float(np.maximum(t[fit], (others_gpu_s + g[fit]) / world).min())
 
 
 def lower_bound(
@@ -538,9 +571,10 @@ def lower_bound(
 ) -> float:
     """A step time no valid plan of ``batch`` beats on ``cost.cluster``:
     max(sum of cheapest feasible GPU-seconds / world size, slowest sample at its fastest feasible
-    setting) + gradient sync + optimizer. ``infeasible``: ``"raise"`` (`InfeasibleError` when a
-    sample fits no SP degree even fully checkpointed) or ``"skip"`` (bound the feasible ones, as a
-    plan that drops such samples would)."""
+    setting, `one_sample_bound` of the longest samples) + gradient sync + optimizer.
+    ``infeasible``: ``"raise"`` (`InfeasibleError` when a sample fits no SP degree even fully
+    checkpointed) or ``"skip"`` (bound the feasible ones, as a plan that drops such samples
+    would)."""
     if batch.n == 0:
         return cost.step_sync_time() if include_sync else 0.0
     sb = sample_bounds(batch, cost)
@@ -557,9 +591,16 @@ def lower_bound(
         )
     ok = ~bad
     W = cost.cluster.world_size
-    work = float(sb.gpu_seconds[ok].sum()) / W
+    total = float(sb.gpu_seconds[ok].sum())
+    work = total / W
     longest = float(sb.fastest_s[ok].max()) if np.any(ok) else 0.0
     bound = max(work, longest)
+    cand = np.flatnonzero(ok)
+    if len(cand) and sb.setting_time is not None:
+        top = cand[np.argsort(-sb.fastest_s[cand], kind="stable")[:LONG_SAMPLES_BOUNDED]]
+        for i in top.tolist():
+            others = total - float(sb.gpu_seconds[i])
+            bound = max(bound, one_sample_bound(sb, i, others, W))
     if not math.isfinite(bound):
         raise InfeasibleError("lower bound is not finite")
     return bound + (cost.step_sync_time() if include_sync else 0.0)

@@ -193,3 +193,21 @@ def test_dcp_never_beats_its_bound_with_ring_groups(lengths, world) -> None:
         return
     validate_plan(plan, batch, cost)
     assert simulate_step(plan, batch, cost).step_time_s >= lower_bound(batch, cost) * (1 - 1e-12)
+
+
+def test_one_sample_bound_hand_worked() -> None:
+    """One sample with two settings on 4 ranks: alone on 1 rank (10 s, 10 GPU-s) or on all 4
+    (4 s, 16 GPU-s); the others need 20 GPU-s. On 1 rank the step takes max(10, 30 / 4) = 10;
+    on 4 ranks max(4, 36 / 4) = 9: no plan beats 9, while max(work / W, fastest) gives only
+    max(30 / 4, 4) = 7.5."""
+    from dcp_bench.sim import SampleBounds, one_sample_bound
+
+    sb = SampleBounds(
+        gpu_seconds=np.array([10.0]),
+        fastest_s=np.array([4.0]),
+        best_sp=np.array([4]),
+        setting_time=np.array([[10.0, 4.0]]),
+        setting_gpu_seconds=np.array([[10.0, 16.0]]),
+        shape_of=np.array([0]),
+    )
+    assert one_sample_bound(sb, 0, 20.0, 4) == pytest.approx(9.0)
