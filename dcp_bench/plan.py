@@ -2,7 +2,9 @@
 
 A `StepPlan` is a list of rounds. A round partitions (some of) the ranks into sequence-parallel
 groups; a group is an *aligned* block of ranks (size a power of two that divides the world size,
-start a multiple of the size; any world size).
+start a multiple of the size; any world size), or, when all its micro-batches run ring or hybrid
+attention, any block of ranks (a ring needs only point-to-point sends; a hybrid's Ulysses
+sub-groups must be aligned blocks).
 Each group runs a list of micro-batches; a micro-batch names samples by their position in the
 `GlobalBatch` and says how many of the model's first layers are activation-checkpointed.
 Rounds run one after another; within a round every group runs independently. Aligned groups
