@@ -211,3 +211,22 @@ def test_one_sample_bound_hand_worked() -> None:
         shape_of=np.array([0]),
     )
     assert one_sample_bound(sb, 0, 20.0, 4) == pytest.approx(9.0)
+
+
+def test_whole_node_groups_are_placed_first_on_the_nodes_free_earliest() -> None:
+    """Hand-worked, 3 nodes of 8: a 16-rank task of 5 s goes to ranks 0-15 at 0; a second one
+    of 3 s sees nodes 0-1 and 1-2 both free at 5 and takes the lower start (0) at 5; the two
+    one-rank tasks go to the idle ranks 16 and 17 at 0; a 24-rank task (the whole world) then
+    waits for everyone."""
+    from dcp_bench.planners.dcp import list_schedule
+
+    times = np.array([5.0, 3.0, 2.0, 1.0])
+    sizes = np.array([16, 16, 1, 1])
+    s = list_schedule(times, sizes, 24, "size", node=8)
+    assert s.block_start.tolist() == [0, 0, 16, 17]
+    assert s.start.tolist() == [0.0, 5.0, 0.0, 0.0]
+    assert s.makespan == 8.0
+    s = list_schedule(np.array([5.0, 4.0, 2.0]), np.array([16, 24, 8]), 24, "size", node=8)
+    # longest whole-node task first: 16 at 0 (0-15), then 24 at 5 (it waits for ranks 0-15);
+    # the aligned 8 follows the whole-node tasks: every block is free at 9, the lowest is 0
+    assert s.block_start.tolist() == [0, 0, 0] and s.start.tolist() == [0.0, 5.0, 9.0]
