@@ -165,8 +165,8 @@ PLAN_RULES = (
     "ring or hybrid (ring attention needs only point-to-point sends: any block of ranks)",
     "every group lies inside the world (ranks 0 .. world_size - 1)",
     "with a cost model: every group lies inside one node or is made of whole nodes",
-    "with a model: a group of more than one rank that shards a micro-batch along the sequence has "
-    "a size dividing the model's attention heads (Ulysses / DSP shard heads over the group)",
+    "with a model: a micro-batch that shards heads (Ulysses / DSP over its group, a hybrid over "
+    "its Ulysses sub-groups) does so over a number of ranks dividing the model's attention heads",
     "groups of one round are disjoint (a rank is in at most one group per round)",
     "every micro-batch holds at least one sample, and its split is 'sequence' or 'batch'",
     "a micro-batch's sp_kind is 'ulysses', 'ring' or 'hybrid'; a hybrid one's ulysses_degree is a "
@@ -327,10 +327,14 @@ def _group_offences(
             if offence is not None:
                 yield f"{where}: {offence}"
                 break
-    if ringed and cost is not None and not cost.prices_ring:
+    if (
+        cost is not None
+        and any(mb.sp_kind in ("ring", "hybrid") for mb in seq)
+        and (not cost.prices_ring or cost.model.arch != "llama")
+    ):
         yield (
             f"{where}: ring or hybrid micro-batches, which the {cost.source} cost model does not "
-            "price"
+            f"price for model {cost.model.name!r} (text models only)"
         )
     if model is not None and uly > 1 and placed and is_power_of_two(uly):
         offence = model.sp_degree_offence(uly)
