@@ -20,7 +20,7 @@ from baselines.wlb_llm import (
 )
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.plan import validate_plan
+from dcp_bench.plan import MicroBatch, validate_plan
 
 
 def test_default_thresholds_one_queue_per_octave_below_the_window():
@@ -108,6 +108,54 @@ def test_adaptive_sharding_keeps_per_sequence_for_short_documents():
     assert choose_sharding([60000, 2000, 2000], 2)[0] == "per_document"
 
 
+def test_micro_batches_run_ring_attention_priced_as_per_document_sharding():
+    """§5.1: WLB-LLM's CP is ring attention with every document in 2 CP chunks; on a cost model
+    that prices rings every micro-batch of a CP group of 4 is a ring micro-batch, and the
+    simulator charges each exactly the cost model's ring price of its documents."""
+    from test_baselines import real_cost
+
+    from dcp_bench.sim import simulate_step
+
+    cost, batch = real_cost("llama3_8b"), text_batch(300, seed=5, scale=0.25)
+    plan = WLBLLM(sp=4, outlier_queues=0).plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    kinds = {mb.sp_kind for _, _, mb in plan.micro_batches()}
+    assert kinds == {"ring"} and plan.info["cp_attention"] == "ring"
+    assert plan.info["cp_sharding"]["priced_as"] == "per_document"
+    # one replica's micro-batches back to back: its busiest replica sets the step (no barrier)
+    per_group = [
+        sum(
+            cost.microbatch_cost(
+                batch.tokens[list(mb.samples)], batch.frames[list(mb.samples)], 4,
+                mb.ckpt_layers, "sequence", sp_kind="ring",
+            ).total_s
+            for mb in g.micro_batches
+        )
+        for g in plan.rounds[0].groups
+    ]  # fmt: skip
+    rec = simulate_step(plan, batch, cost)
+    assert rec.compute_end_s == pytest.approx(max(per_group), rel=1e-6)
+    # a cost model without ring pricing keeps the suite's Ulysses (said in the plan)
+    toy_plan = WLBLLM(sp=4, outlier_queues=0).plan(batch, toy())
+    assert toy_plan.info["cp_attention"] == "ulysses"
+
+
+def test_adaptive_sharding_records_what_per_sequence_would_save():
+    # 8 documents of 100 tokens on CP 2 (the example above): per-document pads each rank's 4
+    # chunk pairs of 25 rows to 128-row tiles; §5.3 picks per-sequence for that micro-batch
+    info = WLBLLM(sharding="adaptive")._sharding_info(
+        GlobalBatch.from_lengths([100] * 8), [[MicroBatch(samples=tuple(range(8)))]], 2
+    )
+    doc = max(cp_rank_attention([100] * 8, 2, "per_document"))
+    seq = max(cp_rank_attention([100] * 8, 2, "per_sequence"))
+    assert info["per_sequence"] == 1 and info["per_document"] == 0
+    assert info["per_sequence_attention_saving"] == pytest.approx((doc - seq) / doc, abs=1e-4)
+    fixed = WLBLLM(sharding="per_document")._sharding_info(
+        GlobalBatch.from_lengths([100] * 8), [[MicroBatch(samples=tuple(range(8)))]], 2
+    )
+    assert fixed["per_document"] == 1 and fixed["per_sequence_attention_saving"] == 0.0
+
+
 def test_imbalance_degree_is_max_times_count_over_total():
     assert imbalance_degree([1.0, 1.0, 1.0, 1.0]) == 1.0
     assert imbalance_degree([2.0, 1.0, 1.0]) == pytest.approx(2.0 * 3 / 4.0)
@@ -164,6 +212,8 @@ def test_bad_configuration_errors():
         WLBLLM(outlier_queues=2, outlier_thresholds=[5000])
     with pytest.raises(ConfigError, match="sharding"):
         WLBLLM(sharding="ring")
+    with pytest.raises(ConfigError, match="per_sequence.*cannot express"):
+        WLBLLM(sharding="per_sequence")
     with pytest.raises(InfeasibleError, match="50000 tokens"):
         WLBLLM(sp=1, s_max=4096).plan(GlobalBatch.from_lengths([1000, 50_000]), toy())
 
