@@ -1,7 +1,9 @@
 """`megatron_hybrid_cp`: Megatron-Core's dynamic ("hybrid") context parallelism, reimplemented
 from its public code (NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553,
-megatron/core/pipeline_parallel/hybrid_cp_schedule.py, `BalancedCPScheduler`), run from the
-launch flags a user sets.
+megatron/core/pipeline_parallel/hybrid_cp_schedule.py, `BalancedCPScheduler`; with
+``scheduler=default_dynamic_cp`` the dev branch's `DefaultDynamicCPScheduler` at d48bd6be, see
+`dynamic_cp_micro_batch`), run from the launch flags a user sets. Its CP is ring attention
+(`cp_attention_kind`).
 
 Per sequence, a context-parallel group of 2^ceil(log2(L / max_tokens_per_rank)) ranks. The
 global batch is cut into *groups* (our rounds; the reference puts a barrier between them):
@@ -655,8 +657,10 @@ class MegatronHybridCP(Planner):
     name = "megatron_hybrid_cp"
     source = (
         'Megatron-Core dynamic ("hybrid") CP (NVIDIA/Megatron-LM d98e8a64, hybrid_cp_schedule.py '
-        "BalancedCPScheduler). Defaults are launch flags: max_seqlen_per_dp_cp_rank = what one "
-        "rank holds (its documented meaning, model_parallel_config.py:111-118), no recompute as "
+        "BalancedCPScheduler; scheduler=default_dynamic_cp: the dev branch's "
+        "DefaultDynamicCPScheduler, d48bd6be data_schedule.py:407), ring-attention CP. Defaults "
+        "are launch flags: max_seqlen_per_dp_cp_rank = what one rank holds (its documented "
+        "meaning, model_parallel_config.py:111-118), no recompute as "
         "examples/dynamic_context_parallel/ launches, full recompute once that cannot place the "
         "longest sequence (the relaunch); the scheduler's delta 0.05."
     )
