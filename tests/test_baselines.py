@@ -434,3 +434,25 @@ def test_dp_balanced_packing_is_megatrons_in_order_round_robin():
     ]
     with pytest.raises(ConfigError, match="packing"):
         PackedStatic(packing="ffd")
+
+
+def test_packed_static_cp_is_megatrons_default_p2p_ring_and_a2a_is_ulysses():
+    """Megatron's ``--cp-comm-type`` defaults to p2p (arguments.py:3221 at d98e8a64): ring
+    attention over the CP group. ``a2a`` is the Ulysses all-to-all; the two plans hold the same
+    micro-batches and differ only in how their attention spans the group."""
+    cost, batch = real_cost("llama3_8b"), text_batch(200, seed=4, scale=0.25)
+    ring = PackedStatic(sp=4).plan(batch, cost)
+    uly = PackedStatic(sp=4, cp_comm_type="a2a").plan(batch, cost)
+    validate_plan(ring, batch, cost)
+    assert {mb.sp_kind for _, _, mb in ring.micro_batches()} == {"ring"}
+    assert {mb.sp_kind for _, _, mb in uly.micro_batches()} == {"ulysses"}
+    assert [mb.samples for _, _, mb in ring.micro_batches()] == [
+        mb.samples for _, _, mb in uly.micro_batches()
+    ]
+    assert ring.info["cp_attention"] == "ring" and uly.info["cp_attention"] == "ulysses"
+    # one rank: no CP, nothing to ring
+    short = text_batch(50, seed=4, scale=0.05)
+    one = PackedStatic(sp=1).plan(short, cost)
+    assert {mb.sp_kind for _, _, mb in one.micro_batches()} == {"ulysses"}
+    with pytest.raises(ConfigError, match="cp_comm_type='all_gather'"):
+        PackedStatic(cp_comm_type="all_gather")
