@@ -446,11 +446,11 @@ def dynamic_cp_micro_batch(
         if best is None:
             leftovers.append(seq)
             continue
-        _, cp, target, chosen = best
+        _, cp, target, new_ranks = best
         if target is None:
-            assert chosen is not None
-            target = DynamicGroup(ranks=chosen)
-            for r in chosen:
+            assert new_ranks is not None
+            target = DynamicGroup(ranks=new_ranks)
+            for r in new_ranks:
                 owner[r] = len(groups)
             groups.append(target)
         place(target, seq)
