@@ -248,14 +248,31 @@ def choose_sharding(lengths: list[int], cp: int, tile: int = FLASH_TILE) -> tupl
     return best[1], (best[0] / mean if mean > 0 else 1.0)
 
 
-def cp_attention_kind(cost: CostModel, sp: int) -> SPKind:
-    """How a micro-batch's attention spans its CP group of ``sp`` ranks: ring attention for a
-    text model on more than one rank (WLB-LLM's CP, §5.1) where the cost model prices it
-    (`CostModel.prices_ring`), else the suite's default, Ulysses (one rank; video models, whose
-    sequence parallelism the cost models price as DSP only). ``plan.info["cp_attention"]``
-    says which."""
-    ring = sp > 1 and cost.model.arch == "llama" and cost.prices_ring
-    return "ring" if ring else "ulysses"
+CP_LAYOUTS = ("hybrid", "ring")
+
+
+def cp_attention_kind(cost: CostModel, sp: int, layout: str = "hybrid") -> tuple[SPKind, int]:
+    """How a micro-batch's attention spans its group of ``sp`` ranks, as (``sp_kind``,
+    ``ulysses_degree``).
+
+    ``hybrid`` (the default): the paper's layout puts tensor parallelism inside a node and CP
+    across nodes (Table 1: TP 8 with CP 2-4 for the 7B and larger models); the plan IR has no
+    tensor parallelism, so the ranks inside a node split the heads (Ulysses, its stand-in) and
+    the CP ring runs across the nodes (``hybrid`` with ``ulysses_degree`` = GPUs per node), or
+    Ulysses alone when the group fits one node. ``ring``: the whole group is one CP ring (TP 1).
+    Ring attention is priced for text models only on cost models that price it
+    (`CostModel.prices_ring`); elsewhere (video models, other cost models) the suite's Ulysses.
+    ``plan.info["cp_attention"]`` says which."""
+    if layout not in CP_LAYOUTS:
+        raise ConfigError(f"cp_layout={layout!r}; expected one of {', '.join(CP_LAYOUTS)}")
+    if sp <= 1 or cost.model.arch != "llama" or not cost.prices_ring:
+        return "ulysses", 0
+    if layout == "ring":
+        return "ring", 0
+    node = cost.cluster.gpus_per_node
+    if sp <= node:
+        return "ulysses", 0
+    return "hybrid", node
 
 
 # ------------------------------------------------------------------------------ the planner
@@ -287,6 +304,9 @@ class WLBLLM(Planner):
         sharding: ``adaptive`` (§5.3) or ``per_document`` (§5.1, the paper's Fig. 13 ablation
             without the selection); both priced as per-document ring attention, ``adaptive``
             recording where §5.3 would pick per-sequence (module docstring).
+        cp_layout: ``hybrid`` (heads split inside a node as the stand-in for the paper's TP 8,
+            the CP ring across nodes) or ``ring`` (one ring over the whole group, TP 1); see
+            `cp_attention_kind`.
     """
 
     name = "wlb_llm"
@@ -312,6 +332,7 @@ class WLBLLM(Planner):
         micro_batches_per_replica: int | None = None,
         s_max: int | None = None,
         sharding: str = "adaptive",
+        cp_layout: str = "hybrid",
     ) -> None:
         super().__init__(mode)
         self._fallback = recompute is None
@@ -349,6 +370,9 @@ class WLBLLM(Planner):
         self.micro_batches_per_replica = micro_batches_per_replica
         self.s_max = s_max
         self.sharding = sharding
+        if cp_layout not in CP_LAYOUTS:
+            raise ConfigError(f"cp_layout={cp_layout!r}; expected one of {', '.join(CP_LAYOUTS)}")
+        self.cp_layout = cp_layout
         self._auto_sp = 1
         self._queues: OutlierQueues | None = None
         self._remained: list[Doc] = []
@@ -498,7 +522,9 @@ class WLBLLM(Planner):
                 if not left:
                     break
                 k += 1
-        per_group = _deal_micro_batches(batch, cost, bins, work, dp, k, sp, ckpt, s_max)
+        per_group = _deal_micro_batches(
+            batch, cost, bins, work, dp, k, sp, ckpt, s_max, self.cp_layout
+        )
         info: dict[str, Any] = {
             "sp": sp,
             "ckpt_layers": ckpt,
@@ -513,7 +539,8 @@ class WLBLLM(Planner):
                 [float(work[list(mb.samples)].sum()) for g in per_group for mb in g]
             ),
         }
-        info["cp_attention"] = cp_attention_kind(cost, sp)
+        kind, uly = cp_attention_kind(cost, sp, self.cp_layout)
+        info["cp_attention"] = kind if kind != "hybrid" else f"hybrid (ulysses {uly})"
         if sp > 1:
             info["cp_sharding"] = self._sharding_info(batch, per_group, sp)
         return StepPlan(
@@ -568,12 +595,14 @@ def _deal_micro_batches(
     sp: int,
     ckpt: int,
     s_max: int,
+    cp_layout: str,
 ) -> list[list[MicroBatch]]:
     """The ``dp * k`` packed micro-batches dealt ``k`` to each replica (the paper's global batch
     is PP_size micro-batches per DP replica, §7.1): heaviest first, each to the least-loaded
     replica with a slot left. A micro-batch the memory cap does not hold as one (the cost
     model's memory need not be additive) is split under ``s_max``."""
     per_group: list[list[MicroBatch]] = [[] for _ in range(dp)]
+    kind, uly = cp_attention_kind(cost, sp, cp_layout)
     loads = [float(work[b].sum()) if b else 0.0 for b in bins]
     heap = [(0.0, r) for r in range(dp)]
     slots = [0] * dp
@@ -593,8 +622,10 @@ def _deal_micro_batches(
             packs = [tuple(members)]
         else:
             packs = pack_under_budget(batch, members, cost, sp, ckpt, s_max)
-        kind = cp_attention_kind(cost, sp)
-        per_group[r].extend(MicroBatch(samples=pk, ckpt_layers=ckpt, sp_kind=kind) for pk in packs)
+        per_group[r].extend(
+            MicroBatch(samples=pk, ckpt_layers=ckpt, sp_kind=kind, ulysses_degree=uly)
+            for pk in packs
+        )
         slots[r] += 1
         heapq.heappush(heap, (load + loads[b], r))
     return per_group

@@ -62,7 +62,7 @@ class Row:
 def latencies(bins: list[list[int]], tokens: np.ndarray, cost: CostModel, cp: int) -> list[float]:
     """Predicted time of each packed micro-batch (no recompute) on ``cp`` ranks of ring attention
     with every document sharded per document (§5.1, `baselines.wlb_llm.cp_attention_kind`)."""
-    kind = cp_attention_kind(cost, cp)
+    kind, _ = cp_attention_kind(cost, cp, "ring")  # CP 2 alone: the paper's TP is not modelled
     out = []
     for b in bins:
         t = tokens[b] if b else np.zeros(0, dtype=np.int64)

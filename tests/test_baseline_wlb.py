@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_baselines import text_batch, toy
+from test_baselines import real_cost, text_batch, toy
 
 from baselines.wlb_llm import (
     WLBLLM,
@@ -112,12 +112,11 @@ def test_micro_batches_run_ring_attention_priced_as_per_document_sharding():
     """§5.1: WLB-LLM's CP is ring attention with every document in 2 CP chunks; on a cost model
     that prices rings every micro-batch of a CP group of 4 is a ring micro-batch, and the
     simulator charges each exactly the cost model's ring price of its documents."""
-    from test_baselines import real_cost
 
     from dcp_bench.sim import simulate_step
 
     cost, batch = real_cost("llama3_8b"), text_batch(300, seed=5, scale=0.25)
-    plan = WLBLLM(sp=4, outlier_queues=0).plan(batch, cost)
+    plan = WLBLLM(sp=4, outlier_queues=0, cp_layout="ring").plan(batch, cost)
     validate_plan(plan, batch, cost)
     kinds = {mb.sp_kind for _, _, mb in plan.micro_batches()}
     assert kinds == {"ring"} and plan.info["cp_attention"] == "ring"
@@ -136,8 +135,25 @@ def test_micro_batches_run_ring_attention_priced_as_per_document_sharding():
     rec = simulate_step(plan, batch, cost)
     assert rec.compute_end_s == pytest.approx(max(per_group), rel=1e-6)
     # a cost model without ring pricing keeps the suite's Ulysses (said in the plan)
-    toy_plan = WLBLLM(sp=4, outlier_queues=0).plan(batch, toy())
+    toy_plan = WLBLLM(sp=4, outlier_queues=0, cp_layout="ring").plan(batch, toy())
     assert toy_plan.info["cp_attention"] == "ulysses"
+
+
+def test_default_layout_splits_heads_inside_a_node_and_rings_across_nodes():
+    """The paper's TP 8 inside a node, CP across nodes (Table 1): with no tensor parallelism in
+    the plan IR, a group inside one node splits heads (Ulysses) and a group of 16 on 8-GPU nodes
+    is a hybrid of Ulysses 8 inside each node and a ring of 2 across them."""
+    cost, batch = real_cost("llama3_8b"), text_batch(300, seed=5, scale=0.25)
+    inside = WLBLLM(sp=8, outlier_queues=0).plan(batch, cost)
+    assert {mb.sp_kind for _, _, mb in inside.micro_batches()} == {"ulysses"}
+    across = WLBLLM(sp=16, outlier_queues=0).plan(batch, cost)
+    validate_plan(across, batch, cost)
+    assert {(mb.sp_kind, mb.ulysses_degree) for _, _, mb in across.micro_batches()} == {
+        ("hybrid", 8)
+    }
+    assert across.info["cp_attention"] == "hybrid (ulysses 8)"
+    with pytest.raises(ConfigError, match="cp_layout='tp'"):
+        WLBLLM(cp_layout="tp")
 
 
 def test_adaptive_sharding_records_what_per_sequence_would_save():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from baselines.bucket_static import BucketStatic, bucket_key, damp_batch_sizes
-from baselines.packed_static import PackedStatic, packed_static_plan
+from baselines.packed_static import CP_COMM_TYPES, PackedStatic, packed_static_plan
 from baselines.scheduling import (
     estimate_step_time,
     largest_batch_size,
@@ -436,23 +436,24 @@ def test_dp_balanced_packing_is_megatrons_in_order_round_robin():
         PackedStatic(packing="ffd")
 
 
-def test_packed_static_cp_is_megatrons_default_p2p_ring_and_a2a_is_ulysses():
-    """Megatron's ``--cp-comm-type`` defaults to p2p (arguments.py:3221 at d98e8a64): ring
-    attention over the CP group. ``a2a`` is the Ulysses all-to-all; the two plans hold the same
+def test_packed_static_cp_comm_types_are_megatrons():
+    """Megatron's ``--cp-comm-type`` (arguments.py:3221, transformer_config.py:1030-1040 at
+    d98e8a64): ``p2p`` a ring over the CP group, ``a2a`` the Ulysses all-to-all, ``a2a+p2p``
+    all-to-all inside the first level (here a node) and the ring across. The plans hold the same
     micro-batches and differ only in how their attention spans the group."""
-    cost, batch = real_cost("llama3_8b"), text_batch(200, seed=4, scale=0.25)
-    ring = PackedStatic(sp=4).plan(batch, cost)
-    uly = PackedStatic(sp=4, cp_comm_type="a2a").plan(batch, cost)
-    validate_plan(ring, batch, cost)
-    assert {mb.sp_kind for _, _, mb in ring.micro_batches()} == {"ring"}
-    assert {mb.sp_kind for _, _, mb in uly.micro_batches()} == {"ulysses"}
-    assert [mb.samples for _, _, mb in ring.micro_batches()] == [
-        mb.samples for _, _, mb in uly.micro_batches()
-    ]
-    assert ring.info["cp_attention"] == "ring" and uly.info["cp_attention"] == "ulysses"
-    # one rank: no CP, nothing to ring
-    short = text_batch(50, seed=4, scale=0.05)
-    one = PackedStatic(sp=1).plan(short, cost)
-    assert {mb.sp_kind for _, _, mb in one.micro_batches()} == {"ulysses"}
+    cost, batch = real_cost("llama3_8b"), text_batch(200, seed=4, scale=0.25)  # 8-GPU nodes
+    plans = {c: PackedStatic(sp=16, cp_comm_type=c).plan(batch, cost) for c in CP_COMM_TYPES}
+    kinds = {c: {(mb.sp_kind, mb.ulysses_degree) for _, _, mb in p.micro_batches()}
+             for c, p in plans.items()}  # fmt: skip
+    assert kinds == {"p2p": {("ring", 0)}, "a2a": {("ulysses", 0)}, "a2a+p2p": {("hybrid", 8)}}
+    for p in plans.values():
+        validate_plan(p, batch, cost)
+        assert [mb.samples for _, _, mb in p.micro_batches()] == [
+            mb.samples for _, _, mb in plans["a2a"].micro_batches()
+        ]
+    assert PackedStatic().cp_comm_type == "a2a+p2p"
+    # inside one node the hierarchy has one level: Ulysses
+    inside = PackedStatic(sp=8).plan(batch, cost)
+    assert {mb.sp_kind for _, _, mb in inside.micro_batches()} == {"ulysses"}
     with pytest.raises(ConfigError, match="cp_comm_type='all_gather'"):
         PackedStatic(cp_comm_type="all_gather")
