@@ -541,8 +541,12 @@ class WLBLLM(Planner):
         }
         kind, uly = cp_attention_kind(cost, sp, self.cp_layout)
         info["cp_attention"] = kind if kind != "hybrid" else f"hybrid (ulysses {uly})"
-        if sp > 1:
-            info["cp_sharding"] = self._sharding_info(batch, per_group, sp)
+        # the CP degree is the ring's: the whole group for a ring, the nodes for a hybrid (the
+        # in-node head split stands in for TP); Ulysses alone (no ring) has no CP sharding
+        cp = sp if kind == "ring" else (sp // uly if kind == "hybrid" else 1)
+        info["cp_degree"] = cp
+        if cp > 1:
+            info["cp_sharding"] = self._sharding_info(batch, per_group, cp)
         return StepPlan(
             world_size=W,
             rounds=[static_round(W, sp, per_group)],

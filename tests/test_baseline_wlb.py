@@ -152,6 +152,9 @@ def test_default_layout_splits_heads_inside_a_node_and_rings_across_nodes():
         ("hybrid", 8)
     }
     assert across.info["cp_attention"] == "hybrid (ulysses 8)"
+    # §5.3 chooses per document over the CP ring: 2 nodes, not the 16 ranks
+    assert across.info["cp_degree"] == 2 and "cp_sharding" in across.info
+    assert inside.info["cp_degree"] == 1 and "cp_sharding" not in inside.info
     with pytest.raises(ConfigError, match="cp_layout='tp'"):
         WLBLLM(cp_layout="tp")
 
@@ -186,7 +189,8 @@ def test_plan_without_delay_runs_every_document_and_balances_micro_batches():
         assert batch.tokens[list(mb.samples)].sum() <= plan.info["s_max"]
     counts = {len(g.micro_batches) for g in plan.rounds[0].groups}
     assert counts <= {plan.info["micro_batches_per_replica"]}
-    assert "cp_sharding" in plan.info
+    # a cost model without ring pricing runs Ulysses: no CP ring, no CP sharding to choose
+    assert plan.info["cp_degree"] == 1 and "cp_sharding" not in plan.info
 
 
 def test_dealt_batches_train_every_document_once_and_release_outliers_one_per_micro_batch():
