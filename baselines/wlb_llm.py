@@ -21,11 +21,12 @@ Its three mechanisms, all on by default as the paper evaluates them (§7):
 - *Per-document CP sharding* (§5.1): within a CP group every document is cut into ``2 CP``
   chunks and rank ``r`` takes chunks ``r`` and ``2 CP - 1 - r`` of each, so every rank holds the
   same causal attention work of every document. A micro-batch on a CP group of more than one
-  rank runs ring attention (``sp_kind="ring"``: WLB-LLM's CP is ring attention, §2.2/§5.1), and
-  the cost model prices ring attention exactly so: each document split over the ring with the
-  causal load-balanced chunk pair per rank, kernels at the efficiency of the document's
-  ``n / CP`` chunks (`AnalyticalCostModel.ring_attention_times`), which charges §5.2's
-  short-chunk loss. The planner's micro-batches are therefore priced as per-document sharding.
+  rank runs ring attention across the CP ring (`cp_attention_kind`: across nodes, heads split
+  inside a node by default), and the cost model prices ring attention exactly so: each
+  document split over the ring with the causal load-balanced chunk pair per rank, kernels at
+  the efficiency of the document's ``n / CP`` chunks
+  (`AnalyticalCostModel.ring_attention_times`), which charges §5.2's short-chunk loss. The
+  planner's micro-batches are therefore priced as per-document sharding.
 - *Adaptive sharding selection* (§5.3): per micro-batch the sharding with the smaller predicted
   slowest-rank attention latency, per-document or per-sequence (the packed sequence cut into
   ``2 CP`` chunks, the CP baseline), predicted by `cp_rank_attention` (causal query-key pairs
@@ -256,7 +257,7 @@ def cp_attention_kind(cost: CostModel, sp: int, layout: str = "hybrid") -> tuple
     ``ulysses_degree``).
 
     ``hybrid`` (the default): the paper's layout puts tensor parallelism inside a node and CP
-    across nodes (Table 1: TP 8 with CP 2-4 for the 7B and larger models); the plan IR has no
+    across nodes (its 4D configurations combine TP with CP, Table 1); the plan IR has no
     tensor parallelism, so the ranks inside a node split the heads (Ulysses, its stand-in) and
     the CP ring runs across the nodes (``hybrid`` with ``ulysses_degree`` = GPUs per node), or
     Ulysses alone when the group fits one node. ``ring``: the whole group is one CP ring (TP 1).
@@ -304,7 +305,7 @@ class WLBLLM(Planner):
         sharding: ``adaptive`` (§5.3) or ``per_document`` (§5.1, the paper's Fig. 13 ablation
             without the selection); both priced as per-document ring attention, ``adaptive``
             recording where §5.3 would pick per-sequence (module docstring).
-        cp_layout: ``hybrid`` (heads split inside a node as the stand-in for the paper's TP 8,
+        cp_layout: ``hybrid`` (heads split inside a node as the stand-in for the paper's TP,
             the CP ring across nodes) or ``ring`` (one ring over the whole group, TP 1); see
             `cp_attention_kind`.
     """
@@ -313,7 +314,8 @@ class WLBLLM(Planner):
     source = (
         "WLB-LLM (OSDI'25, arXiv 2503.17924). Defaults as the paper evaluates it: variable-length "
         "packing with 2 outlier-delay queues (Algorithm 1, §4.2-4.3; documents wait to a later "
-        "step), per-document CP sharding priced as ring attention (§5.1) with the adaptive "
+        "step), per-document CP sharding priced as ring attention across nodes with heads split "
+        "inside a node (§5.1; the stand-in for the paper's TP, Table 1), the adaptive "
         "per-document / per-sequence choice (§5.3) recorded; the smallest CP degree that fits the "
         "longest sequence; packed_static's recompute (selective, full once it cannot hold the "
         "longest; the paper does not say)."

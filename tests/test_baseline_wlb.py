@@ -140,7 +140,7 @@ def test_micro_batches_run_ring_attention_priced_as_per_document_sharding():
 
 
 def test_default_layout_splits_heads_inside_a_node_and_rings_across_nodes():
-    """The paper's TP 8 inside a node, CP across nodes (Table 1): with no tensor parallelism in
+    """The paper's TP inside a node, CP across nodes (4D, Table 1): with no tensor parallelism in
     the plan IR, a group inside one node splits heads (Ulysses) and a group of 16 on 8-GPU nodes
     is a hybrid of Ulysses 8 inside each node and a ring of 2 across them."""
     cost, batch = real_cost("llama3_8b"), text_batch(300, seed=5, scale=0.25)
