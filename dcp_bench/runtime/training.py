@@ -491,8 +491,9 @@ def _shard_fsdp(
         reduce_dtype=DTYPES[policy.grad],
         cast_forward_inputs=False,
     )
-    if callable(getattr(model, "fsdp_units", None)):
-        units = list(model.fsdp_units())  # a library model: its own blocks
+    fsdp_units = getattr(model, "fsdp_units", None)
+    if callable(fsdp_units):
+        units = list(fsdp_units())  # a library model: its own blocks
     else:
         units = list(getattr(model, "layers", None) or getattr(model, "pairs", None) or [])
     for unit in units:
