@@ -200,3 +200,17 @@ def test_a_model_sharded_by_the_user_is_refused_by_the_integration_api() -> None
             DataCentricParallel(model, opt, [TEXT], method="dcp", adapter=adapter)
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp_units_are_the_decoder_layers_or_a_refusal() -> None:
+    from dcp_bench.errors import ConfigError
+    from dcp_bench.runtime.integrations.transformers_lm import TransformersCausalLM
+
+    with torch.device("meta"):
+        model = TransformersCausalLM(SPEC)
+    units = model.fsdp_units()
+    assert [type(u).__name__ for u in units] == ["LlamaDecoderLayer"] * SPEC.num_layers
+    assert units == list(model.lm.model.layers)
+    model.lm._no_split_modules = []  # a model that names no blocks: refused, not sharded whole
+    with pytest.raises(ConfigError, match=r"0 modules of its _no_split_modules \(none\) for 4"):
+        model.fsdp_units()
