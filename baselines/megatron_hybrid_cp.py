@@ -313,7 +313,7 @@ def hybrid_cp_plan(
             raise InfeasibleError(
                 f"sample {p} ({L} tokens) needs {need} context-parallel ranks at "
                 f"max_tokens_per_rank={m}, more than the largest CP group on "
-                f"{W} ranks ({max_degree})"
+                f"{W} ranks ({max_degree}; CP groups {', '.join(map(str, sorted(held)))})"
             )
         cp_of[p] = need
     remaining: list[Seq] = sorted(
@@ -329,8 +329,10 @@ def hybrid_cp_plan(
         laid: list[Group] = []
         for g in sorted(groups, key=lambda g: -g.size):
             if g.size not in held:
+                p0, L0 = max(g.seqs, key=lambda s: s[1])
                 raise InfeasibleError(
-                    f"Megatron's hybrid CP formed a CP group of {g.size} ranks on {W} ranks; "
+                    f"Megatron's hybrid CP formed a CP group of {g.size} ranks on {W} ranks for "
+                    f"sample {p0} ({L0} tokens) and others; "
                     f"Megatron-Core has CP groups of {', '.join(map(str, sorted(held)))} "
                     "ranks only (parallel_state.py:440-460, :1851-1860 at d98e8a64)"
                 )
@@ -587,8 +589,10 @@ def dynamic_cp_plan(
         start = 0
         for g in sorted(groups, key=lambda g: -g.size):
             if g.size not in sizes_held:
+                p0, L0 = max(g.seqs, key=lambda s: s[1])
                 raise InfeasibleError(
-                    f"Megatron's dynamic CP formed a CP group of {g.size} ranks on {W} ranks; "
+                    f"Megatron's dynamic CP formed a CP group of {g.size} ranks on {W} ranks for "
+                    f"sample {p0} ({L0} tokens); "
                     f"Megatron-Core has CP groups of {', '.join(map(str, sorted(sizes_held)))} "
                     "ranks only (parallel_state.py:440-460, :1851-1860 at d98e8a64)"
                     if kind == "ring"
@@ -855,7 +859,8 @@ class MegatronHybridCP(Planner):
                 f"sample {p} ({longest} tokens) cannot run on {W} ranks with any hybrid-CP "
                 f"configuration: with recompute {recompute_flags(k, num_layers)} one rank holds "
                 f"at most {ladder[k]} tokens, so one sequence (on at most {top} ranks, the "
-                f"largest CP group on {W}) can have at most {ladder[k] * top} tokens"
+                f"largest of the CP groups {', '.join(map(str, aligned_sp_degrees(W)))} the "
+                f"search tries on {W}) can have at most {ladder[k] * top} tokens"
             )
         return cands
 

@@ -96,7 +96,7 @@ def test_megatron_refuses_a_group_it_has_no_process_group_for() -> None:
     batch = GlobalBatch.from_lengths([MILLION, 4096])
     for scheduler in ("balanced_cp", "default_dynamic_cp"):
         with pytest.raises(
-            InfeasibleError, match=r"CP group of 16 ranks on 24 ranks.*1, 2, 4, 8, 24"
+            InfeasibleError, match=r"CP group of 16 ranks on 24 ranks for sample 0 .*1, 2, 4, 8, 24"
         ):
             MegatronHybridCP(scheduler=scheduler).plan(batch, cost)
 
