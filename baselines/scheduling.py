@@ -371,17 +371,36 @@ def recompute_holding_longest(
     fallback: str = "full",
     extra: Sequence[int] = (),
 ) -> str:
-    """``preferred`` when the batch's longest sample fits some SP degree of the world with it
-    (the runnable ones and the ring degrees ``extra``), else ``fallback``: a user's default
-    recompute, and the more recompute they switch to when the default runs out of memory on the
-    longest sequence."""
+    """``preferred`` when the batch's longest sample fits some SP degree of the world with it,
+    else ``fallback``: a user's default recompute, and the more recompute they switch to when
+    the default runs out of memory on the longest sequence. The ring degrees ``extra``
+    (`whole_cp_degrees`) come last: ``fallback`` when it holds the sample at a power of two,
+    else ``preferred`` when a ring degree holds it with that, else ``fallback``."""
     if batch.n == 0 or preferred == fallback:
         return preferred
-    try:
-        smallest_sp_for_batch(batch, cost, ckpt_layers_for(preferred, cost.model.num_layers), extra)
-    except InfeasibleError:
-        return fallback
-    return preferred
+
+    def holds(policy: str, degrees: Sequence[int]) -> bool:
+        try:
+            smallest_sp_for_batch(batch, cost, ckpt_layers_for(policy, cost.model.num_layers))
+        except InfeasibleError:
+            pass
+        else:
+            return True
+        if not degrees:
+            return False
+        # only the ring degrees: the powers of two were tried above
+        p = int(np.argmax(batch.tokens))
+        t = batch.tokens[p : p + 1]
+        f = batch.frames[p : p + 1]
+        ckpt = ckpt_layers_for(policy, cost.model.num_layers)
+        return any(
+            microbatch_memory(cost, t, f, sp, ckpt, "sequence") <= cost.memory_cap_bytes
+            for sp in degrees
+        )
+
+    if holds(preferred, ()) or (extra and not holds(fallback, ()) and holds(preferred, extra)):
+        return preferred
+    return fallback
 
 
 def max_tokens_fitting_one_rank(cost: CostModel, ckpt: int, frames: int = 1) -> int:

@@ -134,3 +134,16 @@ def test_fixed_cp_sizes_a_user_sets() -> None:
         PackedStatic(sp=12, cp_comm_type="p2p").plan(batch, cost)
     with pytest.raises(ConfigError, match="sp=16 does not divide the world size 24"):
         WLBLLM(sp=16).plan(batch, cost)
+
+
+def test_a_cp_size_of_24_comes_after_the_recompute_fallback() -> None:
+    """A 200,000-token document on 24 GPUs. Selective recompute (16 of 32 layers) holds at most
+    101,608 tokens at CP 8, 304,826 at CP 24; full recompute ~89,800 per rank: 179,600 at CP 2,
+    359,200 at CP 4. The plan stays what it was before CP sizes of 24 existed: the user's
+    fallback to full recompute at CP 4, not selective at 24."""
+    cost = _cost(24)
+    batch = GlobalBatch.from_lengths([200_000, 30_000, 20_000])
+    for planner in (PackedStatic(), WLBLLM()):
+        plan = planner.plan(batch, cost)
+        assert (plan.info["sp"], plan.info["recompute"]) == (4, "full")
+        _checked(plan, batch, cost)
