@@ -69,6 +69,7 @@ from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.files import atomic_write_json, check_output
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.records import RunSummary
+from dcp_bench.report.first_screen import CALIBRATION_NOTE
 from dcp_bench.report.writer import ReportInputs, build_report, shown_path
 from dcp_bench.run.spec import CAMPAIGN_NAME, RunSpec
 
@@ -528,8 +529,6 @@ CALIBRATION_GRID = {
     ],
 }
 CALIBRATION_OPTIONS = ["profile.reps=2", "profile.rank_baseline=false"]
-# What the report's first screen looks for among the notes (dcp_bench/report/first_screen.py).
-CALIBRATION_NOTE = "CPU calibration: "
 
 
 def calibration_folder(cfg: ReproduceConfig) -> Path:

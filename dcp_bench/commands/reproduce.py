@@ -11,6 +11,7 @@ docstring says how budgets, progress, resume, partial reports and the exit statu
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from dcp_bench.campaign.reproduce_config import OVERRIDE_KEYS
@@ -36,13 +37,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def process_started() -> float:
+    """When this process started (`time.time()` scale): Linux's ``/proc/self/stat`` start time
+    after boot; now where that cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            ticks = int(fh.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as fh:
+            boot = next(int(ln.split()[1]) for ln in fh if ln.startswith(b"btime "))
+        started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+    # btime has whole seconds: never later than now, never more than a minute before it
+    now = time.time()
+    return min(now, max(started, now - 60.0))
+
+
 def run(args: argparse.Namespace) -> int:
-    started = time.time()  # a budget counts from here: loading and planning are inside it
+    started = process_started()  # a budget counts from here: start-up and planning are inside it
     from dcp_bench.campaign.reproduce_config import find_claims, load_reproduce_config
 
     # the command line's keys and values and the claims file first (a light module): a bad one
     # is refused before the report's libraries load
-    find_claims(load_reproduce_config(list(args.overrides)).claims)
+    cfg = load_reproduce_config(list(args.overrides))
+    find_claims(cfg.claims)
     from dcp_bench.campaign.reproduce import reproduce
 
+    # under a budget the process ends with its last line (`dcp_bench.cli.main`): the budget
+    # covers the exit too
+    args.end_process = cfg.budget_s is not None
     return reproduce(list(args.overrides), progress=not args.no_progress, t_start=started)
