@@ -29,8 +29,8 @@ CPU calibration: a section with ``calibrate: true`` (the real CPU section) first
 machine for the tiny models its real runs train (`calibrate_here`: a short `dcp-bench profile`,
 bounded by ``calibrate_s``) and prices its real and simulated runs with that calibration, so the
 simulator's measured error is this machine's. When the calibration cannot be measured, the
-section runs on the cluster's committed calibration and the report's first screen says it was
-measured on another machine.
+section runs on the cluster's committed calibration and the report's first screen says so
+(MISMATCH, with the reason).
 """
 
 from __future__ import annotations
@@ -507,10 +507,7 @@ def run_section(
             tally.add(sweep(real_specs, "real", 1, sec_deadline))
         except (DcpBenchError, ImportError) as exc:
             tally.not_run = f"{type(exc).__name__}: {exc}"
-    sim_deadline = sec_deadline if not real_specs else later_deadline
-    if real_specs and sec_deadline is not None and later_deadline is None:
-        sim_deadline = sec_deadline
-    tally.add(sweep(sim_specs, "sim", cfg.jobs, sim_deadline))
+    tally.add(sweep(sim_specs, "sim", cfg.jobs, sec_deadline if not real_specs else later_deadline))
     return tally
 
 
@@ -590,8 +587,9 @@ def calibrate_section(
         None,
         False,
         f"MISMATCH: this machine's could not be measured ({problem}); the "
-        f"simulator's CPU check used the committed calibration {where}, measured on another "
-        "machine, so its error includes the two machines' difference",
+        f"simulator's CPU check used the committed calibration {where}, not measured on this "
+        "machine by this reproduction, so its error includes any difference between that "
+        "machine, or its load then, and this one now",
     )
 
 
@@ -601,7 +599,7 @@ def _calibration(profile: str | None, here: bool, what: str) -> dict[str, Any]:
         "measured_here": here,
         "summary": ("calibration: " + what.split(" (", 1)[0])
         if here
-        else "calibration: " + "MISMATCH, the committed one from another machine",
+        else "calibration: MISMATCH, the committed one, not this machine's",
         "note": CALIBRATION_NOTE + what,
     }
 
