@@ -219,6 +219,7 @@ def test_a_small_budget_bounds_the_wall_time_with_a_core_busy(tmp_path: Path) ->
     assert summary["completeness"]["complete"] is False
     notes = "\n".join(summary["notes"])
     assert "cut or left out by the budget" in notes or "left out by the time budget" in notes
+    assert "reproduce: planning 2 section(s)" in proc.stderr
     assert "reproduce: time budget 50 s" in proc.stderr
     assert "left:" in proc.stderr
 

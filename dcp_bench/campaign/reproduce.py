@@ -289,6 +289,12 @@ def reproduce(overrides: Sequence[str], progress: bool = True, t_start: float | 
     check_places(cfg)  # every place this writes, checked now, not after minutes of sweeps
     # every run's config (cluster=nosuch), before the first section runs; planned once
     runs_end = clock.runs_end()
+    if progress:  # composing hundreds of configs takes a minute or more on a loaded machine
+        sys.stderr.write(
+            f"reproduce: planning {len(cfg.chosen_sections())} section(s): every run's config "
+            "composed and checked before the first run\n"
+        )
+        sys.stderr.flush()
     planned = check_sections(cfg, runs_end)
     estimate = Estimate(runs_to_do(cfg, planned), len(planned), enabled=progress)
     estimate.say(
@@ -341,12 +347,17 @@ def check_sections(cfg: ReproduceConfig, deadline: float | None = None) -> Plann
             continue
         if deadline is not None and time.time() > deadline:
             break
-        profile = str(calibration_folder(cfg)) if section.calibrate and section.real else None
         try:
-            planned[section.name] = plan_section(cfg, section, profile)
+            planned[section.name] = plan_section(cfg, section, calibration_profile(cfg, section))
         except ConfigError as exc:
             raise ConfigError(f"section {section.name}: {exc}") from None
     return planned
+
+
+def calibration_profile(cfg: ReproduceConfig, section: ReproduceSection) -> str | None:
+    """The calibration a calibrating real section is planned with (`calibration_folder`); None
+    for every other section (the cluster's own)."""
+    return str(calibration_folder(cfg)) if section.calibrate and section.real else None
 
 
 def skipped_real(cfg: ReproduceConfig) -> int:
@@ -448,7 +459,9 @@ def run_sections(
         sec_deadline = section_deadline(clock, section, reserves[index], started)
         try:
             sim_specs, real_specs = (
-                planned[name] if planned and name in planned else plan_section(cfg, section)
+                planned[name]
+                if planned and name in planned
+                else plan_section(cfg, section, calibration_profile(cfg, section))
             )
             if section.calibrate and real_specs:
                 done.calibration = calibrate_section(
