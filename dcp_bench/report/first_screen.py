@@ -524,6 +524,9 @@ def _own_first_screen(doc: Document, data: ReportData) -> None:
         f"Every method over every baseline ({kind}{more}): speedup, 95% CI over paired seeds; "
         "line: 1x",
     )
+    err = _simulator_error_line(data)  # the CPU check and its calibration, when measured
+    if err:
+        doc.p(err)
 
 
 def method_source(target: Any) -> str:
