@@ -499,20 +499,18 @@ def run_section(
     tally = SectionTally()
 
     def sweep(specs: list[RunSpec], kind: str, jobs: int, deadline: float | None) -> SweepResult:
-        todo, _ = pending(unique_runs(specs), True, cfg.retry_failed, warn=lambda _msg: None)
         estimate.begin(kind)
-        try:
-            res = run_sweep(
-                specs,
-                jobs=jobs,
-                progress="none",
-                deadline=deadline,
-                retry_failed=cfg.retry_failed,
-                env=env,
-                on_run=estimate.run_done,
-            )
-        finally:
-            estimate.end(len(todo))
+        res = run_sweep(
+            specs,
+            jobs=jobs,
+            progress="none",
+            deadline=deadline,
+            retry_failed=cfg.retry_failed,
+            env=env,
+            on_run=estimate.run_done,
+        )
+        # the runs it had to do: those it ran and those a budget left out
+        estimate.end(len(res.ran) + len(res.unrun))
         return res
 
     if real_specs:
