@@ -308,3 +308,10 @@ def test_a_short_calibration_of_this_cpu_prices_the_tiny_model(tmp_path: Path) -
     small = cost.microbatch_cost([256], [1], 1, 0).total_s
     big = cost.microbatch_cost([1024], [1], 1, 0).total_s
     assert 0 < small < big
+
+
+def test_the_estimate_names_only_what_it_has_timed() -> None:
+    est = Estimate({"real": 3, "sim": 0}, sections=1)
+    est.begin("sim", now=0.0)
+    est.run_done(_summary("sim", "extra", 1.0))  # a sim run timed, none of that kind left
+    assert est.left_text(now=2.0) == "left: 3 run(s), 3 real run(s) not yet timed"

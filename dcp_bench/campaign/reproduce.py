@@ -211,7 +211,7 @@ class Estimate:
         n = sum(self.left.values())
         if n == 0:
             return "left: no runs"
-        seconds, untimed = 0.0, []
+        seconds, timed, untimed = 0.0, False, []
         for kind in self.KINDS:
             if not self.left[kind]:
                 continue
@@ -219,8 +219,8 @@ class Estimate:
             if r is None:
                 untimed.append(f"{self.left[kind]} {kind} run(s) not yet timed")
             else:
-                seconds += r * self.left[kind]
-        parts = [f"about {_minutes(seconds)}"] if len(untimed) < 2 else []
+                seconds, timed = seconds + r * self.left[kind], True
+        parts = [f"about {_minutes(seconds)}"] if timed else []
         return f"left: {n} run(s), " + " + ".join(parts + untimed)
 
     def run_done(self, summary: RunSummary) -> None:
