@@ -573,10 +573,11 @@ def calibrate_section(
     limit = cfg.calibrate_s
     if deadline is not None:
         limit = min(limit, deadline - time.time() - 10.0)  # the real runs need the rest
-    estimate.say(
-        f"calibrating this CPU for section {section.name}: {names} on {nprocs} rank(s), at most "
-        f"{limit:.0f} s"
-    )
+    if limit >= 10.0:
+        estimate.say(
+            f"calibrating this CPU for section {section.name}: {names} on {nprocs} rank(s), at "
+            f"most {limit:.0f} s"
+        )
     started = time.time()
     problem = (
         f"no time left in the budget (budget_s={cfg.budget_s:g})"
