@@ -296,6 +296,7 @@ def test_a_short_calibration_of_this_cpu_prices_the_tiny_model(tmp_path: Path) -
     the profiled cost model reads, on the sizes the real CPU section trains."""
     from dcp_bench.campaign.reproduce import calibrate_here
     from dcp_bench.cost import make_cost_model
+    from dcp_bench.cost.specs import cluster_spec
     from dcp_bench.envinfo import collect_env
 
     folder = tmp_path / "cal"
@@ -303,7 +304,8 @@ def test_a_short_calibration_of_this_cpu_prices_the_tiny_model(tmp_path: Path) -
     art = json.loads((folder / "tiny_llama.json").read_text())
     assert art["hardware"]["cpu_model"] == collect_env().get("cpu_model")
     assert art["settings"]["grid"]["tokens_per_rank"] == [64, 256, 1024]
-    cost = make_cost_model("tiny_llama", "cpu@2", "auto", profile=str(folder))
+    two_ranks = cluster_spec("cpu").resized(2)  # the section's runs: nproc=2
+    cost = make_cost_model("tiny_llama", two_ranks, "auto", profile=str(folder))
     assert cost.describe()["profile"]["path"].endswith("tiny_llama.json")
     small = cost.microbatch_cost([256], [1], 1, 0).total_s
     big = cost.microbatch_cost([1024], [1], 1, 0).total_s
