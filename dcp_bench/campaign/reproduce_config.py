@@ -99,7 +99,7 @@ class ReproduceConfig:
     # its end, however long this machine takes).
     budget_s: float | None = None
     report_reserve_s: float = 60.0  # under a budget: kept for writing the report
-    calibrate_s: float = 240.0  # the most a section's CPU calibration may take (all models)
+    calibrate_s: float = 600.0  # the most a section's CPU calibration may take (all models)
     jobs: int = 2  # simulated runs in parallel (real runs always run alone)
     repeats: int = 5  # seeds seed_base .. seed_base + repeats - 1 of every grid
     real: bool = True  # run the sections marked real
