@@ -42,7 +42,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from dcp_bench.config import load_config, to_container
+from dcp_bench.config import RUN_DEFAULTS, load_config, to_container
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError, OutputError
 from dcp_bench.files import check_output
@@ -120,7 +120,7 @@ def plan_sweep(
     for cell in expand_grid(overrides):
         cfg = to_container(compose(cell))
         run_node = cfg.get("run") or {}
-        n = repeats if repeats is not None else run_node.get("repeats", 5)
+        n = repeats if repeats is not None else run_node.get("repeats", RUN_DEFAULTS["repeats"])
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPEATS:
             raise ConfigError(
                 f"run.repeats (repeats)={n!r}: expected an integer >= 1 and at most {MAX_REPEATS:,}"
@@ -227,11 +227,7 @@ def _resume_state(spec: RunSpec, retry_failed: bool) -> tuple[str, RunSummary | 
         return "damaged", None, state.problem
     if state.state == "incomplete":
         return "run", None, None
-    if (
-        state.summary is not None
-        and state.summary.status == "timeout"
-        and state.summary.extra.get("limit") == "budget"
-    ):
+    if state.summary is not None and state.summary.cut_by_budget:
         return "run", None, None  # cut by an earlier sweep's deadline, not failed on its own
     if state.failed and retry_failed:
         return "retry", state.summary, None

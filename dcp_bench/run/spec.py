@@ -22,7 +22,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcp_bench.config import config_hash
+# The defaults of the ``run`` group and the top-level parameters: one table, `dcp_bench.config`.
+from dcp_bench.config import (
+    MEM_CAP_FRACTION,
+    RUN_DEFAULTS,
+    SEED_DEFAULT,
+    away_from_default,
+    config_hash,
+)
 from dcp_bench.cost import SOURCES, resolve_cluster, resolve_model
 from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec
@@ -46,26 +53,6 @@ UNITS = ("auto", "step", "epoch")  # auto: epoch in paper mode, step in fair mod
 # Keys of the `run` group that say where or how often a run is recorded, not what it measures:
 # left out of the cell hash, so moving a campaign or adding repeats keeps run ids stable.
 BOOKKEEPING_KEYS = ("root", "campaign", "repeats", "jobs", "progress", "timeout_s", "kill_grace_s")
-
-# What a key the config leaves out means: the parser's one table of defaults for the ``run`` group
-# (the train, noise and cost groups' defaults are their settings classes' field defaults).
-# dcp_bench/conf/config.yaml and conf/run/default.yaml write the same values; a test keeps them
-# equal.
-RUN_DEFAULTS: dict[str, Any] = {
-    "unit": "auto",
-    "epochs": 1,
-    "steps": 20,
-    "warmup_steps": 2,
-    "root": "runs",
-    "campaign": "default",
-    "executor": "sim",
-    "nproc": None,
-    "timeout_s": None,
-    "kill_grace_s": None,
-    "planner_clock": "overlap",
-    "planner_time": "auto",
-}
-MEM_CAP_DEFAULT = 0.7
 
 
 @dataclass(frozen=True)
@@ -224,6 +211,8 @@ class RunSpec:
     cluster: ClusterSpec  # resized to ``run.nproc`` ranks when that is set
     model: ModelSpec
     mem_cap_fraction: float
+    # the top-level parameters set away from their declared default (`dcp_bench.config.PARAMETERS`)
+    away_from_default: tuple[str, ...]
     cost: CostSettings
     steps: int  # measured steps (run.unit=step)
     warmup_steps: int
@@ -704,7 +693,10 @@ def parse_run_spec(
     the first bad value."""
     resolved: dict[str, Any] = copy.deepcopy(dict(cfg))
     seed = _int(
-        resolved.get("seed", 0) if seed is None else seed, "seed", minimum=0, maximum=MAX_SEED
+        resolved.get("seed", SEED_DEFAULT) if seed is None else seed,
+        "seed",
+        minimum=0,
+        maximum=MAX_SEED,
     )
     resolved["seed"] = seed
     cfg = resolved
@@ -731,9 +723,8 @@ def parse_run_spec(
     timeout = _float(run.get("timeout_s"), "run.timeout_s", positive=True, allow_none=True)
     grace = _float(run.get("kill_grace_s"), "run.kill_grace_s", lo=0.0, hi=1e9, allow_none=True)
     noise = _noise_settings(_node(run, "noise"))
-    mem_cap = _float(
-        cfg.get("mem_cap_fraction", MEM_CAP_DEFAULT), "mem_cap_fraction", lo=1e-6, hi=1.0
-    )
+    mem_cap = MEM_CAP_FRACTION.check(cfg.get(MEM_CAP_FRACTION.key, MEM_CAP_FRACTION.default))
+    away = away_from_default(cfg)
     cost = _cost_settings(_node(cfg, "cost"))
     train = _train_settings(_node(cfg, "train"))
 
@@ -775,6 +766,7 @@ def parse_run_spec(
         cluster=cluster,
         model=model,
         mem_cap_fraction=mem_cap,
+        away_from_default=away,
         cost=cost,
         steps=steps,
         warmup_steps=warmup,
