@@ -152,7 +152,7 @@ def test_the_loop_records_the_deal_of_both_units() -> None:
     n = sum(1 for _ in deal_steps(spec, assemble(spec), 4))
     e = run_simulated(spec, write=False)
     assert e.status == "ok", e.error
-    assert (e.n_steps, e.n_warmup, e.extra["epochs_done"]) == (n, 0, 2)
+    assert (e.n_steps, e.n_warmup, e.epochs.epochs_done if e.epochs else None) == (n, 0, 2)
 
 
 def test_a_budget_cut_names_the_budget_in_both_units() -> None:
