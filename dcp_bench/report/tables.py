@@ -33,6 +33,7 @@ from dcp_bench.records import (
     read_summary,
 )
 from dcp_bench.report.stats import cell_stats, paired_speedup
+from dcp_bench.run_ids import current_cell, current_context
 
 # The config nodes the report reads as mappings.
 CONFIG_GROUPS = ("workload", "method", "cluster", "model", "run", "cost", "train", "names")
@@ -213,8 +214,10 @@ def _run_row(
         "gpu": str(cluster_cfg.get("gpu") or summary.cluster),
         "model": summary.model,
         "seed": summary.seed,
-        "config_hash": summary.config_hash,
-        "context_hash": ctx.context_hash if ctx else "",
+        # an earlier-id record's hashes read as the current ones (`dcp_bench.run_ids`), so its
+        # runs pair with the same cell's and context's runs recorded since
+        "config_hash": current_cell(summary.config_hash),
+        "context_hash": current_context(ctx.context_hash) if ctx else "",
         "sweep": ctx.sweep if ctx else "",
         "world_size": summary.world_size,
         "scales": json.dumps(ctx.scales if ctx else {}, sort_keys=True),
@@ -263,7 +266,7 @@ def _step_rows(summary: RunSummary, steps: list[StepRecord]) -> list[dict[str, A
         out.append(
             {
                 "run_id": summary.run_id,
-                "config_hash": summary.config_hash,
+                "config_hash": current_cell(summary.config_hash),
                 "step": st.step,
                 "step_time_s": st.step_time_s,
                 "lower_bound_s": st.lower_bound_s,
