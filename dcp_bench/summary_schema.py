@@ -229,11 +229,11 @@ def _decode_value(value: Any, hint: Any, where: str) -> Any:
         args = typing.get_args(hint)
         if value is None and type(None) in args:
             return None
-        records = [a for a in args if dataclasses.is_dataclass(a)]
+        records = [a for a in args if isinstance(a, type) and dataclasses.is_dataclass(a)]
         if records and isinstance(value, dict):
             return decode_record(records[0], value, where)
-    elif dataclasses.is_dataclass(hint) and isinstance(value, dict):
-        return decode_record(hint, value, where)  # type: ignore[arg-type]
+    elif isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return decode_record(hint, value, where)
     if not type_ok(value, hint):
         raise TypeError(
             f"field {where!r} is {_shown(value)} ({type(value).__name__}); expected "

@@ -191,6 +191,7 @@ def _run_row(
     params = {k: v for k, v in method_cfg.items() if k not in ("name", "_target_", "mode")}
     cluster_cfg: dict[str, Any] = cfg["cluster"] if isinstance(cfg.get("cluster"), dict) else {}
     ctx = summary.context
+    cap: float | None
     if ctx is not None:
         label = with_overrides(ctx.label, list(ctx.overrides))
         mode, target, cap = ctx.mode, ctx.target, ctx.mem_cap_fraction

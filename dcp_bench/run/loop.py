@@ -273,7 +273,7 @@ def _epoch_accounting(spec: RunSpec, measured: list[StepRecord], ok: bool) -> Ep
     infos = [s.extra["epoch_info"] for s in measured if "epoch_info" in s.extra]
     latent_rate = None
     if latent and all(v is not None for v in latent) and ok and total_time > 0:
-        latent_rate = sum(latent) / total_time
+        latent_rate = sum(float(v) for v in latent if v is not None) / total_time
     return EpochAccounting(
         epochs=spec.epochs,
         epochs_done=len(infos),
