@@ -311,9 +311,9 @@ def migrate_v1(data: Mapping[str, Any]) -> dict[str, Any]:
     Values are moved, never recomputed; a record version 1 wrote only in part is left out (its
     keys stay with the executor's facts) rather than filled with guesses."""
     out = {k: v for k, v in data.items() if k != "extra"}
-    extra = dict(data.get("extra") or {})
-    if not isinstance(data.get("extra", {}), dict):
+    if not isinstance(data.get("extra") or {}, dict):
         raise TypeError(f"field 'extra' is {_shown(data.get('extra'))}; expected an object")
+    extra = dict(data.get("extra") or {})
     claimed: set[str] = set()
 
     def take(keys: tuple[str, ...]) -> bool:

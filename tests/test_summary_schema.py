@@ -197,3 +197,10 @@ def test_mem_cap_fraction_default_and_check_are_the_tables() -> None:
     for bad in ("0", "1.5", "abc"):
         with pytest.raises(ConfigError, match=rf"mem_cap_fraction={bad!r}|mem_cap_fraction={bad}"):
             _spec(f"mem_cap_fraction={bad}")
+
+
+def test_a_v1_extra_that_is_not_an_object_is_named() -> None:
+    raw = _v1("reproduce_sim_epoch")
+    raw["extra"] = "oops"
+    with pytest.raises(TypeError, match=r"field 'extra' is 'oops'; expected an object"):
+        RunSummary.from_dict(raw)
