@@ -109,3 +109,20 @@ def test_provenance_text_changes_no_run_id() -> None:
     assert parse_run_spec(cfg).run_id == parse_run_spec(edited).run_id
     edited["cluster"]["intra_node_bw"] = 2 * float(cfg["cluster"]["intra_node_bw"])
     assert parse_run_spec(cfg).run_id != parse_run_spec(edited).run_id
+
+
+def test_a_planner_option_at_its_constructor_default_is_one_run() -> None:
+    """A method config that comes to list an option at the planner's default (megatron_hybrid_cp's
+    ``scheduler`` and ``min_cp_size``) keeps its runs' ids; another value is another run."""
+    cfg = to_container(
+        load_config(
+            ["workload=sharegpt", "cluster=cpu", "model=tiny_llama", "method=megatron_hybrid_cp"]
+        )
+    )
+    assert cfg["method"]["scheduler"] == "balanced_cp" and cfg["method"]["min_cp_size"] == 1
+    older = copy.deepcopy(cfg)
+    del older["method"]["scheduler"], older["method"]["min_cp_size"]
+    assert parse_run_spec(cfg).run_id == parse_run_spec(older).run_id
+    other = copy.deepcopy(cfg)
+    other["method"]["min_cp_size"] = 2
+    assert parse_run_spec(other).run_id != parse_run_spec(cfg).run_id

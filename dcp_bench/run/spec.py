@@ -13,9 +13,11 @@ the cell hash and the seed, so a rerun of the same sweep finds its runs again.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib
+import inspect
 import re
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
@@ -560,6 +562,24 @@ def _without_provenance(data: Any) -> Any:
     return data
 
 
+def _method_identity(method: MethodSpec) -> dict[str, Any]:
+    """The method node with its planner's constructor defaults filled in (plain values only), so a
+    planner option the method config comes to list at its default changes no run id."""
+    cls = _class_of(method.target)
+    defaults: dict[str, Any] = {}
+    if isinstance(cls, type):
+        params: list[inspect.Parameter] = []
+        with contextlib.suppress(TypeError, ValueError):  # a class without a signature
+            params = list(inspect.signature(cls).parameters.values())
+        plain = (type(None), bool, int, float, str)
+        defaults = {
+            p.name: p.default
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and isinstance(p.default, plain)
+        }
+    return {**defaults, **dict(method.node)}
+
+
 def run_identity(
     *,
     workload: WorkloadSpec,
@@ -580,8 +600,9 @@ def run_identity(
     names: Mapping[str, str],
 ) -> dict[str, Any]:
     """What a run measures, from its parsed settings (defaults filled in, so a key the config
-    leaves out and the same key listed at its default are one run): the workload and method nodes
-    (a registered workload named by its registry, whichever way a config spells it), the resolved
+    leaves out and the same key listed at its default are one run): the workload node (a
+    registered workload named by its registry, whichever way a config spells it), the method node
+    with its planner's constructor defaults, the resolved
     cluster and model without provenance text, the memory cap, the cost, loop, noise, executor
     and training settings, and the config's names. Not in it: the seed and where or how often a
     run is recorded (`BOOKKEEPING_KEYS`)."""
@@ -590,7 +611,7 @@ def run_identity(
         node.pop("_target_", None)
     return {
         "workload": {"registered": workload.registered, **node},
-        "method": dict(method.node),
+        "method": _method_identity(method),
         "cluster": _without_provenance(dataclasses.asdict(cluster)),
         "model": _without_provenance(dataclasses.asdict(model)),
         "mem_cap_fraction": mem_cap_fraction,
