@@ -4,9 +4,9 @@ records mapped to the hash the current run spec gives the same config (`dcp_benc
     python scripts/migrate_run_ids.py runs/reproduce results/cpu_train [--out PATH]
 
 Every run folder (config.yaml and run.json) under the given folders is read; its config is parsed
-as a sweep parses it and its recorded hashes are mapped to the parsed spec's. Entries already in
-the table are kept; an earlier hash that would map to two current ones is refused. Records whose
-hashes are already current add nothing.
+as a sweep parses it and its recorded hashes are mapped to the parsed spec's (rerun it whenever
+the run identity changes: the records read replace their entries, others are kept). An earlier
+hash that would map to two current ones is refused. Records whose hashes are current add nothing.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=MIGRATION_TABLE)
     args = parser.parse_args(argv)
-    table: dict[str, dict[str, str]] = {"cells": {}, "contexts": {}}
+    kept: dict[str, dict[str, str]] = {"cells": {}, "contexts": {}}
     if args.out.exists():
         old = json.loads(args.out.read_text())
-        table = {"cells": dict(old["cells"]), "contexts": dict(old["contexts"])}
+        kept = {"cells": dict(old["cells"]), "contexts": dict(old["contexts"])}
+    table: dict[str, dict[str, str]] = {"cells": {}, "contexts": {}}
     runs = 0
     for folder in args.folders:
         for config in sorted(folder.rglob("config.yaml")):
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{current}; refusing an ambiguous table\n"
                     )
                     return 1
+    # the records read now decide their entries; entries of records not read are kept
+    table = {kind: {**kept[kind], **table[kind]} for kind in table}
     atomic_write_json(
         args.out,
         {
