@@ -198,6 +198,8 @@ class PackedStatic(Planner):
     )
     OPTION_MINIMA = {"token_budget": 1}
     SP_OPTIONS = ("sp",)
+    # a CP size that divides the world runs as a ring (whole nodes) beside the powers of two
+    SP_POWER_OF_TWO = False
 
     def __init__(
         self,

@@ -324,6 +324,8 @@ class WLBLLM(Planner):
     )
     OPTION_MINIMA = {"token_capacity": 1}
     SP_OPTIONS = ("sp",)
+    # a CP size that divides the world runs as a ring (whole nodes) beside the powers of two
+    SP_POWER_OF_TWO = False
 
     def __init__(
         self,

@@ -147,3 +147,15 @@ def test_a_cp_size_of_24_comes_after_the_recompute_fallback() -> None:
         plan = planner.plan(batch, cost)
         assert (plan.info["sp"], plan.info["recompute"]) == (4, "full")
         _checked(plan, batch, cost)
+
+
+def test_option_check_lets_ring_peers_name_any_cp_size_and_keeps_bucket_static_to_powers():
+    """`method.sp=24` reaches packed_static and wlb_llm (their plans check it against the world);
+    the reference baseline's Ulysses degree stays a power of two at parse time."""
+    from dcp_bench.errors import ConfigError
+    from dcp_bench.planners.base import check_planner_options
+
+    for target in ("baselines.packed_static.PackedStatic", "baselines.wlb_llm.WLBLLM"):
+        check_planner_options({"_target_": target, "sp": 24})
+    with pytest.raises(ConfigError, match=r"method.sp=24 .*expected a power of two"):
+        check_planner_options({"_target_": "baselines.bucket_static.BucketStatic", "sp": 24})
