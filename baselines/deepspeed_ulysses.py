@@ -94,7 +94,11 @@ def deal_into_microbatches(
         while j >= 0 and len(groups[j]) <= 1:
             j -= 1
         if j < 0:
-            raise InfeasibleError("no group holds two sequences to fill an empty group")
+            # FlexSP's code stops here too (solver.py:779-780: assert False)
+            raise InfeasibleError(
+                f"{len(bins)} packed group(s) for {per_mb} groups a micro-batch and no group "
+                "holds two sequences to fill an empty one"
+            )
         groups[i].append(groups[j].pop(0))
     if even_distribute and empty > 0:  # solver.py:784-797
         lo = (mb_num - 1) * per_mb
