@@ -54,6 +54,7 @@ from torch.utils.checkpoint import checkpoint
 from dcp_bench.cost.activations import FUSED_ATTENTION_MIN_LEN, QK_NORMS
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
+from dcp_bench.runtime.archs import runtime_arch
 from dcp_bench.runtime.attention import (
     PORTABLE,
     SINGLE,
@@ -922,5 +923,8 @@ def build_model(
 
 def build_empty_model(spec: ModelSpec) -> RuntimeModel:
     """The model of ``spec`` on the meta device in fp32 (no memory, no initialisation)."""
+    entry = runtime_arch(spec)  # the registry names the module class of each architecture
     with torch.device("meta"):
-        return LlamaModel(spec) if spec.arch == "llama" else STDiTModel(spec)
+        model = entry.build(spec)
+    assert isinstance(model, RuntimeModel), entry.model_class
+    return model
