@@ -42,7 +42,8 @@ LIMITS_K = (192, 384)
 GBS, START_ITER, ITERS = 512, 3, 40  # solver_all.sh; solver.py:1049 (start_iter default)
 CLUSTER = "a100x64"
 MEMORY_LIMIT_GB = 30  # solver_all.sh MEMORY=30
-RECOMPUTE = ("full", "selective")
+RECOMPUTE = ("none", "selective", "full")
+MODEL = "gpt_7b"  # FlexSP's GPT-7B (dcp_bench/conf/model/gpt_7b.yaml)
 FILES = {"wikipedia": "wikipedia_flexsp_lengths.txt"}
 NOT_REACHABLE = (
     "its length list (galvatron/datasets/{name}.txt of Hetu-Galvatron b4666892) is not "
@@ -68,17 +69,16 @@ def flexsp_planner(step_time_limit_s: float, recompute: str) -> Any:
 def cost_for(source: str, limit_k: int) -> Any:
     if source == "flexsp_fitted":
         return make_cost_model(
-            "llama2_7b",
+            MODEL,
             CLUSTER,
             source="flexsp_fitted",
-            flexsp_model="gpt_7b",
             seq_limit_k=limit_k,
             memory_limit_gb=MEMORY_LIMIT_GB,
         )
-    usable = make_cost_model("llama2_7b", CLUSTER).cluster.gpu.usable_mem_bytes
+    usable = make_cost_model(MODEL, CLUSTER).cluster.gpu.usable_mem_bytes
     # FlexSP's memory limit as the cap; ZeRO-3 as FlexSP's cost model and baselines use it
     return make_cost_model(
-        "llama2_7b",
+        MODEL,
         CLUSTER,
         source="analytical",
         mem_cap_fraction=MEMORY_LIMIT_GB * 2**30 / usable,
@@ -124,7 +124,7 @@ def simulate_cell(
     t0 = time.time()
     # FlexSP's fitted model prices one recomputation setting (the one it was measured with);
     # under the analytical model both methods get each setting and keep their fastest.
-    settings = ["full"] if source == "flexsp_fitted" else list(RECOMPUTE)
+    settings = ["none"] if source == "flexsp_fitted" else list(RECOMPUTE)
     fx_all = {}
     for rc in settings:
         try:
@@ -265,13 +265,14 @@ def main() -> None:
             "gbs": GBS,
             "iterations": [START_ITER, START_ITER + args.iters - 1],
             "memory_limit_gb": MEMORY_LIMIT_GB,
-            "model": "llama2_7b as GPT-7B's stand-in (hidden 4096, 32 layers, 32 heads)",
+            "model": "gpt_7b (Galvatron's GPT-7B config: 32 layers, hidden 4096, 64 heads)",
             "flexsp": "dcp_bench/conf/method/flexsp_milp_solver.yaml",
             "flexsp_step_time_limit_s": args.step_time_limit_s,
             "deepspeed": "deepspeed_ulysses, fixed SP (and, analytical, recompute) hand-tuned: "
             "the fastest setting that runs every iteration",
-            "recompute": "flexsp_fitted: not priced (FlexSP's fit); analytical: full or "
-            "selective, each method its fastest",
+            "recompute": "flexsp_fitted: not priced (FlexSP's fit; its activation constant "
+            "is close to the analytical count without recomputation); analytical: none, "
+            "selective or full, each method its fastest",
         },
         "commit": commit,
         "cells": cells,

@@ -32,9 +32,7 @@ ONE = np.ones(2, dtype=np.int64)
 
 def fitted(world: int = 64, **kw: object):
     cluster = cluster_spec("a100x64").resized(world)
-    return make_cost_model(
-        "llama2_7b", cluster, source="flexsp_fitted", flexsp_model="gpt_7b", **kw
-    )
+    return make_cost_model("gpt_7b", cluster, source="flexsp_fitted", **kw)
 
 
 # ---------------------------------------------------------------- FlexSP's fitted cost model
