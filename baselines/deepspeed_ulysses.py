@@ -25,7 +25,9 @@ follows it rule by rule:
 
 The fixed degree is the planner's ``sp`` option (FlexSP's solver driver fixes 64 for its
 ``static`` method, solver.py:1186; the paper's baseline is hand-tuned: a report picks the
-fastest degree that runs every step).
+fastest degree that runs every step). ``sp: null`` takes the smallest runnable degree whose
+group holds the batch's longest sequence, the driver's ``min_sp`` rule (solver.py:1175-1177,
+``homo_sp_baseline_ffd_bfd_globalbatch`` with ``sp_select_rule='min_sp'``, 705-736).
 """
 
 from __future__ import annotations
@@ -125,7 +127,8 @@ class DeepSpeedUlysses(Planner):
     """DeepSpeed ZeRO + Ulysses with a fixed SP degree and best-fit packing (module docstring).
 
     Args:
-        sp: the fixed SP degree (a power of two dividing the world that the heads divide).
+        sp: the fixed SP degree (a power of two dividing the world that the heads divide);
+            None: the smallest runnable degree that holds the longest sequence.
         recompute: "full", "selective" or "none" (FlexSP's runs recompute fully).
         mode: labels runs only.
     """
@@ -139,24 +142,37 @@ class DeepSpeedUlysses(Planner):
     OPTION_MINIMA = {"sp": 1}
     SP_OPTIONS = ("sp",)
 
-    def __init__(self, sp: int = 8, recompute: str = "full", mode: Mode = "fair") -> None:
+    def __init__(self, sp: int | None = None, recompute: str = "full", mode: Mode = "fair") -> None:
         super().__init__(mode)
         ckpt_layers_for(recompute, 1)
-        check_sp_degree(sp, sp)
+        if sp is not None:
+            check_sp_degree(sp, sp)
         self.sp = sp
         self.recompute = recompute
 
+    def min_sp(self, longest: int, cost: CostModel, ckpt: int) -> int:
+        """The smallest runnable degree whose group holds ``longest`` tokens (solver.py:1175-1177:
+        the driver's ``min_sp`` over a batch of the longest sequence)."""
+        for d in cost.sp_degrees():
+            if longest <= math.floor(cost.microbatch_token_capacity(d, ckpt)) * d:
+                return d
+        raise InfeasibleError(
+            f"a {longest}-token sequence fits no runnable SP degree "
+            f"{cost.describe_sp_degrees()} under the memory cap"
+        )
+
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
-        W, sp = cost.cluster.world_size, self.sp
+        W = cost.cluster.world_size
+        ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
+        lengths = [int(t) for t in batch.tokens]
+        longest = max(lengths, default=0)
+        sp = self.sp if self.sp is not None else self.min_sp(longest, cost, ckpt)
         if sp not in cost.sp_degrees():
             check_sp_degree(sp, W, cost.model)
             raise InfeasibleError(
                 f"sp={sp} is not a runnable degree here: {cost.describe_sp_degrees()}"
             )
-        ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         per_rank = math.floor(cost.microbatch_token_capacity(sp, ckpt))
-        lengths = [int(t) for t in batch.tokens]
-        longest = max(lengths, default=0)
         capacity = max(per_rank * sp * GROUP_FILL, longest)
         bins = best_fit_decreasing(lengths, capacity)
         mbs = deal_into_microbatches(bins, lengths, W // sp, capacity, sp >= 16)
