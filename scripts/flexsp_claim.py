@@ -295,6 +295,33 @@ def main() -> None:
     print((out / "report.md").read_text())
 
 
+def first_screen(doc: dict[str, Any], sources: list[str]) -> list[str]:
+    """One line per claim: the deciding cell (Wikipedia, 192K) under each cost source."""
+    out = []
+    for baseline, claimed in (
+        ("deepspeed", "1.72x over DeepSpeed-Ulysses"),
+        ("megatron", "1.98x over Megatron-LM"),
+    ):
+        cell = next(
+            c
+            for c in doc["cells"]
+            if c["corpus"] == "wikipedia" and c["max_seq_k"] == 192 and c["baseline"] == baseline
+        )
+        if not cell["judged"]:
+            out.append(f"- **FlexSP {claimed}** (Wikipedia, 192K): not judged (below).")
+            continue
+        parts = [
+            f"{s}: {cell['simulated'][s]['speedup']:.2f}x "
+            f"[{cell['simulated'][s]['ci95'][0]:.2f}, {cell['simulated'][s]['ci95'][1]:.2f}], "
+            f"{cell['simulated'][s]['verdict']}"
+            for s in sources
+        ]
+        out.append(
+            f"- **FlexSP {claimed}** (Wikipedia, 192K), simulated: " + "; ".join(parts) + "."
+        )
+    return out
+
+
 def render(doc: dict[str, Any], sources: list[str]) -> str:
     L = [
         "# FlexSP's claim: GPT-7B cells of Figure 4, simulated vs published",
@@ -309,6 +336,8 @@ def render(doc: dict[str, Any], sources: list[str]) -> str:
         f"`results/claims/flexsp_deepspeed.yaml` (1.72x over DeepSpeed-Ulysses); tolerance "
         f"{doc['tolerance']:.0%}. Published: {doc['published_source']}. Report commit "
         f"{doc['commit']}.",
+        "",
+        *first_screen(doc, sources),
         "",
         "Setup: " + "; ".join(f"{k}: {v}" for k, v in doc["setup"].items()) + ".",
         "",
