@@ -417,6 +417,22 @@ def render(doc: dict[str, Any], sources: list[str]) -> str:
         )
     L += [
         "",
+        "## What these numbers rest on",
+        "",
+        "- FlexSP's planner here is `flexsp_milp` with FlexSP's solver rules, solved by HiGHS "
+        "within one planning budget a step (split over 5 round counts); FlexSP gives SCIP 10 s "
+        "a micro-batch in parallel processes. Where HiGHS's incumbent loses to the heuristic "
+        "layout the heuristic is kept (counts above), so the simulated FlexSP is no better "
+        "than what its program would find with more time: its speedups are, on that count, "
+        "low estimates. HiGHS's limit is wall-clock time, so the layouts can move with the "
+        "machine's load.",
+        "- The lower bound of the solved rounds leaves out the per-group bias (FlexSP's fitted "
+        "629 ms a group), so its gaps overstate what any layout could still gain.",
+        "- Iteration times exclude planning, as FlexSP overlaps its solver with training.",
+        "- The A100 analytical constants are the datasheet's and the model's built-in "
+        "assumptions (`dcp_bench/conf/gpu/a100_40gb.yaml`); the cross-node bandwidth reads the "
+        "paper's 400 Gb/s as one link a node (`dcp_bench/conf/cluster/a100x64.yaml`).",
+        "",
         "Reproduce: `PYTHONPATH=. python scripts/flexsp_claim.py --lengths-dir /work/shared/data "
         "--published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp`.",
         "",
