@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 GROUP_FILL = 0.9  # solver.py:746
 
 
-def best_fit_decreasing(lengths: list[int], capacity: float) -> list[list[int]]:
+def best_fit_decreasing(lengths: list[float], capacity: float) -> list[list[int]]:
     """Bins (lists of positions) of best-fit decreasing (utils.py:31-59): positions longest
     first (ties by position, as Python's stable sort of FlexSP's sequences), each into the bin
     whose room left after it is least (ties: the lowest bin), a new bin when none holds it."""
@@ -65,7 +65,7 @@ def best_fit_decreasing(lengths: list[int], capacity: float) -> list[list[int]]:
         if best < 0:
             if capacity < L:
                 raise InfeasibleError(
-                    f"sample {p} ({L} tokens) is over the group capacity {capacity:.0f} tokens"
+                    f"sample {p} ({L:.0f}) is over the group capacity {capacity:.0f}"
                 )
             bins.append([])
             room.append(capacity)
@@ -77,7 +77,7 @@ def best_fit_decreasing(lengths: list[int], capacity: float) -> list[list[int]]:
 
 def deal_into_microbatches(
     bins: list[list[int]],
-    lengths: list[int],
+    lengths: list[float],
     per_mb: int,
     capacity: float,
     even_distribute: bool,
@@ -105,7 +105,7 @@ def deal_into_microbatches(
     if even_distribute and empty > 0:  # solver.py:784-797
         lo = (mb_num - 1) * per_mb
 
-        def tok(g: list[int]) -> int:
+        def tok(g: list[int]) -> float:
             return sum(lengths[k] for k in g)
 
         avg = sum(tok(groups[i]) for i in range(lo, len(groups))) // per_mb
@@ -150,41 +150,60 @@ class DeepSpeedUlysses(Planner):
         self.sp = sp
         self.recompute = recompute
 
-    def min_sp(self, longest: int, cost: CostModel, ckpt: int) -> int:
-        """The smallest runnable degree whose group holds ``longest`` tokens (solver.py:1175-1177:
-        the driver's ``min_sp`` over a batch of the longest sequence)."""
+    @staticmethod
+    def group_sizes(
+        batch: GlobalBatch, cost: CostModel, sp: int, ckpt: int
+    ) -> tuple[list[float], float, str]:
+        """What the packing counts for each sample, a group's limit and the unit. FlexSP's rule
+        is tokens against the per-rank token capacity x ``sp`` (solver.py:69-70, 145-146); where
+        the cost model's memory law gives no token capacity (it is not linear in tokens, e.g.
+        video), each sample's per-rank activation bytes against the memory left per rank (the
+        additive law every planner here packs by)."""
+        capacity = cost.microbatch_token_capacity(sp, ckpt)
+        if math.isfinite(capacity):
+            return [float(t) for t in batch.tokens], float(math.floor(capacity) * sp), "tokens"
+        room = cost.memory_cap_bytes - cost.static_memory_bytes()
+        mem = cost.sample_memory(batch.tokens, batch.frames, sp, ckpt) if batch.n else []
+        return [float(m) for m in mem], float(room), "bytes"
+
+    def min_sp(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
+        """The smallest runnable degree whose group holds the batch's longest sequence
+        (solver.py:1175-1177: the driver's ``min_sp`` over a batch of the longest sequence)."""
+        p = int(max(range(batch.n), key=lambda i: (int(batch.tokens[i]), -i)))
         for d in cost.sp_degrees():
-            if longest <= math.floor(cost.microbatch_token_capacity(d, ckpt)) * d:
+            sizes, limit, _ = self.group_sizes(batch.subset([p]), cost, d, ckpt)
+            if sizes[0] <= limit:
                 return d
         raise InfeasibleError(
-            f"a {longest}-token sequence fits no runnable SP degree "
+            f"sample {p} ({int(batch.tokens[p])} tokens) fits no runnable SP degree "
             f"{cost.describe_sp_degrees()} under the memory cap"
         )
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         W = cost.cluster.world_size
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
-        lengths = [int(t) for t in batch.tokens]
-        longest = max(lengths, default=0)
-        sp = self.sp if self.sp is not None else self.min_sp(longest, cost, ckpt)
+        if not batch.n:
+            raise InfeasibleError("an empty global batch has nothing to pack")
+        sp = self.sp if self.sp is not None else self.min_sp(batch, cost, ckpt)
         if sp not in cost.sp_degrees():
             check_sp_degree(sp, W, cost.model)
             raise InfeasibleError(
                 f"sp={sp} is not a runnable degree here: {cost.describe_sp_degrees()}"
             )
-        per_rank = math.floor(cost.microbatch_token_capacity(sp, ckpt))
-        capacity = max(per_rank * sp * GROUP_FILL, longest)
-        bins = best_fit_decreasing(lengths, capacity)
-        mbs = deal_into_microbatches(bins, lengths, W // sp, capacity, sp >= 16)
+        sizes, limit, unit = self.group_sizes(batch, cost, sp, ckpt)
+        largest = max(sizes)
+        capacity = max(limit * GROUP_FILL, largest)
+        bins = best_fit_decreasing(sizes, capacity)
+        mbs = deal_into_microbatches(bins, sizes, W // sp, capacity, sp >= 16)
         rounds = []
         for groups in mbs:
             laid = []
             for gi, members in enumerate(groups):
-                tokens = sum(lengths[k] for k in members)
-                if tokens > per_rank * sp:  # judge_feasibility, solver.py:145-147
+                held = sum(sizes[k] for k in members)
+                if held > limit:  # judge_feasibility, solver.py:145-147
                     raise InfeasibleError(
-                        f"a group of sp={sp} holds {tokens} tokens, over its capacity "
-                        f"{per_rank * sp} (the longest sample has {longest})"
+                        f"a group of sp={sp} holds {held:.0f} {unit}, over its capacity "
+                        f"{limit:.0f} (the largest sample has {largest:.0f})"
                     )
                 mb = [MicroBatch(tuple(members), ckpt_layers=ckpt)] if members else []
                 laid.append(Group(gi * sp, sp, mb))
@@ -200,7 +219,8 @@ class DeepSpeedUlysses(Planner):
                 "recompute": self.recompute,
                 "ckpt_layers": ckpt,
                 "micro_batches": len(rounds),
-                "group_capacity_tokens": float(capacity),
+                "group_capacity": float(capacity),
+                "packing_unit": unit,
                 "tokens_per_group": [
                     [int(np.sum(batch.tokens[list(g)])) if g else 0 for g in groups]
                     for groups in mbs
