@@ -868,21 +868,31 @@ class FlexSPMILP(Planner):
         driver skips it (solver.py:863-867)."""
         if not batch.n:
             return [], [], []
+        W = cost.cluster.world_size
         capacity = cost.microbatch_token_capacity(1, ckpt)
-        if not math.isfinite(capacity):
-            raise ConfigError(
-                f"chunking='sort_consec' needs a token capacity per rank; the {cost.source} cost "
-                "model's memory law gives none (use chunking='snake')"
+        weights: np.ndarray | None = None
+        if math.isfinite(capacity):
+            # FlexSP's device_token_capacity is an integer (solver.py:69-70)
+            cluster_capacity = float(math.floor(capacity) * W)
+        else:
+            # a memory law not linear in tokens (video): chunks are weighed by each sequence's
+            # smallest cluster-wide activation footprint against the cluster's room, the
+            # quantity FlexSP's tokens stand for
+            weights = np.min(
+                [
+                    cost.sample_memory(batch.tokens, batch.frames, d, ckpt) * d
+                    for d in cost.sp_degrees()
+                ],
+                axis=0,
             )
-        # FlexSP's device_token_capacity is an integer (solver.py:69-70)
-        cluster_capacity = math.floor(capacity) * cost.cluster.world_size
-        first = min_valid_chunks(batch.tokens, cluster_capacity)
+            cluster_capacity = float(W * (cost.memory_cap_bytes - cost.static_memory_bytes()))
+        first = min_valid_chunks(batch.tokens, cluster_capacity, weights)
         best: tuple[float, list[RoundSolution], list[dict[str, Any]]] | None = None
         tried: list[int] = []
         share = self.step_time_limit_s / self.mb_options
         for mb in range(first, min(first + self.mb_options, batch.n + 1)):
             budget = PlanningBudget(share, self.clock)
-            chunks = sort_consec_chunks(batch.tokens, mb)
+            chunks = sort_consec_chunks(batch.tokens, mb, weights)
             sols, records = [], []
             try:
                 for r, positions in enumerate(chunks):
@@ -973,29 +983,36 @@ class FlexSPMILP(Planner):
 CHUNKINGS = ("snake", "sort_consec")
 
 
-def min_valid_chunks(tokens: np.ndarray, cluster_capacity: float) -> int:
+def min_valid_chunks(
+    tokens: np.ndarray, cluster_capacity: float, weights: np.ndarray | None = None
+) -> int:
     """FlexSP's ``get_min_valid_microbatch_num`` (solver.py:573-586): from the fewest chunks
     the total tokens allow, the first count whose `sort_consec_chunks` all stay strictly under
-    the cluster's token capacity."""
+    the cluster's token capacity (``weights``: what a sequence counts instead of its tokens)."""
     n = len(tokens)
-    mb = max(1, math.ceil(float(np.sum(tokens)) / cluster_capacity))
+    w = np.asarray(tokens if weights is None else weights, dtype=np.float64)
+    mb = max(1, math.ceil(float(np.sum(w)) / cluster_capacity))
     while mb < n and any(
-        float(np.sum(tokens[c])) >= cluster_capacity for c in sort_consec_chunks(tokens, mb)
+        float(np.sum(w[c])) >= cluster_capacity for c in sort_consec_chunks(tokens, mb, weights)
     ):
         mb += 1
     return min(mb, n)
 
 
-def sort_consec_chunks(tokens: np.ndarray, mb_num: int) -> list[list[int]]:
+def sort_consec_chunks(
+    tokens: np.ndarray, mb_num: int, weights: np.ndarray | None = None
+) -> list[list[int]]:
     """FlexSP's ``chunk_globalbatch`` with ``sort_consec`` (sequence_module_py.py:98-128): the
     positions longest first (ties by position: a stable sort), cut into ``mb_num`` consecutive
-    non-empty chunks minimising the largest chunk's tokens, by its dynamic program (the first
-    cut point reaching the minimum wins, as its strict ``<`` keeps it)."""
+    non-empty chunks minimising the largest chunk's tokens (``weights``: what a sequence counts
+    instead), by its dynamic program (the first cut point reaching the minimum wins, as its
+    strict ``<`` keeps it)."""
     order = sorted(range(len(tokens)), key=lambda p: (-int(tokens[p]), p))
     n = len(order)
     if not 1 <= mb_num <= n:
         raise ValueError(f"mb_num={mb_num}; expected 1 .. {n} (the number of sequences)")
-    prefix = np.concatenate([[0.0], np.cumsum([float(tokens[p]) for p in order])])
+    w = tokens if weights is None else weights
+    prefix = np.concatenate([[0.0], np.cumsum([float(w[p]) for p in order])])
     dp = np.full(n + 1, np.inf)
     dp[0] = 0.0
     cut = np.zeros((mb_num + 1, n + 1), dtype=np.int64)
