@@ -163,7 +163,7 @@ class DeepSpeedUlysses(Planner):
         if math.isfinite(capacity):
             return [float(t) for t in batch.tokens], float(math.floor(capacity) * sp), "tokens"
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
-        mem = cost.sample_memory(batch.tokens, batch.frames, sp, ckpt) if batch.n else []
+        mem = cost.sample_memory(batch.tokens, batch.frames, sp, ckpt)
         return [float(m) for m in mem], float(room), "bytes"
 
     def min_sp(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
