@@ -72,6 +72,24 @@ _LLAMA_SECTIONS = {
 }
 
 
+_GPT_SECTIONS = {
+    "attn_norm": "norms",
+    "mlp_norm": "norms",
+    "q_proj": "attention",
+    "k_proj": "attention",
+    "v_proj": "attention",
+    "o_proj": "attention",
+    "fc1": "mlp",
+    "fc2": "mlp",
+}
+
+
+def _gpt_section(parts: list[str]) -> str | None:
+    if len(parts) >= 3 and parts[0] == "layers" and parts[2] in _GPT_SECTIONS:
+        return f"L{parts[1]}.{_GPT_SECTIONS[parts[2]]}"
+    return None
+
+
 def _stdit_section(parts: list[str]) -> str | None:
     if len(parts) >= 4 and parts[0] == "pairs" and parts[3] in _STDIT_SECTIONS:
         return f"L{parts[1]}.{parts[2]}.{_STDIT_SECTIONS[parts[3]]}"
@@ -127,6 +145,13 @@ RUNTIME: dict[str, RuntimeArch] = {
         lambda m: [(m.norm, "final_norm", "loss")],  # type: ignore[list-item]
         _llama_checkpoints,
         _llama_supports,
+    ),
+    "gpt": RuntimeArch(
+        "gpt",
+        "dcp_bench.runtime.models:GPTModel",
+        _gpt_section,
+        lambda m: [(m.norm, "final_norm", "loss")],  # type: ignore[list-item]
+        _llama_checkpoints,
     ),
     "stdit": RuntimeArch(
         "stdit",
