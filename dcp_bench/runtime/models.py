@@ -123,6 +123,10 @@ class RuntimeModel(nn.Module, ABC):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def tie_weights(self) -> None:  # noqa: B027 - a model without shared parameters has none
+        """Share the parameters the spec ties again (materialising a meta-device model with
+        ``to_empty`` gives every module its own storage)."""
+
     @property
     def attention(self) -> AttentionKernel:
         """The packed-attention kernel every layer runs (`set_attention`)."""
@@ -389,9 +393,12 @@ class LlamaModel(RuntimeModel):
         self.layers = nn.ModuleList(LlamaLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
-        if spec.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        self.tie_weights()
         self.loss_chunk_tokens = LOGITS_CHUNK_TOKENS
+
+    def tie_weights(self) -> None:
+        if self.spec.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
 
     def init_rule(self, name: str) -> tuple[str, float]:
         return ("ones", 0.0) if name.endswith("norm.weight") else ("normal", 0.02)
@@ -462,9 +469,12 @@ class GPTModel(RuntimeModel):
         self.layers = nn.ModuleList(GPTLayer(spec) for _ in range(spec.num_layers))
         self.norm = nn.LayerNorm(spec.hidden)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
-        if spec.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        self.tie_weights()
         self.loss_chunk_tokens = LOGITS_CHUNK_TOKENS
+
+    def tie_weights(self) -> None:
+        if self.spec.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
 
     def init_rule(self, name: str) -> tuple[str, float]:
         if name.endswith("norm.weight"):
@@ -995,6 +1005,7 @@ def build_model(
     if dev.type == "meta":
         return model.to(dtype=dtype)
     model = model.to_empty(device=dev)
+    model.tie_weights()
     model.init_weights(seed)  # in fp32, so a 16-bit model is its fp32 master weights rounded
     model = model.to(dtype=dtype)
     model.set_attention(select_attention_kernel(dev, dtype, spec.head_dim, attention))
