@@ -40,10 +40,10 @@ class RuntimeArch:
     checkpoint_units: Callable[[nn.Module, int], list[tuple[str, nn.Module]]]
     supports: Callable[[ModelSpec], str | None] = lambda spec: None
 
-    def build(self, spec: ModelSpec) -> nn.Module:
-        """The module of ``spec`` (on whatever device context the caller holds)."""
+    def build(self, spec: ModelSpec) -> Any:
+        """The `RuntimeModel` of ``spec`` (on whatever device context the caller holds)."""
         module, _, cls = self.model_class.partition(":")
-        return getattr(importlib.import_module(module), cls)(spec)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module), cls)(spec)
 
 
 # sub-module name (last component) -> section of a layer
