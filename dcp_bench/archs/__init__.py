@@ -1,9 +1,10 @@
 """Architectures as plug-ins: one torch-free module per architecture (`base.Architecture`), found
 by the name a model config's ``arch`` gives.
 
-The built-in ones are the modules of this package that define ``ARCH``. A model config may also
-name a module of its own (``arch: mypackage.my_arch``): it is imported and its ``ARCH`` used, so
-a new architecture is one module and one model YAML (docs/extending.md, "Add an architecture").
+The built-in ones are modules of this package (`BUILTIN`). A model config may also name a module
+of its own (``arch: my_arch`` or ``arch: my_package.my_arch``, importable from the folder
+dcp-bench runs in or beside the user config folder): it is imported and its ``ARCH`` used, so a
+new architecture is one module and one model YAML (docs/extending.md, "Add an architecture").
 """
 
 from __future__ import annotations
@@ -34,33 +35,30 @@ def _load(module_name: str, name: str) -> Architecture:
 
 
 def get_arch(name: str) -> Architecture:
-    """The architecture a model config's ``arch`` names: a built-in, or a module path whose
-    module defines ``ARCH``. Anything else is a one-line error naming the registered ones."""
+    """The architecture a model config's ``arch`` names: a built-in, or a module whose
+    ``ARCH`` is named for it. Anything else is a one-line error naming the registered ones."""
     if not isinstance(name, str) or not name:
         raise ConfigError(
             f"architecture {name!r}; expected one of {', '.join(sorted(BUILTIN))} or a module "
-            "path 'package.module' defining ARCH"
+            "defining ARCH"
         )
     if name in BUILTIN:
         return _load(BUILTIN[name], name)
-    if "." in name:
-        try:
-            arch = _load(name, name)
-        except ModuleNotFoundError as exc:
+    try:
+        arch = _load(name, name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and name.startswith(exc.name):  # no such module: unknown name
             raise ConfigError(
-                f"architecture {name!r}: module not found ({exc.name}); expected one of "
-                f"{', '.join(sorted(BUILTIN))} or an importable module defining ARCH"
+                f"unknown architecture {name!r}; registered: {', '.join(sorted(BUILTIN))} (or "
+                "a module of yours defining ARCH, importable from the folder dcp-bench runs in)"
             ) from None
-        if arch.name != name:
-            raise ConfigError(
-                f"architecture {name!r}: its ARCH is named {arch.name!r}; expected the module "
-                "path it is loaded from"
-            )
-        return arch
-    raise ConfigError(
-        f"unknown architecture {name!r}; registered: {', '.join(sorted(BUILTIN))} (or a module "
-        "path 'package.module' defining ARCH)"
-    )
+        raise
+    if arch.name != name:
+        raise ConfigError(
+            f"architecture {name!r}: its ARCH is named {arch.name!r}; expected the module "
+            "path it is loaded from"
+        )
+    return arch
 
 
 def arch_of(spec: object) -> Architecture:

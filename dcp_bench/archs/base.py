@@ -145,13 +145,16 @@ class Architecture(ABC):
     ``name``: what a model config's ``arch`` says. ``video``: samples are (frames x patches)
     latents (the profiler's shapes, the reference video loop's host inputs and image dealing
     apply). ``text_sp_kinds``: ring and hybrid sequence parallelism are priced (1-D attention);
-    otherwise only Ulysses-style head sharding. ``runtime``: the module of
-    `dcp_bench.runtime.archs` entries that builds and counts it ("" when none is registered)."""
+    otherwise only Ulysses-style head sharding. ``runtime_module``: for an architecture of
+    another package, the module whose ``RUNTIME`` (a `dcp_bench.runtime.archs.RuntimeArch`)
+    builds and counts it ("": the runtime registry's own entry, or none: planned and simulated
+    only)."""
 
     name: ClassVar[str]
     video: ClassVar[bool] = False
     text_sp_kinds: ClassVar[bool] = False
     description: ClassVar[str] = ""
+    runtime_module: ClassVar[str] = ""
 
     # --- shape -------------------------------------------------------------------------------
 

@@ -9,9 +9,12 @@ transformers ``GPT2Config``; ``config_utils.py:53,58``: FFN = 4 x hidden;
 ``GPTModel_hybrid_parallel.py:22``: ``wte`` and ``lm_head`` tied). The model configs are
 ``conf/model/gpt_{7b,13b,30b}.yaml``.
 
-The runtime has no GPT module: GPT is planned and simulated, and its activation terms below are
-the closed form of the layer as written (LayerNorm keeps its input and an fp32 mean and rstd per
-row; the MLP keeps its input, the fc1 output and the GELU output), not a count.
+The runtime's module is `dcp_bench.runtime.models.GPTModel`; the activation terms below equal
+what it keeps for backward, counted (`tests/test_archs_memory.py`, fp32): LayerNorm keeps its
+input and an fp32 mean and rstd per row; the MLP its input, the fc1 output and the GELU output.
+In bf16 the CPU count (`dcp-bench memory`) sees LayerNorm's mean and rstd in bf16, 4 bytes per
+row and norm less than the fp32 statistics a CUDA LayerNorm keeps, which the terms charge (0.05%
+of a gpt_7b layer).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ the expressions below keep their order so that its numbers stay bit-identical.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -104,18 +105,26 @@ class Decoder(Architecture):
         hd = self.head_dim(spec)
         lse = 4.0 * H  # flash attention's fp32 log-sum-exp per head and query row
         kvd = spec.kv_heads * hd
-        norm = 4.0 * h + b * h + 4.0  # fp32 input, output in the compute dtype, fp32 rsqrt per row
+        if self._layernorm(spec):
+            norm = b * h + 8.0  # input, fp32 mean and rstd per row
+        else:
+            norm = 4.0 * h + b * h + 4.0  # fp32 input, output in the compute dtype, fp32 rsqrt
         q = H * hd
         # normed input (q/k/v projections), q, k, v (rotated, GQA: KV heads only), the kernel's
         # output and log-sum-exp, the o-projection input (the packed output)
         attention = b * (4.0 * h + 2 * kvd) + lse if q == h else b * (h + 3.0 * q + 2 * kvd) + lse
+        qk_norm = _opt(spec, "qk_head_norm", "")
+        if qk_norm:
+            # RMSNorm of q and of k: fp32 input and output, an fp32 rsqrt per head (or row)
+            rows = 4.0 * (H + spec.kv_heads) if qk_norm == "head" else 8.0
+            attention += (4.0 + b) * (q + kvd) + rows
         if self._gated(spec):
             # normed input (gate/up projections), gate, up, silu(gate), silu(gate) * up
             mlp = b * h + 4.0 * b * f
         else:
             # normed input (fc1), fc1 output, GELU output (fc2 input)
             mlp = b * h + 2.0 * b * f
-        layer = {"norms": 2 * norm, "attention": attention, "mlp": mlp}
+        layer = {"norms": self.norms_per_layer(spec) * norm, "attention": attention, "mlp": mlp}
         outer_tok = {
             "embeddings": 8.0,  # the int64 token ids (the embedding's backward)
             "final_norm": norm,
@@ -219,3 +228,71 @@ class Decoder(Architecture):
 
 
 ARCH = Decoder()
+
+
+@dataclass(frozen=True)
+class TransformersFamily:
+    """How a transformers decoder family's config maps onto a `Decoder` spec.
+
+    ``defaults``: the family's config class defaults for the keys read here when a config omits
+    them (transformers 5.x; `tests/test_archs.py` checks them against the config classes).
+    ``norm``, ``mlp``, ``qk_head_norm``, ``norms_per_layer``: the layer's structure.
+    ``qkv_bias``: q, k and v always carry a bias (Qwen2). ``bias_key``: the config key that puts
+    a bias on every linear layer (GPT-NeoX's ``attention_bias`` with its always-biased MLP,
+    Starcoder2's ``use_bias``); a family without one prices ``attention_bias`` and ``mlp_bias``
+    False only. ``parallel_residual``: attention and MLP read the same input (GPT-NeoX's
+    ``use_parallel_residual``): the same parameters and kept tensors as sequential layers."""
+
+    defaults: dict[str, Any] = field(default_factory=dict)
+    norm: str = "rmsnorm"
+    mlp: str = "swiglu"
+    qk_head_norm: str = ""
+    norms_per_layer: int = 2
+    qkv_bias: bool = False
+    bias_key: str = ""
+    parallel_residual: bool = False
+    unpriced: str = ""  # why the cost model cannot price this family ("": it can)
+    grouped_query: bool = True  # reads num_key_value_heads (GPT-NeoX: multi-head only)
+
+
+_GEMMA = {"head_dim": 256, "tie_word_embeddings": True}
+# model_type -> family; the transformers adapter trains exactly these (its model-type whitelist,
+# `dcp_bench.runtime.integrations.transformers_lm.MODEL_TYPES`).
+TRANSFORMERS_FAMILIES: dict[str, TransformersFamily] = {
+    "llama": TransformersFamily(),
+    "mistral": TransformersFamily(),
+    "qwen2": TransformersFamily(defaults={"num_key_value_heads": 32}, qkv_bias=True),
+    "qwen3": TransformersFamily(
+        defaults={"head_dim": 128, "num_key_value_heads": 32}, qk_head_norm="head"
+    ),
+    "gemma": TransformersFamily(defaults={**_GEMMA, "num_key_value_heads": 16}, mlp="geglu"),
+    "gemma2": TransformersFamily(
+        defaults={**_GEMMA, "num_key_value_heads": 4}, mlp="geglu", norms_per_layer=4
+    ),
+    "gemma3_text": TransformersFamily(
+        defaults={**_GEMMA, "num_key_value_heads": 4},
+        mlp="geglu",
+        norms_per_layer=4,
+        qk_head_norm="head",
+    ),
+    "olmo2": TransformersFamily(qk_head_norm="full"),
+    "phi3": TransformersFamily(),
+    "granite": TransformersFamily(),
+    "gpt_neox": TransformersFamily(
+        defaults={"attention_bias": True},
+        norm="layernorm",
+        mlp="gelu",
+        bias_key="attention_bias",
+        parallel_residual=True,
+        grouped_query=False,
+    ),
+    "starcoder2": TransformersFamily(
+        defaults={"num_key_value_heads": 2, "tie_word_embeddings": True, "use_bias": True},
+        norm="layernorm",
+        mlp="gelu",
+        bias_key="use_bias",
+    ),
+    # trains through the adapter (equal gradients, tests/test_integration_attention_args.py);
+    # not priced
+    "gpt_oss": TransformersFamily(unpriced="its mixture-of-experts layers"),
+}

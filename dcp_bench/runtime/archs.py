@@ -40,10 +40,10 @@ class RuntimeArch:
     checkpoint_units: Callable[[nn.Module, int], list[tuple[str, nn.Module]]]
     supports: Callable[[ModelSpec], str | None] = lambda spec: None
 
-    def build(self, spec: ModelSpec) -> nn.Module:
-        """The module of ``spec`` (on whatever device context the caller holds)."""
+    def build(self, spec: ModelSpec) -> Any:
+        """The `RuntimeModel` of ``spec`` (on whatever device context the caller holds)."""
         module, _, cls = self.model_class.partition(":")
-        return getattr(importlib.import_module(module), cls)(spec)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module), cls)(spec)
 
 
 # sub-module name (last component) -> section of a layer
@@ -70,6 +70,24 @@ _LLAMA_SECTIONS = {
     "up_proj": "mlp",
     "down_proj": "mlp",
 }
+
+
+_GPT_SECTIONS = {
+    "attn_norm": "norms",
+    "mlp_norm": "norms",
+    "q_proj": "attention",
+    "k_proj": "attention",
+    "v_proj": "attention",
+    "o_proj": "attention",
+    "fc1": "mlp",
+    "fc2": "mlp",
+}
+
+
+def _gpt_section(parts: list[str]) -> str | None:
+    if len(parts) >= 3 and parts[0] == "layers" and parts[2] in _GPT_SECTIONS:
+        return f"L{parts[1]}.{_GPT_SECTIONS[parts[2]]}"
+    return None
 
 
 def _stdit_section(parts: list[str]) -> str | None:
@@ -127,6 +145,13 @@ RUNTIME: dict[str, RuntimeArch] = {
         lambda m: [(m.norm, "final_norm", "loss")],  # type: ignore[list-item]
         _llama_checkpoints,
         _llama_supports,
+    ),
+    "gpt": RuntimeArch(
+        "gpt",
+        "dcp_bench.runtime.models:GPTModel",
+        _gpt_section,
+        lambda m: [(m.norm, "final_norm", "loss")],  # type: ignore[list-item]
+        _llama_checkpoints,
     ),
     "stdit": RuntimeArch(
         "stdit",

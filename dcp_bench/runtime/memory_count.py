@@ -288,6 +288,8 @@ DEFAULT_CASES: tuple[tuple[str, tuple[int, ...], tuple[int, ...] | None], ...] =
     ("llama3_8b", (4096,), None),
     ("llama3_8b", (1024,) * 4, None),
     ("llama3_8b", (16384,), None),
+    ("gpt_7b", (1024,), None),  # FlexSP's GPT (learned positions: within its 2048-row table)
+    ("gpt_7b", (1024,) * 2, None),
 )
 
 
