@@ -202,3 +202,14 @@ def test_flexsp_corpus_pads_and_drops_as_the_driver(tmp_path) -> None:
     w.write_text("1\n")
     with pytest.raises(WorkloadError, match="expected the published"):
         read_flexsp_corpus("wikipedia", w, 1, 4)
+
+
+def test_fitted_parameter_size_interpolates_between_the_driver_s_lengths() -> None:
+    # 288K is half way between 192K and 384K (solver.py:1112): 7.11745 + (7.84987 - 7.11745) / 2
+    # = 7.48366 B parameters; ZeRO-3 states 16 bytes each over 64 GPUs = 1,915.82 MiB per GPU
+    cost = fitted(seq_limit_k=288)
+    assert cost.static_memory_bytes() / 2**20 == pytest.approx(1915.8164, rel=1e-6)
+    # GPT-30B's constants (solver.py:1079-1087): one 1,000-token sequence on SP 1 takes
+    # 15.4262e-6 * 1e6 + 0.8035742 * 1000 + 2789.3644 = 3608.365 ms
+    big = make_cost_model("gpt_30b", "a100x64", source="flexsp_fitted")
+    assert big.sample_time(np.array([1000]), ONE[:1], 1, 0)[0] == pytest.approx(3.608365, rel=1e-6)
