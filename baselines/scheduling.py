@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dcp_bench.archs import arch_of
 from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.layout import is_power_of_two, ulysses_span
@@ -92,7 +93,7 @@ def check_sp_degree(
 def split_for(batch: GlobalBatch, positions: Sequence[int], cost: CostModel) -> Split:
     """The reference video runtime deals images (T' = 1 on a video model) to the ranks of an SP
     group whole ("batch" split); everything else is sharded along the sequence."""
-    if cost.model.arch == "stdit" and all(int(batch.frames[p]) == 1 for p in positions):
+    if arch_of(cost.model).video and all(int(batch.frames[p]) == 1 for p in positions):
         return "batch"
     return "sequence"
 
