@@ -7,12 +7,18 @@ minimising the slowest group's predicted time under each group's memory limit. A
 sequences are bucketed by length with a dynamic program that minimises padding, and a bucket
 enters the program at its longest member's time and memory.
 
-Planning is bounded: the whole step (cost-model evaluation, bucketing, building the programs,
-HiGHS, extracting the layouts) has ``step_time_limit_s``, and each round's HiGHS limit is what
-is left once the other work, measured as it happens, is set aside. The better of HiGHS's
-incumbent and a heuristic (best homogeneous SP degree or a mixed layout, longest-processing-time
-balance) is kept. ``plan.info`` records the planning time and, per round, the solver status,
-HiGHS's gap to the bound it proved and the gap to a solver-independent lower bound. See
+Planning is bounded by deterministic work, so the same step always gets the same plan whatever
+the host's load or speed (issue 32; DESIGN.md, principle 9): each round's HiGHS run stops after
+``mip_max_nodes`` branch-and-bound nodes (single thread, fixed random seed, no clock in the
+search). ``step_time_limit_s`` is only a wall-clock safety cap on the whole step (cost model,
+bucketing, programs, HiGHS, layout): each round's HiGHS run also gets a time limit out of what is
+left of it, and a round whose solve hit that limit, or that was left no time to solve, makes the
+plan depend on the host. ``plan.info["safety_cap_hit"]`` says so (with the rounds it hit in
+``cap_hit_rounds``) and a warning is printed to stderr; the defaults keep the cap far from the
+project's usual cells. The better of HiGHS's incumbent and a heuristic (best homogeneous SP
+degree or a mixed layout, longest-processing-time balance) is kept. ``plan.info`` records the
+planning time and, per round, the solver status, the nodes HiGHS searched, its gap to the bound it
+proved and the gap to a solver-independent lower bound. See
 baselines/README.md.
 """
 
@@ -51,6 +57,8 @@ MIN_SOLVE_S = 0.005
 # interrupt callbacks), and on a 32-GPU videosys_zipf round it overran by up to 0.17 s of CPU
 # time. At most a quarter of a small budget, which then cannot be kept to 10%.
 SOLVER_OVERRUN_S = 0.15
+# HiGHS's branch-and-bound nodes per round: the deterministic bound on the solver's work.
+DEFAULT_MIP_MAX_NODES = 50
 
 
 @dataclass
@@ -600,7 +608,11 @@ class FlexSPMILP(Planner):
     Args:
         mode: labels runs only (FlexSP takes one optimizer step per global batch).
         recompute: "full", "selective" (first half of the layers) or "none".
-        step_time_limit_s: the whole step's planning time (cost model, programs, HiGHS, layout).
+        step_time_limit_s: a wall-clock safety cap on the whole step's planning (cost model,
+            programs, HiGHS, layout); a plan it cut short is marked ``safety_cap_hit`` (it
+            depends on the host's load). The plan itself is bounded by ``mip_max_nodes``.
+        mip_max_nodes: HiGHS's branch-and-bound node limit per round (its ``mip_max_nodes``
+            option): deterministic work, so the same input always yields the same plan.
         buckets: length buckets per round to start from (FlexSP's 16).
         max_buckets: at most this many buckets when FlexSP's padding rule asks for more.
         fill: the fraction of the cluster's activation memory a round may use (slack for the
@@ -625,15 +637,22 @@ class FlexSPMILP(Planner):
     name = "flexsp_milp"
     source = (
         "FlexSP (ASPLOS'25): a per-step MILP over heterogeneous SP groups, solved with HiGHS. "
-        "Defaults: full recompute, 2 s planning budget per step, 16 length buckets (FlexSP's)."
+        "Defaults: full recompute, HiGHS stopped after 50 branch-and-bound nodes a round "
+        "(a 60 s wall-clock safety cap a step), 16 length buckets (FlexSP's)."
     )
-    OPTION_MINIMA = {"buckets": 1, "max_buckets": 1, "min_sp": 1, "mb_options": 1}
+    OPTION_MINIMA = {
+        "buckets": 1,
+        "max_buckets": 1,
+        "min_sp": 1,
+        "mb_options": 1,
+        "mip_max_nodes": 1,
+    }
 
     def __init__(
         self,
         mode: Mode = "fair",
         recompute: str = "full",
-        step_time_limit_s: float = 2.0,
+        step_time_limit_s: float = 60.0,
         buckets: int = 16,
         max_buckets: int = 32,
         fill: float = 0.9,
@@ -643,6 +662,7 @@ class FlexSPMILP(Planner):
         prune_slots: bool = False,
         chunking: str = "snake",
         mb_options: int = 1,
+        mip_max_nodes: int = DEFAULT_MIP_MAX_NODES,
     ) -> None:
         super().__init__(mode)
         if min_sp < 1 or min_sp & (min_sp - 1):
@@ -667,6 +687,13 @@ class FlexSPMILP(Planner):
             )
         if buckets < 1:
             raise ConfigError(f"buckets={buckets}; expected >= 1")
+        if (
+            isinstance(mip_max_nodes, bool)
+            or not isinstance(mip_max_nodes, int)
+            or mip_max_nodes < 1
+        ):
+            raise ConfigError(f"mip_max_nodes={mip_max_nodes!r}; expected an integer >= 1")
+        self.mip_max_nodes = mip_max_nodes
         if max_buckets < buckets:
             raise ConfigError(f"max_buckets={max_buckets}; expected >= buckets ({buckets})")
         if not 0.0 < fill <= 1.0:
@@ -741,14 +768,16 @@ class FlexSPMILP(Planner):
         except InfeasibleError:
             heur = None
         buckets = flexsp_buckets(model, self.buckets, self.max_buckets)
-        milp, limit, solve_s = self.solve_within_budget(model, buckets, budget, rounds_left, t0)
+        milp, limit, solve_s, nodes, cap_hit = self.solve_within_budget(
+            model, buckets, budget, rounds_left, t0
+        )
         for cand in (milp, heur):
             if cand is not None:
                 cand.objective = packed_round_time(batch, cand, cost, ckpt)
         sol = milp
         if heur is not None and (milp is None or heur.objective < milp.objective):
             reason = (
-                "no time left"
+                "no time left under the safety cap"
                 if limit is None
                 else (milp.status if milp is not None else "no incumbent")
             )
@@ -760,6 +789,8 @@ class FlexSPMILP(Planner):
             "buckets": len(buckets),
             "time_limit_s": limit or 0.0,
             "solve_s": solve_s,
+            "mip_nodes": nodes,
+            "cap_hit": cap_hit,
             "mip_gap": milp.gap if milp is not None else None,
             "bound_s": milp.bound_s if milp is not None else None,
             "lower_bound_s": round_lower_bound(model),
@@ -774,23 +805,29 @@ class FlexSPMILP(Planner):
         budget: PlanningBudget,
         rounds_left: int,
         round_start: float,
-    ) -> tuple[RoundSolution | None, float | None, float]:
-        """Build the round's program and run HiGHS for the round's share of the budget. Returns
-        HiGHS's incumbent (None without one), the limit it had (None: no time was left to run
-        it) and the seconds it ran."""
+    ) -> tuple[RoundSolution | None, float | None, float, int | None, bool]:
+        """Build the round's program and run HiGHS for at most ``mip_max_nodes`` nodes (the
+        deterministic limit) and the round's share of the wall-clock safety cap. Returns HiGHS's
+        incumbent (None without one), the time limit it had (None: no time was left to run it),
+        the seconds it ran, the nodes it searched (None: not run) and whether the safety cap cut
+        the round short (no time left, or HiGHS stopped on its time limit): then the layout
+        depends on the host's load."""
         if budget.solver_limit(rounds_left, budget.clock() - round_start) < MIN_SOLVE_S:
-            return None, None, 0.0  # not even worth building the program
+            return None, None, 0.0, None, True  # not even worth building the program
         # No warm start from the heuristic: HiGHS 1.16 completes a user start point without
         # honouring time_limit (a step of videosys_zipf on 32 GPUs ran for minutes); the
         # heuristic competes with the incumbent instead.
         program = build_round_program(model, buckets)
         limit = budget.solver_limit(rounds_left, budget.clock() - round_start)
         if limit < MIN_SOLVE_S:
-            return None, None, 0.0
+            return None, None, 0.0, None, True
+        program.highs.setOptionValue("mip_max_nodes", self.mip_max_nodes)
         s0 = budget.clock()
         solve_program(program, limit)
         solve_s = budget.clock() - s0
-        return extract_solution(program, model, solve_s), limit, solve_s
+        timed_out = program.highs.getModelStatus() == highspy.HighsModelStatus.kTimeLimit
+        nodes = int(program.highs.getInfo().mip_node_count)
+        return extract_solution(program, model, solve_s), limit, solve_s, nodes, timed_out
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         budget = PlanningBudget(self.step_time_limit_s, self.clock)
@@ -935,6 +972,7 @@ class FlexSPMILP(Planner):
             "ckpt_layers": ckpt,
             "rounds": len(rounds),
             "step_time_limit_s": self.step_time_limit_s,
+            "mip_max_nodes": self.mip_max_nodes,
             "solver": [s.method for s in sols],
             "status": [s.status for s in sols],
             "objective_s": objective,  # slowest packed group per round
@@ -944,6 +982,7 @@ class FlexSPMILP(Planner):
                     "buckets",
                     "time_limit_s",
                     "solve_s",
+                    "mip_nodes",
                     "mip_gap",
                     "bound_s",
                     "lower_bound_s",
@@ -956,6 +995,17 @@ class FlexSPMILP(Planner):
             info["chunking"] = self.chunking
             info["chunk_counts_tried"] = mb_tried
         info["plan_s"] = budget.elapsed()
+        hit = [r for r, rec in enumerate(records) if rec["cap_hit"]]
+        # a layout cut short by the wall-clock cap depends on the host: never silently used
+        info["safety_cap_hit"] = bool(hit)
+        info["cap_hit_rounds"] = hit
+        if hit:
+            print(
+                f"warning: flexsp_milp step {batch.step}: the wall-clock safety cap "
+                f"step_time_limit_s={self.step_time_limit_s} cut rounds {hit} short; this plan "
+                "depends on the host's load (raise step_time_limit_s or lower mip_max_nodes)",
+                file=sys.stderr,
+            )
         return StepPlan(
             world_size=W,
             rounds=rounds,

@@ -1,10 +1,15 @@
 """flexsp_milp: the HiGHS program finds the brute-force optimum on tiny instances; FlexSP's
 bucketing DP finds the least padding; the reported gaps hold against the exact optimum; the step
-budget holds on a simulated clock; plans validate and cover every sample once."""
+wall-clock safety cap holds on a simulated clock and its hit is recorded; the node limit makes the
+same batch plan the same on a quiet and a busy machine; plans validate and cover every sample
+once."""
 
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +31,7 @@ from baselines.flexsp_milp import (
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost.base import MicroBatchCost
 from dcp_bench.cost.specs import cluster_spec, model_spec
+from dcp_bench.errors import ConfigError
 from dcp_bench.plan import validate_plan
 
 
@@ -343,6 +349,7 @@ def test_flexsp_plans_validate_and_report_solver_stats(model_name, batch_fn):
         "buckets",
         "time_limit_s",
         "solve_s",
+        "mip_nodes",
         "mip_gap",
         "bound_s",
         "lower_bound_s",
@@ -416,6 +423,8 @@ def test_step_stays_within_its_budget_when_the_solver_always_runs_out(
     # tolerance of a real clock is for noise beyond this worst case)
     assert info["plan_s"] == clock.now
     assert clock.now <= 2.0
+    # every solve stopped on its time limit: the plan depends on the host and says so
+    assert info["safety_cap_hit"] and info["cap_hit_rounds"] == list(range(info["rounds"]))
 
 
 def test_rounds_after_the_budget_is_spent_take_the_heuristic(monkeypatch):
@@ -437,7 +446,10 @@ def test_rounds_after_the_budget_is_spent_take_the_heuristic(monkeypatch):
     assert info["rounds"] >= 2
     assert info["time_limit_s"][0] > 0
     assert info["time_limit_s"][1:] == [0.0] * (info["rounds"] - 1)
-    assert all(s == "fallback (no time left)" for s in info["status"][1:])
+    assert all(s == "fallback (no time left under the safety cap)" for s in info["status"][1:])
+    assert info["safety_cap_hit"]
+    assert info["cap_hit_rounds"][1:] == list(range(1, info["rounds"]))
+    assert info["mip_nodes"][1:] == [None] * (info["rounds"] - 1)
 
 
 def test_tiny_budget_still_plans_every_sample_once():
@@ -446,3 +458,72 @@ def test_tiny_budget_still_plans_every_sample_once():
     validate_plan(plan, batch, cost)
     assert sorted(plan.sample_positions()) == list(range(batch.n))
     assert sum(plan.info["time_limit_s"]) <= 0.01
+
+
+# ---------------------------------------------------------------- deterministic solver budget
+
+# A busy loop that ends by itself (the test kills it sooner): never left spinning.
+BUSY = "import time\nend = time.time() + 120\nwhile time.time() < end:\n    pass\n"
+
+# What a plan measures about the host, not the plan: its wall-clock times.
+MEASURED_INFO = ("plan_s", "solve_s", "time_limit_s")
+
+
+def _plan_view(plan) -> tuple:
+    info = {k: v for k, v in plan.info.items() if k not in MEASURED_INFO}
+    return plan.rounds, info
+
+
+def test_the_node_limit_bounds_the_search_and_is_recorded():
+    """The default plan of a text batch: HiGHS stops on the node limit (the search is cut by
+    deterministic work, not by the clock), far inside the wall-clock safety cap."""
+    cost, batch = real_cost("llama3_8b"), text_batch(300, seed=4)
+    plan = FlexSPMILP(mip_max_nodes=5).plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    info = plan.info
+    assert info["mip_max_nodes"] == 5
+    assert info["safety_cap_hit"] is False and info["cap_hit_rounds"] == []
+    nodes = [n for n in info["mip_nodes"] if n is not None]
+    assert nodes and all(n <= 5 for n in nodes)
+    assert 5 in nodes  # at least one round's search was cut by the node limit
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "10"])
+def test_mip_max_nodes_must_be_a_positive_integer(bad):
+    with pytest.raises(ConfigError, match=f"mip_max_nodes={bad!r}; expected an integer >= 1"):
+        FlexSPMILP(mip_max_nodes=bad)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mip_max_nodes": 30},
+        {
+            "mip_max_nodes": 10,
+            "min_sp": 2,
+            "whole_world": True,
+            "prune_slots": True,
+            "chunking": "sort_consec",
+            "mb_options": 3,
+            "max_buckets": 64,
+        },
+    ],
+    ids=["flexsp_milp", "flexsp_milp_solver"],
+)
+def test_same_plan_on_a_quiet_and_a_busy_machine(options):
+    """Issue 32: the plan depends only on its input. The same batch planned on a quiet machine and
+    with a core kept busy by another process gives the same rounds, layouts, solver statuses,
+    node counts and gaps; only the measured times may differ."""
+    cost, batch = real_cost("llama3_8b"), text_batch(300, seed=4)
+    quiet = FlexSPMILP(**options).plan(batch, cost)
+    busy_proc = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        time.sleep(0.2)  # let it start spinning
+        busy = FlexSPMILP(**options).plan(batch, cost)
+    finally:
+        busy_proc.kill()
+        busy_proc.wait(timeout=30)
+    assert not quiet.info["safety_cap_hit"] and not busy.info["safety_cap_hit"]
+    # the solver ran and its node limit cut at least one search (the comparison is not vacuous)
+    assert options["mip_max_nodes"] in quiet.info["mip_nodes"]
+    assert _plan_view(quiet) == _plan_view(busy)
