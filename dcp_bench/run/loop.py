@@ -151,6 +151,12 @@ def step_record(
         "mem_cap_gib": float(parts.cost.memory_cap_bytes) / 2**30,
         # a planner's own per-step planning budget, where it declares one (flexsp_milp's)
         "planner_budget_s": _finite(plan.info.get("step_time_limit_s")),
+        # whether that budget's wall-clock cap cut the plan short (then it depends on the host)
+        **(
+            {"planner_cap_hit": bool(plan.info["safety_cap_hit"])}
+            if "safety_cap_hit" in plan.info
+            else {}
+        ),
         # the bound of the machine: the whole usable memory as the cap (sim.BOUND_ASSUMPTIONS)
         "lower_bound_physical_s": float(physical_lower_bound(batch, parts.cost)),
         "over_cap": bool(peaks and max(peaks) * 2**30 > parts.cost.memory_cap_bytes),
