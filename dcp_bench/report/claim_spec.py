@@ -443,7 +443,8 @@ def load_claim_set(path: str | os.PathLike[str]) -> ClaimSet:
             )
     claims: list[ClaimSpec] = []
     for i, name in enumerate(_list(raw.get("claim_files", []), path, "claim_files")):
-        claims.append(load_claim_file(path.parent / _text(name, path, f"claim_files[{i}]")))
+        given = _text(name, path, f"claim_files[{i}]")
+        claims.append(load_claim_file(os.path.normpath(path.parent / given)))
     for i, cl in enumerate(_list(raw.get("claims", []), path, "claims")):
         claims.append(_inline_claim(cl, path, i))
     if not claims:

@@ -40,10 +40,10 @@ from dcp_bench.report.claims import (
     decompose,
     evaluate_claims,
     evaluate_comparisons,
+    judge_sensitivity,
     load_claims,
     reference_tables_section,
     sensitivity,
-    verdict,
 )
 from dcp_bench.report.document import Document
 from dcp_bench.report.first_screen import first_screen_section, glossary_section
@@ -348,6 +348,7 @@ def gather_report_data(inp: ReportInputs) -> ReportData:
         if not cells.empty
         else pd.DataFrame()
     )
+    judge_sensitivity(claim_results, sens)
     validation = validation_table(c, cells)
     val_sp = validation_speedups(validation) if not validation.empty else pd.DataFrame()
     colors = fig.method_colors(cells["label"]) if not cells.empty else {}
@@ -641,7 +642,7 @@ def _verdict_section(doc: Document, data: ReportData) -> None:
     if not results:
         return
     doc.h2("Verdict in detail")
-    robustness = _robustness(data.sensitivity, data.claims)
+    robustness = _robustness(data.claim_results)
     for r in results:
         doc.p(
             f"**{r.id}: {r.verdict.upper()}.** Claim: {r.statement} (claimed {r.claimed:g}x, "
@@ -1307,24 +1308,19 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items()} for row in clean.to_dict(orient="records")]
 
 
-def _robustness(sens: pd.DataFrame, claims: dict[str, Any]) -> dict[str, list[str]]:
+def _robustness(results: list[Any]) -> dict[str, list[str]]:
+    """Each claim's sensitivity verdicts (`dcp_bench.report.claims.judge_sensitivity`) in words."""
     out: dict[str, list[str]] = {}
-    if sens.empty:
-        return out
-    for cl in claims.get("claims", []):
-        sub = sens[(sens["comparison"] == cl["id"]) & np.isfinite(sens["speedup"].astype(float))]
-        if sub.empty:
+    for res in results:
+        flips = res.sensitivity_verdicts
+        if not flips:
             continue
-        flips = []
-        for _, r in sub.iterrows():
-            v = verdict(
-                float(cl["value"]), float(cl["tolerance"]), float(r["ci_low"]), float(r["ci_high"])
-            )
-            flips.append((r["constant"], r["factor"], float(r["speedup"]), v))
-        lo = min(f[2] for f in flips)
-        hi = max(f[2] for f in flips)
-        changed = [f"{k} x{f:g} ({s:.2f}x: {v})" for k, f, s, v in flips]
-        out[cl["id"]] = [
+        lo = min(f["speedup"] for f in flips)
+        hi = max(f["speedup"] for f in flips)
+        changed = [
+            f"{f['constant']} x{f['factor']:g} ({f['speedup']:.2f}x: {f['verdict']})" for f in flips
+        ]
+        out[res.id] = [
             f"sensitivity: with each uncertain constant halved or doubled the speedup ranges "
             f"{lo:.2f}x to {hi:.2f}x; verdicts: " + "; ".join(changed)
         ]
