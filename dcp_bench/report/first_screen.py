@@ -28,7 +28,7 @@ from dcp_bench.report import figures as fig
 from dcp_bench.report.claims import tolerance_band, within_tolerance
 from dcp_bench.report.document import Document
 
-# The sections read a `dcp_bench.report.writer.ReportData`; typed ``Any`` here because the writer
+# The sections read a `dcp_bench.report.data.ReportData`; typed ``Any`` here because the writer
 # imports this module (imports point one way).
 ReportData = Any
 
