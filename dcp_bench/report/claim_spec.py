@@ -430,7 +430,8 @@ def _inline_claim(raw: Any, path: Path, index: int) -> ClaimSpec:
 
 
 def load_claim_set(path: str | os.PathLike[str]) -> ClaimSet:
-    """A claim file (one claim) or a claims list (``claim_files`` and/or inline ``claims``)."""
+    """A claim file (one claim) or a claims list (``claim_files`` and/or inline ``claims``; an
+    empty list is a campaign report without claims; `dcp-bench reproduce` refuses it)."""
     path = Path(path)
     raw = _read_yaml(path, "claims file")
     if "decide" in raw or "setup" in raw:
@@ -447,8 +448,6 @@ def load_claim_set(path: str | os.PathLike[str]) -> ClaimSet:
         claims.append(load_claim_file(os.path.normpath(path.parent / given)))
     for i, cl in enumerate(_list(raw.get("claims", []), path, "claims")):
         claims.append(_inline_claim(cl, path, i))
-    if not claims:
-        raise ConfigError(f"{path}: no claims; expected claim_files or claims")
     ids = [c.id for c in claims]
     dup = next((i for i in ids if ids.count(i) > 1), None)
     if dup is not None:
