@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 NAME = "claims"
 HELP = (
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             )
         given = value
     claim_set = load_claim_set(find_claims(given))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c in claim_set.claims:
         lo, hi = tolerance_band(c.value, c.tolerance)
         rows.append(
