@@ -174,7 +174,7 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
 def validation_line(claim: dict[str, Any]) -> str | None:
     """The claim's system-level check beside its verdict: the simulated and published speedup
     of the claimed comparison on the claim's own system, the error, and what the rule made of
-    it (`dcp_bench.report.system_validation.verdict_rule`)."""
+    it (`dcp_bench.report.claims.verdict_rule`)."""
     val = claim.get("validation")
     rule = str(claim.get("verdict_rule") or "")
     if not val:
