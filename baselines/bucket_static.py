@@ -26,6 +26,7 @@ from baselines.scheduling import (
     split_for,
     static_round,
 )
+from dcp_bench.archs import get_arch
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import MicroBatch, Mode, Split, StepPlan
 from dcp_bench.planners.base import Planner
@@ -57,11 +58,10 @@ BucketKey = tuple[int, int]
 
 
 def bucket_key(tokens: int, frames: int, arch: str) -> BucketKey:
-    """Video samples bucket by exact latent shape (T', spatial), as the reference's
-    (resolution, frame count) buckets do; text buckets by the next power of two of its length."""
-    if arch == "stdit":
-        return (frames, tokens // frames)
-    return (1, 1 << max(0, (tokens - 1).bit_length()))
+    """The size bucket of a sample, as its architecture states it (`dcp_bench.archs`): STDiT3
+    video by exact latent shape (T', spatial), as the reference's (resolution, frame count)
+    buckets do; text by the next power of two of its length."""
+    return get_arch(arch).bucket_key(tokens, frames)
 
 
 def damp_batch_sizes(

@@ -22,6 +22,7 @@ LAYERS: list[list[str]] = [
         "dcp_bench.envinfo",
         "dcp_bench.batch",
         "dcp_bench.train_policy",
+        "dcp_bench.archs",  # architectures as plug-ins: what the cost model prices, torch-free
         "dcp_bench.summary_schema",
     ],
     ["dcp_bench.records", "dcp_bench.run_ids", "dcp_bench.corpora", "dcp_bench.cost"],
@@ -41,6 +42,7 @@ LAYERS: list[list[str]] = [
 ]
 SIBLING_IMPORTS = {("baselines", "dcp_bench.planners")}  # a baseline is a Planner subclass
 TORCH_FREE = (
+    "dcp_bench.archs",
     "dcp_bench.planners",
     "baselines",
     "dcp_bench.sim",

@@ -213,11 +213,11 @@ def test_image_attention_is_free_and_short_attention_is_memory_bound() -> None:
     for frames, bound in ((16.0, True), (64.0, False)):
         n, T = np.array([256.0 * frames]), np.array([frames])
         flops = 4.0 * 256 * frames**2 * h * np.ones(1)
-        w1 = cost._self_attention_work(flops, T, n)[0]
+        w1 = cost.self_attention_work(flops, T, n)[0]
         gpu = cost.cluster.gpu
         fast = dataclasses.replace(
             cost.cluster, gpu=dataclasses.replace(gpu, measured_mem_bw=2 * gpu.measured_mem_bw)
         )
         fast_cost: Any = make_cost_model(spec, fast, "analytical")
-        w2 = fast_cost._self_attention_work(flops, T, n)[0]
+        w2 = fast_cost.self_attention_work(flops, T, n)[0]
         assert (w2 == pytest.approx(w1 / 2)) if bound else (w2 == pytest.approx(w1))

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dcp_bench.archs import get_arch
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.params import param_breakdown
@@ -973,7 +974,7 @@ def _calibration_phase(files: CheckFiles, device_name: str, tiny: bool, sizes: C
             "oom": sum(1 for p in art["layers"] if p.get("oom")),
             "failures": len(art.get("failures", [])),
         }
-        if art["model"]["arch"] == "llama":
+        if not get_arch(art["model"]["arch"]).video:
             info["layer_mfu"] = layer_mfu(art, 32768, datasheet_peak_flops(report["device"]))
         report["calibration"][art["model"]["name"]] = info
     files.check["calibration"] = report["calibration"]

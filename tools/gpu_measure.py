@@ -54,6 +54,7 @@ import numpy as np
 import torch
 import yaml
 
+from dcp_bench.archs import arch_of
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.params import param_breakdown
 from dcp_bench.cost.specs import cluster_spec, model_spec
@@ -332,7 +333,7 @@ def _layer_time(name: str, layers: int, tokens: int, device: Any, reps: int) -> 
     spec = dataclasses.replace(model_spec(name), num_layers=layers)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = build_model(spec, seed=0, device=device, dtype=dtype)
-    video = spec.arch == "stdit"
+    video = arch_of(spec).video
     frames = np.array([2 if video else 1])
     inputs = model.make_inputs(np.array([0]), np.array([tokens]), frames, SINGLE, 0)
     times = []

@@ -7,7 +7,7 @@ Time of a sequence-split micro-batch on an SP group of ``s`` ranks, per rank:
 - forward = GEMM FLOPs / (s * peak * eff_gemm(tokens per rank))
   + sum over samples and attention kinds of attention FLOPs / (s * peak * eff_attn(length))
   (STDiT3 self-attention on the reference's path for its length: none for length 1, the
-  memory-bound math path under 30 keys, `AnalyticalCostModel._self_attention_work`)
+  memory-bound math path under 30 keys, `AnalyticalCostModel.self_attention_work`)
   + memory-bound kernels: tokens per rank x layers x bytes moved per token / memory bandwidth;
 - backward = 2 x the forward's GEMMs and memory-bound kernels (weight- and input-gradient GEMMs)
   + ``attn_bwd_factor`` x the forward's attention time (flash attention's backward);
@@ -39,6 +39,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from dcp_bench.archs import arch_of
 from dcp_bench.config import MEM_CAP_FRACTION
 from dcp_bench.cost.activations import FUSED_ATTENTION_MIN_LEN, activation_terms
 from dcp_bench.cost.base import (
@@ -279,7 +280,8 @@ class AnalyticalCostModel(CostModel):
     def _derive(self) -> None:
         """Per-token and per-sample constants of the model (FLOPs, bytes), computed once."""
         m, gpu = self.model, self.cluster.gpu
-        h, f, hd, L = m.hidden, m.ffn_hidden, m.head_dim, m.num_layers
+        self._arch = arch_of(m)
+        L = m.num_layers
         b = m.dtype_bytes
         self._L = L
         self._b = b
@@ -310,46 +312,17 @@ class AnalyticalCostModel(CostModel):
             if self.allreduce_hop_latency_s is not None
             else self.cluster.intra_node_latency_s
         )
-        if m.arch == "llama":
-            kvd = m.kv_heads * hd
-            # q, k, v, o projections and the SwiGLU MLP (gate, up, down): 2 FLOPs per MAC.
-            self._layer_gemm_tok = 2.0 * (h * (h + 2 * kvd) + h * h + 3 * h * f)
-            self._layer_gemm_sample = 0.0
-            self._head_gemm_tok = 2.0 * h * m.vocab
-            self._head_gemm_sample = 0.0
-            # Bytes per token per layer the memory-bound kernels' traffic scales with (the
-            # elementwise term's basis, as calibrated): norm-1 input, qkv input, q, k, v,
-            # attention output, norm-2 input, MLP input (6h + 2 kvd), gate, up, silu(gate),
-            # gate*up (4f) in the model dtype, and flash-attention's fp32 log-sum-exp per head.
-            # The memory charged is `activation_terms` (what the models keep, counted).
-            self._act_full_tok = b * (6 * h + 2 * kvd + 4 * f) + 4.0 * m.heads
-            self._gemms_per_layer = 7
-        else:
-            M = m.text_tokens
-            # One STDiT block: qkv + out projections, cross-attention q + out projections, MLP
-            # (two GEMMs), adaLN modulation (shift/scale on two sub-layers, two gates: ~6 per
-            # element); a layer unit is a spatial + temporal pair.
-            block_tok = 2.0 * (3 * h * h + h * h + 2 * h * h + 2 * h * f) + 6.0 * h
-            self._layer_gemm_tok = 2 * block_tok
-            # Cross-attention k/v projections of the M caption tokens, per sample and block.
-            self._layer_gemm_sample = 2 * (2.0 * M * h * 2 * h)
-            pv = m.patch[0] * m.patch[1] * m.patch[2]
-            self._head_gemm_tok = 2.0 * (m.in_channels * pv * h + h * pv * 2 * m.in_channels)
-            self._head_gemm_sample = 2.0 * M * (m.text_dim * h + h * h)  # caption MLP
-            # Bytes per token per block pair the memory-bound kernels' traffic scales with (the
-            # elementwise term's basis, as calibrated): self-attention (norm input, modulated,
-            # q, k, v, normed q and k, output: 8h), cross-attention (input, q, output: 3h), MLP
-            # (norm input, modulated, fc1 out, GELU out: 2h + 2f), gates/residuals (2h). The
-            # memory charged is `activation_terms` (what the models keep, counted).
-            self._act_full_tok = 2 * (b * (15 * h + 2 * f) + 2 * 4.0 * m.heads)
-            self._gemms_per_layer = 12  # per block: qkv, proj, cross q and out, fc1, fc2; x2 blocks
+        gt = self._arch.gemm_terms(m, b)
+        self._layer_gemm_tok = gt.layer_tok
+        self._layer_gemm_sample = gt.layer_sample
+        self._head_gemm_tok = gt.head_tok
+        self._head_gemm_sample = gt.head_sample
+        # The memory charged is `activation_terms` (what the models keep, counted).
+        self._act_full_tok = gt.act_full_tok
+        self._gemms_per_layer = gt.gemms_per_layer
         # Mean multiply-adds per token of one layer GEMM (cross-attention k/v act on captions)
-        # (the STDiT pair's 12h adaLN modulation FLOPs per token are elementwise, not GEMMs)
-        macs = (
-            (self._layer_gemm_tok - (12.0 * h if m.arch == "stdit" else 0.0))
-            / 2.0
-            / self._gemms_per_layer
-        )
+        # (elementwise FLOPs such as the STDiT pair's 12h adaLN modulation are not GEMMs)
+        macs = (self._layer_gemm_tok - gt.elementwise_flops_tok) / 2.0 / self._gemms_per_layer
         self.gemm_macs_per_token = macs
         if self._gemm_half_flops is not None:
             self._gemm_half = self._gemm_half_flops / (2.0 * macs)
@@ -399,29 +372,10 @@ class AnalyticalCostModel(CostModel):
         L, m = self._L, self.model
         layer_gemm = L * (n * self._layer_gemm_tok + self._layer_gemm_sample)
         head_gemm = n * self._head_gemm_tok + self._head_gemm_sample
-        if m.arch == "llama":
-            # QK^T and AV over the causal half of the n x n scores: 2 * (2 n^2 h) / 2.
-            a = 2.0 * n * n * m.hidden
-            attn = L * a
-            work = attn / self.attention_efficiency(n, causal=True)
-        else:
-            T = np.asarray(frames, dtype=float)
-            S = n / T
-            h, M = m.hidden, m.text_tokens
-            # per frame, full (non-causal) attention over S; per patch, attention over T'. A
-            # length-1 sequence attends to nothing (the reference returns v: no FLOPs).
-            spatial = np.where(S > 1, 4.0 * T * S * S * h, 0.0)
-            temporal = np.where(T > 1, 4.0 * S * T * T * h, 0.0)
-            cross = 2 * 4.0 * n * M * h  # both blocks attend to the M caption tokens
-            attn = L * (spatial + temporal + cross)
-            work = L * (
-                self._self_attention_work(spatial, S, n)
-                + self._self_attention_work(temporal, T, n)
-                + cross / self.attention_efficiency(float(max(M, 1)))
-            )
+        attn, work = self._arch.attention_flops(m, n, frames, self)
         return {"layer_gemm": layer_gemm, "head_gemm": head_gemm, "attn": attn, "attn_work": work}
 
-    def _self_attention_work(
+    def self_attention_work(
         self, flops: np.ndarray, length: np.ndarray, rows: np.ndarray
     ) -> np.ndarray:
         """Peak-equivalent FLOPs (time x peak) of one STDiT block's self-attention over ``rows``
@@ -449,15 +403,8 @@ class AnalyticalCostModel(CostModel):
     def a2a_bytes_per_layer(self, tokens_per_rank: np.ndarray, sp: np.ndarray) -> np.ndarray:
         """Bytes each rank holds in the all-to-alls of one layer's forward (before the (s-1)/s
         share that leaves the rank)."""
-        m, b = self.model, self._b
         n_r = np.asarray(tokens_per_rank, dtype=float)
-        if m.arch == "llama":
-            # q and output: h wide; k and v: kv_heads * head_dim, repeated up to s heads when the
-            # group is larger than the number of KV heads (each rank needs at least one).
-            kv = np.maximum(m.kv_heads, np.asarray(sp)) * m.head_dim
-            return n_r * b * (2 * m.hidden + 2 * kv)
-        # DSP: the whole activation changes its sharded dimension twice per block pair.
-        return n_r * b * 2 * m.hidden
+        return self._arch.a2a_bytes_per_layer(self.model, n_r, sp, self._b)
 
     def a2a_time(self, nbytes: np.ndarray, sp: np.ndarray, collectives: int) -> np.ndarray:
         """Time of ``collectives`` all-to-alls moving ``nbytes`` held per rank in total."""
@@ -515,8 +462,11 @@ class AnalyticalCostModel(CostModel):
     ) -> np.ndarray:
         """Attention compute per rank of each micro-batch (all layers) under ring attention: the
         same FLOPs over ``s`` ranks at the efficiency of full blocks of a sample's n / r keys."""
-        if self.model.arch != "llama":
-            raise ConfigError("ring attention prices text models; video runs DSP (ulysses)")
+        if not self._arch.text_sp_kinds:
+            raise ConfigError(
+                f"ring attention prices 1-D text models; architecture {self._arch.name!r} runs "
+                "ulysses (DSP) only"
+            )
         n = np.asarray(tokens, dtype=float)
         fl = self.sample_flops(np.asarray(tokens), np.ones(len(n), dtype=np.int64))
         work = fl["attn"] / self.attention_efficiency(n / ring[idx], causal=False)
@@ -646,10 +596,9 @@ class AnalyticalCostModel(CostModel):
             self._params, self._layer_params, self.cluster.world_size, self.zero_stage, policy
         )
         out["workspace"] = float(self.cluster.gpu.workspace_bytes)
-        if self.model.arch == "llama":
-            out["logits_chunk"] = logits_chunk_bytes(
-                self.logits_chunk_tokens, self.model.vocab, policy
-            )
+        vocab = self._arch.logits_vocab(self.model)
+        if vocab:
+            out["logits_chunk"] = logits_chunk_bytes(self.logits_chunk_tokens, vocab, policy)
         return {k: float(v) for k, v in out.items()}
 
     def allreduce_time(self, nbytes: float, ranks: int) -> float:
@@ -777,7 +726,7 @@ class AnalyticalCostModel(CostModel):
         frames = np.atleast_1d(np.asarray(frames, dtype=np.int64))
         u = ulysses_span(sp_kind, ulysses_degree, sp)
         self._check(u, ckpt_layers)
-        if sp_kind != "ulysses" and self.model.arch != "llama":
+        if sp_kind != "ulysses" and not self._arch.text_sp_kinds:
             raise ConfigError(f"sp_kind={sp_kind!r} prices text models; video runs DSP (ulysses)")
         if split == "batch" and sp > 1:
             return self._batch_split_cost(tokens, frames, sp, ckpt_layers)
@@ -983,32 +932,14 @@ class AnalyticalCostModel(CostModel):
         ``n`` query rows moves ``n x h x b`` bytes per activation-sized tensor: 4 forward, 8
         backward, at the measured memory bandwidth."""
         n = np.asarray(tokens, dtype=float)
-        m, L, b, h = self.model, self._L, self._b, self.model.hidden
+        m, b, h = self.model, self._b, self.model.hidden
         bw = self.cluster.gpu.measured_mem_bw
         per_row = h * b * (ATTN_FWD_TENSORS + ATTN_BWD_TENSORS) / bw
         flop_rate = self._peak
         bwd = 1.0 + self._attn_bwd
-        if m.arch == "llama":
-            short = n < SHORT_ATTENTION_KEYS
-            flop_t = bwd * 2.0 * n * n * h / self.attention_efficiency(n, causal=True) / flop_rate
-            io_t = n * per_row
-            return np.where(short, L * np.maximum(io_t - flop_t, 0.0), 0.0)
-        T = np.asarray(frames, dtype=float)
-        S = n / T
-        out = np.zeros_like(n)
-        M = float(max(m.text_tokens, 1))
-        for length, flops, rows in (
-            (S, 4.0 * T * S * S * h, n),  # spatial: T calls over S keys
-            (T, 4.0 * S * T * T * h, n),  # temporal: S calls over T keys
-            (np.full_like(n, M), 2 * 4.0 * n * M * h, 2 * n),  # cross, in both blocks
-        ):
-            flop_t = bwd * flops / self.attention_efficiency(length) / flop_rate
-            io_t = rows * per_row
-            # the fused kernel's lengths only: length 1 is free, the math path under
-            # FUSED_ATTENTION_MIN_LEN is priced on its own traffic (`_self_attention_work`)
-            short = (length < SHORT_ATTENTION_KEYS) & (length >= FUSED_ATTENTION_MIN_LEN)
-            out += np.where(short, L * np.maximum(io_t - flop_t, 0.0), 0.0)
-        return out
+        return self._arch.short_attention_io(
+            m, n, frames, self, per_row, flop_rate, bwd, SHORT_ATTENTION_KEYS
+        )
 
     def sample_memory(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int

@@ -2,11 +2,12 @@
 the model that ``train`` builds.
 
 A ``transformers`` decoder config (the ``config.json`` of a Hub model, or its keys) maps to the
-``llama`` architecture of the cost model: hidden size, decoder layers, query and KV heads, FFN
-width, vocabulary, tied embeddings, and Qwen2's q/k/v bias. Only the decoder families whose layer
-structure is that architecture's (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP,
-no extra per-layer parameters) are accepted; any other ``model_type`` or a layer option the cost
-model does not price is refused by name. Torch-free: the library is not imported here.
+``llama`` decoder architecture of the cost model (`dcp_bench.archs.llama`): hidden size, decoder
+layers, query and KV heads, the head width, FFN width, vocabulary, tied embeddings, biases, q/k
+norms, the norm and MLP kind. The families are those registered in
+`dcp_bench.archs.llama.TRANSFORMERS_FAMILIES` (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2,
+Gemma3, OLMo2, Phi3, Granite, GPT-NeoX, Starcoder2); any other ``model_type`` or a layer option
+the cost model does not price is refused by name. Torch-free: the library is not imported here.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dcp_bench.archs.llama import TRANSFORMERS_FAMILIES
 from dcp_bench.errors import ConfigError
 
-# model_type -> q/k/v projections carry a bias. These families share the llama layer structure.
-TRANSFORMERS_DECODERS: dict[str, bool] = {"llama": False, "mistral": False, "qwen2": True}
 LIBRARIES = ("transformers",)
-# Layer options that would change what the cost model prices (key, value that is priced).
+# Layer options that would change what the cost model prices (key, value that is priced), for
+# families without a key that biases every linear layer (``TransformersFamily.bias_key``).
 _PRICED_AS: dict[str, Any] = {
     "attention_bias": False,
     "mlp_bias": False,
@@ -67,37 +68,53 @@ def _int_key(cfg: Mapping[str, Any], key: str, default: int | None = None) -> in
 def transformers_spec_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """`ModelSpec` fields of a transformers decoder config (see the module docstring)."""
     model_type = cfg.get("model_type")
-    if model_type not in TRANSFORMERS_DECODERS:
+    family = TRANSFORMERS_FAMILIES.get(str(model_type))
+    if family is None:
         raise ConfigError(
             f"model config model_type={model_type!r}; expected one of "
-            f"{', '.join(TRANSFORMERS_DECODERS)} (decoders the cost model prices as llama)"
+            f"{', '.join(TRANSFORMERS_FAMILIES)} (decoder families registered in dcp_bench.archs)"
         )
+    if family.unpriced:
+        raise ConfigError(
+            f"model config model_type={model_type!r}: the cost model cannot price "
+            f"{family.unpriced}; expected one of "
+            f"{', '.join(k for k, f in TRANSFORMERS_FAMILIES.items() if not f.unpriced)}"
+        )
+    cfg = {**family.defaults, **{k: v for k, v in cfg.items() if v is not None}}
     for key, priced in _PRICED_AS.items():
+        if key == family.bias_key:
+            continue
         if key in cfg and cfg[key] not in (priced, None):
             raise ConfigError(
-                f"model config {key}={cfg[key]!r}: the cost model prices {key}={priced} only"
+                f"model config {key}={cfg[key]!r}: the cost model prices {key}={priced} only "
+                f"for model_type {model_type!r}"
+            )
+    linear_bias = False
+    if family.bias_key:
+        linear_bias = bool(cfg.get(family.bias_key, False))
+        if not linear_bias:
+            raise ConfigError(
+                f"model config {family.bias_key}=False: the cost model prices {model_type!r} "
+                "with a bias on every linear layer only"
             )
     hidden = _int_key(cfg, "hidden_size")
     heads = _int_key(cfg, "num_attention_heads")
-    kv_heads = _int_key(cfg, "num_key_value_heads", heads)
+    kv_heads = _int_key(cfg, "num_key_value_heads", heads) if family.grouped_query else heads
     head_dim = cfg.get("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
-        raise ConfigError(
-            f"model config head_dim={head_dim} with {heads} heads and hidden_size={hidden}: "
-            "the cost model needs head_dim = hidden_size / num_attention_heads"
-        )
-    if hidden % heads:
+    if head_dim is not None:
+        head_dim = _int_key(cfg, "head_dim")
+    elif hidden % heads:
         raise ConfigError(
             f"model config num_attention_heads={heads} with hidden_size={hidden}: expected a "
             f"number of heads that divides hidden_size exactly ({hidden} / {heads} = "
-            f"{hidden / heads:g} is not a whole head size)"
+            f"{hidden / heads:g} is not a whole head size) or a head_dim"
         )
     if heads % kv_heads:
         raise ConfigError(
             f"model config num_key_value_heads={kv_heads} with num_attention_heads={heads}: "
             "expected a number of key-value heads that divides num_attention_heads exactly"
         )
-    return {
+    fields: dict[str, Any] = {
         "arch": "llama",
         "num_layers": _int_key(cfg, "num_hidden_layers"),
         "hidden": hidden,
@@ -106,8 +123,21 @@ def transformers_spec_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "ffn_hidden": _int_key(cfg, "intermediate_size"),
         "vocab": _int_key(cfg, "vocab_size"),
         "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        "qkv_bias": TRANSFORMERS_DECODERS[str(model_type)],
+        "qkv_bias": family.qkv_bias,
     }
+    # the decoder options a plain Llama leaves at their defaults (so its fields stay as before)
+    options: dict[str, Any] = {
+        "head_dim_override": head_dim if head_dim and head_dim * heads != hidden else 0,
+        "qk_head_norm": family.qk_head_norm,
+        "norm": family.norm,
+        "mlp": family.mlp,
+        "linear_bias": linear_bias,
+        "norms_per_layer": family.norms_per_layer,
+    }
+    defaults = {"head_dim_override": 0, "qk_head_norm": "", "norm": "rmsnorm", "mlp": "swiglu"}
+    defaults.update({"linear_bias": False, "norms_per_layer": 2})
+    fields.update({k: v for k, v in options.items() if v != defaults[k]})
+    return fields
 
 
 def library_spec_fields(data: Mapping[str, Any]) -> dict[str, Any]:

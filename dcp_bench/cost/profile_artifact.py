@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from dcp_bench.archs import get_arch
 from dcp_bench.errors import ConfigError
 from dcp_bench.paths import REPO_ROOT
 
@@ -91,13 +92,9 @@ def load_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
 def attention_pairs(tokens: np.ndarray, frames: np.ndarray, arch: str) -> np.ndarray:
     """Query-key pairs a sample's attention computes, the size feature that grows quadratically.
 
-    Causal 1-D text attends L^2/2 pairs; a video block pair attends spatially within each frame
-    (F * S^2) and temporally across frames at each position (S * F^2). Per pair the work is the
-    same (same head width), so one coefficient serves both.
+    Each architecture counts its own (`dcp_bench.archs`): causal 1-D text attends L^2/2 pairs; an
+    STDiT3 block pair attends spatially within each frame (F * S^2) and temporally across frames
+    at each position (S * F^2). Per pair the work is the same (same head width), so one
+    coefficient serves both.
     """
-    t = np.asarray(tokens, dtype=float)
-    if arch == "stdit":
-        f = np.asarray(frames, dtype=float)
-        s = t / f
-        return f * s * s + s * f * f
-    return t * t / 2.0
+    return get_arch(arch).attention_pairs(tokens, frames)

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dcp_bench.archs import arch_of
 from dcp_bench.cost.activations import activation_terms
 from dcp_bench.cost.analytical import AnalyticalCostModel
 from dcp_bench.cost.base import CostModel, MicroBatchCost, deal_by_tokens
@@ -326,12 +327,7 @@ class ProfiledCostModel(CostModel):
     def _a2a_bytes_per_token(self) -> list[float]:
         """Bytes per local token of each all-to-all one layer issues in its forward pass (the
         backward pass mirrors them)."""
-        m, b = self.model, self.model.dtype_bytes
-        if m.arch == "llama":  # q, k, v in; attention output back
-            kv = m.kv_heads * m.head_dim
-            return [m.hidden * b, kv * b, kv * b, m.hidden * b]
-        # DSP: a block pair switches the sharded dimension before the temporal block and back
-        return [m.hidden * b, m.hidden * b]
+        return arch_of(self.model).a2a_bytes_per_token(self.model, self.model.dtype_bytes)
 
     # --- CostModel --------------------------------------------------------------------------
 
@@ -460,7 +456,7 @@ class ProfiledCostModel(CostModel):
         frames = np.atleast_1d(np.asarray(frames, dtype=float))
         flops = self.model_flops(tokens, frames)
         u = ulysses_span(sp_kind, ulysses_degree, sp)
-        if u != sp and self.model.arch != "llama":
+        if u != sp and not arch_of(self.model).text_sp_kinds:
             raise ConfigError(f"sp_kind={sp_kind!r} prices text models; video runs DSP (ulysses)")
         if split not in ("sequence", "batch"):
             raise ConfigError(f"split={split!r}; expected 'sequence' or 'batch'")

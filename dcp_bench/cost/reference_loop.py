@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dcp_bench.archs import arch_of
 from dcp_bench.cost.specs import ModelSpec
 
 LOOPS = ("runtime", "reference")
@@ -59,15 +60,13 @@ def ema_param_tensors(spec: ModelSpec) -> int:
     weights/biases, MLP fc1/fc2 weights/biases, scale_shift_table), two blocks per layer unit, and
     20 outside the blocks (patch, timestep, fps and caption embedders, t_block, the final layer;
     ``pos_embed`` is skipped). A decoder (Llama family): 9 per layer and 3 outside."""
-    if spec.arch == "stdit":
-        return 16 * 2 * spec.num_layers + 20
-    return 9 * spec.num_layers + 3
+    return arch_of(spec).ema_param_tensors(spec)
 
 
 def host_input_bytes(spec: ModelSpec, tokens: np.ndarray) -> np.ndarray:
     """Bytes per sample the reference's loop copies to the GPU (module docstring). ``tokens`` are
     patch tokens; a latent voxel count is tokens x the patch's spatial area."""
-    if spec.arch != "stdit":
+    if not arch_of(spec).video:
         return np.zeros(len(tokens))
     voxels = np.asarray(tokens, dtype=float) * spec.patch[1] * spec.patch[2]
     caption = CAPTION_TOKENS * CAPTION_DIM * 4.0 + CAPTION_TOKENS * 8.0

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from dcp_bench.archs import get_arch
 from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.library_specs import library_spec_fields
 from dcp_bench.errors import ClusterError, ConfigError
@@ -104,8 +105,8 @@ class ClusterSpec:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    arch: str  # "llama" (1-D causal decoder) or "stdit" (2-D video diffusion transformer)
-    num_layers: int  # llama: decoder layers; stdit: spatial+temporal block pairs
+    arch: str  # a registered architecture (`dcp_bench.archs`): llama, gpt, stdit, wan, ...
+    num_layers: int  # decoders: layers; stdit: spatial+temporal block pairs; wan: blocks
     hidden: int
     heads: int
     kv_heads: int
@@ -128,6 +129,18 @@ class ModelSpec:
     # (`dcp_bench.cost.library_specs`), which the runtime builds the model from.
     library: str = ""
     library_config: dict[str, Any] = field(default_factory=dict)
+    # Decoder options (`dcp_bench.archs.llama`; the defaults are Llama's): the attention head
+    # width when it is not hidden / heads (0: hidden / heads; Gemma, Qwen3), per-head or
+    # full-width q/k norms ("" none, "head": Qwen3, Gemma3, "full": OLMo2), the norm
+    # ("rmsnorm" | "layernorm", with bias), the MLP ("swiglu" | "geglu" gated, "gelu" plain),
+    # a bias on every linear layer (GPT-NeoX, GPT), norms per layer (Gemma2/3: 4).
+    head_dim_override: int = 0
+    qk_head_norm: str = ""
+    norm: str = "rmsnorm"
+    mlp: str = "swiglu"
+    linear_bias: bool = False
+    norms_per_layer: int = 2
+    learned_positions: int = 0  # rows of a learned position table (GPT); 0: rotary positions
 
     def __post_init__(self) -> None:
         # num_layers may be 0 here: the profiler builds a model without layers to measure the rest
@@ -139,10 +152,17 @@ class ModelSpec:
                 raise ConfigError(
                     f"model.{key}={value!r} (model {self.name!r}): expected an integer >= {least}"
                 )
-        if self.arch not in ("llama", "stdit"):
-            raise ConfigError(
-                f"model {self.name!r}: arch {self.arch!r}; expected 'llama' or 'stdit'"
-            )
+        arch = get_arch(self.arch)  # a one-line error naming the registered ones
+        for key, allowed in (
+            ("qk_head_norm", ("", "head", "full")),
+            ("norm", ("rmsnorm", "layernorm")),
+            ("mlp", ("swiglu", "geglu", "gelu")),
+        ):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(
+                    f"model.{key}={getattr(self, key)!r} (model {self.name!r}): expected one of "
+                    f"{', '.join(map(repr, allowed))}"
+                )
         if self.qk_norm not in ("reference", "fused"):
             raise ConfigError(
                 f"model.qk_norm={self.qk_norm!r} (model {self.name!r}): expected 'reference' "
@@ -153,24 +173,16 @@ class ModelSpec:
                 f"model {self.name!r}: heads {self.heads} not a multiple of kv_heads "
                 f"{self.kv_heads}"
             )
+        arch.check(self)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return get_arch(self.arch).head_dim(self)
 
     def sp_degree_offence(self, sp: int) -> str | None:
-        """Why this model cannot run a sequence-split micro-batch on ``sp`` ranks, or None.
-
-        Ulysses (text) and DSP (video) shard the attention heads over the group, so ``sp`` must
-        divide the query heads (`dcp_bench.runtime.attention.check_heads`). KV heads add no
-        further rule: the runtime repeats them up to lcm(kv_heads, sp) (`kv_heads_for_sp`),
-        which divides the query heads whenever ``sp`` does."""
-        if sp > 1 and self.heads % sp:
-            return (
-                f"SP degree {sp} does not divide the {self.heads} attention heads of model "
-                f"{self.name!r} (Ulysses shards heads over the group)"
-            )
-        return None
+        """Why this model cannot run a sequence-split micro-batch on ``sp`` ranks, or None (its
+        architecture's rule, `dcp_bench.archs.base.Architecture.sp_degree_offence`)."""
+        return get_arch(self.arch).sp_degree_offence(self, sp)
 
     @property
     def dtype_bytes(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dcp_bench.archs import arch_of
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, check_zero_stage
@@ -88,7 +89,7 @@ def sample_shapes(
     padding; packing splits the frames while each sample keeps ``sp`` of them, else the patches.
     """
     n = 1 if shape == "single" else packed
-    if model.arch == "llama":
+    if not arch_of(model).video:
         return [(total // n, 1)] * n
     spatial = max(1, min(video_spatial, total // sp))
     frames = max(1, total // spatial)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dcp_bench.archs import arch_of
 from dcp_bench.config import load_config, to_container
 from dcp_bench.cost.profile_artifact import KIND, SCHEMA_VERSION, dumps_artifact
 from dcp_bench.cost.specs import ModelSpec
@@ -248,7 +249,7 @@ def measure_rank_baseline(
     ``process_baseline_bytes_profiler``."""
     workload = (
         ["workload=videosys_zipf", "workload.length_scale=4096", "workload.tokens_per_gpu=4096"]
-        if model.arch == "stdit"
+        if arch_of(model).video
         else ["workload=synthetic_fixed", "workload.length=16", "workload.tokens_per_gpu=64"]
     )
     with tempfile.TemporaryDirectory(prefix="dcp-baseline-") as tmp:

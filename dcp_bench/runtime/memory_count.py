@@ -42,33 +42,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.specs import ModelSpec, model_spec
 from dcp_bench.errors import ConfigError
+from dcp_bench.runtime.archs import RuntimeArch, runtime_arch
 from dcp_bench.runtime.attention import SINGLE, AttentionKernel
-from dcp_bench.runtime.models import LlamaModel, STDiTModel, build_empty_model
+from dcp_bench.runtime.models import build_empty_model
 
-# sub-module name (last component) -> section of a layer
-_STDIT_SECTIONS = {
-    "norm1": "norm_modulation",
-    "norm2": "norm_modulation",
-    "qkv": "self_attention",
-    "q_norm": "self_attention",
-    "k_norm": "self_attention",
-    "proj": "self_attention",
-    "cross_q": "cross_attention",
-    "cross_kv": "cross_attention",
-    "cross_proj": "cross_attention",
-    "mlp": "mlp",
-}
-_LLAMA_SECTIONS = {
-    "attn_norm": "norms",
-    "mlp_norm": "norms",
-    "q_proj": "attention",
-    "k_proj": "attention",
-    "v_proj": "attention",
-    "o_proj": "attention",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -162,10 +139,10 @@ class _Tracker:
         return t
 
 
-def _section_hooks(model: nn.Module, tracker: _Tracker, arch: str) -> list[Any]:
-    """Forward pre-hooks that set the tracker's current unit."""
+def _section_hooks(model: nn.Module, tracker: _Tracker, entry: RuntimeArch) -> list[Any]:
+    """Forward pre-hooks that set the tracker's current unit (the architecture's runtime entry
+    maps sub-modules to units, `dcp_bench.runtime.archs`)."""
     handles = []
-    sections = _STDIT_SECTIONS if arch == "stdit" else _LLAMA_SECTIONS
 
     def setter(name: str) -> Any:
         def hook(mod: nn.Module, args: Any) -> None:
@@ -174,31 +151,18 @@ def _section_hooks(model: nn.Module, tracker: _Tracker, arch: str) -> list[Any]:
         return hook
 
     for name, mod in model.named_modules():
-        parts = name.split(".")
-        if arch == "stdit" and len(parts) >= 4 and parts[0] == "pairs" and parts[3] in sections:
-            handles.append(
-                mod.register_forward_pre_hook(
-                    setter(f"L{parts[1]}.{parts[2]}.{sections[parts[3]]}")
-                )
-            )
-        elif arch == "llama" and len(parts) >= 3 and parts[0] == "layers" and parts[2] in sections:
-            handles.append(
-                mod.register_forward_pre_hook(setter(f"L{parts[1]}.{sections[parts[2]]}"))
-            )
-    if arch == "stdit":
-        handles.append(model.final_norm.register_forward_pre_hook(setter("final_layer")))  # type: ignore[union-attr]
-    else:
-        handles.append(model.norm.register_forward_pre_hook(setter("final_norm")))  # type: ignore[union-attr]
-        handles.append(
-            model.norm.register_forward_hook(  # type: ignore[union-attr]
-                lambda m, a, o: tracker.set_unit("loss")
-            )
-        )
+        unit = entry.section_of(name.split("."))
+        if unit is not None:
+            handles.append(mod.register_forward_pre_hook(setter(unit)))
+    for mod, before, after in entry.final_units(model):
+        handles.append(mod.register_forward_pre_hook(setter(before)))
+        if after is not None:
+            handles.append(mod.register_forward_hook(lambda m, a, o, u=after: tracker.set_unit(u)))
     return handles
 
 
 def _checkpoint_input_hooks(
-    model: nn.Module, tracker: _Tracker, arch: str, layers: int
+    model: nn.Module, tracker: _Tracker, entry: RuntimeArch, layers: int
 ) -> list[Any]:
     """Pre-hooks on the checkpointed units that record the inputs their recomputation keeps."""
     handles = []
@@ -215,15 +179,8 @@ def _checkpoint_input_hooks(
 
         return hook
 
-    if arch == "stdit":
-        for i in range(layers):
-            pair: Any = model.pairs[i]  # type: ignore[index]
-            handles.append(pair.spatial.register_forward_pre_hook(recorder(f"L{i}.spatial")))
-            handles.append(pair.temporal.register_forward_pre_hook(recorder(f"L{i}.temporal")))
-    else:
-        for i in range(layers):
-            layer: Any = model.layers[i]  # type: ignore[index]
-            handles.append(layer.register_forward_pre_hook(recorder(f"L{i}")))
+    for unit, mod in entry.checkpoint_units(model, layers):
+        handles.append(mod.register_forward_pre_hook(recorder(unit)))
     return handles
 
 
@@ -263,6 +220,7 @@ def count_activations(
     if torch_dtype is None:
         raise ConfigError(f"dtype={dtype or spec.dtype!r}; expected one of {sorted(DTYPES)}")
     small = dataclasses.replace(spec, num_layers=layers)
+    entry = runtime_arch(small)
     ids = np.arange(len(tokens))
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     cpu = torch.device("cpu")
@@ -270,7 +228,7 @@ def count_activations(
     try:  # parameters are fake (shapes only), created in the compute dtype
         torch.set_default_dtype(torch_dtype)
         with mode, torch.no_grad():
-            model = LlamaModel(small) if small.arch == "llama" else STDiTModel(small)
+            model = entry.build(small)
     finally:
         torch.set_default_dtype(previous)
     # Inputs are built for real (small: latents, ids, captions), then converted to fake tensors.
@@ -287,9 +245,9 @@ def count_activations(
     fake_in = _fake_inputs(mode, inputs)
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     tracker = _Tracker(params)
-    handles = _section_hooks(model, tracker, spec.arch)
+    handles = _section_hooks(model, tracker, entry)
     if checkpoint:
-        handles += _checkpoint_input_hooks(model, tracker, spec.arch, layers)
+        handles += _checkpoint_input_hooks(model, tracker, entry, layers)
     try:
         with mode, torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
             loss = model(fake_in, SINGLE, layers if checkpoint else 0)
@@ -330,6 +288,8 @@ DEFAULT_CASES: tuple[tuple[str, tuple[int, ...], tuple[int, ...] | None], ...] =
     ("llama3_8b", (4096,), None),
     ("llama3_8b", (1024,) * 4, None),
     ("llama3_8b", (16384,), None),
+    ("gpt_7b", (1024,), None),  # FlexSP's GPT (learned positions: within its 2048-row table)
+    ("gpt_7b", (1024,) * 2, None),
 )
 
 

@@ -54,6 +54,7 @@ from torch.utils.checkpoint import checkpoint
 from dcp_bench.cost.activations import FUSED_ATTENTION_MIN_LEN, QK_NORMS
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
+from dcp_bench.runtime.archs import runtime_arch
 from dcp_bench.runtime.attention import (
     PORTABLE,
     SINGLE,
@@ -122,6 +123,10 @@ class RuntimeModel(nn.Module, ABC):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def tie_weights(self) -> None:  # noqa: B027 - a model without shared parameters has none
+        """Share the parameters the spec ties again (materialising a meta-device model with
+        ``to_empty`` gives every module its own storage)."""
+
     @property
     def attention(self) -> AttentionKernel:
         """The packed-attention kernel every layer runs (`set_attention`)."""
@@ -131,7 +136,7 @@ class RuntimeModel(nn.Module, ABC):
         """Make every attention of the model run ``kernel`` (and its SDPA restrictions)."""
         self._attention = kernel
         for m in self.modules():
-            if isinstance(m, (LlamaLayer, STDiTBlock)):
+            if isinstance(m, (LlamaLayer, GPTLayer, STDiTBlock)):
                 m.attention = kernel
 
     def init_weights(self, seed: int) -> None:
@@ -388,9 +393,12 @@ class LlamaModel(RuntimeModel):
         self.layers = nn.ModuleList(LlamaLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
-        if spec.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        self.tie_weights()
         self.loss_chunk_tokens = LOGITS_CHUNK_TOKENS
+
+    def tie_weights(self) -> None:
+        if self.spec.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
 
     def init_rule(self, name: str) -> tuple[str, float]:
         return ("ones", 0.0) if name.endswith("norm.weight") else ("normal", 0.02)
@@ -411,6 +419,89 @@ class LlamaModel(RuntimeModel):
                 x = checkpoint(layer, x, inputs, rope, sp, use_reentrant=False)
             else:
                 x = layer(x, inputs, rope, sp)
+        return chunked_cross_entropy_sum(
+            self.norm(x), self.lm_head.weight, inputs.labels, self.loss_chunk_tokens
+        )
+
+
+class GPTLayer(nn.Module):
+    """A GPT-2 / Megatron decoder layer (`dcp_bench.archs.gpt`): LayerNorm, multi-head attention
+    with biased projections, LayerNorm, a biased GELU MLP; no rotary positions."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, hd = spec.hidden, spec.head_dim
+        self.heads, self.head_dim = spec.heads, hd
+        self.attention = PORTABLE
+        self.attn_norm = nn.LayerNorm(h)
+        self.q_proj = nn.Linear(h, spec.heads * hd)
+        self.k_proj = nn.Linear(h, spec.heads * hd)
+        self.v_proj = nn.Linear(h, spec.heads * hd)
+        self.o_proj = nn.Linear(spec.heads * hd, h)
+        self.mlp_norm = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, spec.ffn_hidden)
+        self.fc2 = nn.Linear(spec.ffn_hidden, h)
+
+    def forward(self, x: Tensor, shard: TextShard, sp: SPContext) -> Tensor:
+        t = x.shape[0]
+        hn = self.attn_norm(x)
+        q = self.q_proj(hn).view(t, self.heads, self.head_dim)
+        k = self.k_proj(hn).view(t, self.heads, self.head_dim)
+        v = self.v_proj(hn).view(t, self.heads, self.head_dim)
+        o = text_sp_attention(q, k, v, shard, sp, self.attention)
+        x = x + self.o_proj(o.reshape(t, self.heads * self.head_dim))
+        return x + self.fc2(F.gelu(self.fc1(self.mlp_norm(x))))
+
+
+class GPTModel(RuntimeModel):
+    """GPT (`dcp_bench.archs.gpt`): token and learned position embeddings, GPT layers, a final
+    LayerNorm and an LM head tied to the token embedding unless the spec unties it."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        if spec.vocab <= 0 or spec.learned_positions <= 0:
+            raise ConfigError(
+                f"model {spec.name!r}: a GPT model needs vocab > 0 and learned_positions > 0"
+            )
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos_embed = nn.Embedding(spec.learned_positions, spec.hidden)
+        self.layers = nn.ModuleList(GPTLayer(spec) for _ in range(spec.num_layers))
+        self.norm = nn.LayerNorm(spec.hidden)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.tie_weights()
+        self.loss_chunk_tokens = LOGITS_CHUNK_TOKENS
+
+    def tie_weights(self) -> None:
+        if self.spec.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def init_rule(self, name: str) -> tuple[str, float]:
+        if name.endswith("norm.weight"):
+            return ("ones", 0.0)
+        return ("zeros", 0.0) if name.endswith(".bias") else ("normal", 0.02)
+
+    def make_inputs(
+        self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
+    ) -> TextShard:
+        del frames
+        longest = int(np.max(tokens)) if len(tokens) else 0
+        if longest > self.spec.learned_positions:
+            raise ConfigError(
+                f"model {self.spec.name!r}: a sample of {longest} tokens; its learned position "
+                f"table has {self.spec.learned_positions} rows (model.learned_positions)"
+            )
+        return make_text_shard(sample_ids, tokens, self.spec.vocab, sp, seed, self.device())
+
+    def forward(self, inputs: TextShard, sp: SPContext = SINGLE, ckpt_layers: int = 0) -> Tensor:
+        if sp.ulysses_degree > 1:
+            check_heads(self.spec.heads, sp.ulysses_degree)
+        x = self.embed(inputs.input_ids) + self.pos_embed(inputs.positions)
+        for i, layer in enumerate(self.layers):
+            if i < ckpt_layers:
+                x = checkpoint(layer, x, inputs, sp, use_reentrant=False)
+            else:
+                x = layer(x, inputs, sp)
         return chunked_cross_entropy_sum(
             self.norm(x), self.lm_head.weight, inputs.labels, self.loss_chunk_tokens
         )
@@ -914,6 +1005,7 @@ def build_model(
     if dev.type == "meta":
         return model.to(dtype=dtype)
     model = model.to_empty(device=dev)
+    model.tie_weights()
     model.init_weights(seed)  # in fp32, so a 16-bit model is its fp32 master weights rounded
     model = model.to(dtype=dtype)
     model.set_attention(select_attention_kernel(dev, dtype, spec.head_dim, attention))
@@ -922,5 +1014,8 @@ def build_model(
 
 def build_empty_model(spec: ModelSpec) -> RuntimeModel:
     """The model of ``spec`` on the meta device in fp32 (no memory, no initialisation)."""
+    entry = runtime_arch(spec)  # the registry names the module class of each architecture
     with torch.device("meta"):
-        return LlamaModel(spec) if spec.arch == "llama" else STDiTModel(spec)
+        model = entry.build(spec)
+    assert isinstance(model, RuntimeModel), entry.model_class
+    return model

@@ -532,6 +532,12 @@ def build_training_state(
             f"ZeRO stage {stage} shards over the world: initialise torch.distributed first"
         )
     if lockstep(stage):
+        if spec.tie_embeddings and not spec.library:
+            # the sharded model is materialised shard by shard: a tie would be lost silently
+            raise ConfigError(
+                f"model {spec.name!r}: tied embeddings under ZeRO stage {stage} (sharded "
+                "parameters) are not supported by the runtime's own modules; use stage 0 or 1"
+            )
         model = library_empty_model(spec) or build_empty_model(spec)
         _shard_fsdp(model, stage, policy, device)
         model = model.to_empty(device=device)

@@ -340,15 +340,14 @@ class WanAdapter:
 
 
 def spec_of(model: Any, caption_tokens: int = 16, name: str = "wan") -> ModelSpec:
-    """The cost model's spec of a Wan transformer. The cost model has no full-3-D-attention video
-    architecture: it prices Wan as STDiT-style (per block pair a spatial and a temporal attention),
-    which under-prices attention on long clips; the sources say so."""
+    """The cost model's spec of a Wan transformer: the ``wan`` architecture
+    (`dcp_bench.archs.wan`: full 3-D attention over each clip, one unit per block)."""
     cfg = model.config
     heads, head_dim = int(cfg.num_attention_heads), int(cfg.attention_head_dim)
     return ModelSpec(
         name=name,
-        arch="stdit",
-        num_layers=max(1, int(cfg.num_layers) // 2),
+        arch="wan",
+        num_layers=int(cfg.num_layers),
         hidden=heads * head_dim,
         heads=heads,
         kv_heads=heads,
@@ -358,12 +357,7 @@ def spec_of(model: Any, caption_tokens: int = 16, name: str = "wan") -> ModelSpe
         text_tokens=caption_tokens,
         text_dim=int(cfg.text_dim),
         dtype="fp32",
-        sources={
-            "architecture": (
-                "diffusers WanTransformer3DModel config; priced as STDiT-style spatial + temporal "
-                "attention (approximation: Wan attends over the whole clip)"
-            )
-        },
+        sources={"architecture": "diffusers WanTransformer3DModel config (arch wan)"},
     )
 
 

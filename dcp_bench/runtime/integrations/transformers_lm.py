@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dcp_bench.archs.llama import TRANSFORMERS_FAMILIES
 from dcp_bench.cost.specs import ModelSpec, model_spec
 from dcp_bench.errors import ConfigError
 from dcp_bench.runtime.attention import (
@@ -83,14 +84,12 @@ _LOGIT_OPTIONS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 # changes the model (GPT-OSS's ``s_aux`` sinks once trained to zero gradient that way).
 IMPLEMENTED_ARGUMENTS = ("scaling", "softcap", "sliding_window", "s_aux", "dropout", "is_causal")
 BOOKKEEPING_ARGUMENTS = ("position_ids", "use_cache", "cache_position", "output_attentions")
-# Decoder families whose every layer mixes tokens only through the attention function and whose
-# attention arguments above were checked equal-gradient against the library's eager attention
-# (tests/test_integration_attention_args.py). Others are refused: a family may mix tokens outside
-# attention (state-space or convolution layers) or build masks DCP never sees.
-MODEL_TYPES = (
-    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3",
-    "gpt_neox", "granite", "gpt_oss", "starcoder2",
-)  # fmt: skip
+# Decoder families registered in dcp_bench.archs (`TRANSFORMERS_FAMILIES`): every layer mixes
+# tokens only through the attention function, and their attention arguments above were checked
+# equal-gradient against the library's eager attention (tests/test_integration_attention_args.py).
+# Others are refused: a family may mix tokens outside attention (state-space or convolution
+# layers) or build masks DCP never sees.
+MODEL_TYPES = tuple(TRANSFORMERS_FAMILIES)
 
 
 def check_attention_arguments(name: str, kwargs: dict[str, Any]) -> None:
