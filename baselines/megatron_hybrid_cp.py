@@ -1,7 +1,9 @@
 """`megatron_hybrid_cp`: Megatron-Core's dynamic ("hybrid") context parallelism, reimplemented
 from its public code (NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553,
-megatron/core/pipeline_parallel/hybrid_cp_schedule.py, `BalancedCPScheduler`), run from the
-launch flags a user sets.
+megatron/core/pipeline_parallel/hybrid_cp_schedule.py, `BalancedCPScheduler`; with
+``scheduler=default_dynamic_cp`` the dev branch's `DefaultDynamicCPScheduler` at d48bd6be, see
+`dynamic_cp_micro_batch`), run from the launch flags a user sets. Its CP is ring attention
+(`cp_attention_kind`).
 
 Per sequence, a context-parallel group of 2^ceil(log2(L / max_tokens_per_rank)) ranks. The
 global batch is cut into *groups* (our rounds; the reference puts a barrier between them):
@@ -42,7 +44,8 @@ from baselines.scheduling import (
     pack_under_budget,
 )
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
+from dcp_bench.layout import aligned_sp_degrees
+from dcp_bench.plan import Group, MicroBatch, Mode, Round, SPKind, StepPlan
 from dcp_bench.planners.base import Planner
 
 if TYPE_CHECKING:
@@ -50,6 +53,28 @@ if TYPE_CHECKING:
     from dcp_bench.cost.base import CostModel
 
 Seq = tuple[int, int]  # (position in the batch, tokens)
+
+# The schedulers a launch selects (``--sequence-packing-scheduler``): ``balanced_cp`` is
+# `BalancedCPScheduler` (d98e8a64, hybrid_cp_schedule.py), ``default_dynamic_cp`` the dev
+# branch's `DefaultDynamicCPScheduler` (d48bd6be, data_schedule.py:407-447).
+SCHEDULERS = ("balanced_cp", "default_dynamic_cp")
+DEV_COMMIT = "d48bd6be0a85cc0d6d3cc71e8750cf357cc6bdb1"  # NVIDIA/Megatron-LM branch dev
+
+
+def cp_attention_kind(cost: CostModel) -> SPKind:
+    """Megatron's context parallelism is ring attention (Transformer Engine's point-to-point
+    CP): ``ring`` for a text model where the cost model prices rings; else the suite's Ulysses
+    (video models, whose sequence parallelism the cost models price as DSP only)."""
+    return "ring" if cost.model.arch == "llama" and cost.prices_ring else "ulysses"
+
+
+def largest_cp_group(cost: CostModel) -> int:
+    """The largest CP group a plan holds: with ring attention the heads do not limit it, only
+    the aligned layout of the world (the powers of two dividing it); with Ulysses the model's
+    runnable degrees (`CostModel.sp_degrees`)."""
+    if cp_attention_kind(cost) == "ring":
+        return aligned_sp_degrees(cost.cluster.world_size)[-1]
+    return cost.sp_degrees()[-1]
 
 
 def gpus_needed(tokens: int, max_tokens_per_rank: int) -> int:
@@ -243,9 +268,10 @@ def hybrid_cp_plan(
     raise ``max-seqlen-per-cp-rank``) or does not fit the memory cap on its group.
     """
     W = cost.cluster.world_size
-    # The largest group an aligned layout holds that the model runs (3 nodes of 8 GPUs: 8; 32
-    # attention heads on 12,288 GPUs: 32).
-    max_degree = cost.sp_degrees()[-1]
+    # The largest group an aligned layout holds (3 nodes of 8 GPUs: 8); with Ulysses also one
+    # the model's heads divide (`largest_cp_group`).
+    max_degree = largest_cp_group(cost)
+    kind = cp_attention_kind(cost)
     m, ckpt = config.max_tokens_per_rank, config.ckpt_layers
     if m < 1:
         raise InfeasibleError(f"not even one token fits a GPU with {ckpt} recomputed layers")
@@ -256,8 +282,8 @@ def hybrid_cp_plan(
         if need > max_degree:
             raise InfeasibleError(
                 f"sample {p} ({L} tokens) needs {need} context-parallel ranks at "
-                f"max_tokens_per_rank={m}, more than the largest group the model runs: SP "
-                f"degrees {cost.describe_sp_degrees()}"
+                f"max_tokens_per_rank={m}, more than the largest CP group on "
+                f"{W} ranks ({max_degree})"
             )
         cp_of[p] = need
     remaining: list[Seq] = sorted(
@@ -289,7 +315,8 @@ def hybrid_cp_plan(
                 packs = pack_under_budget(batch, members, cost, g.size, ckpt, budget)
             else:
                 packs = [(p,) for p in members]
-            mbs = [MicroBatch(samples=pk, ckpt_layers=ckpt) for pk in packs]
+            k = kind if g.size > 1 else "ulysses"
+            mbs = [MicroBatch(samples=pk, ckpt_layers=ckpt, sp_kind=k) for pk in packs]
             laid.append(Group(start=start, size=g.size, micro_batches=mbs))
             start += g.size
         rounds.append(Round(groups=laid))
@@ -302,9 +329,252 @@ def hybrid_cp_plan(
         "cp_sizes_needed": sorted({cp_of[p] for p in cp_of}),
         "sequences_on_expanded_groups": expanded,
         "pack_sequences": pack_sequences,
+        "scheduler": "balanced_cp",
+        "cp_attention": kind,
     }
     return StepPlan(
         world_size=W, rounds=rounds, method=method, mode=mode, step=batch.step, info=info
+    )
+
+
+# ------------------------------------------- DefaultDynamicCPScheduler (Megatron-LM dev branch)
+# Rules of `next_hdp_group_packing_aware` (data_schedule_utils.py:592-831 at d48bd6be), called
+# by `DefaultDynamicCPScheduler.get_groups_and_subsamples` (data_schedule.py:419-447) once per
+# micro-batch until every sequence is placed. One call forms one micro-batch over all DPxCP
+# ranks: a set of CP groups (disjoint rank blocks), each running its sequences packed (THD).
+
+DYNAMIC_CP_CAP_DELTA = 0.05  # `_DYNAMIC_CP_WORKLOAD_CAP_DELTA`, data_schedule_utils.py:12
+
+
+def dynamic_cp_gpus_needed(tokens: int, max_tokens_per_rank: int, min_cp_size: int = 1) -> int:
+    """`dcp_gpus_needed` (data_schedule_utils.py:933-936): the next power of two of
+    L / max_tokens_per_rank, at least 1 and at least ``min_cp_size``."""
+    return max(min_cp_size, gpus_needed(tokens, max_tokens_per_rank))
+
+
+@dataclass
+class DynamicGroup:
+    """One CP group of a dynamic-CP micro-batch: its ranks (a contiguous block), its sequences
+    and the tokens each of its ranks holds (sum of L / size)."""
+
+    ranks: list[int]
+    seqs: list[Seq] = field(default_factory=list)
+    per_rank_tokens: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def dynamic_cp_micro_batch(
+    seqs: list[Seq],
+    total_ranks: int,
+    max_tokens_per_rank: int,
+    min_cp_size: int = 1,
+    max_cp_size: int | None = None,
+) -> tuple[list[DynamicGroup], list[Seq]]:
+    """One micro-batch of `DefaultDynamicCPScheduler` over ``total_ranks`` DPxCP ranks: its CP
+    groups (in creation order) and the sequences left for the next micro-batch (in the order
+    they were met). ``max_cp_size`` caps a group below the world (None: the world, as the
+    source; `DynamicCPPlanner` passes the largest group the plan layout holds).
+
+    The rules, each at data_schedule_utils.py (d48bd6be):
+
+    - sequences longest first (:626); a rank's workload is L^2 / cp (:623-624); the micro-batch's
+      cap is tallest x max_tokens_per_rank x 1.05 (:627-628);
+    - the tallest opens a group of its `dynamic_cp_gpus_needed` ranks 0.. (:640-657);
+    - every other sequence tries CP sizes from the least it needs, doubling up to the world
+      (:664-697); at each size, every existing group of that size whose ranks stay within
+      max_tokens_per_rank tokens (:668-680), then a new group on the free ranks of least
+      workload (:682-695); the placement of least projected busiest-rank workload within the
+      cap wins, the first met on a tie (strict ``<``); none: left over (:699-701);
+    - empty ranks are filled by doubling a smallest group (``min(2 s, world)`` ranks, the
+      first such group that fits before the world's end, the groups after it shifted right;
+      :724-795) until none is empty; when no group can grow, the whole micro-batch is replaced
+      by one group of every rank holding the sequences, longest first, whose per-rank tokens
+      fit, the rest left over (:797-824, :826-829).
+    """
+    if not seqs:
+        return [], []
+    top = total_ranks if max_cp_size is None else min(max_cp_size, total_ranks)
+    m = max_tokens_per_rank
+    order = sorted(seqs, key=lambda s: -s[1])  # stable: equal lengths keep their order
+    cap = float(order[0][1]) * float(m) * (1.0 + DYNAMIC_CP_CAP_DELTA)
+    load = [0.0] * total_ranks
+    owner: list[int | None] = [None] * total_ranks
+    groups: list[DynamicGroup] = []
+
+    def place(g: DynamicGroup, seq: Seq) -> None:
+        g.seqs.append(seq)
+        g.per_rank_tokens += seq[1] / g.size
+        for r in g.ranks:
+            load[r] += workload(seq[1], g.size)
+
+    first = order[0]
+    need = dynamic_cp_gpus_needed(first[1], m, min_cp_size)
+    if need > top:
+        raise InfeasibleError(
+            f"sample {first[0]} ({first[1]} tokens) needs {need} CP ranks at "
+            f"max_tokens_per_rank={m}; at most {top} are available"
+        )
+    groups.append(DynamicGroup(ranks=list(range(need))))
+    for r in groups[0].ranks:
+        owner[r] = 0
+    place(groups[0], first)
+    leftovers: list[Seq] = []
+    for seq in order[1:]:
+        L = seq[1]
+        best: tuple[float, int, DynamicGroup | None, list[int] | None] | None = None
+        cp = dynamic_cp_gpus_needed(L, m, min_cp_size)
+        while cp <= top:
+            w = workload(L, cp)
+            for g in groups:
+                if g.size != cp or g.per_rank_tokens + L / cp > m:
+                    continue
+                members = set(g.ranks)
+                projected = max(x + w if r in members else x for r, x in enumerate(load))
+                if projected <= cap and (best is None or projected < best[0]):
+                    best = (projected, cp, g, None)
+            free = [r for r in range(total_ranks) if owner[r] is None]
+            if len(free) >= cp:
+                chosen = sorted(free, key=lambda r: load[r])[:cp]
+                picked = set(chosen)
+                projected = max(x + w if r in picked else x for r, x in enumerate(load))
+                if projected <= cap and (best is None or projected < best[0]):
+                    best = (projected, cp, None, chosen)
+            cp *= 2
+        if best is None:
+            leftovers.append(seq)
+            continue
+        _, cp, target, new_ranks = best
+        if target is None:
+            assert new_ranks is not None
+            target = DynamicGroup(ranks=new_ranks)
+            for r in new_ranks:
+                owner[r] = len(groups)
+            groups.append(target)
+        place(target, seq)
+
+    def grow_once() -> bool:
+        busy = {r for g in groups for r in g.ranks}
+        empty = [r for r in range(total_ranks) if r not in busy]
+        if not empty:
+            return False
+        smallest = min(g.size for g in groups)
+        grown = min(2 * smallest, top)
+        extra = grown - smallest
+        for g in groups:
+            if g.size != smallest or extra <= 0:
+                continue
+            end = g.ranks[-1]
+            if end + 1 > empty[0] or end + extra >= total_ranks:
+                continue
+            for other in groups:
+                if other is not g and min(other.ranks) > end:
+                    other.ranks = [r + extra for r in other.ranks]
+            g.ranks = list(range(g.ranks[0], end + extra + 1))
+            g.per_rank_tokens = sum(L for _, L in g.seqs) / g.size
+            return True
+        return False
+
+    while any(r not in {x for g in groups for x in g.ranks} for r in range(total_ranks)):
+        if not grow_once():
+            # one group of every DPxCP rank (the source's fallback, :797-824)
+            whole = DynamicGroup(ranks=list(range(total_ranks)))
+            rest: list[Seq] = []
+            for seq in order:
+                if whole.per_rank_tokens + seq[1] / total_ranks <= m:
+                    whole.seqs.append(seq)
+                    whole.per_rank_tokens += seq[1] / total_ranks
+                else:
+                    rest.append(seq)
+            if not whole.seqs:
+                raise InfeasibleError(
+                    f"no sequence fits one group of all {total_ranks} ranks at "
+                    f"max_tokens_per_rank={m} (Megatron asserts here: raise "
+                    "--max-seqlen-per-dp-cp-rank)"
+                )
+            return [whole], rest
+    return groups, leftovers
+
+
+def dynamic_cp_plan(
+    batch: GlobalBatch,
+    cost: CostModel,
+    config: LaunchConfig,
+    min_cp_size: int = 1,
+    method: str = "megatron_hybrid_cp",
+    mode: Mode = "fair",
+) -> StepPlan:
+    """The plan of one global batch under `DefaultDynamicCPScheduler`: one round per scheduled
+    micro-batch (`dynamic_cp_micro_batch` until every sequence is placed,
+    data_schedule.py:428-437), each CP group running its sequences as one packed micro-batch
+    (`build_packed_microbatches`, data_schedule.py:345), a barrier between rounds (every rank
+    runs every micro-batch). Groups are laid out largest first so the layout is aligned (the
+    source's contiguous blocks in creation order; only positions change).
+
+    Raises `InfeasibleError` for a sequence longer than the largest group holds, a group the
+    plan layout cannot hold (a size that is no power of two dividing the world: the source's
+    whole-world fallback on a world of another size), or a micro-batch over the memory cap.
+    """
+    W = cost.cluster.world_size
+    top = largest_cp_group(cost)
+    kind = cp_attention_kind(cost)
+    m, ckpt = config.max_tokens_per_rank, config.ckpt_layers
+    if m < 1:
+        raise InfeasibleError(f"not even one token fits a GPU with {ckpt} recomputed layers")
+    remaining: list[Seq] = sorted(
+        ((p, int(batch.tokens[p])) for p in range(batch.n)), key=lambda s: (-s[1], s[0])
+    )
+    rounds: list[Round] = []
+    sizes: set[int] = set()
+    while remaining:
+        groups, left = dynamic_cp_micro_batch(remaining, W, m, min_cp_size, top)
+        if len(left) == len(remaining):
+            raise InfeasibleError(f"dynamic CP placed none of {len(left)} sequences (m={m})")
+        remaining = left
+        laid: list[Group] = []
+        start = 0
+        for g in sorted(groups, key=lambda g: -g.size):
+            if g.size not in aligned_sp_degrees(W):
+                raise InfeasibleError(
+                    f"Megatron's dynamic CP formed a CP group of {g.size} ranks (its whole-world "
+                    f"fallback on {W} ranks); plans hold power-of-two groups dividing the world"
+                )
+            members = [p for p, _ in g.seqs]
+            mem = cost.microbatch_memory(
+                batch.tokens[members], batch.frames[members], g.size, ckpt, "sequence"
+            )
+            if mem > cost.memory_cap_bytes:
+                raise InfeasibleError(
+                    f"samples {members[:5]} packed on {g.size} ranks exceed the memory cap: "
+                    f"max_tokens_per_rank={m} is too large for this model with {ckpt} "
+                    "recomputed layers"
+                )
+            k = kind if g.size > 1 else "ulysses"
+            mb = MicroBatch(samples=tuple(members), ckpt_layers=ckpt, sp_kind=k)
+            laid.append(Group(start=start, size=g.size, micro_batches=[mb]))
+            sizes.add(g.size)
+            start += g.size
+        rounds.append(Round(groups=laid))
+    info: dict[str, Any] = {
+        "max_tokens_per_rank": m,
+        "recompute": recompute_flags(ckpt, cost.model.num_layers),
+        "ckpt_layers": ckpt,
+        "rounds": len(rounds),
+        "cp_sizes": sorted(sizes),
+        "scheduler": "default_dynamic_cp",
+        "min_cp_size": min_cp_size,
+        "cp_attention": kind,
+    }
+    return StepPlan(
+        world_size=W,
+        rounds=rounds,
+        method=method,
+        mode=mode,
+        step=batch.step,
+        info=info,
+        round_barrier=True,
     )
 
 
@@ -373,13 +643,24 @@ class MegatronHybridCP(Planner):
         round_barrier: every rank waits at the end of each of the schedule's groups (our
             rounds), as the reference does (`hybrid_cp_schedule.py:616`); False lets ranks flow
             into the next round as soon as their own group is free.
+        scheduler: ``--sequence-packing-scheduler``: ``balanced_cp`` (`BalancedCPScheduler`,
+            d98e8a64) or ``default_dynamic_cp`` (the dev branch's `DefaultDynamicCPScheduler`,
+            d48bd6be data_schedule.py:407-447, which ``--dynamic-context-parallel`` selects,
+            arguments.py:1554-1555; `dynamic_cp_plan`). The dynamic scheduler always packs
+            and has its own fixed slack (5%), so it refuses ``pack_sequences: false`` and a
+            ``delta`` other than 0.05.
+        min_cp_size: ``--min-dynamic-context-parallel-size`` (default 1,
+            model_parallel_config.py:91 at d48bd6be): the least CP size of any sequence under
+            ``default_dynamic_cp``; ``balanced_cp`` has no such flag and refuses another value.
     """
 
     name = "megatron_hybrid_cp"
     source = (
         'Megatron-Core dynamic ("hybrid") CP (NVIDIA/Megatron-LM d98e8a64, hybrid_cp_schedule.py '
-        "BalancedCPScheduler). Defaults are launch flags: max_seqlen_per_dp_cp_rank = what one "
-        "rank holds (its documented meaning, model_parallel_config.py:111-118), no recompute as "
+        "BalancedCPScheduler; scheduler=default_dynamic_cp: the dev branch's "
+        "DefaultDynamicCPScheduler, d48bd6be data_schedule.py:407), ring-attention CP. Defaults "
+        "are launch flags: max_seqlen_per_dp_cp_rank = what one rank holds (its documented "
+        "meaning, model_parallel_config.py:111-118), no recompute as "
         "examples/dynamic_context_parallel/ launches, full recompute once that cannot place the "
         "longest sequence (the relaunch); the scheduler's delta 0.05."
     )
@@ -398,8 +679,24 @@ class MegatronHybridCP(Planner):
         tune_batches: int = 3,
         shortlist: int = 5,
         round_barrier: bool = True,
+        scheduler: str = "balanced_cp",
+        min_cp_size: int = 1,
     ) -> None:
         super().__init__(mode)
+        if scheduler not in SCHEDULERS:
+            raise ConfigError(f"scheduler={scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
+        if min_cp_size < 1 or min_cp_size & (min_cp_size - 1):
+            raise ConfigError(f"min_cp_size={min_cp_size}; expected a power of two >= 1")
+        if scheduler == "balanced_cp" and min_cp_size != 1:
+            raise ConfigError(
+                f"min_cp_size={min_cp_size} is a flag of scheduler=default_dynamic_cp "
+                "(--min-dynamic-context-parallel-size); balanced_cp has none"
+            )
+        if scheduler == "default_dynamic_cp" and (not pack_sequences or delta != 0.05):
+            raise ConfigError(
+                f"scheduler=default_dynamic_cp always packs with its own 5% slack; got "
+                f"pack_sequences={pack_sequences}, delta={delta} (expected true and 0.05)"
+            )
         recompute = recompute or self.default_recompute
         self._relaunch = recompute is None  # none, full when a launch without cannot run
         self._relaunched = False  # a launch without recompute stopped: full recompute from now
@@ -440,6 +737,8 @@ class MegatronHybridCP(Planner):
         self.tune_batches = tune_batches
         self.shortlist = shortlist
         self.round_barrier = round_barrier
+        self.scheduler = scheduler
+        self.min_cp_size = min_cp_size
         self._seen: list[GlobalBatch] = []
         self._best: LaunchConfig | None = None
         self._search: list[tuple[LaunchConfig, float | None]] = []
@@ -465,10 +764,13 @@ class MegatronHybridCP(Planner):
         return [ckpt_layers_for(self.recompute, num_layers)]
 
     def fixed_plan(self, batch: GlobalBatch, cost: CostModel, config: LaunchConfig) -> StepPlan:
-        """The plan under one launch configuration (no tuning)."""
-        plan = hybrid_cp_plan(
-            batch, cost, config, self.delta, self.pack_sequences, self.name, self.mode
-        )
+        """The plan under one launch configuration (no tuning), by the launch's scheduler."""
+        if self.scheduler == "default_dynamic_cp":
+            plan = dynamic_cp_plan(batch, cost, config, self.min_cp_size, self.name, self.mode)
+        else:
+            plan = hybrid_cp_plan(
+                batch, cost, config, self.delta, self.pack_sequences, self.name, self.mode
+            )
         plan.round_barrier = self.round_barrier
         return plan
 
@@ -490,15 +792,15 @@ class MegatronHybridCP(Planner):
         if self._ladder is None or self._ladder[0] != limit:
             self._ladder = (limit, max_tokens_per_rank_ladder(cost, limit))
         ladder = self._ladder[1]
-        top = cost.sp_degrees()[-1]
+        top = largest_cp_group(cost)
         cands = candidate_configs(longest, top, ladder, ks, self.max_tokens_per_rank)
         if not cands:
             k = max(ks, key=lambda k: ladder[k])
             raise InfeasibleError(
                 f"sample {p} ({longest} tokens) cannot run on {W} ranks with any hybrid-CP "
                 f"configuration: with recompute {recompute_flags(k, num_layers)} one rank holds "
-                f"at most {ladder[k]} tokens, so one sequence (on at most {top} ranks: SP "
-                f"degrees {cost.describe_sp_degrees()}) can have at most {ladder[k] * top} tokens"
+                f"at most {ladder[k]} tokens, so one sequence (on at most {top} ranks, the "
+                f"largest CP group on {W}) can have at most {ladder[k] * top} tokens"
             )
         return cands
 
@@ -583,7 +885,7 @@ class MegatronHybridCP(Planner):
         L = cost.model.num_layers
         ckpt = self.allowed_ckpt(L)[0]
         m = self.max_tokens_per_rank or max_tokens_fitting_one_rank(cost, ckpt)
-        top = cost.sp_degrees()[-1]
+        top = largest_cp_group(cost)
         if self._relaunch and (self._relaunched or m * top < longest):
             m = self.max_tokens_per_rank or max_tokens_fitting_one_rank(cost, L)
             return LaunchConfig(int(m), L)

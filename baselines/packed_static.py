@@ -22,7 +22,7 @@ from baselines.scheduling import (
     static_round,
 )
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.plan import MicroBatch, Mode, StepPlan
+from dcp_bench.plan import MicroBatch, Mode, SPKind, StepPlan
 from dcp_bench.planners.base import Planner
 
 if TYPE_CHECKING:
@@ -31,6 +31,26 @@ if TYPE_CHECKING:
 
 
 PACKINGS = ("lpt", "dp_balanced")
+# Megatron's ``--cp-comm-type`` (megatron/training/arguments.py:3221-3226 at d98e8a64, default
+# p2p; the kinds at megatron/core/transformer/transformer_config.py:1030-1040): ``p2p`` is ring
+# attention over the CP group, ``a2a`` all-to-all over heads (Ulysses), ``a2a+p2p`` the
+# hierarchical mix (all-to-all inside the first level, the ring across). all_gather has no
+# counterpart in the cost models and is refused.
+CP_COMM_TYPES = ("a2a+p2p", "p2p", "a2a")
+
+
+def sp_kind_for(cost: CostModel, sp: int, cp_comm_type: str) -> tuple[SPKind, int]:
+    """The plan's (``sp_kind``, ``ulysses_degree``) of a micro-batch on ``sp`` ranks under
+    ``cp_comm_type``: ``p2p`` a ring over the group; ``a2a+p2p`` Ulysses inside each node and
+    the ring across nodes (Ulysses alone when the group fits a node); ``a2a`` Ulysses. Rings
+    only on text models where the cost model prices them (`CostModel.prices_ring`; video
+    sequence parallelism is priced as DSP's all-to-all): elsewhere Ulysses."""
+    if sp <= 1 or cp_comm_type == "a2a" or cost.model.arch != "llama" or not cost.prices_ring:
+        return "ulysses", 0
+    if cp_comm_type == "p2p":
+        return "ring", 0
+    node = cost.cluster.gpus_per_node
+    return ("ulysses", 0) if sp <= node else ("hybrid", node)
 
 
 def dp_balanced_packs(
@@ -89,30 +109,36 @@ def packed_static_plan(
     method: str = "packed_static",
     mode: Mode = "fair",
     packing: str = "lpt",
+    cp_comm_type: str = "a2a",
 ) -> StepPlan:
     """One round of ``world // sp`` equal SP groups. ``lpt``: sequences balanced over the groups
     by longest-processing-time on their predicted time alone at this SP degree (attention makes
     it grow as L^2), then packed per group under the token budget and the memory cap;
-    ``dp_balanced``: Megatron's in-order packing and dealing (`dp_balanced_packs`)."""
+    ``dp_balanced``: Megatron's in-order packing and dealing (`dp_balanced_packs`).
+    ``cp_comm_type``: ``a2a`` (Ulysses, the suite's SP), ``p2p`` (ring attention) or
+    ``a2a+p2p`` (`sp_kind_for`)."""
     W = cost.cluster.world_size
-    check_sp_degree(sp, W, cost.model)
+    kind, uly = sp_kind_for(cost, sp, cp_comm_type)
+    # ring attention: the heads do not limit the degree
+    check_sp_degree(sp, W, cost.model if kind == "ulysses" else None)
     dp = W // sp
     per_group: list[list[MicroBatch]] = []
     if packing == "dp_balanced":
         for packs in dp_balanced_packs(batch, cost, sp, ckpt, token_budget, dp):
-            per_group.append([MicroBatch(samples=p, ckpt_layers=ckpt) for p in packs])
+            per_group.append([MicroBatch(p, ckpt, sp_kind=kind, ulysses_degree=uly) for p in packs])
     else:
         times: list[float] = (
             cost.sample_time(batch.tokens, batch.frames, sp, ckpt).tolist() if batch.n else []
         )
         for members in lpt_assign(times, dp):
             packs = pack_under_budget(batch, members, cost, sp, ckpt, token_budget)
-            per_group.append([MicroBatch(samples=p, ckpt_layers=ckpt) for p in packs])
+            per_group.append([MicroBatch(p, ckpt, sp_kind=kind, ulysses_degree=uly) for p in packs])
     info: dict[str, Any] = {
         "sp": sp,
         "ckpt_layers": ckpt,
         "token_budget": token_budget,
         "packing": packing,
+        "cp_attention": kind if kind != "hybrid" else f"hybrid (ulysses {uly})",
     }
     return StepPlan(
         world_size=W,
@@ -140,6 +166,11 @@ class PackedStatic(Planner):
         packing: ``lpt`` (L^2-aware balance over replicas, then first-fit-decreasing packing:
             stronger than Megatron's) or ``dp_balanced`` (Megatron-Core's packed-sequence
             scheduler as the dynamic-CP example's baseline runs it: in order, round-robin).
+        cp_comm_type: Megatron's ``--cp-comm-type``: ``a2a+p2p`` (the default here: heads
+            split inside a node, the CP ring across nodes; the plan IR's stand-in for the
+            tensor parallelism inside a node that long-context Megatron launches combine with
+            CP), ``p2p`` (Megatron's own default: one ring over the group, TP 1) or ``a2a``
+            (Ulysses all-to-all over the group, the suite's earlier default).
     """
 
     name = "packed_static"
@@ -149,7 +180,9 @@ class PackedStatic(Planner):
         "recompute (Megatron's `--recompute-activations`, megatron/training/arguments.py:607-608 "
         "at d98e8a64; here the first half of the layers), full once selective cannot hold the "
         "longest sequence at any degree; micro-batches limited by the memory cap; L^2-aware "
-        "balance over replicas."
+        "balance over replicas; CP heads split inside a node and ring attention across nodes "
+        "(`--cp-comm-type a2a+p2p`, transformer_config.py:1034 at d98e8a64: the stand-in for TP "
+        "inside the node; Megatron's own default p2p is cp_comm_type=p2p)."
     )
     OPTION_MINIMA = {"token_budget": 1}
     SP_OPTIONS = ("sp",)
@@ -161,8 +194,14 @@ class PackedStatic(Planner):
         recompute: str | None = None,
         token_budget: int | None = None,
         packing: str = "lpt",
+        cp_comm_type: str = "a2a+p2p",
     ) -> None:
         super().__init__(mode)
+        if cp_comm_type not in CP_COMM_TYPES:
+            raise ConfigError(
+                f"cp_comm_type={cp_comm_type!r}; expected one of {', '.join(CP_COMM_TYPES)}"
+            )
+        self.cp_comm_type = cp_comm_type
         if packing not in PACKINGS:
             raise ConfigError(f"packing={packing!r}; expected one of {', '.join(PACKINGS)}")
         self.packing = packing
@@ -188,7 +227,15 @@ class PackedStatic(Planner):
             self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
             sp = self._auto_sp
         plan = packed_static_plan(
-            batch, cost, sp, ckpt, self.token_budget, self.name, self.mode, self.packing
+            batch,
+            cost,
+            sp,
+            ckpt,
+            self.token_budget,
+            self.name,
+            self.mode,
+            self.packing,
+            self.cp_comm_type if cost.prices_ring else "a2a",
         )
         plan.info["recompute"] = self.recompute
         return plan

@@ -16,7 +16,7 @@ import numpy as np
 from dcp_bench.archs import arch_of
 from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.layout import is_power_of_two
+from dcp_bench.layout import is_power_of_two, ulysses_span
 from dcp_bench.plan import Group, MicroBatch, Round, Split, StepPlan
 
 if TYPE_CHECKING:
@@ -234,6 +234,7 @@ def estimate_step_time(
     mb_index: list[int] = []
     sps: list[int] = []
     ckpts: list[int] = []
+    spans: list[int] = []  # each micro-batch's head-sharding span (ring / hybrid: below its group)
     seq_slots: list[int] = []
     for r, rnd in enumerate(plan.rounds):
         for gi, g in enumerate(rnd.groups):
@@ -245,6 +246,7 @@ def estimate_step_time(
                     pos.extend(mb.samples)
                     sps.append(g.size)
                     ckpts.append(mb.ckpt_layers)
+                    spans.append(ulysses_span(mb.sp_kind, mb.ulysses_degree, g.size))
                     times.append(0.0)
                 else:
                     times.append(
@@ -258,6 +260,8 @@ def estimate_step_time(
             np.asarray(mb_index, dtype=np.int64),
             np.asarray(sps),
             np.asarray(ckpts),
+            # as the simulator asks: ``ulysses`` only where a micro-batch runs a ring
+            **({"ulysses": np.asarray(spans)} if spans != sps else {}),
         )
         total = cost.total_time(c)  # every declared time term, in declaration order
         for slot, t in zip(seq_slots, total):

@@ -18,13 +18,23 @@ Its three mechanisms, all on by default as the paper evaluates them (§7):
   trains on, so the planner deals its own batches (`deal_batch`, the run path's `BatchDealer`
   capability): every document trains exactly once over a run, later than it arrived when it
   waited; the step's batch, its plan and its lower bound are what it trains.
-- *Per-document CP sharding* (§5.1) and *adaptive sharding selection* (§5.3): see
-  `cp_rank_attention`. The plan IR runs a micro-batch on an SP group of ``sp`` ranks, priced by
-  the cost model with every rank doing an equal share of the attention (Ulysses: heads split),
-  which is exactly the balance per-document sharding buys (§5.1) without the kernel-efficiency
-  loss of short chunks (§5.2). The planner computes the choice §5.3 makes for each micro-batch
-  and records it (``plan.info["cp_sharding"]``) but cannot price it: an approximation in
-  WLB-LLM's favour when it would pick per-sequence sharding.
+- *Per-document CP sharding* (§5.1): within a CP group every document is cut into ``2 CP``
+  chunks and rank ``r`` takes chunks ``r`` and ``2 CP - 1 - r`` of each, so every rank holds the
+  same causal attention work of every document. A micro-batch on a CP group of more than one
+  rank runs ring attention across the CP ring (`cp_attention_kind`: across nodes, heads split
+  inside a node by default), and the cost model prices ring attention exactly so: each
+  document split over the ring with the causal load-balanced chunk pair per rank, kernels at
+  the efficiency of the document's ``n / CP`` chunks
+  (`AnalyticalCostModel.ring_attention_times`), which charges §5.2's short-chunk loss. The
+  planner's micro-batches are therefore priced as per-document sharding.
+- *Adaptive sharding selection* (§5.3): per micro-batch the sharding with the smaller predicted
+  slowest-rank attention latency, per-document or per-sequence (the packed sequence cut into
+  ``2 CP`` chunks, the CP baseline), predicted by `cp_rank_attention` (causal query-key pairs
+  per rank with each document's query rows padded to the 128-row FlashAttention tile, §5.2).
+  The plan IR has no per-micro-batch sharding field, so a micro-batch for which §5.3 picks
+  per-sequence sharding is still priced as per-document ring attention: an approximation
+  against WLB-LLM (§5.3 picks per-sequence only where it predicts it faster). The plan records
+  how often that happens and the predicted attention it would save (``plan.info["cp_sharding"]``).
 
 The CP degree is fixed (the paper's configurations fix TP, CP, PP and DP per model and context
 window, Table 1); ``N`` is ``dp * k`` micro-batches, ``k`` per data-parallel replica (the paper's
@@ -54,13 +64,15 @@ from baselines.scheduling import (
 )
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.plan import MicroBatch, Mode, StepPlan
+from dcp_bench.plan import MicroBatch, Mode, SPKind, StepPlan
 from dcp_bench.planners.base import Planner
 
 if TYPE_CHECKING:
     from dcp_bench.cost.base import CostModel
 
-SHARDINGS = ("adaptive", "per_document", "per_sequence")
+# per_sequence is the CP baseline §5.1 compares against; the plan IR cannot price it (module
+# docstring), so it is refused as a fixed setting
+SHARDINGS = ("adaptive", "per_document")
 FLASH_TILE = 128  # FlashAttention's query tile: shorter query blocks are padded to it (§5.2)
 
 
@@ -237,12 +249,40 @@ def choose_sharding(lengths: list[int], cp: int, tile: int = FLASH_TILE) -> tupl
     return best[1], (best[0] / mean if mean > 0 else 1.0)
 
 
+CP_LAYOUTS = ("hybrid", "ring")
+
+
+def cp_attention_kind(cost: CostModel, sp: int, layout: str = "hybrid") -> tuple[SPKind, int]:
+    """How a micro-batch's attention spans its group of ``sp`` ranks, as (``sp_kind``,
+    ``ulysses_degree``).
+
+    ``hybrid`` (the default): the paper's layout puts tensor parallelism inside a node and CP
+    across nodes (its 4D configurations combine TP with CP, Table 1); the plan IR has no
+    tensor parallelism, so the ranks inside a node split the heads (Ulysses, its stand-in) and
+    the CP ring runs across the nodes (``hybrid`` with ``ulysses_degree`` = GPUs per node), or
+    Ulysses alone when the group fits one node. ``ring``: the whole group is one CP ring (TP 1).
+    Ring attention is priced for text models only on cost models that price it
+    (`CostModel.prices_ring`); elsewhere (video models, other cost models) the suite's Ulysses.
+    ``plan.info["cp_attention"]`` says which."""
+    if layout not in CP_LAYOUTS:
+        raise ConfigError(f"cp_layout={layout!r}; expected one of {', '.join(CP_LAYOUTS)}")
+    if sp <= 1 or cost.model.arch != "llama" or not cost.prices_ring:
+        return "ulysses", 0
+    if layout == "ring":
+        return "ring", 0
+    node = cost.cluster.gpus_per_node
+    if sp <= node:
+        return "ulysses", 0
+    return "hybrid", node
+
+
 # ------------------------------------------------------------------------------ the planner
 
 
 class WLBLLM(Planner):
     """WLB-LLM: variable-length packing with outlier delay (Algorithm 1) over a fixed CP degree,
-    per-document / adaptive CP sharding recorded per micro-batch.
+    each micro-batch on its CP group as ring attention with per-document sharding (§5.1), the
+    adaptive choice of §5.3 recorded per micro-batch.
 
     Args:
         mode: labels runs only.
@@ -262,17 +302,23 @@ class WLBLLM(Planner):
             iteration's documents.
         s_max: most tokens of one micro-batch over the CP group; None = what the memory cap
             allows at the CP degree.
-        sharding: ``adaptive`` (§5.3), ``per_document`` (§5.1) or ``per_sequence`` (the CP
-            baseline): recorded per micro-batch, not priced (module docstring).
+        sharding: ``adaptive`` (§5.3) or ``per_document`` (§5.1, the paper's Fig. 13 ablation
+            without the selection); both priced as per-document ring attention, ``adaptive``
+            recording where §5.3 would pick per-sequence (module docstring).
+        cp_layout: ``hybrid`` (heads split inside a node as the stand-in for the paper's TP,
+            the CP ring across nodes) or ``ring`` (one ring over the whole group, TP 1); see
+            `cp_attention_kind`.
     """
 
     name = "wlb_llm"
     source = (
         "WLB-LLM (OSDI'25, arXiv 2503.17924). Defaults as the paper evaluates it: variable-length "
         "packing with 2 outlier-delay queues (Algorithm 1, §4.2-4.3; documents wait to a later "
-        "step), adaptive per-document / per-sequence CP sharding (§5.1, §5.3: recorded, not "
-        "priced); the smallest CP degree that fits the longest sequence; packed_static's recompute "
-        "(selective, full once it cannot hold the longest; the paper does not say)."
+        "step), per-document CP sharding priced as ring attention across nodes with heads split "
+        "inside a node (§5.1; the stand-in for the paper's TP, Table 1), the adaptive "
+        "per-document / per-sequence choice (§5.3) recorded; the smallest CP degree that fits the "
+        "longest sequence; packed_static's recompute (selective, full once it cannot hold the "
+        "longest; the paper does not say)."
     )
     OPTION_MINIMA = {"token_capacity": 1}
     SP_OPTIONS = ("sp",)
@@ -288,6 +334,7 @@ class WLBLLM(Planner):
         micro_batches_per_replica: int | None = None,
         s_max: int | None = None,
         sharding: str = "adaptive",
+        cp_layout: str = "hybrid",
     ) -> None:
         super().__init__(mode)
         self._fallback = recompute is None
@@ -309,6 +356,12 @@ class WLBLLM(Planner):
         ):
             if v is not None and v < 1:
                 raise ConfigError(f"{key}={v}; expected a positive integer or null")
+        if sharding == "per_sequence":
+            raise ConfigError(
+                "sharding='per_sequence': the plan IR prices ring micro-batches with per-document "
+                "balance and cannot express per-sequence sharding's rank imbalance; expected "
+                "adaptive or per_document"
+            )
         if sharding not in SHARDINGS:
             raise ConfigError(f"sharding={sharding!r}; expected one of {', '.join(SHARDINGS)}")
         self.sp = sp
@@ -319,6 +372,9 @@ class WLBLLM(Planner):
         self.micro_batches_per_replica = micro_batches_per_replica
         self.s_max = s_max
         self.sharding = sharding
+        if cp_layout not in CP_LAYOUTS:
+            raise ConfigError(f"cp_layout={cp_layout!r}; expected one of {', '.join(CP_LAYOUTS)}")
+        self.cp_layout = cp_layout
         self._auto_sp = 1
         self._queues: OutlierQueues | None = None
         self._remained: list[Doc] = []
@@ -335,7 +391,8 @@ class WLBLLM(Planner):
     def degree(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
         if self.sp is not None:
             sp = int(self.sp)
-            check_sp_degree(sp, cost.cluster.world_size, cost.model)
+            # ring attention: the heads do not limit the CP degree
+            check_sp_degree(sp, cost.cluster.world_size)
             return sp
         self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
         return self._auto_sp
@@ -439,7 +496,7 @@ class WLBLLM(Planner):
             dealt = None  # a batch this planner did not deal: pack it as it is
         if dealt is not None:
             sp, k, s_max, bins = dealt["sp"], dealt["k"], dealt["s_max"], dealt["bins"]
-            check_sp_degree(sp, W, cost.model)
+            check_sp_degree(sp, W)
         else:
             sp = self.degree(batch, cost, ckpt)
             s_max = self.token_limit(cost, sp, ckpt, int(batch.tokens.max()) if batch.n else 0)
@@ -467,7 +524,9 @@ class WLBLLM(Planner):
                 if not left:
                     break
                 k += 1
-        per_group = _deal_micro_batches(batch, cost, bins, work, dp, k, sp, ckpt, s_max)
+        per_group = _deal_micro_batches(
+            batch, cost, bins, work, dp, k, sp, ckpt, s_max, self.cp_layout
+        )
         info: dict[str, Any] = {
             "sp": sp,
             "ckpt_layers": ckpt,
@@ -482,8 +541,14 @@ class WLBLLM(Planner):
                 [float(work[list(mb.samples)].sum()) for g in per_group for mb in g]
             ),
         }
-        if sp > 1:
-            info["cp_sharding"] = self._sharding_info(batch, per_group, sp)
+        kind, uly = cp_attention_kind(cost, sp, self.cp_layout)
+        info["cp_attention"] = kind if kind != "hybrid" else f"hybrid (ulysses {uly})"
+        # the CP degree is the ring's: the whole group for a ring, the nodes for a hybrid (the
+        # in-node head split stands in for TP); Ulysses alone (no ring) has no CP sharding
+        cp = sp if kind == "ring" else (sp // uly if kind == "hybrid" else 1)
+        info["cp_degree"] = cp
+        if cp > 1:
+            info["cp_sharding"] = self._sharding_info(batch, per_group, cp)
         return StepPlan(
             world_size=W,
             rounds=[static_round(W, sp, per_group)],
@@ -496,22 +561,34 @@ class WLBLLM(Planner):
     def _sharding_info(
         self, batch: GlobalBatch, per_group: list[list[MicroBatch]], sp: int
     ) -> dict[str, Any]:
-        """How many micro-batches take each CP sharding, and the worst predicted CP imbalance
-        (slowest rank's attention over the mean) of the sharding taken."""
+        """How many micro-batches §5.3 would give each CP sharding, the worst predicted CP
+        imbalance (slowest rank's attention over the mean) of the sharding chosen, and the share
+        of the per-document slowest-rank attention (`cp_rank_attention`, summed over the
+        micro-batches) that the per-sequence choices would save: what the plan's per-document
+        price overcharges WLB-LLM by in attention (module docstring)."""
         counts = {"per_document": 0, "per_sequence": 0}
-        worst = 1.0
+        worst, doc_total, saved = 1.0, 0.0, 0.0
         for g in per_group:
             for mb in g:
                 lengths = [int(batch.tokens[p]) for p in mb.samples]
+                w_doc = cp_rank_attention(lengths, sp, "per_document")
+                doc_total += max(w_doc)
                 if self.sharding == "adaptive":
                     s, imb = choose_sharding(lengths, sp)
+                    if s == "per_sequence":
+                        saved += max(w_doc) - max(cp_rank_attention(lengths, sp, s))
                 else:
                     s = self.sharding
-                    w = cp_rank_attention(lengths, sp, s)
-                    imb = max(w) * sp / sum(w) if sum(w) > 0 else 1.0
+                    imb = max(w_doc) * sp / sum(w_doc) if sum(w_doc) > 0 else 1.0
                 counts[s] += 1
                 worst = max(worst, imb)
-        return {"mode": self.sharding, **counts, "max_cp_imbalance": round(worst, 4)}
+        return {
+            "mode": self.sharding,
+            "priced_as": "per_document",
+            **counts,
+            "max_cp_imbalance": round(worst, 4),
+            "per_sequence_attention_saving": round(saved / doc_total, 4) if doc_total else 0.0,
+        }
 
 
 def _deal_micro_batches(
@@ -524,12 +601,14 @@ def _deal_micro_batches(
     sp: int,
     ckpt: int,
     s_max: int,
+    cp_layout: str,
 ) -> list[list[MicroBatch]]:
     """The ``dp * k`` packed micro-batches dealt ``k`` to each replica (the paper's global batch
     is PP_size micro-batches per DP replica, §7.1): heaviest first, each to the least-loaded
     replica with a slot left. A micro-batch the memory cap does not hold as one (the cost
     model's memory need not be additive) is split under ``s_max``."""
     per_group: list[list[MicroBatch]] = [[] for _ in range(dp)]
+    kind, uly = cp_attention_kind(cost, sp, cp_layout)
     loads = [float(work[b].sum()) if b else 0.0 for b in bins]
     heap = [(0.0, r) for r in range(dp)]
     slots = [0] * dp
@@ -549,7 +628,10 @@ def _deal_micro_batches(
             packs = [tuple(members)]
         else:
             packs = pack_under_budget(batch, members, cost, sp, ckpt, s_max)
-        per_group[r].extend(MicroBatch(samples=pk, ckpt_layers=ckpt) for pk in packs)
+        per_group[r].extend(
+            MicroBatch(samples=pk, ckpt_layers=ckpt, sp_kind=kind, ulysses_degree=uly)
+            for pk in packs
+        )
         slots[r] += 1
         heapq.heappush(heap, (load + loads[b], r))
     return per_group

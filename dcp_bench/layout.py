@@ -16,6 +16,10 @@ from dcp_bench.errors import ClusterError, PlanError
 # How a sequence-split micro-batch spreads attention over its group (`dcp_bench.plan.MicroBatch`).
 SP_KINDS: tuple[str, ...] = ("ulysses", "ring", "hybrid")
 
+# Whole-node ring or hybrid groups beyond the largest aligned group reach at most this many nodes
+# (`ring_group_settings`): they serve worlds whose aligned groups are small (3 nodes: 8 GPUs).
+MAX_RING_NODES = 16
+
 
 def is_power_of_two(n: int) -> bool:
     return n >= 1 and (n & (n - 1)) == 0
@@ -62,3 +66,59 @@ def ulysses_span(sp_kind: str, ulysses_degree: int, group_size: int) -> int:
     if sp_kind == "hybrid":
         return ulysses_degree
     raise PlanError(f"sp_kind {sp_kind!r}; expected one of {', '.join(SP_KINDS)}")
+
+
+def ring_group_settings(
+    world_size: int, gpus_per_node: int, ulysses_degrees: list[int]
+) -> list[tuple[int, int]]:
+    """(group size, Ulysses span) of the ring and hybrid groups a world offers beside the Ulysses
+    degrees ``ulysses_degrees`` (the aligned degrees the model's heads divide), ascending by size:
+
+    * every aligned size (a power of two dividing the world) not in ``ulysses_degrees``;
+    * groups of k whole nodes, k up to `MAX_RING_NODES` and the world's node count, larger than
+      the largest aligned group (they start on a node boundary; any k, e.g. 3 nodes of 8).
+
+    Each runs Ulysses over the largest of ``ulysses_degrees`` dividing its size (and, for
+    whole-node groups, the node size, so every Ulysses sub-group is an aligned block of the
+    process-group pool), ring attention across the sub-groups; a span of 1 is pure ring."""
+    aligned = aligned_sp_degrees(world_size)
+    out: list[tuple[int, int]] = []
+
+    def span(size: int, whole_nodes: bool) -> int:
+        return max(
+            u
+            for u in [1, *ulysses_degrees]
+            if size % u == 0 and (not whole_nodes or gpus_per_node % u == 0)
+        )
+
+    for s in aligned[1:]:
+        if s not in ulysses_degrees:
+            out.append((s, span(s, False)))  # starts are multiples of s, so of the span
+    if gpus_per_node >= 1 and world_size % gpus_per_node == 0:
+        nodes = world_size // gpus_per_node
+        for k in range(2, min(nodes, MAX_RING_NODES) + 1):
+            s = k * gpus_per_node
+            if s > aligned[-1]:
+                out.append((s, span(s, True)))
+    return out
+
+
+def ring_group_offence(start: int, size: int, ulysses: int, world_size: int) -> str | None:
+    """Why the runtime cannot run a ring or hybrid micro-batch with Ulysses span ``ulysses`` on
+    the ranks [start, start + size), or None when it can. A ring needs only point-to-point
+    sends (any block of ranks); a hybrid's Ulysses sub-groups of ``ulysses`` consecutive ranks
+    must be aligned blocks of the process-group pool (`aligned_blocks`): ``ulysses`` a power of
+    two dividing the world, the group's start a multiple of it."""
+    if ulysses <= 1:
+        return None
+    if not (is_power_of_two(ulysses) and world_size % ulysses == 0):
+        return (
+            f"hybrid ulysses_degree {ulysses} is not a power of two dividing the world size "
+            f"{world_size} (its sub-groups must be aligned blocks)"
+        )
+    if start % ulysses:
+        return (
+            f"hybrid Ulysses sub-groups of {ulysses} ranks from rank {start} are not aligned "
+            f"(the group's start must be a multiple of {ulysses})"
+        )
+    return None

@@ -2,7 +2,9 @@
 
 A `StepPlan` is a list of rounds. A round partitions (some of) the ranks into sequence-parallel
 groups; a group is an *aligned* block of ranks (size a power of two that divides the world size,
-start a multiple of the size; any world size).
+start a multiple of the size; any world size), or, when all its micro-batches run ring or hybrid
+attention, any block of ranks (a ring needs only point-to-point sends; a hybrid's Ulysses
+sub-groups must be aligned blocks).
 Each group runs a list of micro-batches; a micro-batch names samples by their position in the
 `GlobalBatch` and says how many of the model's first layers are activation-checkpointed.
 Rounds run one after another; within a round every group runs independently. Aligned groups
@@ -22,7 +24,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from dcp_bench.errors import PlanError
-from dcp_bench.layout import SP_KINDS, aligned_sp_degrees, is_power_of_two, spans_nodes_cleanly
+from dcp_bench.layout import (
+    SP_KINDS,
+    aligned_sp_degrees,
+    is_power_of_two,
+    ring_group_offence,
+    spans_nodes_cleanly,
+)
 
 if TYPE_CHECKING:
     from dcp_bench.batch import GlobalBatch
@@ -152,16 +160,19 @@ def _default(obj: Any) -> Any:
 
 
 PLAN_RULES = (
-    "every group's size is a power of two that divides the world size",
-    "every group is aligned: its first rank is a multiple of its size",
+    "every group's size is a power of two that divides the world size, and the group is aligned "
+    "(its first rank a multiple of its size); or every sequence-split micro-batch of the group is "
+    "ring or hybrid (ring attention needs only point-to-point sends: any block of ranks)",
     "every group lies inside the world (ranks 0 .. world_size - 1)",
     "with a cost model: every group lies inside one node or is made of whole nodes",
-    "with a model: a group of more than one rank that shards a micro-batch along the sequence has "
-    "a size dividing the model's attention heads (Ulysses / DSP shard heads over the group)",
+    "with a model: a micro-batch that shards heads (Ulysses / DSP over its group, a hybrid over "
+    "its Ulysses sub-groups) does so over a number of ranks dividing the model's attention heads",
     "groups of one round are disjoint (a rank is in at most one group per round)",
     "every micro-batch holds at least one sample, and its split is 'sequence' or 'batch'",
     "a micro-batch's sp_kind is 'ulysses', 'ring' or 'hybrid'; a hybrid one's ulysses_degree is a "
-    "power of two, more than 1, that divides its group's size and is less than it",
+    "power of two, more than 1, that divides its group's size and is less than it, divides the "
+    "world size, and divides the group's first rank (its Ulysses sub-groups are aligned blocks)",
+    "with a cost model: ring and hybrid micro-batches only where it prices them (text models)",
     "ckpt_layers is between 0 and the model's number of layers",
     "every sample position is in the batch (0 .. n - 1) and used at most once in the plan",
     "fair mode: every sample position of the batch is used exactly once",
@@ -272,17 +283,26 @@ def _group_offences(
     ``model``, a sequence-split group must be a size its attention heads divide. Returns whether
     the group is placed (a valid size, inside the world)."""
     placed = True
-    if g.size > W:
+    seq = [mb for mb in g.micro_batches if mb.split == "sequence"]
+    # A group of ring or hybrid micro-batches only needs no process group of its own: any block.
+    ringed = g.size > 1 and bool(seq) and all(mb.sp_kind in ("ring", "hybrid") for mb in seq)
+    batch_split = g.size > 1 and len(seq) < len(g.micro_batches)
+    if g.size < 1:
+        yield f"{where}: group size must be >= 1"
+        placed = False
+    elif g.size > W:
         yield f"{where}: group larger than the world ({W} ranks)"
         placed = False
-    elif not is_power_of_two(g.size):
-        yield f"{where}: group size must be a power of two"
-        placed = False
-    elif W % g.size:
-        yield f"{where}: group size must divide the world size {W}"
-        placed = False
-    elif g.start % g.size != 0:
-        yield f"{where}: group not aligned (start must be a multiple of {g.size})"
+    elif not (is_power_of_two(g.size) and W % g.size == 0 and g.start % g.size == 0) and (
+        not ringed or batch_split
+    ):
+        if not is_power_of_two(g.size):
+            what, placed = "group size must be a power of two", False
+        elif W % g.size:
+            what, placed = f"group size must divide the world size {W}", False
+        else:
+            what = f"group not aligned (start must be a multiple of {g.size})"
+        yield f"{where}: {what} (or every micro-batch of it ring or hybrid: any block of ranks)"
     elif cost is not None and not spans_nodes_cleanly(g.start, g.size, cost.cluster.gpus_per_node):
         yield (
             f"{where}: group crosses a node boundary (nodes of "
@@ -301,7 +321,22 @@ def _group_offences(
         ),
         default=1,
     )
-    if model is not None and uly > 1 and placed and is_power_of_two(g.size):
+    for mb in seq:
+        if mb.sp_kind == "hybrid" and g.size > 1:
+            offence = ring_group_offence(g.start, g.size, mb.ulysses_degree, W)
+            if offence is not None:
+                yield f"{where}: {offence}"
+                break
+    if (
+        cost is not None
+        and any(mb.sp_kind in ("ring", "hybrid") for mb in seq)
+        and (not cost.prices_ring or cost.model.arch != "llama")
+    ):
+        yield (
+            f"{where}: ring or hybrid micro-batches, which the {cost.source} cost model does not "
+            f"price for model {cost.model.name!r} (text models only)"
+        )
+    if model is not None and uly > 1 and placed and is_power_of_two(uly):
         offence = model.sp_degree_offence(uly)
         if offence is not None:
             degrees = [d for d in aligned_sp_degrees(W) if model.sp_degree_offence(d) is None]

@@ -365,6 +365,11 @@ class SampleBounds:
     gpu_seconds: np.ndarray
     fastest_s: np.ndarray
     best_sp: np.ndarray  # SP degree of the fastest feasible setting (0 = infeasible)
+    # Per distinct shape (``shape_of``: each sample's row) and group setting (a column per SP
+    # degree, ring and hybrid groups after): the least time and GPU-seconds there (inf: unfit).
+    setting_time: np.ndarray | None = None
+    setting_gpu_seconds: np.ndarray | None = None
+    shape_of: np.ndarray | None = None
 
     @property
     def infeasible(self) -> np.ndarray:
@@ -446,24 +451,32 @@ def _min_over_ckpt(
 
 
 def _packed_shares_by_ckpt(
-    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, ulysses: int | None = None
 ) -> tuple[np.ndarray, bool]:
     """(n, L+1): every sample's packed share at every checkpointed-layer count, and whether it is
     affine in the count. Recompute adds one forward per checkpointed layer, so it usually is;
-    checked at the midpoint, with an exact evaluation of every count where it is not."""
+    checked at the midpoint, with an exact evaluation of every count where it is not.
+    ``ulysses`` (None: Ulysses over the group): a ring or hybrid group's Ulysses span
+    (`CostModel.ring_packed_share`)."""
     L = cost.model.num_layers
-    t0 = np.asarray(cost.sample_time_packed(tokens, frames, sp, 0), dtype=float)
+
+    def share(k: int) -> np.ndarray:
+        if ulysses is None:
+            return np.asarray(cost.sample_time_packed(tokens, frames, sp, k), dtype=float)
+        return np.asarray(cost.ring_packed_share(tokens, frames, sp, ulysses, k), dtype=float)
+
+    t0 = share(0)
     if L == 0:
         return t0[:, None], True
-    tL = np.asarray(cost.sample_time_packed(tokens, frames, sp, L), dtype=float)
+    tL = share(L)
     ks = np.arange(L + 1, dtype=float)
     out = t0[:, None] + (tL - t0)[:, None] * (ks[None, :] / L)
     mid = L // 2
     if 0 < mid < L:
-        exact = np.asarray(cost.sample_time_packed(tokens, frames, sp, mid), dtype=float)
+        exact = share(mid)
         if not np.allclose(exact, out[:, mid], rtol=1e-9, atol=1e-15):
             for k in range(1, L):
-                out[:, k] = cost.sample_time_packed(tokens, frames, sp, k)
+                out[:, k] = share(k)
             return out, False
     return out, True
 
@@ -494,26 +507,60 @@ def sample_bounds(batch: GlobalBatch, cost: CostModel) -> SampleBounds:
     fastest = np.full(n, np.inf)
     best_sp = np.zeros(n, dtype=np.int64)
     L = cost.model.num_layers
-    for sp in cost.sp_degrees():  # the degrees a plan may use: the model's heads divide them
+    # Every group a plan may use: Ulysses at the degrees the model's heads divide, ring and
+    # hybrid groups beside them (`CostModel.ring_settings`; None: Ulysses over the group).
+    settings: list[tuple[int, int | None]] = [(sp, None) for sp in cost.sp_degrees()]
+    settings += [(sp, u) for sp, u in cost.ring_settings()]
+    set_t = np.full((n, len(settings)), np.inf)
+    set_g = np.full((n, len(settings)), np.inf)
+    for j, (sp, uly) in enumerate(settings):
         kmin = min_feasible_ckpt(cost, tokens, frames, sp)
         ok = np.flatnonzero(kmin >= 0)
         if not len(ok):
             continue
         tok, fr = tokens[ok], frames[ok]
-        share, affine = _packed_shares_by_ckpt(cost, tok, fr, sp)  # (m, L+1)
-        over = np.array([cost.microbatch_overhead(sp, k) for k in range(L + 1)], dtype=float)
+        share, affine = _packed_shares_by_ckpt(cost, tok, fr, sp, uly)  # (m, L+1)
+        # a ring or hybrid micro-batch pays at least its Ulysses part's fixed cost
+        fixed_at = sp if uly is None else uly
+        over = np.array([cost.microbatch_overhead(fixed_at, k) for k in range(L + 1)], dtype=float)
         cap = np.array([cost.microbatch_token_capacity(sp, k) for k in range(L + 1)], dtype=float)
         # a capacity of 0 means nothing fits at that count (no sample is allowed there)
         per_tok = np.where(np.isfinite(cap) & (cap > 0), over / np.where(cap > 0, cap, 1.0), 0.0)
         g = _min_over_ckpt(share, tok / sp, per_tok, kmin[ok], affine)
         t = _min_over_ckpt(share, np.ones(len(ok)), over, kmin[ok], affine)
         gpu_s[ok] = np.minimum(gpu_s[ok], sp * g)
+        set_t[ok, j], set_g[ok, j] = t, sp * g
         better = t < fastest[ok]
         best_sp[ok[better]] = sp
         fastest[ok] = np.where(better, t, fastest[ok])
     return SampleBounds(
-        gpu_seconds=gpu_s[inverse], fastest_s=fastest[inverse], best_sp=best_sp[inverse]
+        gpu_seconds=gpu_s[inverse],
+        fastest_s=fastest[inverse],
+        best_sp=best_sp[inverse],
+        setting_time=set_t,
+        setting_gpu_seconds=set_g,
+        shape_of=inverse,
     )
+
+
+# The longest samples each give the bound of `one_sample_bound`; this many are tried.
+LONG_SAMPLES_BOUNDED = 8
+
+
+def one_sample_bound(sb: SampleBounds, i: int, others_gpu_s: float, world: int) -> float:
+    """A step time no plan beats, from sample ``i``'s choice of group: on the setting j it runs
+    it takes at least T[i, j] and uses at least G[i, j] GPU-seconds, which the other samples'
+    cheapest GPU-seconds (``others_gpu_s``) add to; so the step takes at least
+    min over j of max(T[i, j], (others + G[i, j]) / W). Tighter than max(work / W, T_i) when
+    the sample's fastest group is wide (a ring of the whole world keeps every rank)."""
+    assert sb.setting_time is not None and sb.setting_gpu_seconds is not None
+    assert sb.shape_of is not None
+    r = int(sb.shape_of[i])
+    t, g = sb.setting_time[r], sb.setting_gpu_seconds[r]
+    fit = np.isfinite(t) & np.isfinite(g)
+    if not fit.any():
+        return math.inf
+    return float(np.maximum(t[fit], (others_gpu_s + g[fit]) / world).min())
 
 
 def lower_bound(
@@ -524,9 +571,10 @@ def lower_bound(
 ) -> float:
     """A step time no valid plan of ``batch`` beats on ``cost.cluster``:
     max(sum of cheapest feasible GPU-seconds / world size, slowest sample at its fastest feasible
-    setting) + gradient sync + optimizer. ``infeasible``: ``"raise"`` (`InfeasibleError` when a
-    sample fits no SP degree even fully checkpointed) or ``"skip"`` (bound the feasible ones, as a
-    plan that drops such samples would)."""
+    setting, `one_sample_bound` of the longest samples) + gradient sync + optimizer.
+    ``infeasible``: ``"raise"`` (`InfeasibleError` when a sample fits no SP degree even fully
+    checkpointed) or ``"skip"`` (bound the feasible ones, as a plan that drops such samples
+    would)."""
     if batch.n == 0:
         return cost.step_sync_time() if include_sync else 0.0
     sb = sample_bounds(batch, cost)
@@ -543,9 +591,16 @@ def lower_bound(
         )
     ok = ~bad
     W = cost.cluster.world_size
-    work = float(sb.gpu_seconds[ok].sum()) / W
+    total = float(sb.gpu_seconds[ok].sum())
+    work = total / W
     longest = float(sb.fastest_s[ok].max()) if np.any(ok) else 0.0
     bound = max(work, longest)
+    cand = np.flatnonzero(ok)
+    if len(cand) and sb.setting_time is not None:
+        top = cand[np.argsort(-sb.fastest_s[cand], kind="stable")[:LONG_SAMPLES_BOUNDED]]
+        for i in top.tolist():
+            others = total - float(sb.gpu_seconds[i])
+            bound = max(bound, one_sample_bound(sb, i, others, W))
     if not math.isfinite(bound):
         raise InfeasibleError("lower bound is not finite")
     return bound + (cost.step_sync_time() if include_sync else 0.0)
@@ -553,8 +608,11 @@ def lower_bound(
 
 # What the lower bound keeps from the cost model (the report lists them beside the bound).
 BOUND_ASSUMPTIONS = (
-    "SP degrees are the powers of two dividing the world (aligned groups) that the model's "
-    "attention heads divide (Ulysses shards heads), as every planner's",
+    "SP groups: Ulysses at the powers of two dividing the world (aligned groups) that the "
+    "model's attention heads divide (Ulysses shards heads); ring and hybrid groups at the other "
+    "aligned sizes and on whole nodes beyond the largest aligned group, up to 16 nodes "
+    "(CostModel.ring_settings), with the source's ring pricing (analytical); at a size the heads "
+    "divide a group runs Ulysses",
     "recompute is whole layers (the first k of L checkpointed); no selective (attention- or "
     "MLP-only) recompute, which the cost model does not price",
     "no overlap of compute with communication or recompute inside a micro-batch",

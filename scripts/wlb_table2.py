@@ -8,7 +8,8 @@ The paper measures forward latencies on its internal 7B model and data; here the
 a cited length distribution (a registered workload, default ``prolong``: the ProLong length list
 of workloads/README.md), each global batch is the workload's batch of ``4 x 131072`` tokens
 (documents truncated to the window), and a micro-batch's latency is the cost model's predicted
-time of that packed micro-batch (``llama3_8b`` on one H200 node at CP ``--cp``, analytical).
+time of that packed micro-batch (``llama3_8b`` on one H200 node at CP ``--cp``, analytical), its
+attention as ring attention with per-document sharding (WLB-LLM's CP, §5.1).
 
 - *Original packing*: the documents concatenated in the order they come and cut every 131072
   tokens (a document crossing a cut becomes two), as a fixed-length data loader packs them.
@@ -32,6 +33,7 @@ import numpy as np
 from baselines.wlb_llm import (
     Doc,
     OutlierQueues,
+    cp_attention_kind,
     default_thresholds,
     imbalance_degree,
     pack_var_length,
@@ -58,12 +60,20 @@ class Row:
 
 
 def latencies(bins: list[list[int]], tokens: np.ndarray, cost: CostModel, cp: int) -> list[float]:
-    """Predicted time of each packed micro-batch (no recompute) on ``cp`` ranks."""
+    """Predicted time of each packed micro-batch (no recompute) on ``cp`` ranks of ring attention
+    with every document sharded per document (§5.1, `baselines.wlb_llm.cp_attention_kind`)."""
+    kind, _ = cp_attention_kind(cost, cp, "ring")  # CP 2 alone: the paper's TP is not modelled
     out = []
     for b in bins:
         t = tokens[b] if b else np.zeros(0, dtype=np.int64)
         f = np.ones(len(t), dtype=np.int64)
-        out.append(cost.microbatch_cost(t, f, cp, 0).total_s if len(t) else 0.0)
+        if not len(t):
+            out.append(0.0)
+        elif kind == "ring":
+            c = cost.microbatch_cost(t, f, cp, 0, "sequence", sp_kind="ring")  # type: ignore[call-arg]
+            out.append(c.total_s)
+        else:
+            out.append(cost.microbatch_cost(t, f, cp, 0).total_s)
     return out
 
 

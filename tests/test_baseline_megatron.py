@@ -16,8 +16,11 @@ from baselines.megatron_hybrid_cp import (
     MegatronHybridCP,
     MegatronHybridCPTuned,
     candidate_configs,
+    dynamic_cp_gpus_needed,
+    dynamic_cp_micro_batch,
     gpus_needed,
     hybrid_cp_plan,
+    largest_cp_group,
     max_tokens_per_rank_ladder,
     recompute_flags,
 )
@@ -508,3 +511,104 @@ def test_a_launch_the_scheduler_stops_is_relaunched_with_full_recompute():
     assert all(
         mb.ckpt_layers == L for r in later.rounds for g in r.groups for mb in g.micro_batches
     )
+
+
+# ------------------------------------- DefaultDynamicCPScheduler (Megatron-LM dev, d48bd6be)
+
+
+def _groups(groups):
+    return [(g.ranks, [p for p, _ in g.seqs]) for g in groups]
+
+
+def test_dynamic_cp_micro_batches_by_hand():
+    """`next_hdp_group_packing_aware` (data_schedule_utils.py:592-831) on 4 ranks with
+    max_tokens_per_rank 100, worked by hand from the source's rules. Sequences (position,
+    length): A=(0, 300), B=(1, 150), C=(2, 100), D=(3, 60), E=(4, 50).
+
+    Micro-batch 1: cap = 300 x 100 x 1.05 = 31500. A needs 4 ranks (300/100 -> 4): ranks 0-3,
+    75 tokens and 300^2/4 = 22500 per rank. B needs 2: no group of 2 and no free rank; the
+    group of 4 would hold 75 + 37.5 > 100 tokens: left over. C at 4 ranks: 75 + 25 = 100 <= 100,
+    busiest 22500 + 2500 = 25000 <= cap: joins A. D, E: 100 + 15 > 100: left over.
+    Micro-batch 2: cap = 150 x 100 x 1.05 = 15750. B on ranks 0-1 (11250 each). D: a new group
+    on free rank 2 (busiest 11250) wins over B's group (75 + 30 > 100) and a new pair (11250,
+    not strictly less); E: B's group (75 + 25 = 100, busiest 12500) loses to a new group on
+    rank 3 (busiest 11250); no rank is empty."""
+    seqs = [(0, 300), (1, 150), (2, 100), (3, 60), (4, 50)]
+    groups, left = dynamic_cp_micro_batch(seqs, 4, 100)
+    assert _groups(groups) == [([0, 1, 2, 3], [0, 2])] and left == [(1, 150), (3, 60), (4, 50)]
+    groups, left = dynamic_cp_micro_batch(left, 4, 100)
+    assert _groups(groups) == [([0, 1], [1]), ([2], [3]), ([3], [4])] and left == []
+
+
+def test_dynamic_cp_fills_an_empty_rank_by_doubling_the_smallest_group():
+    """(0, 150) on ranks 0-1; (1, 40): a new group on rank 2 (busiest 11250 = cap-free tie
+    goes to the first placement met, size 1); rank 3 stays empty, so the smallest group
+    (size 1, rank 2) doubles to ranks 2-3 (data_schedule_utils.py:724-795)."""
+    groups, left = dynamic_cp_micro_batch([(0, 150), (1, 40)], 4, 100)
+    assert _groups(groups) == [([0, 1], [0]), ([2, 3], [1])] and left == []
+    assert groups[1].per_rank_tokens == 20.0
+
+
+def test_dynamic_cp_min_size_and_gpus_needed():
+    # dcp_gpus_needed (data_schedule_utils.py:933-936): next power of two, at least min_cp_size
+    assert [dynamic_cp_gpus_needed(L, 100) for L in (1, 100, 101, 300, 400, 401)] == [
+        1, 1, 2, 4, 4, 8,
+    ]  # fmt: skip
+    assert dynamic_cp_gpus_needed(50, 100, min_cp_size=2) == 2
+    groups, _ = dynamic_cp_micro_batch([(0, 50), (1, 50)], 4, 100, min_cp_size=2)
+    assert all(g.size >= 2 for g in groups)
+
+
+def test_dynamic_cp_whole_world_fallback_on_a_non_power_of_two_world():
+    # 6 ranks: the group of 4 cannot double inside the world (4 + 4 > 6 would need 8, capped at
+    # 6: 2 more ranks, end 3 + 2 = 5 < 6: it grows to 6 ranks, a size no plan layout holds)
+    groups, left = dynamic_cp_micro_batch([(0, 400)], 6, 100)
+    assert [g.size for g in groups] == [6] and left == []
+    # capped at the largest aligned group (2 on 6 ranks: 4 does not divide 6) the sequence of
+    # 400 tokens needs 4 ranks: refused, naming it
+    with pytest.raises(InfeasibleError, match="sample 0 .400 tokens. needs 4 CP ranks"):
+        dynamic_cp_micro_batch([(0, 400)], 6, 100, max_cp_size=2)
+
+
+def test_dynamic_cp_scheduler_plans_validate_and_run_every_sample_once():
+    cost = real_cost("llama3_8b")
+    batch = text_batch(300, seed=3)
+    planner = MegatronHybridCP(scheduler="default_dynamic_cp")
+    plan = planner.plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    assert sorted(plan.sample_positions()) == list(range(batch.n))
+    assert plan.info["scheduler"] == "default_dynamic_cp" and plan.round_barrier
+    # every round uses every rank (the fill step), each group one packed micro-batch of ring CP
+    for rnd in plan.rounds:
+        assert sum(g.size for g in rnd.groups) == cost.cluster.world_size
+        for g in rnd.groups:
+            assert len(g.micro_batches) == 1
+            assert g.micro_batches[0].sp_kind == ("ring" if g.size > 1 else "ulysses")
+    assert estimate_step_time(plan, batch, cost) == pytest.approx(
+        simulate_step(plan, batch, cost).step_time_s, rel=1e-9
+    )
+
+
+def test_megatron_cp_runs_ring_attention_and_its_groups_are_not_limited_by_heads():
+    cost = real_cost("llama3_8b")
+    plan = MegatronHybridCP().plan(text_batch(200, seed=1), cost)
+    kinds = {(g.size > 1, mb.sp_kind) for _, g, mb in plan.micro_batches()}
+    assert kinds <= {(True, "ring"), (False, "ulysses")} and (True, "ring") in kinds
+    assert plan.info["cp_attention"] == "ring"
+    # a model whose 12 heads no group of 8 divides: Ulysses stops at 4, ring CP reaches 8
+    from dcp_bench.cost import make_cost_model
+
+    spec = replace(model_spec("llama3_8b"), heads=12, kv_heads=4)
+    odd = make_cost_model(spec, "h200x8")
+    assert odd.sp_degrees()[-1] == 4 and largest_cp_group(odd) == 8
+
+
+def test_scheduler_flags_are_checked():
+    with pytest.raises(ConfigError, match="scheduler='dp_balanced'"):
+        MegatronHybridCP(scheduler="dp_balanced")
+    with pytest.raises(ConfigError, match="min_cp_size=2 is a flag of scheduler=default_dyn"):
+        MegatronHybridCP(min_cp_size=2)
+    with pytest.raises(ConfigError, match="min_cp_size=3"):
+        MegatronHybridCP(scheduler="default_dynamic_cp", min_cp_size=3)
+    with pytest.raises(ConfigError, match="always packs"):
+        MegatronHybridCP(scheduler="default_dynamic_cp", pack_sequences=False)

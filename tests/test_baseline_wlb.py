@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_baselines import text_batch, toy
+from test_baselines import real_cost, text_batch, toy
 
 from baselines.wlb_llm import (
     WLBLLM,
@@ -20,7 +20,7 @@ from baselines.wlb_llm import (
 )
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.errors import ConfigError, InfeasibleError
-from dcp_bench.plan import validate_plan
+from dcp_bench.plan import MicroBatch, validate_plan
 
 
 def test_default_thresholds_one_queue_per_octave_below_the_window():
@@ -108,6 +108,73 @@ def test_adaptive_sharding_keeps_per_sequence_for_short_documents():
     assert choose_sharding([60000, 2000, 2000], 2)[0] == "per_document"
 
 
+def test_micro_batches_run_ring_attention_priced_as_per_document_sharding():
+    """§5.1: WLB-LLM's CP is ring attention with every document in 2 CP chunks; on a cost model
+    that prices rings every micro-batch of a CP group of 4 is a ring micro-batch, and the
+    simulator charges each exactly the cost model's ring price of its documents."""
+
+    from dcp_bench.sim import simulate_step
+
+    cost, batch = real_cost("llama3_8b"), text_batch(300, seed=5, scale=0.25)
+    plan = WLBLLM(sp=4, outlier_queues=0, cp_layout="ring").plan(batch, cost)
+    validate_plan(plan, batch, cost)
+    kinds = {mb.sp_kind for _, _, mb in plan.micro_batches()}
+    assert kinds == {"ring"} and plan.info["cp_attention"] == "ring"
+    assert plan.info["cp_sharding"]["priced_as"] == "per_document"
+    # one replica's micro-batches back to back: its busiest replica sets the step (no barrier)
+    per_group = [
+        sum(
+            cost.microbatch_cost(
+                batch.tokens[list(mb.samples)], batch.frames[list(mb.samples)], 4,
+                mb.ckpt_layers, "sequence", sp_kind="ring",
+            ).total_s
+            for mb in g.micro_batches
+        )
+        for g in plan.rounds[0].groups
+    ]  # fmt: skip
+    rec = simulate_step(plan, batch, cost)
+    assert rec.compute_end_s == pytest.approx(max(per_group), rel=1e-6)
+    # a cost model without ring pricing keeps the suite's Ulysses (said in the plan)
+    toy_plan = WLBLLM(sp=4, outlier_queues=0, cp_layout="ring").plan(batch, toy())
+    assert toy_plan.info["cp_attention"] == "ulysses"
+
+
+def test_default_layout_splits_heads_inside_a_node_and_rings_across_nodes():
+    """The paper's TP inside a node, CP across nodes (4D, Table 1): with no tensor parallelism in
+    the plan IR, a group inside one node splits heads (Ulysses) and a group of 16 on 8-GPU nodes
+    is a hybrid of Ulysses 8 inside each node and a ring of 2 across them."""
+    cost, batch = real_cost("llama3_8b"), text_batch(300, seed=5, scale=0.25)
+    inside = WLBLLM(sp=8, outlier_queues=0).plan(batch, cost)
+    assert {mb.sp_kind for _, _, mb in inside.micro_batches()} == {"ulysses"}
+    across = WLBLLM(sp=16, outlier_queues=0).plan(batch, cost)
+    validate_plan(across, batch, cost)
+    assert {(mb.sp_kind, mb.ulysses_degree) for _, _, mb in across.micro_batches()} == {
+        ("hybrid", 8)
+    }
+    assert across.info["cp_attention"] == "hybrid (ulysses 8)"
+    # §5.3 chooses per document over the CP ring: 2 nodes, not the 16 ranks
+    assert across.info["cp_degree"] == 2 and "cp_sharding" in across.info
+    assert inside.info["cp_degree"] == 1 and "cp_sharding" not in inside.info
+    with pytest.raises(ConfigError, match="cp_layout='tp'"):
+        WLBLLM(cp_layout="tp")
+
+
+def test_adaptive_sharding_records_what_per_sequence_would_save():
+    # 8 documents of 100 tokens on CP 2 (the example above): per-document pads each rank's 4
+    # chunk pairs of 25 rows to 128-row tiles; §5.3 picks per-sequence for that micro-batch
+    info = WLBLLM(sharding="adaptive")._sharding_info(
+        GlobalBatch.from_lengths([100] * 8), [[MicroBatch(samples=tuple(range(8)))]], 2
+    )
+    doc = max(cp_rank_attention([100] * 8, 2, "per_document"))
+    seq = max(cp_rank_attention([100] * 8, 2, "per_sequence"))
+    assert info["per_sequence"] == 1 and info["per_document"] == 0
+    assert info["per_sequence_attention_saving"] == pytest.approx((doc - seq) / doc, abs=1e-4)
+    fixed = WLBLLM(sharding="per_document")._sharding_info(
+        GlobalBatch.from_lengths([100] * 8), [[MicroBatch(samples=tuple(range(8)))]], 2
+    )
+    assert fixed["per_document"] == 1 and fixed["per_sequence_attention_saving"] == 0.0
+
+
 def test_imbalance_degree_is_max_times_count_over_total():
     assert imbalance_degree([1.0, 1.0, 1.0, 1.0]) == 1.0
     assert imbalance_degree([2.0, 1.0, 1.0]) == pytest.approx(2.0 * 3 / 4.0)
@@ -122,7 +189,8 @@ def test_plan_without_delay_runs_every_document_and_balances_micro_batches():
         assert batch.tokens[list(mb.samples)].sum() <= plan.info["s_max"]
     counts = {len(g.micro_batches) for g in plan.rounds[0].groups}
     assert counts <= {plan.info["micro_batches_per_replica"]}
-    assert "cp_sharding" in plan.info
+    # a cost model without ring pricing runs Ulysses: no CP ring, no CP sharding to choose
+    assert plan.info["cp_degree"] == 1 and "cp_sharding" not in plan.info
 
 
 def test_dealt_batches_train_every_document_once_and_release_outliers_one_per_micro_batch():
@@ -164,6 +232,8 @@ def test_bad_configuration_errors():
         WLBLLM(outlier_queues=2, outlier_thresholds=[5000])
     with pytest.raises(ConfigError, match="sharding"):
         WLBLLM(sharding="ring")
+    with pytest.raises(ConfigError, match="per_sequence.*cannot express"):
+        WLBLLM(sharding="per_sequence")
     with pytest.raises(InfeasibleError, match="50000 tokens"):
         WLBLLM(sp=1, s_max=4096).plan(GlobalBatch.from_lengths([1000, 50_000]), toy())
 

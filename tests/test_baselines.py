@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from baselines.bucket_static import BucketStatic, bucket_key, damp_batch_sizes
-from baselines.packed_static import PackedStatic, packed_static_plan
+from baselines.packed_static import CP_COMM_TYPES, PackedStatic, packed_static_plan
 from baselines.scheduling import (
     estimate_step_time,
     largest_batch_size,
@@ -434,3 +434,26 @@ def test_dp_balanced_packing_is_megatrons_in_order_round_robin():
     ]
     with pytest.raises(ConfigError, match="packing"):
         PackedStatic(packing="ffd")
+
+
+def test_packed_static_cp_comm_types_are_megatrons():
+    """Megatron's ``--cp-comm-type`` (arguments.py:3221, transformer_config.py:1030-1040 at
+    d98e8a64): ``p2p`` a ring over the CP group, ``a2a`` the Ulysses all-to-all, ``a2a+p2p``
+    all-to-all inside the first level (here a node) and the ring across. The plans hold the same
+    micro-batches and differ only in how their attention spans the group."""
+    cost, batch = real_cost("llama3_8b"), text_batch(200, seed=4, scale=0.25)  # 8-GPU nodes
+    plans = {c: PackedStatic(sp=16, cp_comm_type=c).plan(batch, cost) for c in CP_COMM_TYPES}
+    kinds = {c: {(mb.sp_kind, mb.ulysses_degree) for _, _, mb in p.micro_batches()}
+             for c, p in plans.items()}  # fmt: skip
+    assert kinds == {"p2p": {("ring", 0)}, "a2a": {("ulysses", 0)}, "a2a+p2p": {("hybrid", 8)}}
+    for p in plans.values():
+        validate_plan(p, batch, cost)
+        assert [mb.samples for _, _, mb in p.micro_batches()] == [
+            mb.samples for _, _, mb in plans["a2a"].micro_batches()
+        ]
+    assert PackedStatic().cp_comm_type == "a2a+p2p"
+    # inside one node the hierarchy has one level: Ulysses
+    inside = PackedStatic(sp=8).plan(batch, cost)
+    assert {mb.sp_kind for _, _, mb in inside.micro_batches()} == {"ulysses"}
+    with pytest.raises(ConfigError, match="cp_comm_type='all_gather'"):
+        PackedStatic(cp_comm_type="all_gather")

@@ -147,7 +147,8 @@ def test_offences_are_all_listed_and_the_first_is_what_validate_raises():
     )
     offences = plan_offences(plan, batch, num_layers=4)
     assert offences == [
-        "round 0, group at rank 0 (size 3): group size must be a power of two",
+        "round 0, group at rank 0 (size 3): group size must be a power of two (or every "
+        "micro-batch of it ring or hybrid: any block of ranks)",
         "sample 1 repeated (round 0, rank 2 and round 0, rank 2)",
         "round 0, group at rank 2 (size 2): overlaps the group at rank 2 on rank 2",
         "round 0, group at rank 2 (size 2), micro-batch 0: ckpt_layers=9 outside 0..4",

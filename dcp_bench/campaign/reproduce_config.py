@@ -33,6 +33,7 @@ OVERRIDE_KEYS = (
     "claims",
     "budget_s",
     "report_reserve_s",
+    "calibrate_s",
     "jobs",
     "repeats",
     "real",
@@ -62,17 +63,20 @@ NOT_IN_YAML = {"yaml": False}
 
 @dataclass(frozen=True)
 class ReproduceSection:
-    """One section: sweep grids run in order under the section's own time budget."""
+    """One section: sweep grids run in order, to the end unless a time budget is given."""
 
     name: str
     title: str = ""
     grids: tuple[tuple[str, ...], ...] = ()  # hydra overrides each; a,b = alternatives
     common: tuple[str, ...] | None = None  # added to every grid; None: the top's sim_common
     repeats: int | None = None  # seeds per cell; None: the top's repeats
-    budget_s: float | None = None  # None: the whole command's budget
-    reserve_s: float = 20.0  # kept for this section out of every earlier section's budget
+    budget_s: float | None = None  # this section's own wall-clock cap; None: no cap of its own
+    reserve_s: float = 20.0  # under a whole budget: kept for this section by every earlier one
     real: bool = False  # real (torch executor) runs of every grid as well
     simulate: bool = True  # simulated runs of every grid (false: a measured-only section)
+    # Real CPU runs: profile this machine for the models of the section's real grids first
+    # (a short, bounded `dcp-bench profile`), and price the section's runs with that calibration.
+    calibrate: bool = False
 
     def repeats_in(self, cfg: ReproduceConfig) -> int:
         return self.repeats if self.repeats is not None else cfg.repeats
@@ -83,7 +87,7 @@ class ReproduceSection:
 
 @dataclass(frozen=True)
 class ReproduceConfig:
-    """The whole reproduction: where it writes, its budget, and its sections."""
+    """The whole reproduction: where it writes, its optional budget, and its sections."""
 
     path: str = field(default="", metadata=NOT_IN_YAML)  # the YAML file read
     title: str = "dcp-bench: reproducing the DCP claim"
@@ -91,8 +95,11 @@ class ReproduceConfig:
     root: str = "runs"
     out: str = "reports/reproduce"
     claims: str = "results/reference/claims.yaml"
-    budget_s: float = 560.0  # the whole command, report included
-    report_reserve_s: float = 60.0  # kept for writing the report
+    # The whole command's wall-clock bound, report included; None: no cut (every section runs to
+    # its end, however long this machine takes).
+    budget_s: float | None = None
+    report_reserve_s: float = 60.0  # under a budget: kept for writing the report
+    calibrate_s: float = 600.0  # the most a section's CPU calibration may take (all models)
     jobs: int = 2  # simulated runs in parallel (real runs always run alone)
     repeats: int = 5  # seeds seed_base .. seed_base + repeats - 1 of every grid
     real: bool = True  # run the sections marked real
@@ -227,7 +234,15 @@ def read_reproduce_yaml(path: Path) -> ReproduceConfig:
 
 # Upper bounds of the command line's numbers: far above any real reproduction, low enough that
 # `repeats=1e20` is refused at once.
-MAXIMA = {"repeats": 1_000, "jobs": 1_024, "seed_base": 2**32 - 1, "budget_s": 7 * 24 * 3600.0}
+MAXIMA = {
+    "repeats": 1_000,
+    "jobs": 1_024,
+    "seed_base": 2**32 - 1,
+    "budget_s": 7 * 24 * 3600.0,
+    "calibrate_s": 3600.0,
+}
+# `budget_s=none` lifts a budget a config file sets: no wall-clock cut.
+NO_BUDGET = ("none", "null", "off")
 
 
 def _number(key: str, value: str, integer: bool, minimum: float) -> float:
@@ -250,6 +265,10 @@ def _number(key: str, value: str, integer: bool, minimum: float) -> float:
 def _override(cfg: ReproduceConfig, key: str, value: str) -> dict[str, Any]:
     """The fields one command-line ``key=value`` sets."""
     if key == "budget_s":
+        if value.strip().lower() in NO_BUDGET:
+            return {key: None}
+        return {key: _number(key, value, integer=False, minimum=1.0)}
+    if key == "calibrate_s":
         return {key: _number(key, value, integer=False, minimum=1.0)}
     if key == "report_reserve_s":
         return {key: _number(key, value, integer=False, minimum=0.0)}
@@ -312,7 +331,7 @@ def load_reproduce_config(overrides: Sequence[str]) -> ReproduceConfig:
     )
     for key, value in kv.items():
         cfg = dataclasses.replace(cfg, **_override(cfg, key, value))
-    if cfg.report_reserve_s >= cfg.budget_s:
+    if cfg.budget_s is not None and cfg.report_reserve_s >= cfg.budget_s:
         # named by the key the user typed: budget_s=30 alone is a budget too small for the
         # report's reserve, not a bad report_reserve_s
         if "budget_s" in kv or "report_reserve_s" not in kv:

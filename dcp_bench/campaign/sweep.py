@@ -371,6 +371,7 @@ def run_sweep(
     isolate: bool = True,
     retry_failed: bool = False,
     warn: Callable[[str], None] = _warn,
+    on_run: Callable[[RunSummary], None] | None = None,
 ) -> SweepResult:
     """Run every spec whose run folder does not hold a complete record (all of them with
     ``resume=False``): incomplete and damaged records are redone (a damaged one with a warning
@@ -385,7 +386,7 @@ def run_sweep(
     budget when it cuts them). Runs start seed by seed (every cell's first repeat, then every
     cell's second ...), so a deadline leaves the cells with balanced, paired repeats. ``build``
     replaces the assembly of simulated runs (tests bind small stand-ins). ``progress``: see
-    `progress_mode`.
+    `progress_mode`. ``on_run`` is called with every run's summary as it finishes.
     """
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: expected an integer >= 1")
@@ -407,6 +408,8 @@ def run_sweep(
     def done(summary: RunSummary) -> None:
         result.ran.append(summary)
         bar.done(summary)
+        if on_run is not None:
+            on_run(summary)
 
     announced: set[str] = set()
 

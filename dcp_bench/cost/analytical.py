@@ -98,6 +98,7 @@ class AnalyticalCostModel(CostModel):
     """Cost model from first principles. See the module docstring and docs/cost_model.md."""
 
     prices_ring: ClassVar[bool] = True
+    bounds_ring: ClassVar[bool] = True
 
     source: str = "analytical"
     # The micro-batch terms beyond the model's own work (`dcp_bench.cost.reference_loop`): the
@@ -847,6 +848,35 @@ class AnalyticalCostModel(CostModel):
                 * (2 * L + k)
             )
         return fwd_bwd + k / L * layer + comm
+
+    def ring_packed_share(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ulysses: int, ckpt_layers: int
+    ) -> np.ndarray:
+        # `microbatch_costs`' terms for a ring or hybrid micro-batch, split as
+        # `sample_time_packed` splits Ulysses ones: saturated GEMMs, each sample's ring attention
+        # compute (full blocks of n / r keys), the Ulysses all-to-all bytes over ``ulysses``
+        # ranks. What is left is per micro-batch (GEMM inefficiency, latencies: at least
+        # ``microbatch_overhead(ulysses, k)``) or non-negative (the ring's exposed transfers).
+        s, k, L = float(sp), float(ckpt_layers), self._L
+        t = np.asarray(tokens)
+        fl = self.sample_flops(t, frames)
+        rate = s * self._peak * self._gemm_max
+        n_r = np.asarray(tokens, dtype=float) / s
+        ring = s / ulysses
+        if ring > 1:
+            attn = self._ring_attention_compute(
+                t, np.arange(len(t)), np.full(len(t), s), np.full(len(t), ring)
+            )
+        else:
+            attn = fl["attn_work"] / (s * self._peak)
+        dense = fl["layer_gemm"] / rate + n_r * L * self._elem_tok_s
+        fwd_bwd = 3.0 * (dense + fl["head_gemm"] / rate) + (1.0 + self._attn_bwd) * attn
+        comm = np.zeros_like(n_r)
+        if ulysses > 1:
+            u = np.full(len(n_r), float(ulysses))
+            per_layer = self.a2a_time(self.a2a_bytes_per_layer(n_r, u), u, collectives=0)
+            comm = per_layer * (2 * L + k)
+        return fwd_bwd + k / L * (dense + attn) + comm
 
     def microbatch_overhead(self, sp: int, ckpt_layers: int) -> float:
         # GEMM time at x tokens per rank is F / (s * peak * gmax) * (1 + half / x): the first term

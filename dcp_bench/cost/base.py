@@ -23,6 +23,7 @@ import numpy as np
 from dcp_bench.cost.activations import activation_terms
 from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
 from dcp_bench.errors import ConfigError
+from dcp_bench.layout import ring_group_settings
 
 # The per-GPU memory cap of every method, as a fraction of usable GPU memory: the DCP reference
 # profiles under 0.7 (docs/cost_model.md). The one default; configs and reports refer to it.
@@ -151,6 +152,10 @@ class CostModel(ABC):
     # Whether `microbatch_cost` takes ``sp_kind`` and ``ulysses_degree`` (ring and hybrid SP,
     # `dcp_bench.plan.MicroBatch`); sources that cannot price them refuse such micro-batches.
     prices_ring: ClassVar[bool] = False
+    # Whether the source splits a ring or hybrid micro-batch's time into per-sample packed shares
+    # and a fixed cost (`ring_packed_share`), as the lower bound needs. Planners use ring and
+    # hybrid groups (`ring_settings`) only with such a source, so the bound always covers them.
+    bounds_ring: ClassVar[bool] = False
 
     @property
     def memory_cap_bytes(self) -> float:
@@ -401,6 +406,33 @@ class CostModel(ABC):
         model's attention heads divide (`dcp_bench.cost.specs.runnable_sp_degrees`). Every
         planner takes its degrees from here."""
         return runnable_sp_degrees(self.model, self.cluster.world_size)
+
+    def ring_settings(self) -> list[tuple[int, int]]:
+        """(group size, Ulysses span) of the ring and hybrid groups plans may use beside the
+        Ulysses degrees (`sp_degrees`), ascending by size: every aligned size the model's heads
+        do not divide, and groups of whole nodes larger than the largest aligned group, up to
+        `MAX_RING_NODES` nodes (a world of 3 nodes of 8 has aligned groups of at most 8 GPUs;
+        a ring of 16 or 24 holds a 1M-token document). Each runs Ulysses over the largest
+        runnable degree that divides its size (and, for whole-node groups, the node: the
+        sub-groups are then aligned blocks), ring attention across (a span of 1: pure ring).
+        Empty for video models (DSP) and for sources without `bounds_ring`."""
+        if not (self.bounds_ring and self.prices_ring and self.model.arch == "llama"):
+            return []
+        return ring_group_settings(
+            self.cluster.world_size, self.cluster.gpus_per_node, self.sp_degrees()
+        )
+
+    def ring_packed_share(
+        self, tokens: np.ndarray, frames: np.ndarray, sp: int, ulysses: int, ckpt_layers: int
+    ) -> np.ndarray:
+        """Vectorised: each sample's packed share (`sample_time_packed`) of a ring or hybrid
+        micro-batch on ``sp`` ranks with a Ulysses span of ``ulysses``; with
+        ``microbatch_overhead(ulysses, ckpt_layers)`` added once per micro-batch it is a lower
+        bound of the micro-batch's time. Sources with `bounds_ring` implement it."""
+        raise ConfigError(
+            f"the {self.source} cost model ({type(self).__name__}) gives no packed shares of "
+            "ring or hybrid micro-batches"
+        )
 
     def describe_sp_degrees(self) -> str:
         """`sp_degrees` in words, with why (for errors that say no degree fits)."""

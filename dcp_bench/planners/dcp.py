@@ -26,15 +26,15 @@ Fair mode only: every sample once, one optimizer step.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dcp_bench.errors import ConfigError
-from dcp_bench.layout import aligned_sp_degrees
-from dcp_bench.plan import Group, MicroBatch, Mode, Round, StepPlan
+from dcp_bench.layout import aligned_sp_degrees, ulysses_span
+from dcp_bench.plan import Group, MicroBatch, Mode, Round, SPKind, StepPlan
 from dcp_bench.planners.base import Planner
 from dcp_bench.planners.settings import ShapeTable, build_shape_table, raise_if_infeasible
 
@@ -60,10 +60,40 @@ def _pow2_upto(world_size: int) -> list[int]:
     return aligned_sp_degrees(world_size)[1:]
 
 
-def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: str) -> Schedule:
-    """Place every task (time, aligned block size) onto a world of ``world_size`` ranks.
+def place_wide(
+    times: np.ndarray,
+    sizes: np.ndarray,
+    tasks: np.ndarray,
+    free: np.ndarray,
+    node: int,
+    bstart: np.ndarray,
+    start: np.ndarray,
+) -> None:
+    """Place the ``tasks`` whose group is not an aligned block (ring or hybrid groups of whole
+    nodes, `CostModel.ring_settings`), longest first, each onto the whole-node block of its size
+    (start a multiple of ``node``) whose ranks are all free earliest (ties: the lowest start), in
+    place. Such tasks are a step's few longest samples."""
+    W = len(free)
+    for i in tasks[np.argsort(-times[tasks], kind="stable")].tolist():
+        s = int(sizes[i])
+        starts = np.arange(0, W - s + 1, node)
+        ready = np.maximum.reduceat(free, np.r_[0:W:node])  # per node
+        win = np.lib.stride_tricks.sliding_window_view(ready, s // node).max(axis=1)
+        b = int(starts[int(win[: len(starts)].argmin())])
+        t0 = float(free[b : b + s].max())
+        free[b : b + s] = t0 + times[i]
+        bstart[i] = b
+        start[i] = t0
 
-    Tasks with size > 1 first, in ``order`` ("size": size then time, descending; "time": time
+
+def list_schedule(
+    times: np.ndarray, sizes: np.ndarray, world_size: int, order: str, node: int = 1
+) -> Schedule:
+    """Place every task (time, block size) onto a world of ``world_size`` ranks.
+
+    Tasks on groups that are not aligned blocks (sizes that are not powers of two dividing the
+    world: ring or hybrid groups of whole nodes of ``node`` ranks) first (`place_wide`). Then
+    tasks with size > 1, in ``order`` ("size": size then time, descending; "time": time
     descending), each onto the aligned block whose ranks are all free earliest; then size-1
     tasks by LPT with a heap of rank free times.
     """
@@ -72,7 +102,11 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
     free = np.zeros(W)
     bstart = np.zeros(n, dtype=np.int64)
     start = np.zeros(n)
-    big = np.flatnonzero(sizes > 1)
+    wide = (sizes & (sizes - 1)) != 0
+    wide |= (W % np.maximum(sizes, 1)) != 0
+    big = np.flatnonzero((sizes > 1) & ~wide)
+    if wide.any():
+        place_wide(times, sizes, np.flatnonzero(wide), free, node, bstart, start)
     if len(big):
         if order == "size":
             big = big[np.lexsort((-times[big], -sizes[big]))]
@@ -81,7 +115,7 @@ def list_schedule(times: np.ndarray, sizes: np.ndarray, world_size: int, order: 
         # ready[s][b]: when every rank of aligned block b of size s is free (max over its ranks),
         # kept per level so each placement costs O(levels) small updates, not O(W).
         levels = sorted({int(x) for x in sizes[big]} | {int(x) for x in _pow2_upto(W)})
-        ready = {lv: np.zeros(W // lv) for lv in levels}
+        ready = {lv: free.reshape(-1, lv).max(axis=1) for lv in levels}
         if order == "size":
             _place_by_size_class(big, sizes, times, ready, levels, free, bstart, start)
             big = big[:0]
@@ -294,7 +328,10 @@ def charge_microbatch_overhead(table: ShapeTable, cost: CostModel) -> None:
     the whole fixed cost (its time alone). Without this, a sample of half to all of a rank's
     capacity looks cheaper split over two ranks (packed there, alone on one) and pays the
     all-to-all for nothing; the degree that fits on the fewest ranks wins instead."""
+    ring = table.is_ring()
     for j, sp in enumerate(table.sps.tolist()):
+        if ring[j]:
+            continue  # priced alone (`add_ring_columns`): its fixed cost is in its time
         k0 = np.flatnonzero(table.ckpt[:, j] == 0)
         over = cost.microbatch_overhead(sp, 0)
         if not len(k0) or over <= 0:
@@ -315,16 +352,23 @@ def predicted_step_time(plan: StepPlan, batch: GlobalBatch, cost: CostModel) -> 
     mb_sizes: list[int] = []
     mb_ckpt: list[int] = []
     mb_samples: list[tuple[int, ...]] = []
+    mb_span: list[int] = []
     for _, g, mb in plan.micro_batches():
         mb_sizes.append(g.size)
         mb_ckpt.append(mb.ckpt_layers)
         mb_samples.append(mb.samples)
+        mb_span.append(ulysses_span(mb.sp_kind, mb.ulysses_degree, g.size))
     if not mb_samples:
         return 0.0
     pos = np.fromiter((s for ss in mb_samples for s in ss), dtype=np.int64)
     mb_index = np.repeat(np.arange(len(mb_samples)), [len(ss) for ss in mb_samples])
     c = cost.microbatch_costs(
-        batch.tokens[pos], batch.frames[pos], mb_index, np.asarray(mb_sizes), np.asarray(mb_ckpt)
+        batch.tokens[pos],
+        batch.frames[pos],
+        mb_index,
+        np.asarray(mb_sizes),
+        np.asarray(mb_ckpt),
+        **({} if mb_span == mb_sizes else {"ulysses": np.asarray(mb_span)}),
     )
     dur = cost.total_time(c).tolist()
     free = np.zeros(plan.world_size)
@@ -499,6 +543,30 @@ def schedule_groups(sched: Schedule, W: int) -> tuple[list[Round], list[Group], 
     return rounds, groups, gid
 
 
+def set_sp_kinds(groups: list[Group], table: ShapeTable) -> None:
+    """Give the sequence-split micro-batches of every ring or hybrid group (a size the table's
+    ring columns have: `ShapeTable.ulysses`) their kind, in place: ``ring`` for a span of 1,
+    else ``hybrid`` with that Ulysses degree. Ring sizes never coincide with Ulysses degrees, so
+    a group's size says its kind."""
+    if table.ulysses is None:
+        return
+    ring = table.is_ring()
+    span = {int(s): int(u) for s, u in zip(table.sps[ring], table.ulysses[ring])}
+    if not span:
+        return
+    for g in groups:
+        u = span.get(g.size)
+        if u is None:
+            continue
+        kind: SPKind = "ring" if u == 1 else "hybrid"
+        g.micro_batches = [
+            replace(mb, sp_kind=kind, ulysses_degree=u if u > 1 else 0)
+            if mb.split == "sequence"
+            else mb
+            for mb in g.micro_batches
+        ]
+
+
 class DCPPlanner(Planner):
     """Our planner (method ``dcp``): joint per-sequence SP degree, recompute and schedule."""
 
@@ -564,13 +632,14 @@ class DCPPlanner(Planner):
                 world_size=W, rounds=[], method=self.name, mode=self.mode, step=batch.step
             )
         # Packed shares: short samples are packed into well-filled micro-batches (step 5).
-        table = build_shape_table(batch.tokens, batch.frames, cost, packed=True)
+        table = build_shape_table(batch.tokens, batch.frames, cost, packed=True, ring=True)
         raise_if_infeasible(table, batch.tokens, batch.frames, cost)
+        node = cost.cluster.gpus_per_node
         charge_microbatch_overhead(table, cost)
         inv = table.inverse
         counts = np.bincount(inv, minlength=len(table.tokens))
         choice = self.initial_choice(table, counts, W)
-        sched, sample_choice, bound = self._schedule_with_refinement(table, choice[inv], W)
+        sched, sample_choice, bound = self._schedule_with_refinement(table, choice[inv], W, node)
         plan = self._to_plan(batch, cost, table, sched, sample_choice, W)
         if batch.n <= self.floor_search_max and len(table.sps) > 1:
             # Packing decides the real cost (how full micro-batches are, and samples of one
@@ -583,7 +652,7 @@ class DCPPlanner(Planner):
                 trial = np.where((j > sample_choice) & np.isfinite(T[:, j]), j, sample_choice)
                 if np.array_equal(trial, sample_choice):
                     continue
-                s2 = self._schedule(table, trial, W, bound)
+                s2 = self._schedule(table, trial, W, bound, node)
                 p2 = self._to_plan(batch, cost, table, s2, trial, W)
                 t2 = predicted_step_time(p2, batch, cost)
                 if t2 < best_t * (1 - 1e-9):
@@ -612,13 +681,13 @@ class DCPPlanner(Planner):
         return plan
 
     def _schedule(
-        self, table: ShapeTable, sample_choice: np.ndarray, W: int, bound: float
+        self, table: ShapeTable, sample_choice: np.ndarray, W: int, bound: float, node: int
     ) -> Schedule:
         times = table.time[table.inverse, sample_choice]
         sizes = table.sps[sample_choice]
         best: Schedule | None = None
         for order in ("size", "time"):
-            s = list_schedule(times, sizes, W, order)
+            s = list_schedule(times, sizes, W, order, node)
             if best is None or s.makespan < best.makespan * (1 - 1e-12):
                 best = s
             if not (sizes > 1).any() or best.makespan <= bound * (1 + self.good_enough):
@@ -627,7 +696,7 @@ class DCPPlanner(Planner):
         return best
 
     def _schedule_with_refinement(
-        self, table: ShapeTable, sample_choice: np.ndarray, W: int
+        self, table: ShapeTable, sample_choice: np.ndarray, W: int, node: int
     ) -> tuple[Schedule, np.ndarray, float]:
         # The bound no schedule beats: max(cheapest total work / W, longest sample at its fastest).
         counts = np.bincount(table.inverse, minlength=len(table.tokens))
@@ -635,7 +704,7 @@ class DCPPlanner(Planner):
             float((table.gpu_seconds.min(axis=1) * counts).sum()) / W,
             float(table.time.min(axis=1).max()),
         )
-        sched = self._schedule(table, sample_choice, W, bound)
+        sched = self._schedule(table, sample_choice, W, bound, node)
         K = len(table.sps)
         T = table.time[table.inverse]  # (n, K)
         n = len(sample_choice)
@@ -648,7 +717,7 @@ class DCPPlanner(Planner):
                 if not faster.any():
                     continue
                 trial = np.where(faster, j, sample_choice)
-                s2 = self._schedule(table, trial, W, bound)
+                s2 = self._schedule(table, trial, W, bound, node)
                 if s2.makespan < sched.makespan * (1 - 1e-9):
                     sched, sample_choice = s2, trial
         tried: set[int] = set()
@@ -670,7 +739,7 @@ class DCPPlanner(Planner):
             i = cands[0]
             trial = sample_choice.copy()
             trial[i] += 1
-            s2 = self._schedule(table, trial, W, bound)
+            s2 = self._schedule(table, trial, W, bound, node)
             if s2.makespan < sched.makespan * (1 - 1e-9):
                 sched, sample_choice = s2, trial
             else:
@@ -716,6 +785,7 @@ class DCPPlanner(Planner):
             )
         for rnd in rounds:
             rnd.groups.sort(key=lambda g: g.start)
+        set_sp_kinds(groups, table)
         return StepPlan(
             world_size=W, rounds=rounds, method=self.name, mode=self.mode, step=batch.step
         )
@@ -741,12 +811,14 @@ class DCPPlanner(Planner):
         )
         pos = np.fromiter((s for mb in mbs for s in mb.samples), dtype=np.int64)
         mb_index = np.repeat(np.arange(len(mbs)), [len(mb.samples) for mb in mbs])
+        uly = int(table.ulysses[j]) if table.ulysses is not None else size
         c = cost.microbatch_costs(
             batch.tokens[pos],
             batch.frames[pos],
             mb_index,
             np.full(len(mbs), size),
             np.asarray([mb.ckpt_layers for mb in mbs]),
+            **({} if uly == size else {"ulysses": np.full(len(mbs), uly)}),
         )
         dur = cost.total_time(c)
         members = balance_items(dur.tolist(), W // size)
@@ -755,6 +827,7 @@ class DCPPlanner(Planner):
             for g, ms in enumerate(members)
             if ms
         ]
+        set_sp_kinds(groups, table)
         return StepPlan(
             world_size=W,
             rounds=[Round(groups=groups)],

@@ -159,6 +159,15 @@ class ShapeTable:
     ckpt: np.ndarray  # (m, k) int
     time: np.ndarray  # (m, k) float
     mem: np.ndarray  # (m, k) float
+    # (k,): each column's Ulysses span: its size for Ulysses, less for a ring or hybrid group
+    # (`CostModel.ring_settings`); None: every column is Ulysses.
+    ulysses: np.ndarray | None = None
+
+    def is_ring(self) -> np.ndarray:
+        """(k,): whether each column is a ring or hybrid group."""
+        if self.ulysses is None:
+            return np.zeros(len(self.sps), dtype=bool)
+        return self.ulysses != self.sps
 
     @property
     def gpu_seconds(self) -> np.ndarray:
@@ -166,7 +175,11 @@ class ShapeTable:
 
 
 def build_shape_table(
-    tokens: np.ndarray, frames: np.ndarray, cost: CostModel, packed: bool = False
+    tokens: np.ndarray,
+    frames: np.ndarray,
+    cost: CostModel,
+    packed: bool = False,
+    ring: bool = False,
 ) -> ShapeTable:
     """Evaluate every distinct shape at every SP degree the model can run on the cluster
     (`CostModel.sp_degrees`; a few vectorised calls each).
@@ -174,7 +187,75 @@ def build_shape_table(
     ``packed``: the time a sample costs when micro-batches are packed: its packed share (see
     `time_at_ckpt`) where it can share a micro-batch with others (no recompute and at most half
     the memory budget), its time alone otherwise (a micro-batch it fills mostly by itself pays
-    the fixed small-kernel costs alone)."""
+    the fixed small-kernel costs alone).
+
+    ``ring``: also the ring and hybrid groups (`CostModel.ring_settings`) as further columns,
+    for the shapes that may need them (`add_ring_columns`)."""
+    table = _ulysses_shape_table(tokens, frames, cost, packed)
+    if ring and cost.ring_settings():
+        table = add_ring_columns(table, cost)
+    return table
+
+
+# Ring and hybrid columns are priced for shapes whose fastest Ulysses time is at least this share
+# of the slowest shape's (or that fit no Ulysses degree): short samples gain nothing from a group
+# wider than the heads allow (a ring's transfers make it dearer), while long ones may (a wider
+# group needs less recompute). On a 3-node step with documents up to 175K tokens, 0.1 gave the
+# same plan as pricing every shape; 0.25 and more left dcp 1.8-3% further from the bound.
+RING_SHAPE_SHARE = 0.1
+
+
+def add_ring_columns(table: ShapeTable, cost: CostModel) -> ShapeTable:
+    """``table`` with one column per ring or hybrid group (`CostModel.ring_settings`), sorted by
+    size after the Ulysses columns (every ring size exceeds every Ulysses degree or lies between
+    aligned ones; columns stay ascending by size). A shape gets its fewest checkpointed layers
+    (memory depends on the tokens per rank only) and its time alone on that group, priced as a
+    ring or hybrid micro-batch (`CostModel.microbatch_costs` with ``ulysses``); shapes far from
+    the longest (`RING_SHAPE_SHARE`) are left unfit (inf) there."""
+    settings = cost.ring_settings()
+    fastest = table.time.min(axis=1)
+    top = float(fastest.max()) if len(fastest) else 0.0
+    need = np.flatnonzero(~np.isfinite(fastest) | (fastest >= RING_SHAPE_SHARE * top))
+    m, r = len(table.tokens), len(settings)
+    ckpt = np.full((m, r), -1, dtype=np.int64)
+    time = np.full((m, r), np.inf)
+    mem = np.full((m, r), np.inf)
+    if len(need):
+        budget = cost.memory_cap_bytes - cost.static_memory_bytes()
+        sizes = np.asarray([s for s, _ in settings], dtype=np.int64)
+        spans = np.asarray([u for _, u in settings], dtype=np.int64)
+        t, f = np.repeat(table.tokens[need], r), np.repeat(table.frames[need], r)
+        gs, gu = np.tile(sizes, len(need)), np.tile(spans, len(need))
+        gk, gm0 = ckpt_and_memory(cost, t, f, gs, budget)
+        ok = np.flatnonzero(gk >= 0)
+        gt = np.full(len(t), np.inf)
+        if len(ok):
+            c = cost.microbatch_costs(
+                t[ok], f[ok], np.arange(len(ok)), gs[ok], gk[ok], ulysses=gu[ok]
+            )
+            gt[ok] = cost.total_time(c)
+        ckpt[need] = gk.reshape(len(need), r)
+        time[need] = gt.reshape(len(need), r)
+        mem[need] = np.where(gk >= 0, gm0, np.inf).reshape(len(need), r)
+    sps = np.concatenate([table.sps, [s for s, _ in settings]]).astype(np.int64)
+    uly = np.concatenate([table.sps, [u for _, u in settings]]).astype(np.int64)
+    order = np.argsort(sps, kind="stable")
+    return ShapeTable(
+        table.tokens,
+        table.frames,
+        table.inverse,
+        sps[order],
+        np.concatenate([table.ckpt, ckpt], axis=1)[:, order],
+        np.concatenate([table.time, time], axis=1)[:, order],
+        np.concatenate([table.mem, mem], axis=1)[:, order],
+        uly[order],
+    )
+
+
+def _ulysses_shape_table(
+    tokens: np.ndarray, frames: np.ndarray, cost: CostModel, packed: bool
+) -> ShapeTable:
+    """`build_shape_table`'s Ulysses columns."""
     key = tokens.astype(np.int64) * (1 << 20) + frames.astype(np.int64)
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     ut, uf = tokens[first], frames[first]
@@ -204,11 +285,11 @@ def build_shape_table(
     return ShapeTable(ut, uf, inverse.astype(np.int64), sps, ckpt, time, mem)
 
 
-def largest_fitting_length(cost: CostModel, frames: int = 1) -> int:
+def largest_fitting_length(cost: CostModel, frames: int = 1, sp: int | None = None) -> int:
     """The longest sample (tokens) that fits the cap at the largest SP degree the model can run
     with full recompute: what an infeasibility error reports. Video keeps the frame count and
     grows the spatial size; text (frames=1) grows the length."""
-    sp = cost.sp_degrees()[-1]
+    sp = cost.sp_degrees()[-1] if sp is None else sp
     L = cost.model.num_layers
     budget = cost.memory_cap_bytes - cost.static_memory_bytes()
 
@@ -241,11 +322,19 @@ def raise_if_infeasible(
         return
     i = int(bad[np.argmax(table.tokens[bad])])
     t, f = int(table.tokens[i]), int(table.frames[i])
-    limit = largest_fitting_length(cost, frames=f)
+    limit = largest_fitting_length(cost, frames=f, sp=int(table.sps.max()))
     shape = f"{t} tokens ({f} frames x {t // f})" if f > 1 else f"{t} tokens"
+    rings = (
+        ""
+        if table.ulysses is None or not table.is_ring().any()
+        else " nor the ring or hybrid groups of "
+        + ", ".join(str(int(x)) for x in table.sps[table.is_ring()])
+        + " GPUs"
+    )
     raise InfeasibleError(
         f"a sample of {shape} fits none of the runnable SP degrees "
-        f"{cost.describe_sp_degrees()} even with all {cost.model.num_layers} layers recomputed "
+        f"{cost.describe_sp_degrees()}{rings} even with all {cost.model.num_layers} layers "
+        "recomputed "
         f"(memory cap {cost.memory_cap_bytes / 2**30:.1f} GiB); the largest that fits is "
         f"{limit} tokens" + (f" at {f} frames" if f > 1 else "")
     )

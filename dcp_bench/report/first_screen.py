@@ -391,18 +391,36 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
     return out
 
 
+# A reproduction names the CPU calibration its real CPU section was priced with in a note that
+# starts so (dcp_bench/campaign/reproduce.py): this machine's, or a mismatch.
+CALIBRATION_NOTE = "CPU calibration: "
+
+
+def calibration_note(data: ReportData) -> str | None:
+    """The inputs' note on the CPU calibration, without its prefix (None when there is none)."""
+    for note in getattr(data.inp, "notes", None) or []:
+        if isinstance(note, str) and note.startswith(CALIBRATION_NOTE):
+            return note[len(CALIBRATION_NOTE) :]
+    return None
+
+
 def _simulator_error_line(data: ReportData) -> str | None:
+    calib = calibration_note(data)
     val = data.validation
-    if val.empty or not val["error"].notna().any():
-        return None
-    arr = np.abs(val["error"].astype(float).to_numpy())
+    arr = (
+        np.array([])
+        if val.empty or "error" not in val
+        else np.abs(val["error"].astype(float).to_numpy())
+    )
     arr = arr[np.isfinite(arr)]
     if not arr.size:
-        return None
+        return f"The simulator's CPU check: calibration {calib}." if calib else None
     return (
         "The simulator against real training, measured here on CPU ranks: median error "
-        f"{float(np.median(arr)):.0%} on step time ([details](#simulator-against-measurement)); "
-        "no GPU run of this suite checks the GPU model."
+        f"{float(np.median(arr)):.0%} on step time"
+        + (f", priced with the calibration {calib}" if calib else "")
+        + " ([details](#simulator-against-measurement)); no GPU run of this suite checks the GPU "
+        "model."
     )
 
 
@@ -506,6 +524,9 @@ def _own_first_screen(doc: Document, data: ReportData) -> None:
         f"Every method over every baseline ({kind}{more}): speedup, 95% CI over paired seeds; "
         "line: 1x",
     )
+    err = _simulator_error_line(data)  # the CPU check and its calibration, when measured
+    if err:
+        doc.p(err)
 
 
 def method_source(target: Any) -> str:

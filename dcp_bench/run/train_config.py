@@ -78,16 +78,24 @@ def resolve_train_config(overrides: list[str], notes: list[str] | None = None) -
     return cfg
 
 
+def cpu_model(model: dict[str, Any]) -> bool:
+    """Whether ``model`` is one of the CPU-sized models: the tiny ones, and ``model=hf`` with its
+    default config (a small Llama of tiny_llama's sizes; a ``model.config_file`` names a model of
+    its own, trained at the workload's size)."""
+    name = str(model.get("name", ""))
+    return name.startswith("tiny_") or (name == "hf" and not model.get("config_file"))
+
+
 def cpu_sizing(cfg: dict[str, Any], keys: set[str], cuda: bool) -> list[str]:
-    """The overrides that CPU-size the run (none on a GPU, for a model other than the tiny ones,
-    or when the command line sizes the workload itself)."""
+    """The overrides that CPU-size the run (none on a GPU, for a model other than the CPU-sized
+    ones, `cpu_model`, or when the command line sizes the workload itself)."""
     model = cfg.get("model") or {}
     work = cfg.get("workload") or {}
     cluster = cfg.get("cluster") or {}
     cpu = str(cluster.get("name", "")) == "cpu" and (
         str((cfg.get("train") or {}).get("device", "auto")) == "cpu" or not cuda
     )
-    if not cpu or not str(model.get("name", "")).startswith("tiny_") or keys & set(CPU_SIZING_KEYS):
+    if not cpu or not cpu_model(model) or keys & set(CPU_SIZING_KEYS):
         return []
     budget = work.get("tokens_per_gpu")
     if (

@@ -13,7 +13,8 @@ SP groups of a plan.
   rank steps AdamW on its shard of the fp32 master weights, and the updated shards are
   all-gathered into the compute-dtype parameters. No collective runs inside a micro-batch, so
   ranks may run different numbers of micro-batches (DCP-inter's unequal groups).
-- `FSDPState` (stages 2 and 3): FSDP2 (``fully_shard``) on every layer and on the root, with
+- `FSDPState` (stages 2 and 3): FSDP2 (``fully_shard``) on every layer and on the root (a
+  library model's layers: its ``fsdp_units()``, e.g. the decoder layers of ``model=hf``), with
   ``MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=fp32)``: fp32 parameter shards are the
   master weights, gathered in the compute dtype for each layer (stage 3 frees them after the
   layer's forward and gathers again for its backward; stage 2 keeps them), gradients
@@ -490,7 +491,11 @@ def _shard_fsdp(
         reduce_dtype=DTYPES[policy.grad],
         cast_forward_inputs=False,
     )
-    units = list(getattr(model, "layers", None) or getattr(model, "pairs", None) or [])
+    fsdp_units = getattr(model, "fsdp_units", None)
+    if callable(fsdp_units):
+        units = list(fsdp_units())  # a library model: its own blocks
+    else:
+        units = list(getattr(model, "layers", None) or getattr(model, "pairs", None) or [])
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=zero_stage == 3)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=zero_stage == 3)

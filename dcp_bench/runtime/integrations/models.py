@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from dcp_bench.cost.specs import ModelSpec
 from dcp_bench.errors import ConfigError
@@ -44,6 +45,14 @@ class AdaptedModel(RuntimeModel):
     the loss (``forward``) are the adapter's; the parameters are the model's."""
 
     def __init__(self, model: nn.Module, adapter: Any) -> None:
+        sharded = [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]
+        if sharded:
+            raise ConfigError(
+                f"{type(model).__name__} is sharded with fully_shard (FSDP2) at "
+                f"{sharded[0] or 'its root'!r}; DataCentricParallel all-reduces whole gradients "
+                "once per step, so pass the unsharded model, or train with FSDP2 through the "
+                "runtime (dcp-bench train model=hf cost.zero_stage=3)"
+            )
         super().__init__()
         self.inner = model
         self.adapter = adapter

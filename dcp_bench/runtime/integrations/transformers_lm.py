@@ -471,6 +471,22 @@ class TransformersCausalLM(RuntimeModel):
         self._attention = kernel
         self.adapter.kernel = kernel
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """The modules FSDP2 shards one by one (ZeRO stages 2 and 3,
+        `dcp_bench.runtime.training`): the decoder layers, found by the classes the model names in
+        its ``_no_split_modules`` (the library's list of blocks that must stay whole); the rest
+        (embeddings, final norm, LM head) is sharded with the root."""
+        names = set(getattr(self.lm, "_no_split_modules", None) or ())
+        units = [m for m in self.lm.modules() if type(m).__name__ in names]
+        layers = int(getattr(self.lm.config, "num_hidden_layers", 0))
+        if len(units) != layers:
+            raise ConfigError(
+                f"{type(self.lm).__name__}: {len(units)} modules of its _no_split_modules "
+                f"({', '.join(sorted(names)) or 'none'}) for {layers} layers; expected one per "
+                "decoder layer to shard with FSDP2"
+            )
+        return units
+
     def make_inputs(
         self, sample_ids: Any, tokens: Any, frames: Any, sp: SPContext, seed: int
     ) -> TextShard:
