@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,79 @@ from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.paths import CONF_DIR
 
 GROUPS = ("workload", "method", "cluster", "model", "run")
+
+
+# ------------------------------------------------------------------------------------------------
+# Defaults: declared once, here. The packaged config (conf/config.yaml, conf/run/default.yaml)
+# lists the same values for its readers; tests/test_defaults.py keeps them equal. Every reader
+# (the run parser, the cost model, the sweep, the report) takes them from these tables, and each
+# value is validated by the one check below.
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A top-level numeric parameter of a run: its default, its valid range (``lo`` and ``hi``
+    included) and what it means. `check` is its one validation."""
+
+    key: str
+    default: float
+    lo: float
+    hi: float
+    meaning: str
+
+    def check(self, value: Any) -> float:
+        """``value`` as a float, or `ConfigError` naming the key, the value and the range."""
+        expected = f"expected a number in [{self.lo}, {self.hi}]"
+        if isinstance(value, bool):
+            raise ConfigError(f"{self.key}={value!r}: {expected}")
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{self.key}={value!r}: {expected}") from None
+        if not (math.isfinite(out) and self.lo <= out <= self.hi):
+            raise ConfigError(f"{self.key}={value!r}: {expected}")
+        return out
+
+
+MEM_CAP_FRACTION = Parameter(
+    "mem_cap_fraction",
+    0.7,
+    1e-6,
+    1.0,
+    "the per-GPU memory cap every planner must respect, as a share of usable GPU memory (the DCP "
+    "reference uses 0.7)",
+)
+# The parameters that shape a run's cell (a run records which it sets away from their default:
+# `dcp_bench.summary_schema.RunContext.away_from_default`).
+PARAMETERS: dict[str, Parameter] = {p.key: p for p in (MEM_CAP_FRACTION,)}
+SEED_DEFAULT = 0
+# What a key the ``run`` group leaves out means (the train, noise and cost groups' defaults are
+# their settings classes' field defaults, `dcp_bench.run.spec`; the cost scales' are
+# `dcp_bench.cost.analytical.SCALE_DEFAULTS`).
+RUN_DEFAULTS: dict[str, Any] = {
+    "unit": "auto",
+    "epochs": 1,
+    "steps": 20,
+    "warmup_steps": 2,
+    "repeats": 5,
+    "root": "runs",
+    "campaign": "default",
+    "executor": "sim",
+    "nproc": None,
+    "timeout_s": None,
+    "kill_grace_s": None,
+    "planner_clock": "overlap",
+    "planner_time": "auto",
+}
+
+
+def away_from_default(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    """The `PARAMETERS` a resolved config sets to another value than their default (validated)."""
+    return tuple(
+        key
+        for key, p in PARAMETERS.items()
+        if not math.isclose(p.check(cfg.get(key, p.default)), p.default)
+    )
 
 
 CONF_PATH_ENV = "DCP_BENCH_CONF_PATH"

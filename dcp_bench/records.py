@@ -47,7 +47,6 @@ import fcntl
 import json
 import os
 import shutil
-import types
 import typing
 import uuid
 from collections.abc import Iterable, Iterator
@@ -64,8 +63,23 @@ from dcp_bench.files import (
     atomic_write_text,
     json_default,
 )
+from dcp_bench.summary_schema import (
+    STEP_SCHEMA_VERSION,
+    SUMMARY_SCHEMA_VERSION,
+    CostDescription,
+    EpochAccounting,
+    PlanningCost,
+    Predictions,
+    RunContext,
+    RunOutcome,
+    TrainingCurves,
+    decode_record,
+    hint_text,
+    type_ok,
+    upgrade_summary,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = SUMMARY_SCHEMA_VERSION  # of run.json; steps.jsonl: STEP_SCHEMA_VERSION
 STATUSES = ("ok", "oom", "timeout", "nonfinite", "error")
 Status = Literal["ok", "oom", "timeout", "nonfinite", "error"]
 OWNER_FILE = ".owner"
@@ -117,7 +131,7 @@ class StepRecord:
     loss: float | None = None
     grad_norm: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = STEP_SCHEMA_VERSION
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
@@ -154,8 +168,22 @@ class RunSummary:
     error: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
+    world_size: int | None = None  # the run's ranks (None: a version-1 record that wrote none)
+    # The typed parts (`dcp_bench.summary_schema`); None where the run has no such part (no
+    # epoch unit, no training loss, not measured) or a version-1 record did not write it.
+    context: RunContext | None = None
+    cost_description: CostDescription | None = None
+    outcome: RunOutcome | None = None
+    training: TrainingCurves | None = None
+    epochs: EpochAccounting | None = None
+    planning: PlanningCost | None = None
+    predictions: Predictions | None = None
+    # The executor's own facts (`dcp_bench.execution.ExecutorInfo.info`: parameter count, memory
+    # measure, threads, ...), open by design: each executor says what it has.
+    executor_info: dict[str, Any] = field(default_factory=dict)
+    # What a launcher noted of a run's end it saw from outside (the signal that stopped it).
+    notes: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SUMMARY_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -163,16 +191,32 @@ class RunSummary:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSummary:
-        return cls(**_known_fields(cls, data))
+        """A summary from its ``run.json`` object, of this version or migrated once from an
+        earlier one (`dcp_bench.summary_schema.upgrade_summary`)."""
+        summary: RunSummary = decode_record(cls, upgrade_summary(data))
+        return summary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``run.json`` object (`from_dict` reads it back equal)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def cut_by_budget(self) -> bool:
+        """A run a sweep's time budget cut short (the harness ran out of time, not the method)."""
+        return (
+            self.status == "timeout"
+            and self.context is not None
+            and (self.context.limit == "budget")
+        )
 
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    version = data.get("schema_version", SCHEMA_VERSION)
+    version = data.get("schema_version", STEP_SCHEMA_VERSION)
     if isinstance(version, bool) or not isinstance(version, int):
         raise TypeError(f"schema_version {version!r}: expected an integer")
-    if version > SCHEMA_VERSION:
+    if version > STEP_SCHEMA_VERSION:
         raise ValueError(
-            f"record schema_version {version} is newer than this dcp-bench ({SCHEMA_VERSION})"
+            f"record schema_version {version} is newer than this dcp-bench ({STEP_SCHEMA_VERSION})"
         )
     names = {f.name for f in dataclasses.fields(cls)}
     known = {k: v for k, v in data.items() if k in names}
@@ -180,65 +224,17 @@ def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return known
 
 
-def _type_ok(value: Any, hint: Any) -> bool:
-    """Whether a JSON value fits a field's type hint (numbers for floats, no bools for numbers)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is Any:
-        return True
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    if origin is list:
-        (item,) = typing.get_args(hint) or (Any,)
-        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
-    return True
-
-
 def _check_types(cls: type, data: dict[str, Any]) -> None:
     """`TypeError` naming the first field whose value does not fit the record's schema."""
     hints = typing.get_type_hints(cls)
     for key, value in data.items():
         hint = hints.get(key)
-        if hint is not None and not _type_ok(value, hint):
+        if hint is not None and not type_ok(value, hint):
             shown = repr(value)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             raise TypeError(
-                f"field {key!r} is {shown} ({type(value).__name__}); expected {_hint_text(hint)}"
+                f"field {key!r} is {shown} ({type(value).__name__}); expected {hint_text(hint)}"
             )
-
-
-def _hint_text(hint: Any) -> str:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_hint_text(h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return "null"
-    if typing.get_origin(hint) is Literal:
-        return "one of " + ", ".join(map(str, typing.get_args(hint)))
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-    if hint in names:
-        return names[hint]
-    if typing.get_origin(hint) is dict or hint is dict:
-        return "an object"
-    if typing.get_origin(hint) is list:
-        return (
-            "a list of "
-            + _hint_text(typing.get_args(hint)[0]).removeprefix("a ").removeprefix("an ")
-            + "s"
-        )
-    return str(hint)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -316,7 +312,7 @@ def write_summary(run_dir: str | os.PathLike[str], summary: RunSummary, token: s
     """Write ``run.json`` as the owner ``token`` (raises `RunOwnershipLost` if it is not); the
     record it replaces (``.previous/``, kept while the re-run ran) goes once it is written."""
     with owning(run_dir, token):
-        atomic_write_json(Path(run_dir) / "run.json", dataclasses.asdict(summary))
+        atomic_write_json(Path(run_dir) / "run.json", summary.to_dict())
     shutil.rmtree(Path(run_dir) / PREVIOUS_DIR, ignore_errors=True)
     return summary
 

@@ -64,4 +64,4 @@ def test_simulate_records_both_bounds(capsys: pytest.CaptureFixture[str]) -> Non
         == 0
     )
     out = json.loads(capsys.readouterr().out)
-    assert 0 < out["extra"]["lower_bound_physical_s"] <= out["lower_bound_s"] * (1 + 1e-12)
+    assert 0 < out["outcome"]["lower_bound_physical_s"] <= out["lower_bound_s"] * (1 + 1e-12)

@@ -87,11 +87,11 @@ def _ratios(root: Path, baseline: dict[str, object]) -> float:
     for s in iter_summaries(root, "c"):
         key = (
             "deals0"
-            if s.extra.get("overrides")
-            and any("deals_per_iteration=0" in o for o in s.extra["overrides"])
+            if s.context is not None
+            and any("deals_per_iteration=0" in o for o in s.context.overrides)
             else ""
         )
-        thr[(s.method + key, s.seed, s.extra.get("unit", "step"))] = s.tokens_per_s  # type: ignore[assignment]
+        thr[(s.method + key, s.seed, "epoch" if s.epochs else "step")] = s.tokens_per_s  # type: ignore[assignment]
     b_name, unit = str(baseline["name"]), str(baseline["unit"])
     return float(
         np.median([thr[("dcp_inter_pac", k, unit)] / thr[(b_name, k, unit)] for k in range(5)])

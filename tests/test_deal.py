@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dcp_bench.config import load_config, to_container
+from dcp_bench.config import MEM_CAP_FRACTION, SEED_DEFAULT, load_config, to_container
 from dcp_bench.cost.analytical import SCALE_DEFAULTS
 from dcp_bench.errors import ConfigError
 from dcp_bench.run.assemble import RunParts, assemble
@@ -19,7 +19,6 @@ from dcp_bench.run.deal import deal_steps
 from dcp_bench.run.memory_precheck import forecast_memory
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import (
-    MEM_CAP_DEFAULT,
     RUN_DEFAULTS,
     MethodSpec,
     NoiseSettings,
@@ -153,7 +152,7 @@ def test_the_loop_records_the_deal_of_both_units() -> None:
     n = sum(1 for _ in deal_steps(spec, assemble(spec), 4))
     e = run_simulated(spec, write=False)
     assert e.status == "ok", e.error
-    assert (e.n_steps, e.n_warmup, e.extra["epochs_done"]) == (n, 0, 2)
+    assert (e.n_steps, e.n_warmup, e.epochs.epochs_done if e.epochs else None) == (n, 0, 2)
 
 
 def test_a_budget_cut_names_the_budget_in_both_units() -> None:
@@ -199,7 +198,8 @@ def test_config_defaults_are_the_parsers_defaults() -> None:
     by key (the cost scales: `SCALE_DEFAULTS`, and tests/test_scale_defaults.py)."""
     cfg = to_container(load_config([]))
     assert {k: cfg["run"][k] for k in RUN_DEFAULTS} == RUN_DEFAULTS
-    assert cfg["mem_cap_fraction"] == MEM_CAP_DEFAULT
+    assert cfg["mem_cap_fraction"] == MEM_CAP_FRACTION.default
+    assert cfg["seed"] == SEED_DEFAULT
     assert cfg["cost"]["scales"] == SCALE_DEFAULTS
     assert cfg["train"] == dataclasses.asdict(TrainSettings())
     assert cfg["run"]["noise"] == dataclasses.asdict(NoiseSettings())
@@ -222,6 +222,8 @@ def test_config_defaults_are_the_parsers_defaults() -> None:
         "train",
         "noise",
         "mem_cap_fraction",
+        "away_from_default",
+        "seed",
         "root",
         "campaign",
         "timeout_s",

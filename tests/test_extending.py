@@ -162,11 +162,11 @@ def test_follow_the_workload_kind_and_report_section_recipes(tmp_path: Path) -> 
     runs = {s.method: s for s in iter_summaries(tmp_path / "runs", "kinds")}
     assert set(runs) == {"dcp", "bucket_static"} and all(s.status == "ok" for s in runs.values())
     assert all(
-        s.extra["workload"]["description"].startswith("bimodal: 2048 or 65536 tokens")
+        s.context.workload.description.startswith("bimodal: 2048 or 65536 tokens")
         for s in runs.values()
     )
     assert all(
-        s.extra["workload"]["provenance"]["licence"] == "none (generated)" for s in runs.values()
+        s.context.workload.provenance["licence"] == "none (generated)" for s in runs.values()
     )
     batches = {}
     for method, s in runs.items():
@@ -313,11 +313,11 @@ def test_follow_extending_doc(tmp_path: Path) -> None:
     # the dataset: its own name, description and licence, and the data file's sha256 in every record
     runs = list(iter_summaries(tmp_path / "runs", "extending"))
     mine = [s for s in runs if s.workload == "my_corpus"]
-    assert mine and all(s.extra["workload"]["provenance"]["licence"] == "CC0-1.0" for s in mine)
-    assert {s.extra["workload"]["provenance"]["data_sha256"] for s in mine} == {
+    assert mine and all(s.context.workload.provenance["licence"] == "CC0-1.0" for s in mine)
+    assert {s.context.workload.provenance["data_sha256"] for s in mine} == {
         sha256_file(tmp_path / "my_lengths.txt")
     }
-    assert mine[0].extra["workload"]["description"].startswith("made-up lognormal")
+    assert mine[0].context.workload.description.startswith("made-up lognormal")
 
     # the planner imported from beside its config ran on both workloads, 5 repeats each
     ok = {(s.workload, s.method) for s in runs if s.status == "ok"}
@@ -334,7 +334,7 @@ def test_follow_extending_doc(tmp_path: Path) -> None:
     assert "recompute: full" in cfg and "baselines.megatron_hybrid_cp.MegatronHybridCP" in cfg
     per_method = [s for s in runs if s.method == "megatron_hybrid_cp"]
     assert per_method and all(
-        "method.recompute=selective" in s.extra["overrides"] for s in per_method
+        "method.recompute=selective" in s.context.overrides for s in per_method
     )
 
     # the report's first section is the user's comparison: by_length over each named baseline
@@ -382,8 +382,8 @@ def test_follow_extending_doc(tmp_path: Path) -> None:
     trained = {s.method: s for s in iter_summaries(tmp_path / "runs", "train")}
     assert trained["by_length"].status == "ok" and trained["bucket_static"].status == "ok"
     mine_losses, ref_losses = (
-        trained["by_length"].extra["losses"],
-        trained["bucket_static"].extra["losses"],
+        trained["by_length"].training.losses,
+        trained["bucket_static"].training.losses,
     )
     assert len(mine_losses) == len(ref_losses) == 3
     assert np.allclose(mine_losses, ref_losses, rtol=5e-6, atol=0), (mine_losses, ref_losses)

@@ -23,8 +23,9 @@ LAYERS: list[list[str]] = [
         "dcp_bench.batch",
         "dcp_bench.train_policy",
         "dcp_bench.archs",  # architectures as plug-ins: what the cost model prices, torch-free
+        "dcp_bench.summary_schema",
     ],
-    ["dcp_bench.records", "dcp_bench.corpora", "dcp_bench.cost"],
+    ["dcp_bench.records", "dcp_bench.run_ids", "dcp_bench.corpora", "dcp_bench.cost"],
     ["dcp_bench.plan", "dcp_bench.workloads"],
     ["dcp_bench.execution"],
     [

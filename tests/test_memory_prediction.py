@@ -157,6 +157,6 @@ def test_a_plan_near_the_memory_cap_measures_at_most_what_was_predicted(tmp_path
         assert 0.75 * predicted <= measured <= 1.05 * predicted
     err = memory_prediction_error(tmp_path, "mem")
     assert err["n"] == 4 and err["median_abs_error"] <= 0.25
-    assert dataclasses.asdict(summary)["extra"]["memory_measure"].startswith(
+    assert dataclasses.asdict(summary)["executor_info"]["memory_measure"].startswith(
         "cpu: process peak resident set"
     )

@@ -129,8 +129,9 @@ def test_two_node_launchers_from_the_sbatch_script_equal_one_node(tmp_path: Path
     assert "rendezvous 127.0.0.1:" in job.stdout
     two = read_summary(two_root / "c" / _run_id(two_root))
     assert two is not None and two.status == "ok"
-    assert two.extra["losses"] == one.extra["losses"]
-    assert two.extra["grad_norms"] == one.extra["grad_norms"]
+    assert two.training is not None and one.training is not None
+    assert two.training.losses == one.training.losses
+    assert two.training.grad_norms == one.training.grad_norms
     assert two.n_steps == one.n_steps == 2
 
 

@@ -229,7 +229,7 @@ def test_sigterm_to_train_stops_every_rank(tmp_path: Path) -> None:
         (run_dir,) = [p for p in (tmp_path / "term").iterdir() if p.is_dir()]
         summary = read_summary(run_dir)
         assert summary is not None and summary.status == "error"
-        assert "SIGTERM" in (summary.error or "") and summary.extra.get("signal") == signal.SIGTERM
+        assert "SIGTERM" in (summary.error or "") and summary.notes.get("signal") == signal.SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -58,7 +58,7 @@ def test_step_record_round_trip() -> None:
 
 
 def test_summary_round_trip_and_status_check() -> None:
-    s = _summary("r1", oom_steps=2, extra={"note": "x"})
+    s = _summary("r1", oom_steps=2, notes={"note": "x"})
     assert RunSummary.from_dict(json.loads(json.dumps(dataclasses.asdict(s)))) == s
     with pytest.raises(ValueError, match="status"):
         _summary("r2", status="weird")

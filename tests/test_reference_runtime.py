@@ -537,17 +537,13 @@ def test_epoch_trains_each_sample_at_most_once_and_counts_the_rest(method: str) 
         assert sorted(it.plan.sample_positions()) == list(range(len(it.positions)))
     summary = run_simulated(spec, write=False)
     assert summary.status == "ok", summary.error
-    assert summary.n_steps == len(ep.iterations) and summary.extra["iterations"] == len(
-        ep.iterations
-    )
-    assert summary.extra["unit"] == "epoch" and summary.extra["epochs"] == 1
+    assert summary.n_steps == len(ep.iterations) and summary.epochs.iterations == len(ep.iterations)
+    assert summary.epochs is not None and summary.epochs.epochs == 1
     # Throughput is the epoch's tokens over the epoch's time.
     trained_tokens = int(dataset.tokens[seen].sum())
-    assert summary.tokens_per_s == pytest.approx(trained_tokens / summary.extra["epoch_time_s"])
+    assert summary.tokens_per_s == pytest.approx(trained_tokens / summary.epochs.epoch_time_s)
     lat = parts.workload.latent_tokens(dataset.sample_ids)[seen].sum()
-    assert summary.extra["latent_tokens_per_s"] == pytest.approx(
-        lat / summary.extra["epoch_time_s"]
-    )
+    assert summary.epochs.latent_tokens_per_s == pytest.approx(lat / summary.epochs.epoch_time_s)
 
 
 def test_every_deal_is_its_own_iteration_unless_packed() -> None:

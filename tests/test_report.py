@@ -99,7 +99,7 @@ def test_claim_value_matches_run_records(report: tuple[Path, Path, dict]) -> Non
     # default constants only)
     times: dict[tuple[str, int], float] = {}
     for s in iter_summaries(root, "small"):
-        if s.extra.get("scales") or s.extra.get("mode") != "fair":
+        if s.context is None or s.context.scales or s.context.mode != "fair":
             continue
         times[(s.method, s.seed)] = s.step_time_s  # type: ignore[assignment]
     expect = float(
@@ -153,9 +153,9 @@ def test_decomposition_multiplies_to_the_headline(report: tuple[Path, Path, dict
     root, out, _ = report
     thr: dict[tuple[str, str], list[float]] = {}
     for s in iter_summaries(root, "small"):
-        if s.extra.get("scales") or s.status != "ok":
+        if s.context is None or s.context.scales or s.status != "ok":
             continue
-        thr.setdefault((s.method, s.extra["mode"]), []).append(s.tokens_per_s)  # type: ignore[arg-type]
+        thr.setdefault((s.method, s.context.mode), []).append(s.tokens_per_s)  # type: ignore[arg-type]
     expect = np.median(thr[("toy_greedy", "paper")]) / np.median(thr[("toy_static", "paper")])
     dec = pd.read_csv(out / "tables" / "decomposition.csv")
     assert float(np.prod(dec["factor_x"])) == pytest.approx(expect, rel=1e-4)  # CSV keeps 6 digits

@@ -85,7 +85,7 @@ def test_a_run_the_budget_cut_is_left_out_not_counted_as_a_failure(tmp_path: Pat
         path = Path(spec.root) / "dmg" / spec.run_id / "run.json"
         data = json.loads(path.read_text())
         data["status"], data["step_time_s"] = "timeout", None
-        data["extra"]["limit"] = limit
+        data["context"]["limit"] = limit
         path.write_text(json.dumps(data))
     c = load_campaign(tmp_path / "runs", "dmg")
     assert c.cut_by_budget == [specs[0].run_id]
@@ -125,7 +125,11 @@ WRONG_TYPES = {
         lambda d: _edit_json(d / "run.json", step_time_s="fast"),
         "step_time_s",
     ),
-    "extra a string": ("run.json", lambda d: _edit_json(d / "run.json", extra="oops"), "extra"),
+    "context a string": (
+        "run.json",
+        lambda d: _edit_json(d / "run.json", context="oops"),
+        "context",
+    ),
     "seed a float": ("run.json", lambda d: _edit_json(d / "run.json", seed=1.5), "seed"),
     "method a list in config.yaml": (
         "config.yaml",

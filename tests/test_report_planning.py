@@ -36,12 +36,12 @@ def test_planning_cost_counts_tuning_retunes_and_overruns() -> None:
         _step(3, 12),
     ]
     pc = planning_cost(steps)
-    assert pc["offline_tune_total_s"] == 4.9 + 2.9
-    assert pc["retunes"] == 1 and pc["planner_max_ms"] == 5000
-    assert pc["planner_over_budget_steps"] == 0
+    assert pc.offline_tune_total_s == 4.9 + 2.9
+    assert pc.retunes == 1 and pc.planner_max_ms == 5000
+    assert pc.planner_over_budget_steps == 0
     budgeted = [_step(0, 1900, budget=2.0), _step(1, 2250, budget=2.0), _step(2, 2100, budget=2.0)]
-    assert planning_cost(budgeted)["planner_over_budget_steps"] == 2
-    assert planning_cost([])["planner_max_ms"] is None
+    assert planning_cost(budgeted).planner_over_budget_steps == 2
+    assert planning_cost([]).planner_max_ms is None
 
 
 RUNS = pd.DataFrame(

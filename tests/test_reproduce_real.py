@@ -109,15 +109,16 @@ def test_the_reference_epoch_loop_trains_for_real(tmp_path: Path) -> None:
     (run,) = (tmp_path / "train").glob("*/run.json")
     s = read_summary(run.parent)
     assert s is not None and s.status == "ok" and s.executor == "torch", s and s.error
-    info = s.extra["epoch_info"][0]
-    assert s.extra["unit"] == "epoch" and s.extra["epochs_done"] == 1
-    assert s.n_steps == s.extra["iterations"] == info["iterations"] >= 2
+    assert s.epochs is not None
+    info = s.epochs.epoch_info[0]
+    assert s.epochs.epochs_done == 1
+    assert s.n_steps == s.epochs.iterations == info["iterations"] >= 2
     steps = read_steps(run.parent)
     assert [st.extra["iteration"] for st in steps if not st.warmup] == list(range(s.n_steps))
     assert (
         info["trained_samples"] + sum(info["dropped_samples"].values()) == info["dataset_samples"]
     )
-    assert s.extra["epoch_time_s"] == pytest.approx(
+    assert s.epochs.epoch_time_s == pytest.approx(
         sum(st.step_time_s for st in steps if not st.warmup), rel=1e-6
     )
 

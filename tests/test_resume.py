@@ -172,7 +172,7 @@ def test_deadline_cuts_a_running_run_and_records_timeout(tmp_path: Path) -> None
     assert [s.status for s in res.ran] == ["timeout"]
     summary = read_summary(Path(specs[0].root) / "r" / specs[0].run_id)
     assert summary is not None and summary.status == "timeout"
-    assert "the time budget" in (summary.error or "") and summary.extra.get("limit") == "budget"
+    assert "the time budget" in (summary.error or "") and summary.cut_by_budget
     # A later sweep redoes it: it was cut by the budget, it did not fail on its own.
     res = run_sweep(specs, build=toy_assemble, progress=False, env={}, deadline=time.time() + 1.0)
     assert [s.run_id for s in res.ran] == [specs[0].run_id] and not res.skipped

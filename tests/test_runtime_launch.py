@@ -65,12 +65,12 @@ def test_same_seed_gives_bitwise_identical_losses_and_records(tmp_path: Path) ->
     a = _run(tmp_path, "a")
     b = _run(tmp_path, "b")
     assert a["status"] == b["status"] == "ok"
-    assert len(a["extra"]["losses"]) == 3
-    assert a["extra"]["losses"] == b["extra"]["losses"]
-    assert a["extra"]["grad_norms"] == b["extra"]["grad_norms"]
+    assert len(a["training"]["losses"]) == 3
+    assert a["training"]["losses"] == b["training"]["losses"]
+    assert a["training"]["grad_norms"] == b["training"]["grad_norms"]
     # Records: written by rank 0, complete, one line per step, losses as in the summary.
     steps = read_steps(tmp_path / "a" / a["run_id"])
-    assert [s.loss for s in steps] == a["extra"]["losses"]
+    assert [s.loss for s in steps] == list(a["training"]["losses"])
     assert [s.warmup for s in steps] == [True, False, False]
     assert all(len(s.busy_s or []) == 2 and s.step_time_s and s.step_time_s > 0 for s in steps)
     summary = read_summary(tmp_path / "a" / a["run_id"])
@@ -80,6 +80,7 @@ def test_same_seed_gives_bitwise_identical_losses_and_records(tmp_path: Path) ->
         s.extra["predicted_step_time_s"] > 0 and s.extra["predicted_peak_mem_gib"] > 0
         for s in steps
     )
+    assert summary.predictions is not None and (summary.predictions.step_time_s or 0) > 0
 
 
 def test_crashed_rank_makes_the_run_fail_not_hang(
@@ -110,7 +111,7 @@ def test_nonfinite_loss_stops_with_status(tmp_path: Path) -> None:
     # An absurd learning rate overflows the parameters after the first step.
     out = _run(tmp_path, "nonfinite", "lr=1e30", "train.grad_clip=null", "steps=3")
     assert out["status"] == "nonfinite"
-    losses = out["extra"]["losses"]
+    losses = out["training"]["losses"]
     assert len(losses) < 4 and any(
         x is None for x in losses
     )  # the non-finite loss is recorded as null
@@ -234,7 +235,7 @@ def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(
     monkeypatch.setattr(torch_run, "run_session", first_dies)
     out = _run(tmp_path, "retry")
     assert len(calls) == 2 and out["status"] == "ok" and out["n_steps"] == 2
-    assert out["extra"]["previous_attempt"].startswith(
+    assert out["executor_info"]["previous_attempt"].startswith(
         "attempt 1 failed (torchrun exit 1): traceback : Signal 9"
     )
     run_dir = tmp_path / "retry" / out["run_id"]

@@ -1,7 +1,8 @@
 """The cost scales' keys and defaults have one source (`SCALE_DEFAULTS`), the packaged config lists
-all of them, and listing the last of them (``elementwise``) changed no run id: the ids of the
-committed reproduction (reports/reproduce/tables/runs.csv) are planned again from its config and
-found unchanged."""
+all of them, and a scale left out or listed at its default is one run: run ids hash the parsed
+spec. The ids of the committed reproduction (reports/reproduce/tables/runs.csv) are planned again
+from its config and found, under their current id or the earlier one the migration table
+(`dcp_bench.run_ids`) names."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dcp_bench.cost import make_cost_model
 from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.run.spec import cell_hashes
+from dcp_bench.run_ids import earlier_run_ids
 
 
 def test_the_config_lists_every_scale_at_its_one_default() -> None:
@@ -31,9 +33,9 @@ def test_the_config_lists_every_scale_at_its_one_default() -> None:
     assert plain.sample_time([4096], [1], 2, 3) == listed.sample_time([4096], [1], 2, 3)
 
 
-def test_listing_elementwise_at_its_default_leaves_the_hash_as_it_was() -> None:
+def test_a_scale_at_its_default_hashes_as_the_scale_left_out() -> None:
     """The hash of a config with ``elementwise: 1.0`` is the hash of the same config without the
-    key (what every run before it was listed hashed); another value is hashed as before."""
+    key; another value is another run."""
     cfg = to_container(load_config(["method=dcp", "workload=sharegpt"]))
     without = copy.deepcopy(cfg)
     del without["cost"]["scales"]["elementwise"]
@@ -41,10 +43,10 @@ def test_listing_elementwise_at_its_default_leaves_the_hash_as_it_was() -> None:
     halved = copy.deepcopy(cfg)
     halved["cost"]["scales"]["elementwise"] = 0.5
     assert cell_hashes(halved) != cell_hashes(cfg)
-    # the other scales were listed from the start: hashed at their default too, as they always were
+    # every scale alike: the spec holds the factors that differ from 1
     no_act = copy.deepcopy(cfg)
     del no_act["cost"]["scales"]["act_bytes"]
-    assert cell_hashes(no_act) != cell_hashes(cfg)
+    assert cell_hashes(no_act) == cell_hashes(cfg)
 
 
 @pytest.mark.parametrize("section", ["claim", "sensitivity"])
@@ -56,7 +58,9 @@ def test_committed_reproduce_run_ids_are_unchanged(section: str) -> None:
     cfg = load_reproduce_config([])
     sec = next(s for s in cfg.sections if s.name == section)
     sim_specs, _ = plan_section(cfg, sec)
-    ids = {s.run_id for s in sim_specs}
+    ids = {s.run_id for s in sim_specs} | {
+        old for s in sim_specs for old, _ in earlier_run_ids(s.run_id, s.config_hash)
+    }
     listed = set(committed.loc[committed["sweep"] == section, "run_id"])
     assert listed and listed <= ids
     if section == "sensitivity":

@@ -21,6 +21,7 @@ from dcp_bench.records import RunSummary, read_steps
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.sim import lower_bound, simulate_step
+from dcp_bench.summary_schema import NoiseRecord
 from dcp_bench.workloads import make_workload
 
 
@@ -96,7 +97,8 @@ def test_simulate_run_medians_equal_direct_simulation(conf_dir):
     assert summary.step_time_s == pytest.approx(float(np.median(times)))
     assert summary.lower_bound_s == pytest.approx(float(np.median(bounds)))
     assert summary.lower_bound_s <= summary.step_time_s
-    assert summary.executor == "sim" and summary.extra["cost"]["source"] == "analytical"
+    assert summary.executor == "sim" and summary.cost_description is not None
+    assert summary.cost_description.source == "analytical"
     assert summary.oom_steps == 0 and summary.status == "ok"
 
 
@@ -204,13 +206,12 @@ def test_noise_and_scales_from_the_config(conf_dir):
         "cost.scales.act_bytes=1.5",
     ]
     a, b, c = (simulate([*base, f"seed={s}"]) for s in (4, 4, 5))
-    assert a.extra["noise"] == {
-        "jitter_sigma": 0.1,
-        "straggler_prob": 0.0,
-        "straggler_slowdown": 1.5,
-    }
+    assert a.context is not None and a.context.noise == NoiseRecord(
+        jitter_sigma=0.1, straggler_prob=0.0, straggler_slowdown=1.5
+    )
     assert a.step_time_s == b.step_time_s != c.step_time_s
-    assert a.extra["cost"]["scales"]["act_bytes"] == 1.5
+    assert a.cost_description is not None
+    assert a.cost_description.provenance["scales"]["act_bytes"] == 1.5
 
 
 def test_old_spellings_name_the_one_that_works(conf_dir, capsys):

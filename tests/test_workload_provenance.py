@@ -139,7 +139,7 @@ def test_run_record_keeps_description_licence_and_sha256(tmp_path: Path) -> None
     summary = run_simulated(parse_run_spec(cfg), env={})
     assert summary.status == "ok", summary.error
     recorded = json.loads((tmp_path / "runs" / "prov" / summary.run_id / "run.json").read_text())[
-        "extra"
+        "context"
     ]["workload"]
     assert recorded["description"] == "six lengths"
     assert recorded["provenance"]["licence"] == "CC0-1.0"

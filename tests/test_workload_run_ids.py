@@ -1,9 +1,10 @@
-"""Run ids survive the move of `dcp_bench.workload` to the `dcp_bench.workloads` package.
+"""Run ids of the committed reproduction stay findable, and a registered workload is one run
+whichever way a config names the registry.
 
-A run id carries the hash of the run's config, which holds the workload node's ``_target_``. The
-shipped configs now name the registry ``dcp_bench.workloads.load_workload``; the committed
-reproduction (reports/reproduce, resumed by run id) was made when they said
-``dcp_bench.workload.load_workload``. The ids composed now must be the committed ones."""
+A run id carries the hash of the run's parsed spec, in which a registered workload is named by
+the registry, not by the ``_target_`` spelling (the committed reproduction was made when configs
+said ``dcp_bench.workload.load_workload``). The ids composed now, or the earlier ids the migration
+table (`dcp_bench.run_ids`) maps them to, must be the committed ones."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 
 from dcp_bench.campaign.reproduce_config import load_reproduce_config
 from dcp_bench.campaign.sweep import plan_sweep
+from dcp_bench.config import load_config, to_container
 from dcp_bench.run.spec import cell_hashes
+from dcp_bench.run_ids import earlier_run_ids
 from dcp_bench.workloads import LEGACY_REGISTRY_TARGET, REGISTRY_TARGET, make_workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +34,7 @@ def _committed_ids() -> set[str]:
     return ids
 
 
-def _composed_ids(section_name: str, executor: str) -> list[str]:
+def _composed_ids(section_name: str, executor: str) -> list[set[str]]:
     """The run ids `dcp-bench reproduce` composes for one section's first seed, as
     `dcp_bench.campaign.reproduce.plan_section` composes them."""
     cfg = load_reproduce_config([])
@@ -46,10 +49,8 @@ def _composed_ids(section_name: str, executor: str) -> list[str]:
             *cfg.grid_keys(),
             f"seed={cfg.seed_base}",
         ]
-        ids += [
-            s.run_id
-            for s in plan_sweep([*base, f"run.executor={executor}"], repeats=1, sweep=section_name)
-        ]
+        for s in plan_sweep([*base, f"run.executor={executor}"], repeats=1, sweep=section_name):
+            ids.append({s.run_id, *(old for old, _ in earlier_run_ids(s.run_id, s.config_hash))})
     return ids
 
 
@@ -59,25 +60,24 @@ def _composed_ids(section_name: str, executor: str) -> list[str]:
 def test_shipped_configs_compose_the_committed_run_ids(section: str, executor: str) -> None:
     ids = _composed_ids(section, executor)
     assert ids
-    missing = sorted(set(ids) - _committed_ids())
+    committed = _committed_ids()
+    missing = sorted(min(found) for found in ids if not found & committed)
     assert not missing, f"run ids not in reports/reproduce: {missing}"
 
 
 def _config(target: str | None) -> dict:
-    workload = {"name": "sharegpt", "length_scale": 8, **({"_target_": target} if target else {})}
-    return {
-        "seed": 3,
-        "workload": workload,
-        "method": {"_target_": "m.P", "name": "p"},
-        "run": {"steps": 2},
-    }
+    cfg = to_container(load_config(["workload=sharegpt", "cluster=cpu", "model=tiny_llama"]))
+    cfg["workload"].pop("_target_", None)
+    if target:
+        cfg["workload"]["_target_"] = target
+    return cfg
 
 
-def test_both_spellings_of_the_registry_hash_alike_and_a_users_class_does_not() -> None:
+def test_every_spelling_of_the_registry_hashes_alike_and_a_users_class_does_not() -> None:
     assert cell_hashes(_config(REGISTRY_TARGET)) == cell_hashes(_config(LEGACY_REGISTRY_TARGET))
-    assert cell_hashes(_config("my_pkg.MyWorkload")) != cell_hashes(_config(LEGACY_REGISTRY_TARGET))
-    # No target at all is a registered workload too, but a config that says so hashes as written.
-    assert cell_hashes(_config(None)) != cell_hashes(_config(LEGACY_REGISTRY_TARGET))
+    # no target at all is the registry too
+    assert cell_hashes(_config(None)) == cell_hashes(_config(REGISTRY_TARGET))
+    assert cell_hashes(_config("my_pkg.MyWorkload")) != cell_hashes(_config(REGISTRY_TARGET))
 
 
 @pytest.mark.parametrize("target", [REGISTRY_TARGET, LEGACY_REGISTRY_TARGET, None])

@@ -9,11 +9,9 @@ listed)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from dcp_bench.campaign.slurm import run_sweep_slurm, split_launcher
-from dcp_bench.campaign.sweep import SweepResult, plan_sweep, run_sweep
-from dcp_bench.records import check_run
+from dcp_bench.campaign.sweep import SweepResult, plan_sweep, record_state, run_sweep
 from dcp_bench.run.spec import RunSpec
 
 # Exit status of a sweep in which a run did not finish ``ok``.
@@ -57,9 +55,7 @@ def launch_sweep(
 def list_runs(specs: Sequence[RunSpec]) -> None:
     """One line per run: its state (todo, done, damaged, failed:STATUS) and its id."""
     for s in specs:
-        state = check_run(
-            Path(s.root) / s.campaign / s.run_id, config_hash=s.config_hash, seed=s.seed
-        )
+        _, state = record_state(s)
         word = {"incomplete": "todo", "damaged": "damaged"}.get(state.state, "done")
         if state.failed and state.summary is not None:
             word = f"failed:{state.summary.status}"

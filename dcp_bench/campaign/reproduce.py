@@ -875,7 +875,7 @@ def _cell_name(run_id: str) -> str:
 
 def _budget_cut(summary: RunSummary) -> bool:
     """A run the time budget cut (the harness ran out of time; the method did not fail)."""
-    return bool(summary.status == "timeout" and (summary.extra or {}).get("limit") == "budget")
+    return summary.cut_by_budget
 
 
 def _report_within(inputs: ReportInputs, seconds: float | None) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -42,12 +43,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from dcp_bench.config import load_config, to_container
+from dcp_bench.config import RUN_DEFAULTS, load_config, to_container
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError, OutputError
 from dcp_bench.files import check_output
 from dcp_bench.records import (
     RecordError,
+    RunState,
     RunSummary,
     check_run,
     read_steps,
@@ -60,6 +62,7 @@ from dcp_bench.run.loop import record_unfinished
 from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import RunSpec, parse_run_spec
 from dcp_bench.run.torch_run import check_local_ranks, launch_torch_run
+from dcp_bench.run_ids import earlier_run_ids
 
 # The name a deadline's cut gives in records and messages ("run exceeded the time budget ...").
 BUDGET = "the time budget"
@@ -120,7 +123,7 @@ def plan_sweep(
     for cell in expand_grid(overrides):
         cfg = to_container(compose(cell))
         run_node = cfg.get("run") or {}
-        n = repeats if repeats is not None else run_node.get("repeats", 5)
+        n = repeats if repeats is not None else run_node.get("repeats", RUN_DEFAULTS["repeats"])
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPEATS:
             raise ConfigError(
                 f"run.repeats (repeats)={n!r}: expected an integer >= 1 and at most {MAX_REPEATS:,}"
@@ -218,24 +221,46 @@ def _bounded(spec: RunSpec, deadline: float | None) -> RunSpec:
     return spec.with_timeout(left, BUDGET, kill_grace_s=grace)
 
 
+SUPERSEDED_DIR = ".superseded"
+
+
+def record_state(spec: RunSpec) -> tuple[Path, RunState]:
+    """The run's record: under its id, or, when there is no folder of that id, under an earlier
+    id of the committed campaigns (`dcp_bench.run_ids`) checked against that id's cell hash."""
+    run_dir = Path(spec.root) / spec.campaign / spec.run_id
+    if not run_dir.exists():
+        for earlier, cell in earlier_run_ids(spec.run_id, spec.config_hash):
+            old_dir = run_dir.parent / earlier
+            if old_dir.is_dir():
+                return old_dir, check_run(old_dir, config_hash=cell, seed=spec.seed)
+    return run_dir, check_run(run_dir, config_hash=spec.config_hash, seed=spec.seed)
+
+
+def _supersede(spec: RunSpec, record: Path) -> None:
+    """An earlier-id record the run is redone over, moved out of the campaign (into
+    ``<campaign>/.superseded/``) so the redone run under the current id is the cell's only one."""
+    if record.name != spec.run_id and record.exists():
+        target = record.parent / SUPERSEDED_DIR / record.name
+        target.parent.mkdir(exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(record, target)
+
+
 def _resume_state(spec: RunSpec, retry_failed: bool) -> tuple[str, RunSummary | None, str | None]:
     """("skip" | "retry" | "run" | "damaged", the kept summary, the damage) for one run."""
-    state = check_run(
-        Path(spec.root) / spec.campaign / spec.run_id, config_hash=spec.config_hash, seed=spec.seed
-    )
+    record, state = record_state(spec)
+    what: tuple[str, RunSummary | None, str | None] = ("skip", state.summary, None)
     if state.state == "damaged":
-        return "damaged", None, state.problem
-    if state.state == "incomplete":
-        return "run", None, None
-    if (
-        state.summary is not None
-        and state.summary.status == "timeout"
-        and state.summary.extra.get("limit") == "budget"
-    ):
-        return "run", None, None  # cut by an earlier sweep's deadline, not failed on its own
-    if state.failed and retry_failed:
-        return "retry", state.summary, None
-    return "skip", state.summary, None
+        what = ("damaged", None, state.problem)
+    elif state.state == "incomplete":
+        what = ("run", None, None)
+    elif state.summary is not None and state.summary.cut_by_budget:
+        what = ("run", None, None)  # cut by an earlier sweep's deadline, not failed on its own
+    elif state.failed and retry_failed:
+        what = ("retry", state.summary, None)
+    if what[0] != "skip":
+        _supersede(spec, record)
+    return what
 
 
 class Progress:

@@ -15,6 +15,7 @@ from typing import Any
 from dcp_bench.config import load_config, to_container
 from dcp_bench.files import atomic_write_json, atomic_write_text
 from dcp_bench.paths import RESULTS_DIR
+from dcp_bench.records import RunSummary
 from dcp_bench.report.system_validation import (
     ROW_FIELDS,
     PublishedSystem,
@@ -26,6 +27,15 @@ from dcp_bench.run.simulated import run_simulated
 from dcp_bench.run.spec import parse_run_spec
 
 SYSTEMS_FILE = RESULTS_DIR / "validation" / "systems.yaml"
+
+
+def metric_value(summary: RunSummary, metric: str) -> float | None:
+    """A validated metric (`dcp_bench.report.system_validation.METRICS`) of a run: the summary's
+    own field, or the epoch unit's latent-voxel throughput."""
+    if metric == "latent_tokens_per_s":
+        return summary.epochs.latent_tokens_per_s if summary.epochs is not None else None
+    value = getattr(summary, metric)
+    return None if value is None else float(value)
 
 
 def simulate_system(
@@ -41,7 +51,7 @@ def simulate_system(
             if summary.status != "ok":
                 failures.append(f"{row.id} seed {seed}: {summary.status} ({summary.error})")
                 continue
-            value = (summary.extra or {}).get(system.metric, getattr(summary, system.metric, None))
+            value = metric_value(summary, system.metric)
             if value is None or not math.isfinite(float(value)):
                 failures.append(f"{row.id} seed {seed}: no {system.metric}")
                 continue

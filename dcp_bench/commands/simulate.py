@@ -78,17 +78,18 @@ def run(args: argparse.Namespace) -> int:
     if summary.status == "error" and not args.json:
         sys.stderr.write(
             "dcp-bench simulate: error: the run failed after "
-            f"{len(summary.extra.get('losses') or [])} step(s): {summary.error}\n"
+            f"{len(summary.training.losses) if summary.training else 0} step(s): "
+            f"{summary.error}\n"
         )
         return 3
     if args.json:
         print(json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True, default=str))
         return 0 if summary.status == "ok" else 3
-    ex = summary.extra
-    cm = ex.get("cost") or {}
+    cm = summary.cost_description.as_flat() if summary.cost_description else {}
+    out = summary.outcome
     print(
         f"SIMULATED: {summary.method}{' (paper mode)' if spec.mode == 'paper' else ''} on "
-        f"{summary.workload}, {summary.cluster} ({ex.get('world_size')} ranks), {summary.model}; "
+        f"{summary.workload}, {summary.cluster} ({summary.world_size} ranks), {summary.model}; "
         f"{summary.n_steps} measured steps after {summary.n_warmup} warm-up, seed {summary.seed}; "
         f"status {summary.status}"
     )
@@ -103,15 +104,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {cm['auto_fallback']}")
     rows = [
         ("median step time", _fmt(summary.step_time_s, " s")),
-        ("  of which executed", _fmt(ex.get("executed_s"), " s")),
+        ("  of which executed", _fmt(out.executed_s if out else None, " s")),
         ("median lower bound", _fmt(summary.lower_bound_s, " s") + " at the cap"),
-        ("  at physical memory", _fmt(ex.get("lower_bound_physical_s"), " s")),
+        ("  at physical memory", _fmt(out.lower_bound_physical_s if out else None, " s")),
         ("step / bound", _ratio(summary.step_time_s, summary.lower_bound_s)),
         ("  idle share of GPU time", _pct(summary.imbalance) + " (median imbalance)"),
-        ("median comm share", _fmt(ex.get("comm_share"))),
+        ("median comm share", _fmt(out.comm_share if out else None)),
         ("peak memory", _fmt(summary.peak_mem_gib, " GiB")),
         ("OOM steps", _fmt(summary.oom_steps)),
-        ("steps over the cap", _fmt(ex.get("over_cap_steps"))),
+        ("steps over the cap", _fmt(out.over_cap_steps if out else None)),
         ("median MFU", _fmt(summary.mfu)),
         ("median planner CPU time", _fmt(summary.planner_ms, " ms")),
         ("tokens/s", _fmt(summary.tokens_per_s)),

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True, default=str))
     else:
         st = summary.step_time_s
-        losses = summary.extra.get("losses") or []
+        losses = summary.training.losses if summary.training else ()
         print(
             f"{summary.method} on {summary.workload} ({summary.model}, {summary.hardware}): "
             f"status {summary.status}, {summary.n_steps} measured steps, median step "

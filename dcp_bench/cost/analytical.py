@@ -40,6 +40,7 @@ from typing import ClassVar
 import numpy as np
 
 from dcp_bench.archs import arch_of
+from dcp_bench.config import MEM_CAP_FRACTION
 from dcp_bench.cost.activations import FUSED_ATTENTION_MIN_LEN, activation_terms
 from dcp_bench.cost.base import (
     MICROBATCH_TIME_TERMS,
@@ -212,8 +213,7 @@ class AnalyticalCostModel(CostModel):
                 f"layer_launch_s={self.layer_launch_s}, allocator_fragmentation="
                 f"{self.allocator_fragmentation}: expected values >= 0"
             )
-        if not 0 < self.mem_cap_fraction <= 1:
-            raise ConfigError(f"mem_cap_fraction={self.mem_cap_fraction}; expected 0 < f <= 1")
+        MEM_CAP_FRACTION.check(self.mem_cap_fraction)
         constant_sources = self._resolve_constants()
         self._derive()
         self.provenance = {

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import numpy as np
 
 from dcp_bench.archs import arch_of
+from dcp_bench.config import MEM_CAP_FRACTION
 from dcp_bench.cost.activations import activation_terms
 from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
 from dcp_bench.errors import ConfigError
@@ -28,7 +29,7 @@ from dcp_bench.layout import ring_group_settings
 
 # The per-GPU memory cap of every method, as a fraction of usable GPU memory: the DCP reference
 # profiles under 0.7 (docs/cost_model.md). The one default; configs and reports refer to it.
-DEFAULT_MEM_CAP_FRACTION = 0.7
+DEFAULT_MEM_CAP_FRACTION = MEM_CAP_FRACTION.default  # declared once: dcp_bench.config
 
 if TYPE_CHECKING:
     from dcp_bench.cost.specs import ClusterSpec, ModelSpec

@@ -83,7 +83,7 @@ def memory_prediction_error(root: str | os.PathLike[str], campaign: str) -> dict
                 "workload": summ.workload,
                 "model": summ.model,
                 "hardware": summ.hardware,
-                "memory_measure": summ.extra.get("memory_measure"),
+                "memory_measure": summ.executor_info.get("memory_measure"),
                 "measured_gib": max(m for m, _ in pairs),
                 "predicted_gib": max(p for _, p in pairs),
                 **summarize_memory_pairs(pairs),

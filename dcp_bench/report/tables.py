@@ -33,6 +33,7 @@ from dcp_bench.records import (
     read_summary,
 )
 from dcp_bench.report.stats import cell_stats, paired_speedup
+from dcp_bench.run_ids import current_cell, current_context
 
 # The config nodes the report reads as mappings.
 CONFIG_GROUPS = ("workload", "method", "cluster", "model", "run", "cost", "train", "names")
@@ -42,15 +43,6 @@ CONFIG_GROUPS = ("workload", "method", "cluster", "model", "run", "cost", "train
 # rest. A cost model that declares more terms adds parts; its records name them (``added_parts``).
 MICROBATCH_PARTS = tuple(time_parts(MICROBATCH_TIME_TERMS))
 STEP_PARTS = (*MICROBATCH_PARTS, SYNC_PART, "idle_s")
-# Planning cost and the machine's bound, from the run summary's extra (`dcp_bench.run.loop`).
-RUN_PLANNING_KEYS = (
-    "planner_clock",
-    "offline_tune_total_s",
-    "retunes",
-    "planner_max_ms",
-    "planner_over_budget_steps",
-    "lower_bound_physical_s",
-)
 
 
 @dataclass
@@ -81,6 +73,19 @@ class Campaign:
         return (*MICROBATCH_PARTS, *self.added_parts, SYNC_PART, "idle_s")
 
 
+# The typed parts of a summary (`dcp_bench.summary_schema`): one JSON column each in the index.
+SUMMARY_PARTS = (
+    "context",
+    "cost_description",
+    "outcome",
+    "training",
+    "epochs",
+    "planning",
+    "predictions",
+    "executor_info",
+    "notes",
+)
+
 # The run fields repeated on every row of a per-step index.
 STEP_INDEX_KEYS = (
     "run_id",
@@ -109,9 +114,10 @@ def build_index(
         summary = read_summary(run)
         if summary is None:
             continue
-        base = dataclasses.asdict(summary)
-        base["extra"] = json.dumps(base["extra"], sort_keys=True, default=json_default)
-        base["profile"] = json.dumps(base["profile"], sort_keys=True) if base["profile"] else None
+        base = summary.to_dict()
+        for key in (*SUMMARY_PARTS, "profile"):  # the typed parts, one JSON column each
+            base[key] = json.dumps(base[key], sort_keys=True, default=json_default)
+        base["profile"] = base["profile"] if summary.profile else None
         if not steps:
             rows.append(base)
             continue
@@ -178,57 +184,74 @@ def _read_run(run_dir: Path) -> tuple[Any, dict[str, Any], list[Any]] | None:
 def _run_row(
     summary: RunSummary, cfg: dict[str, Any], baselines: list[str] | None
 ) -> dict[str, Any]:
-    """One run's row of `Campaign.runs`, from its summary and config (see `load_campaign`)."""
-    extra = summary.extra or {}
+    """One run's row of `Campaign.runs`, from its summary and config (see `load_campaign`). A
+    summary without a run context (written before runs recorded one) is described by its
+    config."""
     method_cfg = dict(cfg.get("method") or {})
     params = {k: v for k, v in method_cfg.items() if k not in ("name", "_target_", "mode")}
     cluster_cfg: dict[str, Any] = cfg["cluster"] if isinstance(cfg.get("cluster"), dict) else {}
+    ctx = summary.context
+    cap: float | None
+    if ctx is not None:
+        label = with_overrides(ctx.label, list(ctx.overrides))
+        mode, target, cap = ctx.mode, ctx.target, ctx.mem_cap_fraction
+    else:
+        label = with_overrides(summary.method, [])
+        mode = method_cfg.get("mode", "fair")
+        target, cap = str(method_cfg.get("_target_") or ""), cfg.get("mem_cap_fraction")
+    outcome, planning, epochs = summary.outcome, summary.planning, summary.epochs
+    cost = summary.cost_description
     return {
         "run_id": summary.run_id,
         "status": summary.status,
         "executor": summary.executor,
         "method": summary.method,
-        "label": with_overrides(
-            str(extra.get("label", summary.method)), extra.get("overrides") or []
-        ),
-        "mode": extra.get("mode", method_cfg.get("mode", "fair")),
+        "label": label,
+        "mode": mode,
         "params": json.dumps(params, sort_keys=True, default=str),
-        "target": str(extra.get("target", method_cfg.get("_target_")) or ""),
+        "target": target,
         "workload": summary.workload,
         "cluster": summary.cluster,
         "gpu": str(cluster_cfg.get("gpu") or summary.cluster),
         "model": summary.model,
         "seed": summary.seed,
-        "config_hash": summary.config_hash,
-        "context_hash": extra.get("context_hash", ""),
-        "sweep": extra.get("sweep", ""),
-        "world_size": extra.get("world_size"),
-        "scales": json.dumps(extra.get("scales") or {}, sort_keys=True),
-        "mem_cap_fraction": extra.get("mem_cap_fraction", cfg.get("mem_cap_fraction")),
+        # an earlier-id record's hashes read as the current ones (`dcp_bench.run_ids`), so its
+        # runs pair with the same cell's and context's runs recorded since
+        "config_hash": current_cell(summary.config_hash),
+        "context_hash": current_context(ctx.context_hash) if ctx else "",
+        "sweep": ctx.sweep if ctx else "",
+        "world_size": summary.world_size,
+        "scales": json.dumps(ctx.scales if ctx else {}, sort_keys=True),
+        "mem_cap_fraction": cap,
         "is_baseline": (summary.method in baselines)
         if baselines is not None
-        else _is_baseline(extra.get("target", method_cfg.get("_target_"))),
+        else _is_baseline(target),
         "step_time_s": summary.step_time_s,
         "tokens_per_s": summary.tokens_per_s,
         # the reference's own unit (latent voxels / s) where the run counts it (paper mode, video)
-        "latent_tokens_per_s": extra.get("latent_tokens_per_s"),
-        "samples_per_s": extra.get("samples_per_s"),
+        "latent_tokens_per_s": epochs.latent_tokens_per_s if epochs else None,
+        "samples_per_s": outcome.samples_per_s if outcome else None,
         "imbalance": summary.imbalance,
         "peak_mem_gib": summary.peak_mem_gib,
         "mfu": summary.mfu,
         "planner_ms": summary.planner_ms,
         "lower_bound_s": summary.lower_bound_s,
-        **{k: extra.get(k) for k in RUN_PLANNING_KEYS},
+        "planner_clock": ctx.planner_clock if ctx else None,
+        "offline_tune_total_s": planning.offline_tune_total_s if planning else None,
+        "retunes": planning.retunes if planning else None,
+        "planner_max_ms": planning.planner_max_ms if planning else None,
+        "planner_over_budget_steps": planning.planner_over_budget_steps if planning else None,
+        "lower_bound_physical_s": outcome.lower_bound_physical_s if outcome else None,
         "n_steps": summary.n_steps,
-        "unit": extra.get("unit", "step"),
-        "epochs": extra.get("epochs_done") if extra.get("unit") == "epoch" else None,
+        "unit": "epoch" if epochs else "step",
+        "epochs": epochs.epochs_done if epochs else None,
         # the epoch's accounting (paper mode: dataset / trained / dropped samples, the
         # reference profile's per-bucket settings), JSON; "" when the run has none
-        "epoch_info": json.dumps(extra["epoch_info"], sort_keys=True, default=str)
-        if extra.get("epoch_info")
+        "epoch_info": json.dumps(list(epochs.epoch_info), sort_keys=True, default=str)
+        if epochs and epochs.epoch_info
         else "",
         "cost_source": summary.cost_source,
-        "cost_desc": json.dumps(extra.get("cost") or {}, sort_keys=True, default=str),
+        "cost_desc": json.dumps(cost.as_flat() if cost else {}, sort_keys=True, default=str),
         "hardware": summary.hardware,
         "error": summary.error,
     }
@@ -244,7 +267,7 @@ def _step_rows(summary: RunSummary, steps: list[StepRecord]) -> list[dict[str, A
         out.append(
             {
                 "run_id": summary.run_id,
-                "config_hash": summary.config_hash,
+                "config_hash": current_cell(summary.config_hash),
                 "step": st.step,
                 "step_time_s": st.step_time_s,
                 "lower_bound_s": st.lower_bound_s,
@@ -291,13 +314,13 @@ def load_campaign(
             incomplete.append(run_dir.name)
             continue
         summary, cfg, steps = read
-        extra = summary.extra or {}
-        if summary.status == "timeout" and extra.get("limit") == "budget":
+        if summary.cut_by_budget:
             cut_by_budget.append(run_dir.name)
             continue
         rows.append(_run_row(summary, cfg, baselines))
-        if isinstance(extra.get("workload"), dict) and summary.workload not in workloads:
-            workloads[summary.workload] = dict(extra["workload"])
+        documented = summary.context.workload if summary.context else None
+        if documented is not None and summary.workload not in workloads:
+            workloads[summary.workload] = dataclasses.asdict(documented)
         env_path = run_dir / "env.json"
         if env_path.exists() and not envs:
             # the system description is context, not a number: a damaged one is left out

@@ -39,6 +39,17 @@ from dcp_bench.run.capabilities import DocumentedWorkload
 from dcp_bench.run.deal import deal_steps, latent_token_count
 from dcp_bench.run.spec import RunSpec
 from dcp_bench.sim import lower_bound, physical_lower_bound, simulate_step
+from dcp_bench.summary_schema import (
+    CostDescription,
+    EpochAccounting,
+    NoiseRecord,
+    PlanningCost,
+    Predictions,
+    RunContext,
+    RunOutcome,
+    TrainingCurves,
+    WorkloadRecord,
+)
 
 
 class RunTimeout(DcpBenchError):
@@ -87,19 +98,19 @@ def _median(values: list[float | None]) -> float | None:
     return float(np.median(vals)) if vals else None
 
 
-def planning_cost(steps: list[StepRecord]) -> dict[str, Any]:
+def planning_cost(steps: list[StepRecord]) -> PlanningCost:
     """What planning cost the run, warm-up steps included (a launch's tuning happens there):
     the configuration searches booked as offline work (``offline_tune_total_s``), how many steps
     after the first searched again (``retunes``), the longest step's planning, and how many
     steps overran a planning budget the planner declares (``planner_over_budget_steps``)."""
     tunes = [float(s.extra.get("offline_tune_s") or 0.0) for s in steps]
     budget = [(s.planner_ms / 1e3, s.extra.get("planner_budget_s")) for s in steps]
-    return {
-        "offline_tune_total_s": sum(tunes),
-        "retunes": sum(1 for t in tunes[1:] if t > 0),
-        "planner_max_ms": max((s.planner_ms for s in steps), default=None),
-        "planner_over_budget_steps": sum(1 for t, b in budget if b is not None and t > float(b)),
-    }
+    return PlanningCost(
+        offline_tune_total_s=sum(tunes),
+        retunes=sum(1 for t in tunes[1:] if t > 0),
+        planner_max_ms=max((s.planner_ms for s in steps), default=None),
+        planner_over_budget_steps=sum(1 for t, b in budget if b is not None and t > float(b)),
+    )
 
 
 def step_record(
@@ -253,104 +264,86 @@ def run_steps(
             raise _StopRun("nonfinite", f"non-finite loss or gradient at {deal.where}")
 
 
-def _epoch_summary(spec: RunSpec, measured: list[StepRecord], ok: bool) -> dict[str, Any]:
-    """The epoch unit's summary: epochs, iterations, epoch time and tokens (throughput = epoch
+def _epoch_accounting(spec: RunSpec, measured: list[StepRecord], ok: bool) -> EpochAccounting:
+    """The epoch unit's accounting: epochs, iterations, epoch time and tokens (throughput = epoch
     tokens / epoch time: ``tokens_per_s``), the reference's latent-voxel token count beside the
     patch tokens, and each epoch's accounting of dropped samples."""
     total_time = sum(s.step_time_s or 0.0 for s in measured)
     latent = [s.extra.get("latent_tokens") for s in measured]
     infos = [s.extra["epoch_info"] for s in measured if "epoch_info" in s.extra]
-    out: dict[str, Any] = {
-        "unit": "epoch",
-        "epochs": spec.epochs,
-        "epochs_done": len(infos),
-        "iterations": len(measured),
-        "epoch_time_s": total_time / max(1, len(infos)) if ok else None,
-        "epoch_tokens": sum(s.tokens for s in measured) / max(1, len(infos)),
-        "epoch_info": infos,
-    }
-    if latent and all(v is not None for v in latent):
-        out["latent_tokens_per_s"] = sum(latent) / total_time if ok and total_time > 0 else None  # type: ignore[arg-type]
-    return out
+    latent_rate = None
+    if latent and all(v is not None for v in latent) and ok and total_time > 0:
+        latent_rate = sum(float(v) for v in latent if v is not None) / total_time
+    return EpochAccounting(
+        epochs=spec.epochs,
+        epochs_done=len(infos),
+        iterations=len(measured),
+        epoch_time_s=total_time / max(1, len(infos)) if ok else None,
+        epoch_tokens=sum(s.tokens for s in measured) / max(1, len(infos)),
+        epoch_info=tuple(infos),
+        latent_tokens_per_s=latent_rate,
+    )
 
 
-def _summary_extra(
-    spec: RunSpec,
-    steps: list[StepRecord],
-    measured: list[StepRecord],
-    ok: bool,
-    status: str,
-    executor: ExecutorInfo,
-    cost_desc: dict[str, Any],
-    workload: Any,
-) -> dict[str, Any]:
-    """The summary's ``extra``: what the run was (label, mode, scales, noise), rates and medians
-    beyond the summary's fields, the epoch unit's accounting, the workload's provenance, the
-    per-step losses, the planning cost and, on a measured executor, the cost model's predictions."""
-    total_time = sum(s.step_time_s or 0.0 for s in measured)
-    total_samples = sum(s.samples for s in measured)
-    losses = [s.loss for s in steps]
-    extra: dict[str, Any] = {
-        "label": spec.label,
-        "mode": spec.mode,
-        "context_hash": spec.context_hash,
-        "sweep": spec.sweep,
-        "overrides": list(spec.overrides),
-        "target": spec.method.target,
-        # model variants for the report's sensitivity: the scales and the cost-model options that
-        # vary a term (they select the same cells as the scales)
-        "scales": {
+def run_context(
+    spec: RunSpec, status: str, workload: Any, planner_clock: str | None = None
+) -> RunContext:
+    """What the run was (`RunContext`): label, mode, the comparison it pairs in, how it was asked
+    for, the cost-model variant (the scales and the cost-model options that vary a term: they
+    select the same cells as the scales), the memory cap and which parameters are away from
+    their default, how planning was charged, the noise, the workload's provenance, and whether a
+    sweep's deadline (not the run's own ``run.timeout_s``) cut it."""
+    documented = isinstance(workload, DocumentedWorkload) and isinstance(workload.provenance, dict)
+    noise = spec.noise
+    return RunContext(
+        label=spec.label,
+        mode=spec.mode,
+        context_hash=spec.context_hash,
+        sweep=spec.sweep,
+        overrides=tuple(spec.overrides),
+        target=spec.method.target,
+        scales={
             **spec.cost.scale_map,
             **{k: v for k, v in spec.cost.options if k in MODEL_VARIANT_OPTIONS},
         },
-        "mem_cap_fraction": spec.mem_cap_fraction,
-        "world_size": executor.world_size,
-        "planner_clock": spec.planner_clock,
-        "planner_time": spec.planner_time,
-        "noise": {
-            "jitter_sigma": spec.noise.jitter_sigma,
-            "straggler_prob": spec.noise.straggler_prob,
-            "straggler_slowdown": spec.noise.straggler_slowdown,
-        }
-        if spec.noise.active
+        mem_cap_fraction=spec.mem_cap_fraction,
+        away_from_default=spec.away_from_default,
+        planner_clock=spec.planner_clock if planner_clock is None else planner_clock,
+        planner_time=spec.planner_time,
+        noise=NoiseRecord(noise.jitter_sigma, noise.straggler_prob, noise.straggler_slowdown)
+        if noise.active
         else None,
-        "samples_per_s": (total_samples / total_time) if ok and total_time > 0 else None,
-        "comm_share": _median([s.comm_share for s in measured]),
-        "executed_s": _median([s.extra.get("executed_s") for s in measured]),
-        "over_cap_steps": sum(1 for s in measured if s.extra.get("over_cap")),
-        "cost": cost_desc,
-        **executor.info,
-    }
-    if spec.unit == "epoch":
-        extra.update(_epoch_summary(spec, measured, ok))
-    if status == "timeout" and spec.limit_source:
-        extra["limit"] = "budget"  # cut by a sweep's deadline, not by the run's own run.timeout_s
-    if isinstance(workload, DocumentedWorkload) and isinstance(workload.provenance, dict):
-        extra["workload"] = {
-            "description": str(workload.description),
-            "provenance": dict(workload.provenance),
-        }
-    if any(v is not None for v in losses):
-        extra["losses"] = losses
-        extra["grad_norms"] = [s.grad_norm for s in steps]
-        extra["step_times_s"] = [s.step_time_s for s in steps]
-    extra["lower_bound_physical_s"] = _median(
-        [s.extra.get("lower_bound_physical_s") for s in measured]
+        workload=WorkloadRecord(str(workload.description), dict(workload.provenance))
+        if documented
+        else None,
+        limit="budget" if status == "timeout" and spec.limit_source else None,
     )
-    extra.update(planning_cost(steps))
-    if executor.measured:
-        extra["predicted_step_time_s"] = _median(
-            [s.extra.get("predicted_step_time_s") for s in measured]
-        )
-        extra["predicted_peak_mem_gib"] = max(
+
+
+def _outcome(measured: list[StepRecord], ok: bool) -> RunOutcome:
+    total_time = sum(s.step_time_s or 0.0 for s in measured)
+    total_samples = sum(s.samples for s in measured)
+    return RunOutcome(
+        samples_per_s=(total_samples / total_time) if ok and total_time > 0 else None,
+        comm_share=_median([s.comm_share for s in measured]),
+        executed_s=_median([s.extra.get("executed_s") for s in measured]),
+        over_cap_steps=sum(1 for s in measured if s.extra.get("over_cap")),
+        lower_bound_physical_s=_median([s.extra.get("lower_bound_physical_s") for s in measured]),
+    )
+
+
+def _predictions(steps: list[StepRecord], measured: list[StepRecord]) -> Predictions:
+    return Predictions(
+        step_time_s=_median([s.extra.get("predicted_step_time_s") for s in measured]),
+        peak_mem_gib=max(
             (
                 s.extra["predicted_peak_mem_gib"]
                 for s in steps
                 if s.extra.get("predicted_peak_mem_gib") is not None
             ),
             default=None,
-        )
-    return extra
+        ),
+    )
 
 
 def summarise(
@@ -374,7 +367,7 @@ def summarise(
     total_time = sum(s.step_time_s or 0.0 for s in measured)
     total_tokens = sum(s.tokens for s in measured)
     cost_desc = dict(cost.describe()) if cost is not None else {}
-    extra = _summary_extra(spec, steps, measured, ok, status, executor, cost_desc, workload)
+    losses = [s.loss for s in steps]
     return RunSummary(
         run_id=spec.run_id,
         campaign=spec.campaign,
@@ -404,7 +397,21 @@ def summarise(
         error=error,
         started_at=started,
         finished_at=time.time(),
-        extra=extra,
+        world_size=executor.world_size,
+        context=run_context(spec, status, workload),
+        cost_description=CostDescription.from_flat(cost_desc) if cost_desc else None,
+        outcome=_outcome(measured, ok),
+        training=TrainingCurves(
+            losses=tuple(losses),
+            grad_norms=tuple(s.grad_norm for s in steps),
+            step_times_s=tuple(s.step_time_s for s in steps),
+        )
+        if any(v is not None for v in losses)
+        else None,
+        epochs=_epoch_accounting(spec, measured, ok) if spec.unit == "epoch" else None,
+        planning=planning_cost(steps),
+        predictions=_predictions(steps, measured) if executor.measured else None,
+        executor_info=dict(executor.info),
     )
 
 
@@ -464,7 +471,7 @@ def described(spec: RunSpec) -> ExecutorDescription:
 
 
 def record_unfinished(
-    spec: RunSpec, status: str, error: str, started: float, extra: dict[str, Any] | None = None
+    spec: RunSpec, status: str, error: str, started: float, notes: dict[str, Any] | None = None
 ) -> RunSummary:
     """The summary of a run whose processes ended without writing one (killed at its time
     limit, crashed, killed by the OS), from the steps they did write. The folder is taken over
@@ -474,6 +481,6 @@ def record_unfinished(
         RunWriter(spec.root, spec.campaign, spec.run_id, dict(spec.config))
     token = take_over(run_dir)
     summary = summarise(spec, read_steps(run_dir), status, error, described(spec), None, started)
-    if extra:
-        summary = dataclasses.replace(summary, extra={**summary.extra, **extra})
+    if notes:
+        summary = dataclasses.replace(summary, notes={**summary.notes, **notes})
     return write_summary(run_dir, summary, token)

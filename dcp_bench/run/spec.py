@@ -13,16 +13,25 @@ the cell hash and the seed, so a rerun of the same sweep finds its runs again.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib
+import inspect
 import re
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcp_bench.config import config_hash
+# The defaults of the ``run`` group and the top-level parameters: one table, `dcp_bench.config`.
+from dcp_bench.config import (
+    MEM_CAP_FRACTION,
+    RUN_DEFAULTS,
+    SEED_DEFAULT,
+    away_from_default,
+    config_hash,
+)
 from dcp_bench.cost import SOURCES, resolve_cluster, resolve_model
 from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec
@@ -31,7 +40,7 @@ from dcp_bench.planners.base import check_planner_options
 from dcp_bench.reference import run_label
 from dcp_bench.run.capabilities import EpochSampler, FixedDataset
 from dcp_bench.train_policy import DEFAULT_ZERO_STAGE, ZERO_STAGES
-from dcp_bench.workloads import LEGACY_REGISTRY_TARGET, REGISTRY_TARGET, REGISTRY_TARGETS, WORKLOADS
+from dcp_bench.workloads import REGISTRY_TARGETS, WORKLOADS
 
 EXECUTORS = ("sim", "torch")
 PLANNER_CLOCKS = ("overlap", "serial", "off")
@@ -46,26 +55,6 @@ UNITS = ("auto", "step", "epoch")  # auto: epoch in paper mode, step in fair mod
 # Keys of the `run` group that say where or how often a run is recorded, not what it measures:
 # left out of the cell hash, so moving a campaign or adding repeats keeps run ids stable.
 BOOKKEEPING_KEYS = ("root", "campaign", "repeats", "jobs", "progress", "timeout_s", "kill_grace_s")
-
-# What a key the config leaves out means: the parser's one table of defaults for the ``run`` group
-# (the train, noise and cost groups' defaults are their settings classes' field defaults).
-# dcp_bench/conf/config.yaml and conf/run/default.yaml write the same values; a test keeps them
-# equal.
-RUN_DEFAULTS: dict[str, Any] = {
-    "unit": "auto",
-    "epochs": 1,
-    "steps": 20,
-    "warmup_steps": 2,
-    "root": "runs",
-    "campaign": "default",
-    "executor": "sim",
-    "nproc": None,
-    "timeout_s": None,
-    "kill_grace_s": None,
-    "planner_clock": "overlap",
-    "planner_time": "auto",
-}
-MEM_CAP_DEFAULT = 0.7
 
 
 @dataclass(frozen=True)
@@ -224,6 +213,8 @@ class RunSpec:
     cluster: ClusterSpec  # resized to ``run.nproc`` ranks when that is set
     model: ModelSpec
     mem_cap_fraction: float
+    # the top-level parameters set away from their declared default (`dcp_bench.config.PARAMETERS`)
+    away_from_default: tuple[str, ...]
     cost: CostSettings
     steps: int  # measured steps (run.unit=step)
     warmup_steps: int
@@ -558,53 +549,94 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
 
 
-# Config keys the packaged config came to list after run ids were fixed, each with the value every
-# earlier run had by leaving it out: a run's hash leaves the key out at that value, so listing it
-# changes no run id (a run that sets another value hashes it, as it always did).
-HASH_OMITTED_AT_DEFAULT: tuple[tuple[tuple[str, ...], float | str], ...] = (
-    (("cost", "scales", "elementwise"), SCALE_DEFAULTS["elementwise"]),
-    # Earlier runs charged wall-clock planning time; ``auto`` charges none on the simulator. Under
-    # the default overlap clock the two differ only on a step planned for longer than it ran, and
-    # the wall-clock charge there was the host's load, not a result: ``auto`` keeps those ids.
-    (("run", "planner_time"), "auto"),
-)
+# Provenance fields of the cluster, GPU and model specs: where a number comes from, not the number;
+# left out of a run's identity, so a corrected citation changes no run id.
+PROVENANCE_KEYS = ("sources",)
 
 
-def _hashable(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    data = copy.deepcopy(dict(cfg))
-    data.pop("seed", None)
-    workload = data.get("workload")
-    if isinstance(workload, dict) and workload.get("_target_") == REGISTRY_TARGET:
-        # Hashed in the spelling of the module before the workloads package, so the run ids of
-        # existing records stay: the same registry, whichever way a config names it.
-        workload["_target_"] = LEGACY_REGISTRY_TARGET
-    run = data.get("run")
-    if isinstance(run, dict):
-        for key in BOOKKEEPING_KEYS:
-            run.pop(key, None)
-    for path, default in HASH_OMITTED_AT_DEFAULT:
-        node: Any = data
-        for key in path[:-1]:
-            node = node.get(key) if isinstance(node, dict) else None
-        value = node.get(path[-1]) if isinstance(node, dict) else None
-        if (
-            isinstance(value, (int, float, str))
-            and not isinstance(value, bool)
-            and isinstance(value, str) == isinstance(default, str)
-            and value == default
-        ):
-            del node[path[-1]]
+def _without_provenance(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _without_provenance(v) for k, v in data.items() if k not in PROVENANCE_KEYS}
+    if isinstance(data, (list, tuple)):
+        return [_without_provenance(v) for v in data]
     return data
 
 
-def cell_hashes(cfg: Mapping[str, Any]) -> tuple[str, str]:
-    """(cell hash: the config without seed and bookkeeping; context hash: also without the
-    method)."""
-    base = _hashable(cfg)
-    context = {k: v for k, v in base.items() if k != "method"}
-    if isinstance(context.get("names"), dict):
-        context["names"] = {k: v for k, v in context["names"].items() if k != "method"}
-    return config_hash(base), config_hash(context)
+def _method_identity(method: MethodSpec) -> dict[str, Any]:
+    """The method node with its planner's constructor defaults filled in (plain values only), so a
+    planner option the method config comes to list at its default changes no run id."""
+    cls = _class_of(method.target)
+    defaults: dict[str, Any] = {}
+    if isinstance(cls, type):
+        params: list[inspect.Parameter] = []
+        with contextlib.suppress(TypeError, ValueError):  # a class without a signature
+            params = list(inspect.signature(cls).parameters.values())
+        plain = (type(None), bool, int, float, str)
+        defaults = {
+            p.name: p.default
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and isinstance(p.default, plain)
+        }
+    return {**defaults, **dict(method.node)}
+
+
+def run_identity(
+    *,
+    workload: WorkloadSpec,
+    method: MethodSpec,
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    mem_cap_fraction: float,
+    cost: CostSettings,
+    steps: int,
+    warmup_steps: int,
+    planner_clock: str,
+    planner_time: str,
+    noise: NoiseSettings,
+    executor: str,
+    train: TrainSettings,
+    unit: str,
+    epochs: int,
+    names: Mapping[str, str],
+) -> dict[str, Any]:
+    """What a run measures, from its parsed settings (defaults filled in, so a key the config
+    leaves out and the same key listed at its default are one run): the workload node (a
+    registered workload named by its registry, whichever way a config spells it), the method node
+    with its planner's constructor defaults, the resolved
+    cluster and model without provenance text, the memory cap, the cost, loop, noise, executor
+    and training settings, and the config's names. Not in it: the seed and where or how often a
+    run is recorded (`BOOKKEEPING_KEYS`)."""
+    node = dict(workload.node)
+    if workload.registered:
+        node.pop("_target_", None)
+    return {
+        "workload": {"registered": workload.registered, **node},
+        "method": _method_identity(method),
+        "cluster": _without_provenance(dataclasses.asdict(cluster)),
+        "model": _without_provenance(dataclasses.asdict(model)),
+        "mem_cap_fraction": mem_cap_fraction,
+        "cost": dataclasses.asdict(cost),
+        "run": {
+            "steps": steps,
+            "warmup_steps": warmup_steps,
+            "planner_clock": planner_clock,
+            "planner_time": planner_time,
+            "noise": dataclasses.asdict(noise),
+            "executor": executor,
+            "unit": unit,
+            "epochs": epochs,
+        },
+        "train": dataclasses.asdict(train),
+        "names": dict(names),
+    }
+
+
+def identity_hashes(identity: Mapping[str, Any]) -> tuple[str, str]:
+    """(cell hash: the run's identity; context hash: also without the method), as hashed into
+    run ids."""
+    context = {k: v for k, v in identity.items() if k != "method"}
+    context["names"] = {k: v for k, v in identity["names"].items() if k != "method"}
+    return config_hash(dict(identity)), config_hash(context)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -704,7 +736,10 @@ def parse_run_spec(
     the first bad value."""
     resolved: dict[str, Any] = copy.deepcopy(dict(cfg))
     seed = _int(
-        resolved.get("seed", 0) if seed is None else seed, "seed", minimum=0, maximum=MAX_SEED
+        resolved.get("seed", SEED_DEFAULT) if seed is None else seed,
+        "seed",
+        minimum=0,
+        maximum=MAX_SEED,
     )
     resolved["seed"] = seed
     cfg = resolved
@@ -731,9 +766,8 @@ def parse_run_spec(
     timeout = _float(run.get("timeout_s"), "run.timeout_s", positive=True, allow_none=True)
     grace = _float(run.get("kill_grace_s"), "run.kill_grace_s", lo=0.0, hi=1e9, allow_none=True)
     noise = _noise_settings(_node(run, "noise"))
-    mem_cap = _float(
-        cfg.get("mem_cap_fraction", MEM_CAP_DEFAULT), "mem_cap_fraction", lo=1e-6, hi=1.0
-    )
+    mem_cap = MEM_CAP_FRACTION.check(cfg.get(MEM_CAP_FRACTION.key, MEM_CAP_FRACTION.default))
+    away = away_from_default(cfg)
     cost = _cost_settings(_node(cfg, "cost"))
     train = _train_settings(_node(cfg, "train"))
 
@@ -755,7 +789,26 @@ def parse_run_spec(
 
     names = {str(k): str(v) for k, v in _node(cfg, "names").items()}
     workload_name = names.get("workload") or workload.name
-    cell, context = cell_hashes(cfg)
+    cell, context = identity_hashes(
+        run_identity(
+            workload=workload,
+            method=method,
+            cluster=cluster,
+            model=model,
+            mem_cap_fraction=mem_cap,
+            cost=cost,
+            steps=steps,
+            warmup_steps=warmup,
+            planner_clock=clock,
+            planner_time=charged,
+            noise=noise,
+            executor=executor,
+            train=train,
+            unit=unit,
+            epochs=epochs,
+            names=names,
+        )
+    )
     paper_tag = ("-paper-step" if unit == "step" else "-paper") if mode == "paper" else ""
     stem = "__".join(
         _slug(s)
@@ -775,6 +828,7 @@ def parse_run_spec(
         cluster=cluster,
         model=model,
         mem_cap_fraction=mem_cap,
+        away_from_default=away,
         cost=cost,
         steps=steps,
         warmup_steps=warmup,
@@ -799,3 +853,9 @@ def parse_run_spec(
         epochs=epochs,
         zero_stage=DEFAULT_ZERO_STAGE if cost.zero_stage is None else cost.zero_stage,
     )
+
+
+def cell_hashes(cfg: Mapping[str, Any]) -> tuple[str, str]:
+    """(cell hash, context hash) of a composed, resolved config (`parse_run_spec`)."""
+    spec = parse_run_spec(cfg)
+    return spec.config_hash, spec.context_hash

@@ -356,7 +356,7 @@ def _outcome(
             note,
             status="ok",
             error=None,
-            extra={**note.extra, "note": "rank 0 ran on another node, which holds the records"},
+            notes={**note.notes, "note": "rank 0 ran on another node, which holds the records"},
         )
     if code is None:
         limit = spec.hard_limit_s()
@@ -395,7 +395,7 @@ def _record_stopped(spec: RunSpec, run_dir: Path, started: float, exc: BaseExcep
             "error",
             f"stopped by {name} (signal {int(signum)}) after {steps} step(s) recorded",
             started,
-            extra={"signal": int(signum), "signal_name": name},
+            notes={"signal": int(signum), "signal_name": name},
         )
 
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from dcp_bench.batch import GlobalBatch
-from dcp_bench.config import EXTRA_CONF_KEY, group_choices, load_config, to_container
+from dcp_bench.config import (
+    EXTRA_CONF_KEY,
+    SEED_DEFAULT,
+    group_choices,
+    load_config,
+    to_container,
+)
 from dcp_bench.errors import ConfigError
 from dcp_bench.workloads.registry import WORKLOADS, make_workload
 from dcp_bench.workloads.workload import Workload
@@ -37,7 +43,7 @@ def load_named_workload(name: str, overrides: list[str]) -> Workload:
     """The workload config ``name`` with overrides, built with the run's seed, as every command
     does."""
     cfg = to_container(load_config([f"workload={name}", *_config_overrides(overrides)]))
-    return make_workload(cfg["workload"], seed=int(cfg.get("seed", 0)))
+    return make_workload(cfg["workload"], seed=int(cfg.get("seed", SEED_DEFAULT)))
 
 
 def list_workloads(overrides: list[str]) -> list[dict[str, Any]]:
