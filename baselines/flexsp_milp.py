@@ -85,6 +85,11 @@ class RoundModel:
     world_size: int
     tokens: np.ndarray | None = None  # (n,)
     overhead: np.ndarray | None = None  # (D,) seconds per group; None: no overhead
+    # FlexSP's rules (solver.py of Hetu-Galvatron b4666892): the groups use the whole world and
+    # each holds a sequence (solver.py:373, 376, 499, 502); fewer slots below the largest minimum
+    # degree (``get_sp_options_prune``, solver.py:294-295, 315-319)
+    whole_world: bool = False
+    prune_slots: bool = False
 
     def allowed(self) -> np.ndarray:
         return self.mem <= self.room
@@ -277,6 +282,25 @@ def _highs_program(
     return h
 
 
+def round_slots(model: RoundModel) -> list[int]:
+    """The degree index of every group slot: W/d slots of each degree d; with ``prune_slots``,
+    FlexSP's ``get_sp_options`` (solver.py:283-300) as ``get_sp_options_prune`` calls it
+    (solver.py:315-319): with ``d_max`` the largest of the sequences' smallest fitting degrees
+    and ``c`` how many sequences need it, a degree below ``d_max`` gets only
+    ``(W - d_max * c) // d`` slots (the ranks the ``d_max`` groups leave)."""
+    W, degrees = model.world_size, model.degrees
+    count = [W // d for d in degrees]
+    ok = model.allowed()
+    if model.prune_slots and len(model.positions) and ok.any(axis=1).all():
+        smallest = ok.argmax(axis=1)  # index of each sequence's smallest fitting degree
+        top = int(smallest.max())
+        n_top = int((smallest == top).sum())
+        for di, d in enumerate(degrees):
+            if di < top:
+                count[di] = max(0, (W - degrees[top] * n_top) // d)
+    return [di for di in range(len(degrees)) for _ in range(count[di])]
+
+
 def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundProgram:
     """The FlexSP program over group slots (W/d slots of each degree d):
 
@@ -298,10 +322,10 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
     """
     inf = highspy.kHighsInf
     degrees, W = model.degrees, model.world_size
-    slots = [di for di, d in enumerate(degrees) for _ in range(W // d)]
     t_b = np.array([model.time[b].max(axis=0) for b in buckets])  # (B, D)
     m_b = np.array([model.mem[b].max(axis=0) for b in buckets])
     ok = m_b <= model.room
+    slots = round_slots(model)
     for bi, b in enumerate(buckets):
         if not ok[bi].any():
             raise InfeasibleError(
@@ -351,7 +375,17 @@ def build_round_program(model: RoundModel, buckets: list[list[int]]) -> RoundPro
         # (1 token at SP 8 is 3e-8 of a rank), and a memory-free cost model has no row at all.
         cap = float(sum(len(buckets[bi]) for bi in bs))
         rows.append((-inf, 0.0, cols + [y_col[g]], [1.0] * len(cols) + [-cap]))
-    rows.append((-inf, float(W), y_col, [float(degrees[di]) for di in slots]))
+        if model.whole_world:  # a used group holds a sequence (solver.py:373, 499)
+            rows.append((0.0, inf, cols + [y_col[g]], [1.0] * len(cols) + [-1.0]))
+    # the groups fit the world; FlexSP's use all of it (solver.py:376, 502)
+    rows.append(
+        (
+            float(W) if model.whole_world else -inf,
+            float(W),
+            y_col,
+            [float(degrees[di]) for di in slots],
+        )
+    )
     for g in range(1, len(slots)):
         if slots[g] == slots[g - 1]:
             rows.append((-inf, 0.0, [y_col[g], y_col[g - 1]], [1.0, -1.0]))
@@ -572,6 +606,20 @@ class FlexSPMILP(Planner):
         fill: the fraction of the cluster's activation memory a round may use (slack for the
             bucket-level memory estimate); more rounds when the batch needs it.
         clock: the clock the budget is kept on (tests pass a simulated one).
+        min_sp: the smallest SP degree a group may have (FlexSP's solver leaves out 1:
+            solver.py:287-293 of Hetu-Galvatron b4666892; 2 follows it).
+        whole_world: FlexSP's groups use every rank and each holds a sequence (solver.py:373,
+            376, 499, 502); False lets a round leave ranks idle.
+        prune_slots: FlexSP's slot pruning below the largest minimum degree (solver.py:294-295).
+        chunking: how a step is cut into rounds. "snake": by activation footprint, longest
+            first in a snake order, rounds doubled until every round is feasible (this
+            project's rule). "sort_consec": FlexSP's (solver.py:573-616, 826-874;
+            sequence_module_py.py:98-128): the sequences longest first cut into consecutive
+            chunks minimising the largest chunk's tokens, starting from the fewest chunks that
+            each stay under the cluster's token capacity, and of ``mb_options`` chunk counts
+            from there the one whose rounds sum to the least time.
+        mb_options: chunk counts tried by "sort_consec" (FlexSP's driver: 5, solver.py:1239);
+            the step's planning time is split evenly between them.
     """
 
     name = "flexsp_milp"
@@ -579,7 +627,7 @@ class FlexSPMILP(Planner):
         "FlexSP (ASPLOS'25): a per-step MILP over heterogeneous SP groups, solved with HiGHS. "
         "Defaults: full recompute, 2 s planning budget per step, 16 length buckets (FlexSP's)."
     )
-    OPTION_MINIMA = {"buckets": 1, "max_buckets": 1}
+    OPTION_MINIMA = {"buckets": 1, "max_buckets": 1, "min_sp": 1, "mb_options": 1}
 
     def __init__(
         self,
@@ -590,8 +638,28 @@ class FlexSPMILP(Planner):
         max_buckets: int = 32,
         fill: float = 0.9,
         clock: Callable[[], float] = time.perf_counter,
+        min_sp: int = 1,
+        whole_world: bool = False,
+        prune_slots: bool = False,
+        chunking: str = "snake",
+        mb_options: int = 1,
     ) -> None:
         super().__init__(mode)
+        if min_sp < 1 or min_sp & (min_sp - 1):
+            raise ConfigError(f"min_sp={min_sp}; expected a power of two >= 1")
+        if chunking not in CHUNKINGS:
+            raise ConfigError(f"chunking={chunking!r}; expected one of {', '.join(CHUNKINGS)}")
+        if mb_options < 1:
+            raise ConfigError(f"mb_options={mb_options}; expected >= 1")
+        if chunking == "snake" and mb_options != 1:
+            raise ConfigError(
+                f"mb_options={mb_options} applies to chunking='sort_consec' only; expected 1"
+            )
+        self.min_sp = min_sp
+        self.whole_world = whole_world
+        self.prune_slots = prune_slots
+        self.chunking = chunking
+        self.mb_options = mb_options
         ckpt_layers_for(recompute, 1)
         if step_time_limit_s <= 0:
             raise ConfigError(
@@ -614,7 +682,11 @@ class FlexSPMILP(Planner):
         self, batch: GlobalBatch, positions: list[int], cost: CostModel, ckpt: int
     ) -> RoundModel:
         W = cost.cluster.world_size
-        degrees = cost.sp_degrees()
+        degrees = [d for d in cost.sp_degrees() if d >= self.min_sp]
+        if not degrees:
+            raise InfeasibleError(
+                f"no runnable SP degree is >= min_sp={self.min_sp}: {cost.describe_sp_degrees()}"
+            )
         t = batch.tokens[positions]
         f = batch.frames[positions]
         # A group runs its sequences packed in one micro-batch, so a sequence costs its packed
@@ -636,6 +708,8 @@ class FlexSPMILP(Planner):
             W,
             tokens=np.asarray(t),
             overhead=overhead,
+            whole_world=self.whole_world,
+            prune_slots=self.prune_slots,
         )
 
     def chunk(self, batch: GlobalBatch, num_rounds: int) -> list[list[int]]:
@@ -720,7 +794,6 @@ class FlexSPMILP(Planner):
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         budget = PlanningBudget(self.step_time_limit_s, self.clock)
-        W = cost.cluster.world_size
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         room = cost.memory_cap_bytes - cost.static_memory_bytes()
         if room <= 0:
@@ -749,6 +822,23 @@ class FlexSPMILP(Planner):
             if batch.n
             else np.zeros(0)
         )
+        if self.chunking == "sort_consec":
+            sols, records, mb_tried = self.solve_sort_consec(batch, cost, ckpt)
+        else:
+            sols, records, mb_tried = self.solve_snake(batch, cost, ckpt, budget, footprint, room)
+        return self.step_plan(batch, cost, ckpt, sols, records, budget, mb_tried)
+
+    def solve_snake(
+        self,
+        batch: GlobalBatch,
+        cost: CostModel,
+        ckpt: int,
+        budget: PlanningBudget,
+        footprint: np.ndarray,
+        room: float,
+    ) -> tuple[list[RoundSolution], list[dict[str, Any]], list[int]]:
+        """This project's chunking ("snake", see the class docstring)."""
+        W = cost.cluster.world_size
         num_rounds = (
             max(1, math.ceil(float(footprint.sum()) / (self.fill * room * W))) if batch.n else 0
         )
@@ -768,6 +858,75 @@ class FlexSPMILP(Planner):
                 if num_rounds >= batch.n:
                     raise
                 num_rounds = min(batch.n, 2 * num_rounds)
+        return sols, records, [len(chunks)]
+
+    def solve_sort_consec(
+        self, batch: GlobalBatch, cost: CostModel, ckpt: int
+    ) -> tuple[list[RoundSolution], list[dict[str, Any]], list[int]]:
+        """FlexSP's chunking ("sort_consec", see the class docstring). Each chunk count gets an
+        equal share of the step's planning time; an infeasible count is skipped, as FlexSP's
+        driver skips it (solver.py:863-867)."""
+        if not batch.n:
+            return [], [], []
+        W = cost.cluster.world_size
+        capacity = cost.microbatch_token_capacity(1, ckpt)
+        weights: np.ndarray | None = None
+        if math.isfinite(capacity):
+            # FlexSP's device_token_capacity is an integer (solver.py:69-70)
+            cluster_capacity = float(math.floor(capacity) * W)
+        else:
+            # a memory law not linear in tokens (video): chunks are weighed by each sequence's
+            # smallest cluster-wide activation footprint against the cluster's room, the
+            # quantity FlexSP's tokens stand for
+            weights = np.min(
+                [
+                    cost.sample_memory(batch.tokens, batch.frames, d, ckpt) * d
+                    for d in cost.sp_degrees()
+                ],
+                axis=0,
+            )
+            cluster_capacity = float(W * (cost.memory_cap_bytes - cost.static_memory_bytes()))
+        first = min_valid_chunks(batch.tokens, cluster_capacity, weights)
+        best: tuple[float, list[RoundSolution], list[dict[str, Any]]] | None = None
+        tried: list[int] = []
+        share = self.step_time_limit_s / self.mb_options
+        for mb in range(first, min(first + self.mb_options, batch.n + 1)):
+            budget = PlanningBudget(share, self.clock)
+            chunks = sort_consec_chunks(batch.tokens, mb, weights)
+            sols, records = [], []
+            try:
+                for r, positions in enumerate(chunks):
+                    sol, record = self.solve_round(
+                        batch, positions, cost, ckpt, budget, len(chunks) - r
+                    )
+                    sols.append(sol)
+                    records.append(record)
+            except InfeasibleError:
+                continue
+            tried.append(mb)
+            total = sum(s.objective for s in sols)
+            if best is None or total < best[0]:
+                best = (total, sols, records)
+        if best is None:
+            raise InfeasibleError(
+                f"no chunking of the step into {first} .. {first + self.mb_options - 1} rounds "
+                "is feasible"
+            )
+        return best[1], best[2], tried
+
+    def step_plan(
+        self,
+        batch: GlobalBatch,
+        cost: CostModel,
+        ckpt: int,
+        sols: list[RoundSolution],
+        records: list[dict[str, Any]],
+        budget: PlanningBudget,
+        mb_tried: list[int],
+    ) -> StepPlan:
+        """The plan of the rounds ``sols`` with their records; ``budget`` is the step's (its
+        start is the step's start)."""
+        W = cost.cluster.world_size
         rounds = [self.lay_out(batch, sol, cost, ckpt) for sol in sols]
         objective = [s.objective for s in sols]
         lower = [rec["lower_bound_s"] for rec in records]
@@ -793,6 +952,9 @@ class FlexSPMILP(Planner):
             "lb_gap": [gap_to(o, lb) for o, lb in zip(objective, lower)],
             "step_lb_gap": gap_to(sum(objective), sum(lower)),
         }
+        if self.chunking != "snake":
+            info["chunking"] = self.chunking
+            info["chunk_counts_tried"] = mb_tried
         info["plan_s"] = budget.elapsed()
         return StepPlan(
             world_size=W,
@@ -816,6 +978,59 @@ class FlexSPMILP(Planner):
             laid.append(Group(start, size, [MicroBatch(p, ckpt_layers=ckpt) for p in packs]))
             start += size
         return Round(groups=laid)
+
+
+CHUNKINGS = ("snake", "sort_consec")
+
+
+def min_valid_chunks(
+    tokens: np.ndarray, cluster_capacity: float, weights: np.ndarray | None = None
+) -> int:
+    """FlexSP's ``get_min_valid_microbatch_num`` (solver.py:573-586): from the fewest chunks
+    the total tokens allow, the first count whose `sort_consec_chunks` all stay strictly under
+    the cluster's token capacity (``weights``: what a sequence counts instead of its tokens)."""
+    n = len(tokens)
+    w = np.asarray(tokens if weights is None else weights, dtype=np.float64)
+    mb = max(1, math.ceil(float(np.sum(w)) / cluster_capacity))
+    while mb < n and any(
+        float(np.sum(w[c])) >= cluster_capacity for c in sort_consec_chunks(tokens, mb, weights)
+    ):
+        mb += 1
+    return min(mb, n)
+
+
+def sort_consec_chunks(
+    tokens: np.ndarray, mb_num: int, weights: np.ndarray | None = None
+) -> list[list[int]]:
+    """FlexSP's ``chunk_globalbatch`` with ``sort_consec`` (sequence_module_py.py:98-128): the
+    positions longest first (ties by position: a stable sort), cut into ``mb_num`` consecutive
+    non-empty chunks minimising the largest chunk's tokens (``weights``: what a sequence counts
+    instead), by its dynamic program (the first cut point reaching the minimum wins, as its
+    strict ``<`` keeps it)."""
+    order = sorted(range(len(tokens)), key=lambda p: (-int(tokens[p]), p))
+    n = len(order)
+    if not 1 <= mb_num <= n:
+        raise ValueError(f"mb_num={mb_num}; expected 1 .. {n} (the number of sequences)")
+    w = tokens if weights is None else weights
+    prefix = np.concatenate([[0.0], np.cumsum([float(w[p]) for p in order])])
+    dp = np.full(n + 1, np.inf)
+    dp[0] = 0.0
+    cut = np.zeros((mb_num + 1, n + 1), dtype=np.int64)
+    for k in range(1, mb_num + 1):
+        new = np.full(n + 1, np.inf)
+        for i in range(k, n + 1):
+            j = np.arange(k - 1, i)
+            val = np.maximum(dp[j], prefix[i] - prefix[j])
+            best = int(np.argmin(val))
+            new[i] = val[best]
+            cut[k, i] = j[best]
+        dp = new
+    chunks, end = [], n
+    for k in range(mb_num, 0, -1):
+        start = int(cut[k, end])
+        chunks.append(order[start:end])
+        end = start
+    return chunks[::-1]
 
 
 def gap_to(objective: float, bound: float) -> float:

@@ -41,6 +41,7 @@ from baselines.scheduling import (
     estimate_step_time,
     largest_fitting,
     max_tokens_fitting_one_rank,
+    microbatch_memory,
     pack_under_budget,
 )
 from dcp_bench.archs import arch_of
@@ -76,6 +77,25 @@ def largest_cp_group(cost: CostModel) -> int:
     if cp_attention_kind(cost) == "ring":
         return aligned_sp_degrees(cost.cluster.world_size)[-1]
     return cost.sp_degrees()[-1]
+
+
+def megatron_cp_group_sizes(world_size: int) -> list[int]:
+    """The CP group sizes Megatron-Core's hybrid CP has a process group for on a DPxCP world of
+    ``world_size`` ranks (TP = PP = 1): 1 (each rank), the powers of two from 2 below
+    2^floor(log2 W) (`create_hybrid_dp_cp_groups`, megatron/core/parallel_state.py:440-460 at
+    d98e8a64, consecutive blocks, :449), and the whole world (`get_hybrid_data_context_parallel_
+    groups` returns the DP-with-CP group for that size, :1851-1860). 3 nodes of 8: 1, 2, 4, 8,
+    24; no group of 16. Blocks of a power of two that does not divide the world (40 ranks: 16)
+    are left out: the plan layout holds no such group."""
+    out = [1]
+    s = 2
+    while 2 * s <= world_size:
+        if world_size % s == 0:
+            out.append(s)
+        s *= 2
+    if world_size > 1:
+        out.append(world_size)
+    return out
 
 
 def gpus_needed(tokens: int, max_tokens_per_rank: int) -> int:
@@ -277,6 +297,16 @@ def hybrid_cp_plan(
     if m < 1:
         raise InfeasibleError(f"not even one token fits a GPU with {ckpt} recomputed layers")
     cp_of: dict[int, int] = {}
+    held = set(aligned_sp_degrees(W))
+    if kind == "ring":
+        # Megatron-Core has a CP group of every power of two below the world and the whole
+        # world (hybrid_cp_schedule.py:373-374: growth to min(2 s, total_gpus)); the port caps
+        # groups at the largest aligned one unless the longest sequence needs more, then the
+        # source's bound, the world, holds (`megatron_cp_group_sizes`)
+        held = set(megatron_cp_group_sizes(W))
+        longest = int(batch.tokens.max()) if batch.n else 0
+        if max_degree < gpus_needed(longest, m) <= W:
+            max_degree = W
     for p in range(batch.n):
         L = int(batch.tokens[p])
         need = gpus_needed(L, m)
@@ -284,7 +314,7 @@ def hybrid_cp_plan(
             raise InfeasibleError(
                 f"sample {p} ({L} tokens) needs {need} context-parallel ranks at "
                 f"max_tokens_per_rank={m}, more than the largest CP group on "
-                f"{W} ranks ({max_degree})"
+                f"{W} ranks ({max_degree}; CP groups {', '.join(map(str, sorted(held)))})"
             )
         cp_of[p] = need
     remaining: list[Seq] = sorted(
@@ -299,6 +329,14 @@ def hybrid_cp_plan(
         start = 0
         laid: list[Group] = []
         for g in sorted(groups, key=lambda g: -g.size):
+            if g.size not in held:
+                p0, L0 = max(g.seqs, key=lambda s: s[1])
+                raise InfeasibleError(
+                    f"Megatron's hybrid CP formed a CP group of {g.size} ranks on {W} ranks for "
+                    f"sample {p0} ({L0} tokens) and others; "
+                    f"Megatron-Core has CP groups of {', '.join(map(str, sorted(held)))} "
+                    "ranks only (parallel_state.py:440-460, :1851-1860 at d98e8a64)"
+                )
             members = [p for p, _ in g.seqs]
             # activation memory is additive per sample (the cost-model contract): one
             # vectorised check of every sequence alone on its group
@@ -514,9 +552,14 @@ def dynamic_cp_plan(
     runs every micro-batch). Groups are laid out largest first so the layout is aligned (the
     source's contiguous blocks in creation order; only positions change).
 
-    Raises `InfeasibleError` for a sequence longer than the largest group holds, a group the
-    plan layout cannot hold (a size that is no power of two dividing the world: the source's
-    whole-world fallback on a world of another size), or a micro-batch over the memory cap.
+    With ring attention (`cp_attention_kind`) a group may be the whole world (Megatron-Core's
+    DP-with-CP group; 3 nodes of 8: a ring of 24), reached by the source's growth or its
+    whole-world fallback.
+
+    Raises `InfeasibleError` for a sequence longer than the largest group holds, a group of a
+    size Megatron-Core has no process group for (`megatron_cp_group_sizes`; 24 ranks: 16) or
+    the plan layout cannot hold (Ulysses: no power of two dividing the world), or a micro-batch
+    over the memory cap.
     """
     W = cost.cluster.world_size
     top = largest_cp_group(cost)
@@ -527,6 +570,15 @@ def dynamic_cp_plan(
     remaining: list[Seq] = sorted(
         ((p, int(batch.tokens[p])) for p in range(batch.n)), key=lambda s: (-s[1], s[0])
     )
+    # The port caps groups at the largest aligned one (on a world that is no power of two the
+    # source may form groups Megatron-Core has no process group for); a ring-attention run
+    # whose longest sequence needs more ranks than that takes the source's own bound, the world
+    # (data_schedule_utils.py:664-697, :724-795: sizes up to and growth to ``total_ranks``).
+    sizes_held = set(aligned_sp_degrees(W))
+    if kind == "ring" and remaining:
+        sizes_held = set(megatron_cp_group_sizes(W))
+        if dynamic_cp_gpus_needed(remaining[0][1], m, min_cp_size) > top:
+            top = W
     rounds: list[Round] = []
     sizes: set[int] = set()
     while remaining:
@@ -537,14 +589,21 @@ def dynamic_cp_plan(
         laid: list[Group] = []
         start = 0
         for g in sorted(groups, key=lambda g: -g.size):
-            if g.size not in aligned_sp_degrees(W):
+            if g.size not in sizes_held:
+                p0, L0 = max(g.seqs, key=lambda s: s[1])
                 raise InfeasibleError(
-                    f"Megatron's dynamic CP formed a CP group of {g.size} ranks (its whole-world "
-                    f"fallback on {W} ranks); plans hold power-of-two groups dividing the world"
+                    f"Megatron's dynamic CP formed a CP group of {g.size} ranks on {W} ranks for "
+                    f"sample {p0} ({L0} tokens); "
+                    f"Megatron-Core has CP groups of {', '.join(map(str, sorted(sizes_held)))} "
+                    "ranks only (parallel_state.py:440-460, :1851-1860 at d98e8a64)"
+                    if kind == "ring"
+                    else f"Megatron's dynamic CP formed a CP group of {g.size} ranks (its "
+                    f"whole-world fallback on {W} ranks); plans hold power-of-two groups "
+                    "dividing the world"
                 )
             members = [p for p, _ in g.seqs]
-            mem = cost.microbatch_memory(
-                batch.tokens[members], batch.frames[members], g.size, ckpt, "sequence"
+            mem = microbatch_memory(
+                cost, batch.tokens[members], batch.frames[members], g.size, ckpt, "sequence"
             )
             if mem > cost.memory_cap_bytes:
                 raise InfeasibleError(
@@ -801,7 +860,8 @@ class MegatronHybridCP(Planner):
                 f"sample {p} ({longest} tokens) cannot run on {W} ranks with any hybrid-CP "
                 f"configuration: with recompute {recompute_flags(k, num_layers)} one rank holds "
                 f"at most {ladder[k]} tokens, so one sequence (on at most {top} ranks, the "
-                f"largest CP group on {W}) can have at most {ladder[k] * top} tokens"
+                f"largest of the CP groups {', '.join(map(str, aligned_sp_degrees(W)))} the "
+                f"search tries on {W}) can have at most {ladder[k] * top} tokens"
             )
         return cands
 

@@ -20,6 +20,7 @@ from baselines.scheduling import (
     recompute_holding_longest,
     smallest_sp_for_batch,
     static_round,
+    whole_cp_degrees,
 )
 from dcp_bench.archs import arch_of
 from dcp_bench.errors import ConfigError, InfeasibleError
@@ -57,6 +58,15 @@ def sp_kind_for(cost: CostModel, sp: int, cp_comm_type: str) -> tuple[SPKind, in
         return "ring", 0
     node = cost.cluster.gpus_per_node
     return ("ulysses", 0) if sp <= node else ("hybrid", node)
+
+
+def ring_cp_degrees(cost: CostModel, cp_comm_type: str) -> list[int]:
+    """The CP degrees beyond the powers of two that ``cp_comm_type`` runs on this world
+    (`whole_cp_degrees`): none for ``a2a`` (Ulysses: the heads and the aligned layout limit it),
+    multiples of the node for ``a2a+p2p``, every divisor of the world for ``p2p``."""
+    if cp_comm_type == "a2a":
+        return []
+    return whole_cp_degrees(cost, hierarchical=cp_comm_type == "a2a+p2p")
 
 
 def dp_balanced_packs(
@@ -125,8 +135,10 @@ def packed_static_plan(
     ``a2a+p2p`` (`sp_kind_for`)."""
     W = cost.cluster.world_size
     kind, uly = sp_kind_for(cost, sp, cp_comm_type)
-    # ring attention: the heads do not limit the degree
-    check_sp_degree(sp, W, cost.model if kind == "ulysses" else None)
+    # ring attention: the heads do not limit the degree, and a CP size dividing the world runs
+    check_sp_degree(
+        sp, W, cost.model if kind == "ulysses" else None, ring_cp_degrees(cost, cp_comm_type)
+    )
     dp = W // sp
     per_group: list[list[MicroBatch]] = []
     if packing == "dp_balanced":
@@ -192,6 +204,8 @@ class PackedStatic(Planner):
     )
     OPTION_MINIMA = {"token_budget": 1}
     SP_OPTIONS = ("sp",)
+    # a CP size that divides the world runs as a ring (whole nodes) beside the powers of two
+    SP_POWER_OF_TWO = False
 
     def __init__(
         self,
@@ -224,13 +238,17 @@ class PackedStatic(Planner):
         self._auto_sp = 1  # the smallest fitting degree of the longest sample seen so far
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        comm = self.cp_comm_type if cost.prices_ring else "a2a"
+        # CP sizes beyond the powers of two, tried only when no power of two holds the longest
+        # sequence (3 nodes of 8 with a2a+p2p: 24, a 1M-token document)
+        extra = ring_cp_degrees(cost, comm)
         if self._fallback:
-            self.recompute = recompute_holding_longest(batch, cost, self.recompute)
+            self.recompute = recompute_holding_longest(batch, cost, self.recompute, extra=extra)
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         if self.sp is not None:
             sp = int(self.sp)
         else:
-            self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
+            self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt, extra))
             sp = self._auto_sp
         plan = packed_static_plan(
             batch,
@@ -241,7 +259,7 @@ class PackedStatic(Planner):
             self.name,
             self.mode,
             self.packing,
-            self.cp_comm_type if cost.prices_ring else "a2a",
+            comm,
         )
         plan.info["recompute"] = self.recompute
         return plan

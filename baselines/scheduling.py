@@ -41,11 +41,43 @@ def ckpt_layers_for(policy: str, num_layers: int) -> int:
     )
 
 
-def check_sp_degree(sp: int, world_size: int, model: ModelSpec | None = None) -> None:
+def whole_cp_degrees(cost: CostModel, hierarchical: bool) -> list[int]:
+    """The fixed context-parallel degrees a ring-attention system runs on this world beyond the
+    powers of two (`runnable_sp_degrees`), ascending: Megatron-Core asks only that TP x PP x CP
+    divide the world size (NVIDIA/Megatron-LM d98e8a64, megatron/core/parallel_state.py:812-823,
+    `initialize_model_parallel`; TP = PP = 1 in the plan IR), so a divisor of the world that is
+    no power of two. ``hierarchical`` (``--cp-comm-type
+    a2a+p2p``: all-to-all inside a node, the ring across nodes): the levels' sizes must multiply
+    to the CP size (parallel_state.py:1127-1128) with the all-to-all level the node, so only
+    multiples of the node (3 nodes of 8: 24). Both keep to what plans hold: a group lies inside
+    one node or is made of whole nodes (`dcp_bench.layout.spans_nodes_cleanly`; so 3 nodes of 8
+    give 24 for ``p2p`` too, where Megatron would also run 3, 6 or 12 across node boundaries).
+    Empty where rings are not priced (video models, cost models without ring pricing): there
+    the degrees stay the Ulysses ones."""
+    if cost.model.arch != "llama" or not cost.prices_ring:
+        return []
+    W, node = cost.cluster.world_size, cost.cluster.gpus_per_node
+    out = [
+        d
+        for d in range(3, W + 1)
+        if W % d == 0 and not is_power_of_two(d) and (d % node == 0 or node % d == 0)
+    ]
+    if hierarchical:
+        out = [d for d in out if d > node and d % node == 0]
+    return out
+
+
+def check_sp_degree(
+    sp: int, world_size: int, model: ModelSpec | None = None, extra: Sequence[int] = ()
+) -> None:
     """A fixed SP degree must be a power of two that divides the world and, given the
-    ``model``, a degree its attention heads divide (`ModelSpec.sp_degree_offence`)."""
+    ``model``, a degree its attention heads divide (`ModelSpec.sp_degree_offence`), or one of
+    ``extra`` (the ring degrees `whole_cp_degrees` of the system's CP layout)."""
+    if sp in extra:
+        return
     if not is_power_of_two(sp):
-        raise ConfigError(f"sp={sp} is not a power of two (expected 1, 2, 4, ...)")
+        more = f", or one of {', '.join(map(str, extra))}" if extra else ""
+        raise ConfigError(f"sp={sp} is not a power of two (expected 1, 2, 4, ...{more})")
     if sp > world_size:
         raise ConfigError(f"sp={sp} is larger than the world ({world_size} ranks)")
     if world_size % sp:
@@ -66,25 +98,52 @@ def split_for(batch: GlobalBatch, positions: Sequence[int], cost: CostModel) -> 
     return "sequence"
 
 
+def microbatch_memory(
+    cost: CostModel, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt: int, split: str
+) -> float:
+    """`CostModel.microbatch_memory`, and on a degree that is no power of two (a ring CP size,
+    `whole_cp_degrees`, which no Ulysses group has) the memory of one ring micro-batch on
+    ``sp`` ranks (`CostModel.microbatch_costs` with a Ulysses span of 1): a sequence sharded
+    over ``sp`` ranks keeps the same activations whatever its attention's kind."""
+    if is_power_of_two(sp) or split != "sequence" or len(tokens) == 0:
+        return float(cost.microbatch_memory(tokens, frames, sp, ckpt, split))
+    c = cost.microbatch_costs(
+        np.asarray(tokens, dtype=np.int64),
+        np.asarray(frames, dtype=np.int64),
+        np.zeros(len(tokens), dtype=np.int64),
+        np.array([sp]),
+        np.array([ckpt]),
+        np.array([1]),
+    )
+    return float(c["mem_bytes"][0])
+
+
 def microbatch_fits(
     batch: GlobalBatch, positions: Sequence[int], cost: CostModel, sp: int, ckpt: int, split: str
 ) -> bool:
     """Whether the cost model predicts the micro-batch under the per-GPU memory cap (the same
     check the plan validator makes)."""
     pos = list(positions)
-    mem = cost.microbatch_memory(batch.tokens[pos], batch.frames[pos], sp, ckpt, split)
+    mem = microbatch_memory(cost, batch.tokens[pos], batch.frames[pos], sp, ckpt, split)
     return bool(mem <= cost.memory_cap_bytes)
 
 
 def smallest_fitting_sp(
-    tokens: int, frames: int, cost: CostModel, ckpt: int, world_size: int, split: str = "sequence"
+    tokens: int,
+    frames: int,
+    cost: CostModel,
+    ckpt: int,
+    world_size: int,
+    split: str = "sequence",
+    extra: Sequence[int] = (),
 ) -> int | None:
     """The smallest SP degree the model runs (`runnable_sp_degrees`) at which one sample fits
-    alone, or None."""
+    alone, then the smallest of ``extra`` (ring degrees beyond the powers of two, tried only
+    when none of those fits), or None."""
     t = np.array([tokens], dtype=np.int64)
     f = np.array([frames], dtype=np.int64)
-    for sp in runnable_sp_degrees(cost.model, world_size):
-        if cost.microbatch_memory(t, f, sp, ckpt, split) <= cost.memory_cap_bytes:
+    for sp in [*runnable_sp_degrees(cost.model, world_size), *extra]:
+        if microbatch_memory(cost, t, f, sp, ckpt, split) <= cost.memory_cap_bytes:
             return sp
     return None
 
@@ -117,7 +176,7 @@ def largest_batch_size(
     def fits(bs: int) -> bool:
         t = np.full(bs, tokens, dtype=np.int64)
         f = np.full(bs, frames, dtype=np.int64)
-        return bool(cost.microbatch_memory(t, f, sp, ckpt, split) <= cost.memory_cap_bytes)
+        return bool(microbatch_memory(cost, t, f, sp, ckpt, split) <= cost.memory_cap_bytes)
 
     return largest_fitting(fits, limit)
 
@@ -282,37 +341,67 @@ def estimate_step_time(
     return sum(slowest.values()) + cost.step_sync_time()
 
 
-def smallest_sp_for_batch(batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
+def smallest_sp_for_batch(
+    batch: GlobalBatch, cost: CostModel, ckpt: int, extra: Sequence[int] = ()
+) -> int:
     """The smallest SP degree the model runs at which the longest sample of ``batch`` fits alone
-    (sharded along the sequence). `InfeasibleError` naming the runnable degrees and the sample's
-    length when none does."""
+    (sharded along the sequence), then the smallest of the ring degrees ``extra``
+    (`whole_cp_degrees`). `InfeasibleError` naming the degrees tried and the sample's length
+    when none does."""
     W = cost.cluster.world_size
     if batch.n == 0:
         return 1
     p = int(np.argmax(batch.tokens))
-    sp = smallest_fitting_sp(int(batch.tokens[p]), int(batch.frames[p]), cost, ckpt, W)
+    sp = smallest_fitting_sp(
+        int(batch.tokens[p]), int(batch.frames[p]), cost, ckpt, W, "sequence", extra
+    )
     if sp is None:
+        more = f", nor at the ring degrees {', '.join(map(str, extra))}" if extra else ""
         raise InfeasibleError(
             f"sample {p} ({int(batch.tokens[p])} tokens) does not fit the memory cap "
             f"{cost.memory_cap_bytes / 2**30:.1f} GiB with {ckpt} checkpointed layers at any "
-            f"runnable SP degree {cost.describe_sp_degrees()}"
+            f"runnable SP degree {cost.describe_sp_degrees()}{more}"
         )
     return sp
 
 
 def recompute_holding_longest(
-    batch: GlobalBatch, cost: CostModel, preferred: str, fallback: str = "full"
+    batch: GlobalBatch,
+    cost: CostModel,
+    preferred: str,
+    fallback: str = "full",
+    extra: Sequence[int] = (),
 ) -> str:
     """``preferred`` when the batch's longest sample fits some SP degree of the world with it,
     else ``fallback``: a user's default recompute, and the more recompute they switch to when
-    the default runs out of memory on the longest sequence."""
+    the default runs out of memory on the longest sequence. The ring degrees ``extra``
+    (`whole_cp_degrees`) come last: ``fallback`` when it holds the sample at a power of two,
+    else ``preferred`` when a ring degree holds it with that, else ``fallback``."""
     if batch.n == 0 or preferred == fallback:
         return preferred
-    try:
-        smallest_sp_for_batch(batch, cost, ckpt_layers_for(preferred, cost.model.num_layers))
-    except InfeasibleError:
-        return fallback
-    return preferred
+
+    def holds(policy: str, degrees: Sequence[int]) -> bool:
+        try:
+            smallest_sp_for_batch(batch, cost, ckpt_layers_for(policy, cost.model.num_layers))
+        except InfeasibleError:
+            pass
+        else:
+            return True
+        if not degrees:
+            return False
+        # only the ring degrees: the powers of two were tried above
+        p = int(np.argmax(batch.tokens))
+        t = batch.tokens[p : p + 1]
+        f = batch.frames[p : p + 1]
+        ckpt = ckpt_layers_for(policy, cost.model.num_layers)
+        return any(
+            microbatch_memory(cost, t, f, sp, ckpt, "sequence") <= cost.memory_cap_bytes
+            for sp in degrees
+        )
+
+    if holds(preferred, ()) or (extra and not holds(fallback, ()) and holds(preferred, extra)):
+        return preferred
+    return fallback
 
 
 def max_tokens_fitting_one_rank(cost: CostModel, ckpt: int, frames: int = 1) -> int:

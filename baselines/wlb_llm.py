@@ -57,10 +57,12 @@ from baselines.scheduling import (
     ckpt_layers_for,
     largest_fitting,
     microbatch_fits,
+    microbatch_memory,
     pack_under_budget,
     recompute_holding_longest,
     smallest_sp_for_batch,
     static_round,
+    whole_cp_degrees,
 )
 from dcp_bench.archs import arch_of
 from dcp_bench.batch import GlobalBatch
@@ -323,6 +325,8 @@ class WLBLLM(Planner):
     )
     OPTION_MINIMA = {"token_capacity": 1}
     SP_OPTIONS = ("sp",)
+    # a CP size that divides the world runs as a ring (whole nodes) beside the powers of two
+    SP_POWER_OF_TWO = False
 
     def __init__(
         self,
@@ -389,13 +393,22 @@ class WLBLLM(Planner):
         window = self.context_window or min(cost.model.max_seq_len, 131072)
         return default_thresholds(window, self.outlier_queues)
 
+    def ring_degrees(self, cost: CostModel) -> list[int]:
+        """CP degrees beyond the powers of two (`whole_cp_degrees`): the paper fixes one CP
+        degree per configuration (Table 1) on Megatron-style CP groups, whose only rule is that
+        the CP size divides the world; the ``hybrid`` layout (Ulysses inside a node, the ring
+        across) needs a multiple of the node. Tried only when no power of two holds the longest
+        sequence, so the degree stays fixed for the run once chosen."""
+        return whole_cp_degrees(cost, hierarchical=self.cp_layout == "hybrid")
+
     def degree(self, batch: GlobalBatch, cost: CostModel, ckpt: int) -> int:
+        extra = self.ring_degrees(cost)
         if self.sp is not None:
             sp = int(self.sp)
             # ring attention: the heads do not limit the CP degree
-            check_sp_degree(sp, cost.cluster.world_size)
+            check_sp_degree(sp, cost.cluster.world_size, extra=extra)
             return sp
-        self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt))
+        self._auto_sp = max(self._auto_sp, smallest_sp_for_batch(batch, cost, ckpt, extra))
         return self._auto_sp
 
     def token_limit(self, cost: CostModel, sp: int, ckpt: int, longest: int = 0) -> int:
@@ -407,7 +420,7 @@ class WLBLLM(Planner):
         def fits(n: int) -> bool:
             t = np.array([n], dtype=np.int64)
             return bool(
-                cost.microbatch_memory(t, np.ones(1, dtype=np.int64), sp, ckpt, "sequence")
+                microbatch_memory(cost, t, np.ones(1, dtype=np.int64), sp, ckpt, "sequence")
                 <= cost.memory_cap_bytes
             )
 
@@ -428,7 +441,9 @@ class WLBLLM(Planner):
         if self.outlier_queues == 0:
             return batch
         if self._fallback:
-            self.recompute = recompute_holding_longest(batch, cost, self.recompute)
+            self.recompute = recompute_holding_longest(
+                batch, cost, self.recompute, extra=self.ring_degrees(cost)
+            )
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         W = cost.cluster.world_size
         if self._queues is None:
@@ -490,14 +505,16 @@ class WLBLLM(Planner):
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         W = cost.cluster.world_size
         if self._fallback:
-            self.recompute = recompute_holding_longest(batch, cost, self.recompute)
+            self.recompute = recompute_holding_longest(
+                batch, cost, self.recompute, extra=self.ring_degrees(cost)
+            )
         ckpt = ckpt_layers_for(self.recompute, cost.model.num_layers)
         dealt = self._dealt.pop(batch.step, None)
         if dealt is not None and dealt["ids"] != batch.sample_ids.tolist():
             dealt = None  # a batch this planner did not deal: pack it as it is
         if dealt is not None:
             sp, k, s_max, bins = dealt["sp"], dealt["k"], dealt["s_max"], dealt["bins"]
-            check_sp_degree(sp, W)
+            check_sp_degree(sp, W, extra=self.ring_degrees(cost))
         else:
             sp = self.degree(batch, cost, ckpt)
             s_max = self.token_limit(cost, sp, ckpt, int(batch.tokens.max()) if batch.n else 0)

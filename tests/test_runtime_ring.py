@@ -8,6 +8,7 @@ One spawn per world size runs every case of that world (spawning costs seconds p
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import tempfile
@@ -19,8 +20,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from baselines.packed_static import PackedStatic
+from baselines.wlb_llm import WLBLLM
 from dcp_bench.batch import GlobalBatch
-from dcp_bench.cost.specs import ModelSpec
+from dcp_bench.cost import make_cost_model
+from dcp_bench.cost.specs import ModelSpec, cluster_spec
 from dcp_bench.errors import PlanError
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan, plan_offences
 from dcp_bench.runtime.attention import SINGLE, SPContext
@@ -58,6 +62,23 @@ def plan(world: int, *groups: tuple[int, int, list[MicroBatch]]) -> StepPlan:
 
 
 ALL = (0, 1, 2, 3, 4, 5)
+# Peers' own plans on CP sizes that are no power of two (`whole_cp_degrees`): one node of 3
+# GPUs, where packed_static (p2p) and wlb_llm (ring layout) take a user-set CP size of 3, a
+# divisor of the world; two nodes of 2, where packed_static's a2a+p2p runs Ulysses 2 inside
+# each node and the ring across.
+THREE = make_cost_model(HEADS4, cluster_spec("h200x8").resized(3))
+TWO_NODES = make_cost_model(
+    HEADS4,
+    dataclasses.replace(
+        cluster_spec("h200x8").resized(4), name="h200x2@4", gpus_per_node=2, num_nodes=2
+    ),
+)
+PEER_PLANS = {
+    "packed_static-p2p-cp3": PackedStatic(sp=3, cp_comm_type="p2p").plan(BATCH, THREE),
+    "wlb_llm-ring-cp3": WLBLLM(sp=3, cp_layout="ring").plan(BATCH, THREE),
+    "packed_static-a2a+p2p-2x2": PackedStatic(sp=4).plan(BATCH, TWO_NODES),
+}
+
 # (label, model spec, plan) per world size
 CASES: dict[int, list[tuple[str, ModelSpec, StepPlan]]] = {
     2: [
@@ -70,6 +91,8 @@ CASES: dict[int, list[tuple[str, ModelSpec, StepPlan]]] = {
         # 4 heads, 3 ranks: Ulysses cannot run this group, ring can
         ("ring3", HEADS4, plan(3, (0, 3, [mb(0, 1, 2, 3), mb(4, 5, ckpt=2)]))),
         ("ring3-h6", HEADS6, plan(3, (0, 3, [mb(*ALL)]))),
+        ("packed_static-p2p-cp3", HEADS4, PEER_PLANS["packed_static-p2p-cp3"]),
+        ("wlb_llm-ring-cp3", HEADS4, PEER_PLANS["wlb_llm-ring-cp3"]),
     ],
     4: [
         ("ring4", HEADS4, plan(4, (0, 4, [mb(0, 1, 2), mb(3, 4, 5)]))),
@@ -78,6 +101,7 @@ CASES: dict[int, list[tuple[str, ModelSpec, StepPlan]]] = {
         ("hybrid2x2", HEADS4, plan(4, (0, 4, [mb(0, 1, 2, kind="hybrid", u=2), mb(3, 4, 5)]))),
         # 6 heads: the Ulysses part (2) divides them, the group (4) does not
         ("hybrid2x2-h6", HEADS6, plan(4, (0, 4, [mb(*ALL, kind="hybrid", u=2, ckpt=2)]))),
+        ("packed_static-a2a+p2p-2x2", HEADS4, PEER_PLANS["packed_static-a2a+p2p-2x2"]),
         (
             "ring2|ulysses2",
             HEADS4,
@@ -330,3 +354,20 @@ def test_ring_kernel_in_bf16_stays_near_fp32() -> None:
         results.append([out.detach().float(), *(x.float() for x in grads)])
     for a, b in zip(results[1], results[0]):
         assert rel_l2(a, b) < 3e-2
+
+
+def test_peer_plans_are_the_expected_rings() -> None:
+    """The peers' plans the gloo runs execute, hand-worked: one group of every rank (CP 3 = the
+    world; CP 4 = the world), every sample once, a ring of 3 (p2p / WLB-LLM's ring layout) and
+    a hybrid of Ulysses 2 (the node) x ring 2; each valid for its cost model."""
+    for label, cost, kind, u, world in (
+        ("packed_static-p2p-cp3", THREE, "ring", 0, 3),
+        ("wlb_llm-ring-cp3", THREE, "ring", 0, 3),
+        ("packed_static-a2a+p2p-2x2", TWO_NODES, "hybrid", 2, 4),
+    ):
+        p = PEER_PLANS[label]
+        assert p.world_size == world
+        assert [(g.start, g.size) for r in p.rounds for g in r.groups] == [(0, world)]
+        assert {(mb.sp_kind, mb.ulysses_degree) for _, _, mb in p.micro_batches()} == {(kind, u)}
+        assert sorted(p.sample_positions()) == list(range(BATCH.n))
+        assert plan_offences(p, BATCH, cost) == []

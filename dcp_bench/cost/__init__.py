@@ -13,12 +13,13 @@ from typing import Any
 from dcp_bench.config import to_container
 from dcp_bench.cost.analytical import AnalyticalCostModel
 from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION, CostModel, MicroBatchCost
+from dcp_bench.cost.flexsp_fitted import FlexSPFittedCostModel
 from dcp_bench.cost.params import param_breakdown, param_count
 from dcp_bench.cost.profiled import ProfiledCostModel
 from dcp_bench.cost.specs import ClusterSpec, ModelSpec, cluster_spec, model_spec
 from dcp_bench.errors import ConfigError
 
-SOURCES = ("analytical", "profiled", "auto")
+SOURCES = ("analytical", "profiled", "auto", "flexsp_fitted")
 
 __all__ = [
     "DEFAULT_MEM_CAP_FRACTION",
@@ -67,7 +68,8 @@ def make_cost_model(
     ``source``: ``"analytical"``; ``"profiled"`` (the tables in ``profile``, or the cluster's own
     ``ClusterSpec.profile``); ``"auto"`` (profiled when a profile is given or the cluster names
     one, analytical otherwise; when the cluster's own profile cannot serve this model, e.g. it was
-    measured for another model, analytical with the reason in ``provenance["auto_fallback"]``).
+    measured for another model, analytical with the reason in ``provenance["auto_fallback"]``);
+    ``"flexsp_fitted"`` (FlexSP's own fitted model, `dcp_bench.cost.flexsp_fitted`).
     ``scales`` multiplies uncertain analytical constants for sensitivity studies (keys act_bytes,
     attn_eff, small_kernel_eff, a2a_eff). ``options`` go to the model's constructor (e.g.
     ``zero_stage=2`` for the analytical source).
@@ -75,6 +77,13 @@ def make_cost_model(
     if source not in SOURCES:
         raise ConfigError(f"unknown cost source {source!r}; valid choices: {', '.join(SOURCES)}")
     mspec, cspec = resolve_model(model), resolve_cluster(cluster)
+    if source == "flexsp_fitted":
+        if scales or profile is not None:
+            raise ConfigError(
+                "cost source 'flexsp_fitted' takes FlexSP's own constants; scales and profile "
+                "apply to the analytical and profiled sources only"
+            )
+        return FlexSPFittedCostModel(model=mspec, cluster=cspec, **options)
     profile_path = profile if profile is not None else cspec.profile
     fallback = None
     if source == "auto" and profile is None and profile_path and not scales:

@@ -35,9 +35,12 @@ class Planner(ABC):
     source: ClassVar[str] = ""
     # Constructor options checked before any run (`check_planner_options`), besides their
     # annotated types: the smallest value of an integer option (an unlisted one: >= 0), and the
-    # options that name an SP degree (null or a power of two).
+    # options that name an SP degree (null or a power of two, unless the planner runs ring groups
+    # of any size dividing the world: `SP_POWER_OF_TWO` False, checked against the cluster when
+    # it plans).
     OPTION_MINIMA: ClassVar[Mapping[str, int]] = {}
     SP_OPTIONS: ClassVar[tuple[str, ...]] = ()
+    SP_POWER_OF_TWO: ClassVar[bool] = True
 
     def __init__(self, mode: Mode = "fair") -> None:
         if mode not in ("fair", "paper"):
@@ -94,7 +97,8 @@ def check_planner_options(node: Mapping[str, Any]) -> None:
     """The options of a ``method`` config node against its planner's constructor, before any
     run: an option annotated ``int`` takes an integer (not a bool, a decimal or text) of at least
     the class's `Planner.OPTION_MINIMA` (0 unless listed), ``float`` a finite number, ``bool``
-    true or false, ``| None`` also null; an SP degree (`Planner.SP_OPTIONS`) is a power of two. A
+    true or false, ``| None`` also null; an SP degree (`Planner.SP_OPTIONS`) is a power of two
+    where the class says so (`Planner.SP_POWER_OF_TWO`). A
     `ConfigError` names ``method.KEY``, the value and what was expected. A target that cannot be
     imported is left to the instantiation, which reports it."""
     target = str(node.get("_target_", ""))
@@ -107,6 +111,7 @@ def check_planner_options(node: Mapping[str, Any]) -> None:
         return
     minima = getattr(cls, "OPTION_MINIMA", {})
     sp_options = getattr(cls, "SP_OPTIONS", ())
+    power_of_two = getattr(cls, "SP_POWER_OF_TWO", True)
     method = node.get("name", attr)
     for key, value in node.items():
         if key in ("_target_", "name", "mode") or key not in params or key not in hints:
@@ -127,7 +132,7 @@ def check_planner_options(node: Mapping[str, Any]) -> None:
             low = int(minima.get(key, 1 if key in sp_options else 0))
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{where}: expected an integer >= {low}{null}")
-            if key in sp_options and value & (value - 1):
+            if key in sp_options and power_of_two and value & (value - 1):
                 raise ConfigError(f"{where}: expected a power of two (1, 2, 4, ...){null}")
         elif float in kinds:
             number = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,444 @@
+"""FlexSP's GPT-7B cells (ASPLOS'25, Figure 4) simulated against the published speedups.
+
+Simulates, on FlexSP's testbed (``a100x64``: 64 A100 40GB), FlexSP (``flexsp_milp_solver``: the
+project's ``flexsp_milp`` with the rules of FlexSP's solver driver) against DeepSpeed-Ulysses as
+FlexSP configured it (``deepspeed_ulysses``, the fixed SP degree hand-tuned: the fastest degree
+that runs every iteration) on FlexSP's own iterations of each corpus (GBS 512, iterations 3 ..
+42, sequences over the max length dropped: `dcp_bench.workloads.flexsp_corpus`), under two cost
+sources: FlexSP's own fitted model (``flexsp_fitted``) and the project's analytical model. Writes
+``report.md`` and ``cells.json`` into ``--out`` (reports/flexsp).
+
+Every number it writes is simulated; the published numbers (``--published``, the GPT-7B panels
+of Figure 4) are only compared against, never used to set anything.
+
+    PYTHONPATH=. python scripts/flexsp_claim.py --lengths-dir /work/shared/data \
+        --published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from baselines.deepspeed_ulysses import DeepSpeedUlysses  # noqa: E402
+from dcp_bench.cost import make_cost_model  # noqa: E402
+from dcp_bench.errors import InfeasibleError  # noqa: E402
+from dcp_bench.planners.base import make_planner  # noqa: E402
+from dcp_bench.sim import simulate_step  # noqa: E402
+from dcp_bench.workloads.flexsp_corpus import CORPORA, read_flexsp_corpus  # noqa: E402
+
+LIMITS_K = (192, 384)
+GBS, START_ITER, ITERS = 512, 3, 40  # solver_all.sh; solver.py:1049 (start_iter default)
+CLUSTER = "a100x64"
+MEMORY_LIMIT_GB = 30  # solver_all.sh MEMORY=30
+RECOMPUTE = ("none", "selective", "full")
+MODEL = "gpt_7b"  # FlexSP's GPT-7B (dcp_bench/conf/model/gpt_7b.yaml)
+FILES = {"wikipedia": "wikipedia_flexsp_lengths.txt"}
+NOT_REACHABLE = (
+    "its length list (galvatron/datasets/{name}.txt of Hetu-Galvatron b4666892) is not "
+    "reachable from here (the mirror holds the path but not the file's contents); no "
+    "distribution is invented for it"
+)
+MEGATRON_REASON = (
+    "Megatron-LM as FlexSP tuned it (TP/PP/DP-ZeRO1/CP, section 6.1) needs tensor- and "
+    "pipeline-parallel pricing, which neither cost source has (the analytical model prices "
+    "sequence parallelism, data parallelism and ZeRO only; FlexSP's fitted model prices Ulysses "
+    "SP only), and FlexSP's published artefacts give neither its Megatron configurations nor "
+    "their iteration times beyond Figure 4's bars"
+)
+
+
+def flexsp_planner(step_time_limit_s: float, recompute: str) -> Any:
+    node = yaml.safe_load((ROOT / "dcp_bench/conf/method/flexsp_milp_solver.yaml").read_text())
+    node["step_time_limit_s"] = step_time_limit_s
+    node["recompute"] = recompute
+    return make_planner(node)
+
+
+def cost_for(source: str, limit_k: int) -> Any:
+    if source == "flexsp_fitted":
+        return make_cost_model(
+            MODEL,
+            CLUSTER,
+            source="flexsp_fitted",
+            seq_limit_k=limit_k,
+            memory_limit_gb=MEMORY_LIMIT_GB,
+        )
+    usable = make_cost_model(MODEL, CLUSTER).cluster.gpu.usable_mem_bytes
+    # FlexSP's memory limit as the cap; ZeRO-3 as FlexSP's cost model and baselines use it
+    return make_cost_model(
+        MODEL,
+        CLUSTER,
+        source="analytical",
+        mem_cap_fraction=MEMORY_LIMIT_GB * 2**30 / usable,
+        zero_stage=3,
+    )
+
+
+def run_method(planner: Any, batches: list[Any], cost: Any) -> dict[str, Any]:
+    times, infos = [], []
+    for b in batches:
+        plan = planner.plan(b, cost)
+        r = simulate_step(plan, b, cost, round_barrier=True)
+        if r.oom:
+            raise InfeasibleError(f"iteration {b.step}: a micro-batch is over the GPU's memory")
+        times.append(r.step_time_s)
+        infos.append(
+            {
+                "rounds": len(plan.rounds),
+                "status": plan.info.get("status"),
+                "step_lb_gap": plan.info.get("step_lb_gap"),
+            }
+        )
+    return {"iteration_s": times, "mean_s": float(np.mean(times)), "plans": infos}
+
+
+def bootstrap_ratio(a: list[float], b: list[float], reps: int = 2000) -> list[float]:
+    """95% CI of sum(a)/sum(b) over iterations resampled in pairs (seed 0)."""
+    x, y = np.asarray(a), np.asarray(b)
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, len(x), size=(reps, len(x)))
+    r = x[idx].sum(axis=1) / y[idx].sum(axis=1)
+    return [float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))]
+
+
+def verdict(ci: list[float], value: float, tol: float) -> str:
+    lo, hi = value / (1 + tol), value * (1 + tol)
+    if lo <= ci[0] and ci[1] <= hi:
+        return "reproduced"
+    if ci[1] < lo or ci[0] > hi:
+        return "not reproduced"
+    return "undecided"
+
+
+def simulate_cell(
+    source: str, corpus: Any, limit_k: int, step_limit: float, iters: int
+) -> dict[str, Any]:
+    cost = cost_for(source, limit_k)
+    batches = corpus.batches(GBS, START_ITER, iters)
+    t0 = time.time()
+    # FlexSP's fitted model prices one recomputation setting (the one it was measured with);
+    # under the analytical model both methods get each setting and keep their fastest.
+    settings = ["none"] if source == "flexsp_fitted" else list(RECOMPUTE)
+    fx_all = {}
+    for rc in settings:
+        try:
+            fx_all[rc] = run_method(flexsp_planner(step_limit, rc), batches, cost)
+        except InfeasibleError as exc:
+            fx_all[rc] = {"infeasible": str(exc)}
+    fx_ok = {rc: v for rc, v in fx_all.items() if "mean_s" in v}
+    if not fx_ok:
+        raise InfeasibleError(f"{source} {limit_k}K: FlexSP runs no iteration set: {fx_all}")
+    fx_rc = min(fx_ok, key=lambda rc: fx_ok[rc]["mean_s"])
+    fx = {"recompute": fx_rc, **fx_ok[fx_rc]}
+    ds_all: dict[str, Any] = {}
+    for sp in cost.sp_degrees():
+        for rc in settings:
+            try:
+                ds_all[f"{sp}/{rc}"] = run_method(
+                    DeepSpeedUlysses(sp=sp, recompute=rc), batches, cost
+                )
+            except InfeasibleError as exc:
+                ds_all[f"{sp}/{rc}"] = {"infeasible": str(exc)}
+    feasible = {k: v for k, v in ds_all.items() if "mean_s" in v}
+    if not feasible:
+        raise InfeasibleError(f"{source} {limit_k}K: no fixed SP degree runs every iteration")
+    sp_best = min(feasible, key=lambda k: feasible[k]["mean_s"])
+    ds = feasible[sp_best]
+    speedup = sum(ds["iteration_s"]) / sum(fx["iteration_s"])
+    return {
+        "cost": cost.describe(),
+        "flexsp": fx,
+        "deepspeed": {"sp": sp_best, **ds},
+        "deepspeed_by_sp": {
+            k: (v["mean_s"] if "mean_s" in v else v["infeasible"]) for k, v in ds_all.items()
+        },
+        "flexsp_by_recompute": {
+            k: (v["mean_s"] if "mean_s" in v else v["infeasible"]) for k, v in fx_all.items()
+        },
+        "speedup_vs_deepspeed": speedup,
+        "ci95": bootstrap_ratio(ds["iteration_s"], fx["iteration_s"]),
+        "wall_s": time.time() - t0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths-dir", required=True, help="folder holding FlexSP's length lists")
+    ap.add_argument("--published", required=True, help="flexsp_fig4_gpt7b.json")
+    ap.add_argument("--claim", default=str(ROOT / "results/claims/flexsp_deepspeed.yaml"))
+    ap.add_argument("--out", default=str(ROOT / "reports/flexsp"))
+    ap.add_argument("--sources", default="flexsp_fitted,analytical")
+    ap.add_argument("--step-time-limit-s", type=float, default=4.0)
+    ap.add_argument("--iters", type=int, default=ITERS, help="FlexSP's: 40")
+    ap.add_argument("--render-only", action="store_true", help="rewrite report.md from cells.json")
+    args = ap.parse_args()
+    if args.render_only:
+        doc = json.loads((Path(args.out) / "cells.json").read_text())
+        (Path(args.out) / "report.md").write_text(render(doc, args.sources.split(",")))
+        return
+    pub = json.loads(Path(args.published).read_text())
+    claim = yaml.safe_load(Path(args.claim).read_text())
+    tol = float(claim["tolerance"])
+    sources = args.sources.split(",")
+    cells: list[dict[str, Any]] = []
+    sims: dict[str, Any] = {}
+    for limit_k in LIMITS_K:
+        for name in CORPORA:
+            published = pub["speedup"][f"max_seq_{limit_k}K"][name]
+            base = {"corpus": name, "max_seq_k": limit_k}
+            mg = {
+                **base,
+                "baseline": "megatron",
+                "published": published["flexsp_vs_megatron"],
+                "judged": False,
+                "reason": MEGATRON_REASON,
+            }
+            ds = {**base, "baseline": "deepspeed", "published": published["flexsp_vs_deepspeed"]}
+            if name not in FILES:
+                why = NOT_REACHABLE.format(name=name)
+                cells += [{**ds, "judged": False, "reason": why}, {**mg, "reason": why}]
+                continue
+            corpus = read_flexsp_corpus(name, Path(args.lengths_dir) / FILES[name], limit_k, 64)
+            ds["corpus_provenance"] = corpus.provenance()
+            ds["judged"] = True
+            ds["simulated"] = {}
+            for source in sources:
+                print(f"{name} {limit_k}K {source} ...", flush=True)
+                sim = simulate_cell(source, corpus, limit_k, args.step_time_limit_s, args.iters)
+                sims[f"{name}_{limit_k}K_{source}"] = sim
+                ds["simulated"][source] = {
+                    "speedup": sim["speedup_vs_deepspeed"],
+                    "ci95": sim["ci95"],
+                    "flexsp_iteration_s": sim["flexsp"]["mean_s"],
+                    "deepspeed_iteration_s": sim["deepspeed"]["mean_s"],
+                    "deepspeed_sp": sim["deepspeed"]["sp"],
+                    "flexsp_recompute": sim["flexsp"]["recompute"],
+                    "ci_verdict": verdict(sim["ci95"], ds["published"], tol),
+                }
+            cells += [ds, mg]
+    # Validation: the published iteration times (192K panel, read off the bars, +-1 s)
+    val = []
+    times = pub["iteration_time_s_approx"]["max_seq_192K"]
+    for source in sources:
+        for name in FILES:
+            key = f"{name}_192K_{source}"
+            if key not in sims:
+                continue
+            for system, sim_s in (
+                ("flexsp", sims[key]["flexsp"]["mean_s"]),
+                ("deepspeed", sims[key]["deepspeed"]["mean_s"]),
+            ):
+                p = times[name][system]
+                err = sim_s / p - 1
+                # the reading's +-1 s widens the band; beyond it the simulator misses
+                ok = abs(sim_s - p) <= tol * p + 1.0
+                val.append(
+                    {
+                        "source": source,
+                        "corpus": name,
+                        "system": system,
+                        "published_s": p,
+                        "simulated_s": sim_s,
+                        "error": err,
+                        "within_tolerance": ok,
+                    }
+                )
+    for c in cells:
+        for source, s in c.get("simulated", {}).items():
+            rows = [v for v in val if v["source"] == source]
+            valid = bool(rows) and all(v["within_tolerance"] for v in rows)
+            s["validated"] = valid
+            s["verdict"] = s["ci_verdict"] if valid else "undecided (simulator not validated)"
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "what": "FlexSP Figure 4 GPT-7B cells: simulated vs published speedups (SIMULATED)",
+        "claim": claim["id"],
+        "tolerance": tol,
+        "published_source": pub["source"],
+        "setup": {
+            "cluster": CLUSTER,
+            "gbs": GBS,
+            "iterations": [START_ITER, START_ITER + args.iters - 1],
+            "memory_limit_gb": MEMORY_LIMIT_GB,
+            "model": "gpt_7b (Galvatron's GPT-7B config: 32 layers, hidden 4096, 64 heads)",
+            "flexsp": "dcp_bench/conf/method/flexsp_milp_solver.yaml",
+            "flexsp_step_time_limit_s": args.step_time_limit_s,
+            "deepspeed": "deepspeed_ulysses, fixed SP (and, analytical, recompute) hand-tuned: "
+            "the fastest setting that runs every iteration",
+            "recompute": "flexsp_fitted: not priced (FlexSP's fit; its activation constant "
+            "is close to the analytical count without recomputation); analytical: none, "
+            "selective or full, each method its fastest",
+        },
+        "commit": commit,
+        "cells": cells,
+        "validation": val,
+        "simulations": sims,
+    }
+    (out / "cells.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / "report.md").write_text(render(doc, sources))
+    print((out / "report.md").read_text())
+
+
+def first_screen(doc: dict[str, Any], sources: list[str]) -> list[str]:
+    """One line per claim: the deciding cell (Wikipedia, 192K) under each cost source."""
+    out = []
+    for baseline, claimed in (
+        ("deepspeed", "1.72x over DeepSpeed-Ulysses"),
+        ("megatron", "1.98x over Megatron-LM"),
+    ):
+        cell = next(
+            c
+            for c in doc["cells"]
+            if c["corpus"] == "wikipedia" and c["max_seq_k"] == 192 and c["baseline"] == baseline
+        )
+        if not cell["judged"]:
+            out.append(f"- **FlexSP {claimed}** (Wikipedia, 192K): not judged (below).")
+            continue
+        parts = [
+            f"{s}: {cell['simulated'][s]['speedup']:.2f}x "
+            f"[{cell['simulated'][s]['ci95'][0]:.2f}, {cell['simulated'][s]['ci95'][1]:.2f}], "
+            f"{cell['simulated'][s]['verdict']}"
+            for s in sources
+        ]
+        out.append(
+            f"- **FlexSP {claimed}** (Wikipedia, 192K), simulated: " + "; ".join(parts) + "."
+        )
+    return out
+
+
+def render(doc: dict[str, Any], sources: list[str]) -> str:
+    L = [
+        "# FlexSP's claim: GPT-7B cells of Figure 4, simulated vs published",
+        "",
+        "**All numbers here are simulated** on the `a100x64` cluster spec under two cost "
+        "sources: `flexsp_fitted` (FlexSP's own fitted cost model, Hetu-Galvatron b4666892 "
+        "solver.py, constants as the authors give them) and `analytical` (this project's model; "
+        "A100 datasheet constants, efficiency constants the built-in assumptions: nothing fitted "
+        "on an A100). The published speedups validate; nothing was fitted to them.",
+        "",
+        f"Claim file: `results/claims/flexsp.yaml` (1.98x over Megatron-LM) and "
+        f"`results/claims/flexsp_deepspeed.yaml` (1.72x over DeepSpeed-Ulysses); tolerance "
+        f"{doc['tolerance']:.0%}. Published: {doc['published_source']}. Report commit "
+        f"{doc['commit']}.",
+        "",
+        *first_screen(doc, sources),
+        "",
+        "Setup: " + "; ".join(f"{k}: {v}" for k, v in doc["setup"].items()) + ".",
+        "",
+        "## The 12 GPT-7B cells",
+        "",
+        "| max len | corpus | FlexSP over | published | "
+        + " | ".join(f"simulated ({s}) [95% CI] verdict" for s in sources)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(sources),
+    ]
+    for c in doc["cells"]:
+        row = f"| {c['max_seq_k']}K | {c['corpus']} | {c['baseline']} | {c['published']:.2f}x |"
+        for s in sources:
+            if not c["judged"]:
+                row += " not judged |"
+            else:
+                v = c["simulated"][s]
+                row += (
+                    f" {v['speedup']:.2f}x [{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}] "
+                    f"{v['verdict']} (DS SP/recompute {v['deepspeed_sp']}, FlexSP recompute "
+                    f"{v['flexsp_recompute']}) |"
+                )
+        L.append(row)
+    L += ["", "## Cells not judged", ""]
+    reasons: dict[str, list[str]] = {}
+    for c in doc["cells"]:
+        if not c["judged"]:
+            reasons.setdefault(c["reason"], []).append(
+                f"{c['max_seq_k']}K {c['corpus']} vs {c['baseline']}"
+            )
+    for why, which in reasons.items():
+        L.append(f"- {', '.join(which)}: {why}.")
+    L += [
+        "",
+        "## Validation: published iteration times (192K panel, read off the bars, +-1 s)",
+        "",
+        "A simulated verdict stands only when the simulator reproduces FlexSP's and DeepSpeed's "
+        "own published iteration times within the tolerance (plus the 1 s reading error); "
+        "otherwise the cell is undecided in simulation.",
+        "",
+        "| cost source | corpus | system | published s | simulated s | error | within |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v in doc["validation"]:
+        L.append(
+            f"| {v['source']} | {v['corpus']} | {v['system']} | {v['published_s']:.1f} | "
+            f"{v['simulated_s']:.2f} | {v['error']:+.0%} | "
+            f"{'yes' if v['within_tolerance'] else 'no'} |"
+        )
+    L += ["", "## Mean iteration s by setting (DeepSpeed: SP/recompute; FlexSP: recompute)", ""]
+    for key, sim in doc["simulations"].items():
+        by = ", ".join(
+            f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: infeasible"
+            for k, v in sim["deepspeed_by_sp"].items()
+        )
+        fx = ", ".join(
+            f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: infeasible"
+            for k, v in sim["flexsp_by_recompute"].items()
+        )
+        L.append(f"- {key}: DeepSpeed {by}; FlexSP {fx}")
+    L += ["", "## How FlexSP's rounds were solved", ""]
+    for key, sim in doc["simulations"].items():
+        status = [st for p in sim["flexsp"]["plans"] for st in (p["status"] or [])]
+        milp = sum(1 for st in status if not str(st).startswith("fallback"))
+        gaps = [
+            p["step_lb_gap"] for p in sim["flexsp"]["plans"] if p.get("step_lb_gap") is not None
+        ]
+        gap = (
+            f"; gap to the solver-independent lower bound median {np.median(gaps):.1%}, "
+            f"max {max(gaps):.1%}"
+            if gaps
+            else ""
+        )
+        L.append(
+            f"- {key}: {len(status)} rounds; HiGHS's incumbent kept in {milp}, the heuristic "
+            f"layout (best homogeneous or mixed, `fallback (...)`) in {len(status) - milp}{gap}"
+        )
+    L += [
+        "",
+        "## What these numbers rest on",
+        "",
+        "- FlexSP's planner here is `flexsp_milp` with FlexSP's solver rules, solved by HiGHS "
+        "within one planning budget a step (split over 5 round counts); FlexSP gives SCIP 10 s "
+        "a micro-batch in parallel processes. Where HiGHS's incumbent loses to the heuristic "
+        "layout the heuristic is kept (counts above), so the simulated FlexSP is no better "
+        "than what its program would find with more time: its speedups are, on that count, "
+        "low estimates. HiGHS's limit is wall-clock time, so the layouts can move with the "
+        "machine's load.",
+        "- The lower bound of the solved rounds leaves out the per-group bias (FlexSP's fitted "
+        "629 ms a group), so its gaps overstate what any layout could still gain.",
+        "- Iteration times exclude planning, as FlexSP overlaps its solver with training.",
+        "- The A100 analytical constants are the datasheet's and the model's built-in "
+        "assumptions (`dcp_bench/conf/gpu/a100_40gb.yaml`); the cross-node bandwidth reads the "
+        "paper's 400 Gb/s as one link a node (`dcp_bench/conf/cluster/a100x64.yaml`).",
+        "",
+        "Reproduce: `PYTHONPATH=. python scripts/flexsp_claim.py --lengths-dir /work/shared/data "
+        "--published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp`.",
+        "",
+    ]
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    main()
