@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 KIT ?=
 PIP_FROM := $(if $(KIT),--no-index --find-links $(KIT) --no-build-isolation,)
 
-.PHONY: setup test test-slow bench lint reproduce report-screenshots clean kit
+.PHONY: setup test test-slow test-gpu bench lint reproduce report-screenshots clean kit
 
 setup: $(STAMP)
 
@@ -42,13 +42,17 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m "slow and not gpu" -p no:cacheprovider --reruns 1 -rR
 
+# Checks that need a CUDA device (marker `gpu`; skipped with the reason where there is none).
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu -p no:cacheprovider
+
 bench: setup
 	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only -p no:cacheprovider
 
 lint: setup
-	$(VENV)/bin/ruff check dcp_bench baselines tests scripts
-	$(VENV)/bin/ruff format --check dcp_bench baselines tests scripts
-	$(VENV)/bin/mypy dcp_bench baselines
+	$(VENV)/bin/ruff check dcp_bench baselines tests scripts tools
+	$(VENV)/bin/ruff format --check dcp_bench baselines tests scripts tools
+	$(VENV)/bin/mypy dcp_bench baselines tools
 
 # No time limit by default: every section runs to its end, with progress and an estimate of what
 # is left on stderr; ARGS="budget_s=600" is passed to the command (a wall-clock bound, report

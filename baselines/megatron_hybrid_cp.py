@@ -44,6 +44,7 @@ from baselines.scheduling import (
     microbatch_memory,
     pack_under_budget,
 )
+from dcp_bench.archs import arch_of
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.layout import aligned_sp_degrees
 from dcp_bench.plan import Group, MicroBatch, Mode, Round, SPKind, StepPlan
@@ -66,7 +67,7 @@ def cp_attention_kind(cost: CostModel) -> SPKind:
     """Megatron's context parallelism is ring attention (Transformer Engine's point-to-point
     CP): ``ring`` for a text model where the cost model prices rings; else the suite's Ulysses
     (video models, whose sequence parallelism the cost models price as DSP only)."""
-    return "ring" if cost.model.arch == "llama" and cost.prices_ring else "ulysses"
+    return "ring" if arch_of(cost.model).text_sp_kinds and cost.prices_ring else "ulysses"
 
 
 def largest_cp_group(cost: CostModel) -> int:

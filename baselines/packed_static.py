@@ -22,6 +22,7 @@ from baselines.scheduling import (
     static_round,
     whole_cp_degrees,
 )
+from dcp_bench.archs import arch_of
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import MicroBatch, Mode, SPKind, StepPlan
 from dcp_bench.planners.base import Planner
@@ -46,7 +47,12 @@ def sp_kind_for(cost: CostModel, sp: int, cp_comm_type: str) -> tuple[SPKind, in
     the ring across nodes (Ulysses alone when the group fits a node); ``a2a`` Ulysses. Rings
     only on text models where the cost model prices them (`CostModel.prices_ring`; video
     sequence parallelism is priced as DSP's all-to-all): elsewhere Ulysses."""
-    if sp <= 1 or cp_comm_type == "a2a" or cost.model.arch != "llama" or not cost.prices_ring:
+    if (
+        sp <= 1
+        or cp_comm_type == "a2a"
+        or not arch_of(cost.model).text_sp_kinds
+        or not cost.prices_ring
+    ):
         return "ulysses", 0
     if cp_comm_type == "p2p":
         return "ring", 0

@@ -54,7 +54,7 @@ def whole_cp_degrees(cost: CostModel, hierarchical: bool) -> list[int]:
     give 24 for ``p2p`` too, where Megatron would also run 3, 6 or 12 across node boundaries).
     Empty where rings are not priced (video models, cost models without ring pricing): there
     the degrees stay the Ulysses ones."""
-    if cost.model.arch != "llama" or not cost.prices_ring:
+    if not arch_of(cost.model).text_sp_kinds or not cost.prices_ring:
         return []
     W, node = cost.cluster.world_size, cost.cluster.gpus_per_node
     out = [

@@ -64,6 +64,7 @@ from baselines.scheduling import (
     static_round,
     whole_cp_degrees,
 )
+from dcp_bench.archs import arch_of
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.errors import ConfigError, InfeasibleError
 from dcp_bench.plan import MicroBatch, Mode, SPKind, StepPlan
@@ -268,7 +269,7 @@ def cp_attention_kind(cost: CostModel, sp: int, layout: str = "hybrid") -> tuple
     ``plan.info["cp_attention"]`` says which."""
     if layout not in CP_LAYOUTS:
         raise ConfigError(f"cp_layout={layout!r}; expected one of {', '.join(CP_LAYOUTS)}")
-    if sp <= 1 or cost.model.arch != "llama" or not cost.prices_ring:
+    if sp <= 1 or not arch_of(cost.model).text_sp_kinds or not cost.prices_ring:
         return "ulysses", 0
     if layout == "ring":
         return "ring", 0

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from dcp_bench.archs import arch_of
 from dcp_bench.errors import PlanError
 from dcp_bench.layout import (
     SP_KINDS,
@@ -330,7 +331,7 @@ def _group_offences(
     if (
         cost is not None
         and any(mb.sp_kind in ("ring", "hybrid") for mb in seq)
-        and (not cost.prices_ring or cost.model.arch != "llama")
+        and (not cost.prices_ring or not arch_of(cost.model).text_sp_kinds)
     ):
         yield (
             f"{where}: ring or hybrid micro-batches, which the {cost.source} cost model does not "

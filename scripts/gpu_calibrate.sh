@@ -10,4 +10,4 @@ cd "$(dirname "$0")/.."
 PY=python3
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$PY" -m dcp_bench.profiling.gpu_calibrate --budget-s 440 "$@"
+exec timeout 480 "$PY" -m tools.gpu_calibrate --budget-s 440 "$@"

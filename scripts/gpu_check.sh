@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-command GPU check: one 10-minute command on one GPU (570 s limit, phases with their own
 # deadlines), at most 8 files into DIR, nothing into the repository
-# (dcp_bench/profiling/gpu_check.py says what each file holds):
+# (tools/gpu_check.py says what each file holds):
 #   check.json llama3_8b.json stdit3_xl2.json stdit_buckets.json h200_constants.yaml claim.tar.gz
 #   summary.md gpu_check.log
 #
@@ -74,7 +74,7 @@ if [ ! -e "$REPO/.git" ] && [ -z "${DCP_BENCH_COMMIT:-}" ] && [[ " $* " != *" --
   echo "gpu_check: note: $REPO has no .git and no --commit was given: the commit is recorded as unknown" | tee -a "$OUT/gpu_check.log"
 fi
 set +e
-timeout 570 "$PY" -m dcp_bench.profiling.gpu_check "$@" 2>&1 | tee -a "$OUT/gpu_check.log"
+timeout 570 "$PY" -m tools.gpu_check "$@" 2>&1 | tee -a "$OUT/gpu_check.log"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" = 124 ]; then echo "gpu_check: stopped at the 570 s limit; every finished measurement is in $OUT" | tee -a "$OUT/gpu_check.log"; fi

@@ -19,7 +19,10 @@ from pathlib import Path
 
 from dcp_bench.errors import DcpBenchError
 from dcp_bench.paths import REPORTS_DIR
-from dcp_bench.report.browser import (
+
+# tools/ runs from the repository (it is not installed with the package)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.browser import (  # noqa: E402
     FIRST_SCREEN,
     PAGE_WIDTH,
     find_chromium,

@@ -30,7 +30,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     (
         "dcp_bench/envinfo.py",
         "torch",
-    ): "report.writer (git_state) and campaign.sweep import envinfo; neither path loads torch",
+    ): "report.data (git_state) and campaign.sweep import envinfo; neither path loads torch",
     (
         "dcp_bench/report/figures.py",
         "matplotlib.pyplot",

@@ -8,6 +8,7 @@ import gc
 import weakref
 
 import numpy as np
+import pytest
 import torch
 
 from dcp_bench.cost.specs import model_spec
@@ -78,6 +79,21 @@ def test_the_attention_check_passes_the_runtime_kernel_and_fails_broken_ones() -
         assert max(t["max_rel_err"] for t in res["tensors"].values()) > 0.1, name
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_attention_check_passes_the_runtime_kernel_on_a_gpu_in_bf16() -> None:
+    """On a CUDA device, in the dtype training uses: the runtime's kernel passes the element-wise
+    check against the fp32 reference at a Llama-like head shape, and a broken one fails."""
+    from dcp_bench.profiling.attention_check import check_kernel
+    from dcp_bench.runtime.attention import AttentionKernel
+
+    cuda = torch.device("cuda")
+    ok = check_kernel(AttentionKernel("sdpa"), 4096, (32, 8, 128), cuda, torch.bfloat16)
+    assert ok["passed"], ok["tensors"]
+    broken = check_kernel(_kernels()["one_segment"], 4096, (32, 8, 128), cuda, torch.bfloat16)
+    assert not broken["passed"]
+
+
 def test_the_reference_equals_autograd_through_explicit_attention() -> None:
     """The blockwise formulas against autograd over a dense masked softmax (small, fp64)."""
     from dcp_bench.profiling.attention_check import reference_attention
@@ -102,7 +118,7 @@ def test_the_reference_equals_autograd_through_explicit_attention() -> None:
 
 
 def test_buckets_are_visited_ends_first() -> None:
-    from dcp_bench.profiling.gpu_measure import ends_first, reference_buckets
+    from tools.gpu_measure import ends_first, reference_buckets
 
     for n in (1, 2, 3, 7, 25):
         order = ends_first(n)
@@ -120,7 +136,7 @@ def test_buckets_are_visited_ends_first() -> None:
 def test_phase_deadlines_keep_later_phases_their_share() -> None:
     import time
 
-    from dcp_bench.profiling.gpu_check import PhaseClock
+    from tools.gpu_check import PhaseClock
 
     clock = PhaseClock(100.0, ["kernel", "smoke", "calibration"])
     clock.start -= 90.0  # the first phases ran long: 90 s of 100 are gone

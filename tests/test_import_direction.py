@@ -214,3 +214,14 @@ def test_the_layer_table_can_fail() -> None:
     """The checker itself: a planner importing the runtime would be an offence."""
     src, dst = unit_of("dcp_bench.planners.dcp"), unit_of("dcp_bench.runtime.executor")
     assert src != dst and layer_of(dst) == layer_of(src) and (src, dst) not in SIBLING_IMPORTS
+
+
+def test_the_library_never_imports_the_tools() -> None:
+    """tools/ (the GPU check, the browser check) runs beside the package, which never needs it."""
+    offences = [
+        f"{path.relative_to(REPO)}:{line}: imports {target}"
+        for module, path in modules().items()
+        for target, line in imports(path)
+        if target.split(".")[0] == "tools"
+    ]
+    assert not offences, "\n".join(offences)

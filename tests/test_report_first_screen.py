@@ -19,14 +19,17 @@ import matplotlib.colors as mcolors
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from dcp_bench.campaign.sweep import plan_sweep, run_sweep
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.report import figures as fig
-from dcp_bench.report.browser import find_chromium, layout_problems, measure_page, screenshot
+from dcp_bench.report.claims import evaluate_claims, load_claims, tolerance_band
 from dcp_bench.report.document import LONG_TABLE_ROWS, Document
 from dcp_bench.report.first_screen import completeness_line, model_band_text, verdict_lines
+from dcp_bench.report.tables import cell_table, load_campaign
 from dcp_bench.report.writer import ReportInputs, build_report
+from tools.browser import find_chromium, layout_problems, measure_page, screenshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runner_doubles import toy_assemble, write_toy_conf  # noqa: E402
@@ -131,6 +134,41 @@ def test_first_screen_opens_with_the_verdict_and_the_forest_plot(
     # the detailed verdict says simulated, not measured, for a simulated number
     detail = md.split("## Verdict in detail", 1)[1].split("\n## ", 1)[0]
     assert "- simulated " in detail and "- measured " not in detail
+
+
+def test_the_engine_judges_each_claim_file_against_its_own_band(
+    claim_report: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """Two claim files on the same toy cells: the same speedup and CI, each judged against its
+    own band, and (no published measurement validates either) both undecided in simulation."""
+    out, summary = claim_report
+    toy = summary["claims"][0]
+    for name, value, tol in (("near", float(toy["speedup"]), 1.0), ("far", 100.0, 0.1)):
+        claim = {
+            "id": f"toy_{name}",
+            "statement": f"greedy is {value:g}x faster than static",
+            "source": {"publication": "a toy", "location": "table 1"},
+            "setup": {"workload": "toy", "cluster": "h200x8", "model": "tiny_llama"},
+            "value": value,
+            "tolerance": tol,
+            "decide": {
+                "baseline": {"method": "toy_static", "mode": "paper"},
+                "method": {"method": "toy_greedy", "mode": "paper"},
+            },
+        }
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(claim))
+    listing = tmp_path / "claims.yaml"
+    listing.write_text(yaml.safe_dump({"version": 3, "claim_files": ["near.yaml", "far.yaml"]}))
+    c = load_campaign(out.parent / "runs", "fs")
+    near, far = evaluate_claims(c, cell_table(c), load_claims(listing), n_boot=200)
+    for r in (near, far):
+        assert r.result.speedup == pytest.approx(toy["speedup"])
+        assert (r.result.ci_low, r.result.ci_high) == pytest.approx((toy["ci_low"], toy["ci_high"]))
+        assert r.band == pytest.approx(tolerance_band(r.claimed, r.tolerance))
+        assert r.verdict == "undecided" and "no published end-to-end measurement" in r.verdict_rule
+    # near: the band [s / 2, 2 s] holds the CI; far: the band [90.9, 110] lies far above it
+    assert near.ci_verdict == "reproduced" and far.ci_verdict == "not reproduced"
+    assert far.band == pytest.approx((100 / 1.1, 110.0))
 
 
 SECTION_TAIL = ["Method labels", "Provenance"]  # every report ends so, before its appendix
@@ -409,14 +447,13 @@ def test_the_layout_check_catches_a_strip_and_an_overflowing_table(tmp_path: Pat
 def test_report_renders_with_the_answer_on_the_first_screen(
     claim_report: tuple[Path, dict], tmp_path: Path
 ) -> None:
-    out, _ = claim_report
+    out, summary = claim_report
     m = measure_page(out / "report.html")
     assert layout_problems(m) == []
-    assert (
-        m["client_width"] == 1400
-        and "TOY_CLAIM: REPRODUCED" in m["verdict_text"].upper()
-        or "toy_claim:" in m["verdict_text"]
-    )
+    assert m["client_width"] == 1400
+    # the rendered box names the claim with the verdict the engine gave it, in capitals
+    verdict = summary["claims"][0]["verdict"]
+    assert f"toy_claim: {verdict.upper()}" in m["verdict_text"], m["verdict_text"]
     assert m["forest"]["top"] > m["verdict"]["bottom"]  # the plot follows the verdict
     shot = screenshot(out / "report.html", tmp_path / "first_screen.png")
     from PIL import Image

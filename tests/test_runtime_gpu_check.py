@@ -22,8 +22,8 @@ import pytest
 from dcp_bench.cost.profiled import ProfiledCostModel
 from dcp_bench.cost.specs import model_spec
 from dcp_bench.paths import REPO_ROOT
-from dcp_bench.profiling import gpu_calibrate
-from dcp_bench.profiling.gpu_check import MAX_FILES
+from tools import gpu_calibrate
+from tools.gpu_check import MAX_FILES
 
 
 def _tree(root: Path) -> set[str]:
@@ -188,7 +188,7 @@ def test_a_kill_mid_calibration_keeps_the_finished_points(tmp_path: Path) -> Non
         [
             sys.executable,
             "-m",
-            "dcp_bench.profiling.gpu_check",
+            "tools.gpu_check",
             "--device",
             "cpu",
             "--tiny",

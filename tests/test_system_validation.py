@@ -12,12 +12,11 @@ import yaml
 
 from dcp_bench.errors import ConfigError
 from dcp_bench.paths import RESULTS_DIR
-from dcp_bench.report.claims import load_claims
+from dcp_bench.report.claims import load_claims, verdict_rule
 from dcp_bench.report.system_validation import (
     load_systems,
     system_for_claim,
     validate_system,
-    verdict_rule,
 )
 
 SYSTEMS = RESULTS_DIR / "validation" / "systems.yaml"

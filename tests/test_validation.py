@@ -206,7 +206,7 @@ def test_calibration_recovers_the_constants_it_generated_rows_from(published: Pu
 def test_committed_configs_carry_the_fit_and_meet_the_target(
     published: Published, fitted: dict
 ) -> None:
-    from dcp_bench.report.cost_validation import compare_with_configs
+    from dcp_bench.cost.validation_report import compare_with_configs
 
     assert compare_with_configs(fitted["constants"]) == []
     s = summary(validation_table(published, None))

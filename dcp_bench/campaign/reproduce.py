@@ -64,6 +64,7 @@ from dcp_bench.campaign.sweep import (
     run_sweep,
     unique_runs,
 )
+from dcp_bench.config import load_config, to_container
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.files import atomic_write_json, check_output
@@ -72,6 +73,7 @@ from dcp_bench.records import RunSummary
 from dcp_bench.report.first_screen import CALIBRATION_NOTE
 from dcp_bench.report.writer import ReportInputs, build_report, shown_path
 from dcp_bench.run.spec import CAMPAIGN_NAME, RunSpec
+from dcp_bench.run.torch_run import error_tail, run_session
 
 EXIT_INCOMPLETE = 4  # a section was cut or not run: the report is written beside out, not over it
 INCOMPLETE = "incomplete: {done} of {total} sections, rerun `make reproduce` to resume"
@@ -619,8 +621,6 @@ def _calibration(profile: str | None, here: bool, what: str) -> dict[str, Any]:
 def committed_calibration(models: Sequence[tuple[str, str]]) -> str:
     """The cpu cluster's committed calibration, with where and when its artifacts say they were
     measured."""
-    from dcp_bench.config import load_config, to_container
-
     folder = str(to_container(load_config(["cluster=cpu"]))["cluster"].get("profile"))
     bits = []
     for name, _ in models:
@@ -642,8 +642,6 @@ def calibrate_here(
     ``nprocs`` ranks into ``folder``, each profile a process session of its own that is ended
     with everything it started at ``deadline``. None when every artifact is written; else what
     went wrong (``folder`` is left as it was)."""
-    from dcp_bench.run.torch_run import error_tail, run_session
-
     staging = folder.parent / f".{folder.name}.new-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -22,6 +22,7 @@ import yaml
 
 from dcp_bench.errors import ConfigError
 from dcp_bench.paths import CONF_DIR, REPO_ROOT
+from dcp_bench.report.claim_spec import load_claim_set
 
 # Command-line keys: `config` and `preset` choose the file, `sections` picks some of its
 # sections; every other one replaces the YAML's top-level key of that name.
@@ -388,6 +389,12 @@ def check_claims_file(path: Path, given: str) -> None:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"claims={given!r}: not valid YAML{where}; {expected}") from None
+    if isinstance(data, dict) and ("claim_files" in data or "decide" in data):
+        try:  # a claims list naming claim files, or one claim file (docs/claims.md)
+            load_claim_set(path)
+        except ConfigError as exc:
+            raise ConfigError(f"claims={given!r}: {exc}") from None
+        return
     claims = data.get("claims") if isinstance(data, dict) else None
     if not isinstance(claims, list) or not claims:
         raise ConfigError(f"claims={given!r}: no list of claims; {expected}")

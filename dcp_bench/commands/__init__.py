@@ -9,6 +9,7 @@ pandas."""
 from __future__ import annotations
 
 from dcp_bench.commands import (
+    claims,
     env,
     launch,
     memory,
@@ -39,4 +40,5 @@ COMMANDS = (
     sweep,
     report,
     reproduce,
+    claims,
 )

@@ -4,7 +4,7 @@ Counts, per unit, what autograd keeps for the backward in STDiT3-XL/2 and Llama-
 width (`dcp_bench.runtime.memory_count`: fake tensors, no data, seconds on a CPU), with and without
 checkpointing, and writes ``table.csv``, ``table.md`` and ``summary.json`` to ``--out`` (default
 ``results/memory``): every unit's counted bytes, the analytical cost model's bytes and their
-relative error (`dcp_bench.report.activation_memory.write_activation_table`, which the command
+relative error (`dcp_bench.runtime.memory_table.write_activation_table`, which the command
 calls after checking its flags). Exits 1 when any unit is more than ``--tolerance`` (default 5%)
 off.
 """
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dcp_bench.errors import ConfigError
-    from dcp_bench.report.activation_memory import write_activation_table
+    from dcp_bench.runtime.memory_table import write_activation_table
 
     if args.layers < 1:
         raise ConfigError(f"--layers {args.layers}: expected an integer >= 1")

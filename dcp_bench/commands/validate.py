@@ -1,6 +1,6 @@
 """`dcp-bench validate`: the analytical cost model against published H100/H200 measurements.
 
-The command parses its arguments and calls `dcp_bench.report.cost_validation.validate_cost_model`,
+The command parses its arguments and calls `dcp_bench.cost.validation_report.validate_cost_model`,
 which reads the validation set (``results/validation/published.yaml``), prices every row with the
 built-in assumptions (before) and with the constants the GPU and cluster configs carry (after),
 fits the uncertain constants again on the fit half, and writes ``table.md``, ``table.csv`` and
@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dcp_bench.cost.validation_report import abs_pct, validate_cost_model
     from dcp_bench.files import check_output
-    from dcp_bench.report.cost_validation import abs_pct, validate_cost_model
 
     if args.out:  # before the fit: a place that cannot take the tables is refused first
         check_output(args.out, "--out")

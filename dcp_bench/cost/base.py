@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
+from dcp_bench.archs import arch_of
 from dcp_bench.config import MEM_CAP_FRACTION
 from dcp_bench.cost.activations import activation_terms
 from dcp_bench.cost.specs import describe_sp_degrees, runnable_sp_degrees
@@ -417,7 +418,7 @@ class CostModel(ABC):
         runnable degree that divides its size (and, for whole-node groups, the node: the
         sub-groups are then aligned blocks), ring attention across (a span of 1: pure ring).
         Empty for video models (DSP) and for sources without `bounds_ring`."""
-        if not (self.bounds_ring and self.prices_ring and self.model.arch == "llama"):
+        if not (self.bounds_ring and self.prices_ring and arch_of(self.model).text_sp_kinds):
             return []
         return ring_group_settings(
             self.cluster.world_size, self.cluster.gpus_per_node, self.sp_degrees()

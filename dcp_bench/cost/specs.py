@@ -189,6 +189,29 @@ class ModelSpec:
         return {"bf16": 2, "fp16": 2, "fp32": 4}[self.dtype]
 
 
+# The decoder options ModelSpec gained with the architecture registry, at the values every model
+# had before: a run's identity leaves them out at these values, so earlier run ids stay the same.
+DECODER_OPTION_DEFAULTS: dict[str, Any] = {
+    "head_dim_override": 0,
+    "qk_head_norm": "",
+    "norm": "rmsnorm",
+    "mlp": "swiglu",
+    "linear_bias": False,
+    "norms_per_layer": 2,
+    "learned_positions": 0,
+}
+
+
+def model_identity(model: ModelSpec) -> dict[str, Any]:
+    """The model's fields as a run's identity hashes them (`DECODER_OPTION_DEFAULTS` left out at
+    their defaults)."""
+    return {
+        k: v
+        for k, v in dataclasses.asdict(model).items()
+        if not (k in DECODER_OPTION_DEFAULTS and v == DECODER_OPTION_DEFAULTS[k])
+    }
+
+
 def runnable_sp_degrees(model: ModelSpec, world_size: int) -> list[int]:
     """The SP degrees a plan may give a sequence-split group: the aligned degrees of the world
     (powers of two dividing it) that the model's attention heads divide. Being powers of two,

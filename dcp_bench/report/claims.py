@@ -1,7 +1,11 @@
-"""Claims (``results/reference/claims.yaml``) checked against a campaign: verdicts with their
-confidence intervals, the decomposition of a speedup, its sensitivity to cost constants, the
-verdict under each reading of the reference's code ("what it takes"), and the paper-mode table
-(every faithful method on the reference's three mixes and two clusters).
+"""The claims engine: every claim of a claim file (`dcp_bench.report.claim_spec`, docs/claims.md)
+judged against a campaign, once. It computes each claim's tolerance band, its seed-CI verdict,
+the system-level validation rule (`verdict_rule`: a simulated verdict stands only when the
+simulator reproduces the claim's system's own published measurement within the tolerance), the
+model band, the verdict of every variant (readings, sensitivity rows), the decomposition of a
+speedup, its sensitivity to cost constants, "what it takes" and the paper-mode table (every
+faithful method on the reference's three mixes and two clusters). The report, its first screen
+and summary.json render what it decided; none recomputes a band or a verdict.
 
 Selecting cells. A selector names a method, optionally its mode, its parameters and the run unit
 (``unit: epoch | step``; paper mode without one prefers the reference's epoch loop). Among the
@@ -20,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from dcp_bench.config import load_config, to_container
 from dcp_bench.cost.base import (
@@ -33,33 +36,26 @@ from dcp_bench.cost.base import (
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.planners.base import method_label
 from dcp_bench.reference import unit_of_label
+from dcp_bench.report.claim_spec import load_claim_set
 from dcp_bench.report.stats import relative_half_width
 from dcp_bench.report.system_validation import (
     PublishedSystem,
     SystemValidation,
-    load_systems,
     system_for_claim,
     validate_system,
-    verdict_rule,
 )
 from dcp_bench.report.tables import STEP_PARTS, Campaign, cell_seeds, speedup_between
 
 
 def load_claims(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A claims list or claim file (docs/claims.md), checked, in the engine's form
+    (`dcp_bench.report.claim_spec.ClaimSet.as_dict`)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(
             f"claims file {str(path)!r} not found (expected results/reference/claims.yaml)"
         )
-    data = yaml.safe_load(path.read_text()) or {}
-    for c in data.get("claims", []):
-        for key in ("id", "value", "tolerance", "context", "baseline", "method"):
-            if key not in c:
-                raise ConfigError(f"claim {c.get('id', '?')!r} in {path}: missing {key!r}")
-    # The published end-to-end measurements that validate the simulator, relative to this file.
-    if data.get("validation"):
-        data["_systems"] = load_systems(path.parent / str(data["validation"]))
-    return data
+    return load_claim_set(path).as_dict()
 
 
 def campaign_system_values(
@@ -101,6 +97,15 @@ def claim_validation(
 
 def _as_list(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def spec_for(claims: dict[str, Any], key: str, claim_id: str) -> dict[str, Any]:
+    """A claim's ``paper_table``, ``sensitivity`` or ``model_band`` section (one mapping, or a
+    list of them when several claims have one; a section without ``claim`` is every claim's)."""
+    for spec in _as_list(claims.get(key) or []):
+        if spec and spec.get("claim", claim_id) == claim_id:
+            return dict(spec)
+    return {}
 
 
 _DEFAULTS: dict[str, dict[str, Any] | None] = {}
@@ -297,13 +302,25 @@ def _selector_label(sel: dict[str, Any]) -> str:
     return method_label(label, str(sel.get("mode", "fair")))
 
 
+def tolerance_band(value: float, tolerance: float) -> tuple[float, float]:
+    """The claimed value's tolerance band [value / (1 + tolerance), value x (1 + tolerance)]:
+    the one place the band is computed."""
+    return value / (1.0 + tolerance), value * (1.0 + tolerance)
+
+
+def within_tolerance(error: float, tolerance: float) -> bool:
+    """Whether the simulator's relative error on a published comparison is within a claim's
+    tolerance (the validation rule's test)."""
+    return abs(error) <= tolerance
+
+
 def verdict(value: float, tolerance: float, lo: float, hi: float) -> str:
     """ "reproduced" when the CI lies inside the tolerance band [value/(1+tol), value*(1+tol)],
     "not reproduced" when it lies wholly outside it (below or above), "undecided" when it
     straddles an edge of the band; "no data" without a CI."""
     if any(math.isnan(x) for x in (lo, hi)):
         return "no data"
-    band_lo, band_hi = value / (1.0 + tolerance), value * (1.0 + tolerance)
+    band_lo, band_hi = tolerance_band(value, tolerance)
     if hi < band_lo or lo > band_hi:
         return "not reproduced"
     if band_lo <= lo and hi <= band_hi:
@@ -313,7 +330,7 @@ def verdict(value: float, tolerance: float, lo: float, hi: float) -> str:
 
 def verdict_words(v: str, value: float, tolerance: float, lo: float, hi: float) -> str:
     """The verdict said in words, with where the CI lies against the band."""
-    band_lo, band_hi = value / (1.0 + tolerance), value * (1.0 + tolerance)
+    band_lo, band_hi = tolerance_band(value, tolerance)
     where = {
         "reproduced": (
             f"the whole 95% CI [{lo:.2f}, {hi:.2f}] lies inside the tolerance band "
@@ -329,6 +346,47 @@ def verdict_words(v: str, value: float, tolerance: float, lo: float, hi: float) 
         ),
     }.get(v, "no confidence interval")
     return f"{v}: {where}"
+
+
+def verdict_rule(
+    ci_verdict: str, tolerance: float, validation: SystemValidation | None
+) -> tuple[str, str]:
+    """The claim's verdict and the rule's reason in words. A CI verdict of "reproduced" or "not
+    reproduced" stands only when the simulator's error on the claimed comparison, as the
+    claim's system published it, is within ``tolerance``; otherwise the verdict is "undecided"
+    (in simulation). "no data" and "undecided" stay as they are."""
+    if ci_verdict not in ("reproduced", "not reproduced"):
+        return ci_verdict, ""
+    if validation is None:
+        return (
+            "undecided",
+            "undecided in simulation: no published end-to-end measurement of the claim's system "
+            "validates the simulator (results/validation/systems.yaml names none)",
+        )
+    s = validation.system
+    err = validation.claimed_error
+    cm = s.claimed_comparison
+    what = (
+        f"the authors' {s.hardware.split(' (')[0]} measurement of this comparison "
+        f"({cm['method']} over {cm['baseline']}, {s.context.get('workload', '')})"
+    )
+    if not math.isfinite(err):
+        why = validation.note or "its cells are not in this campaign"
+        return "undecided", f"undecided in simulation: {what} could not be simulated ({why})"
+    sim, pub = validation.claimed_simulated, validation.claimed_published
+    numbers = f"simulated {sim:.2f}x, published {pub:.2f}x"
+    if not within_tolerance(err, tolerance):
+        return (
+            "undecided",
+            f"undecided in simulation: the simulator misses {what} by {abs(err):.0%} ({numbers}; "
+            f"the claim's tolerance is {tolerance:.0%}); the seed CI alone would say "
+            f"{ci_verdict}",
+        )
+    return (
+        ci_verdict,
+        f"the simulator reproduces {what} within {abs(err):.0%} ({numbers}; tolerance "
+        f"{tolerance:.0%}), so the simulated verdict stands",
+    )
 
 
 # What every verdict rests on until a GPU calibration of this suite is committed (the cost
@@ -383,6 +441,11 @@ class ClaimResult:
     # the claim's system simulated against its publication (None: no system names the claim)
     validation: SystemValidation | None = None
     verdict_rule: str = ""
+    # the claim's tolerance band (`tolerance_band`)
+    band: tuple[float, float] = (math.nan, math.nan)
+    # every sensitivity row of the claim with finite speedup, judged by its seed CI against the
+    # band: {constant, factor, speedup, verdict} (`judge_sensitivity`)
+    sensitivity_verdicts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_summary(self) -> dict[str, Any]:
         r = self.result
@@ -454,7 +517,7 @@ def evaluate_claims(
         epochs = _epochs(c, r.method_cell)
         covers = CI_COVERS.get(r.unit, "")
         if v != "no data":
-            band = (cl["value"] / (1 + cl["tolerance"]), cl["value"] * (1 + cl["tolerance"]))
+            band = tolerance_band(float(cl["value"]), float(cl["tolerance"]))
             per_run = ", ".join(
                 f"{k} {x:g}" for k, x in r.steps_per_run.items() if not math.isnan(x)
             )
@@ -490,6 +553,7 @@ def evaluate_claims(
             res_.accounting[side] = acc
             res_.trained_fraction[side] = acc.get("trained_fraction")
             res_.imbalance[side] = median_imbalance(c, cell)
+        res_.band = tolerance_band(res_.claimed, res_.tolerance)
         res_.ci_verdict = v
         res_.validation = claim_validation(c, cells, claims, cl["id"])
         res_.verdict, res_.verdict_rule = verdict_rule(v, float(cl["tolerance"]), res_.validation)
@@ -575,8 +639,8 @@ def _add_model_band(
     """Fill the claim's model band: the headline's speedup under every model variant of the
     ``model_band`` spec in claims.yaml (cost scales, cost-model options, memory caps) whose runs
     are in the campaign, each over the seeds it shares with the headline, the default included."""
-    spec = claims.get("model_band") or {}
-    if spec.get("claim", cl["id"]) != cl["id"] or not spec:
+    spec = spec_for(claims, "model_band", cl["id"])
+    if not spec:
         return
     r = res.result
     if math.isnan(r.speedup):
@@ -700,8 +764,8 @@ def evaluate_paper_table(
 ) -> pd.DataFrame:
     """Every method of ``paper_table`` over the claim's baseline on every workload and cluster
     listed there: median throughput of each side and the paired speedup with its CI."""
-    spec = claims.get("paper_table") or {}
-    if not spec or spec.get("claim", claim["id"]) != claim["id"]:
+    spec = spec_for(claims, "paper_table", claim["id"])
+    if not spec:
         return pd.DataFrame()
     rows = []
     for cluster in _as_list(spec.get("clusters", [claim["context"].get("cluster")])):
@@ -882,13 +946,18 @@ def sensitivity(
     c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], n_boot: int = 1000
 ) -> pd.DataFrame:
     """The headline speedups with each uncertain constant halved and doubled (tornado data)."""
-    sens = claims.get("sensitivity") or {}
-    if not sens:
+    specs = [x for x in _as_list(claims.get("sensitivity") or []) if x]
+    if not specs:
         return pd.DataFrame()
     by_id = {x["id"]: x for x in [*claims.get("claims", []), *claims.get("comparisons", [])]}
-    targets = [by_id[i] for i in [sens.get("claim"), sens.get("also")] if i in by_id]
     rows = []
-    for t in targets:
+    targets = [
+        (spec, by_id[i])
+        for spec in specs
+        for i in [spec.get("claim"), spec.get("also")]
+        if i in by_id
+    ]
+    for sens, t in targets:
         for const in sens.get("constants", []):
             for f in sens.get("factors", [0.5, 2.0]):
                 if const == "mem_cap":
@@ -938,59 +1007,21 @@ def sensitivity(
     return pd.DataFrame(rows)
 
 
-# --------------------------------------------------------------------------------------------
-# Report section (the report writer calls it after the verdict)
-
-
-def reference_tables_section(doc: Any, claim_results: list[ClaimResult]) -> None:
-    """The paper-mode table and the "what it takes" table of every claim that has them, as
-    report sections of ``doc`` (a `dcp_bench.report.document.Document`)."""
-    for r in claim_results:
-        if r.paper_mode_table:
-            doc.h2(f"Paper mode: every faithful method on the reference's three mixes ({r.id})")
-            doc.p(
-                "Paper mode is the reference runtime: one epoch over the mix's fixed dataset, "
-                "dealt by each method's reference sampler, every iteration its own optimizer "
-                "step; throughput = the epoch's (patch) tokens / the epoch's time. Speedup: "
-                "median of paired per-seed ratios over the baseline, 95% bootstrap CI; the CI "
-                f"covers {r.ci_covers or 'the seeds'}."
-            )
-            doc.table(
-                pd.DataFrame(r.paper_mode_table),
-                f"{r.id}: paper-mode throughput and speedup",
-                [
-                    "cluster",
-                    "workload",
-                    "method",
-                    "tokens_per_s",
-                    "speedup",
-                    "ci_low",
-                    "ci_high",
-                    "pairs",
-                    "imbalance",
-                    "trained_fraction",
-                ],
-            )
-        if r.what_it_takes:
-            doc.h2(f"What it takes to get {r.claimed:g}x ({r.id})")
-            doc.p(
-                "The claim's verdict under each reading of the reference's code that matters; one "
-                "choice changes at a time from the headline's readings (marked "
-                "`headline_reading`). docs/reference_semantics.md gives each reading with the "
-                "reference's file and line."
-            )
-            doc.table(
-                pd.DataFrame(r.what_it_takes),
-                f"{r.id}: verdict by reading",
-                [
-                    "question",
-                    "reading",
-                    "headline_reading",
-                    "speedup",
-                    "ci_low",
-                    "ci_high",
-                    "pairs",
-                    "verdict",
-                    "note",
-                ],
-            )
+def judge_sensitivity(results: list[ClaimResult], sens: pd.DataFrame) -> None:
+    """Each claim's sensitivity rows (finite speedup) judged by their seed CI against the
+    claim's band, into ``ClaimResult.sensitivity_verdicts``: the report renders these."""
+    if sens.empty:
+        return
+    for res in results:
+        sub = sens[(sens["comparison"] == res.id) & np.isfinite(sens["speedup"].astype(float))]
+        res.sensitivity_verdicts = [
+            {
+                "constant": r["constant"],
+                "factor": float(r["factor"]),
+                "speedup": float(r["speedup"]),
+                "verdict": verdict(
+                    res.claimed, res.tolerance, float(r["ci_low"]), float(r["ci_high"])
+                ),
+            }
+            for _, r in sub.iterrows()
+        ]

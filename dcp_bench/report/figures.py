@@ -24,6 +24,7 @@ from matplotlib import ticker
 from matplotlib.transforms import blended_transform_factory
 
 from dcp_bench.cost.base import DEFAULT_MEM_CAP_FRACTION
+from dcp_bench.report.claims import tolerance_band
 
 # pyplot and seaborn (which imports pyplot) load when a figure is drawn, after the Agg backend is
 # chosen: importing the report must not switch the plotting backend of a process that embeds it.
@@ -691,7 +692,7 @@ def tornado(
             )
             ax.plot([r["ci_low"], r["ci_high"]], [i, i], color="k", lw=0.8)
     if claimed is not None:
-        band = (claimed / (1 + (tolerance or 0)), claimed * (1 + (tolerance or 0)))
+        band = tolerance_band(claimed, tolerance or 0.0)
         ax.axvspan(*band, color="green", alpha=0.12, label="claimed value +/- tolerance")
     ax.axvline(ref, color="k", lw=1, label="default constants")
     ax.set_yticks(range(len(spans)), [c for c, _ in spans])

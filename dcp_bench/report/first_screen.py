@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 
 from dcp_bench.report import figures as fig
-from dcp_bench.report.claims import verdict as verdict_of
+from dcp_bench.report.claims import tolerance_band, within_tolerance
 from dcp_bench.report.document import Document
 
-# The sections read a `dcp_bench.report.writer.ReportData`; typed ``Any`` here because the writer
+# The sections read a `dcp_bench.report.data.ReportData`; typed ``Any`` here because the writer
 # imports this module (imports point one way).
 ReportData = Any
 
@@ -144,8 +144,8 @@ def completeness_line(data: ReportData) -> str | None:
 def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
     """The verdict box of one claim: the verdict string the claim carries, its basis, the number
     with its seed CI and model band, against the claimed value and its tolerance band."""
-    claimed, tol = float(claim["claimed"]), float(claim["tolerance"])
-    band = (claimed / (1 + tol), claimed * (1 + tol))
+    claimed = float(claim["claimed"])
+    band = tolerance_band(claimed, float(claim["tolerance"]))
     basis = claim_basis(data, claim)
     v: Any = claim.get("speedup")
     word = str(claim["verdict"])
@@ -174,7 +174,7 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
 def validation_line(claim: dict[str, Any]) -> str | None:
     """The claim's system-level check beside its verdict: the simulated and published speedup
     of the claimed comparison on the claim's own system, the error, and what the rule made of
-    it (`dcp_bench.report.system_validation.verdict_rule`)."""
+    it (`dcp_bench.report.claims.verdict_rule`)."""
     val = claim.get("validation")
     rule = str(claim.get("verdict_rule") or "")
     if not val:
@@ -194,7 +194,7 @@ def validation_line(claim: dict[str, Any]) -> str | None:
         f"`{cm.get('method')}` over `{cm.get('baseline')}` simulated {sim_x:.2f}x, "
         f"published {pub_x:.2f}x, error {err_x:+.0%}"
     )
-    if abs(err_x) <= tol:
+    if within_tolerance(err_x, tol):
         outcome = f"within the claim's {tol:.0%} tolerance, so the simulated verdict stands"
     else:
         outcome = (
@@ -209,7 +209,7 @@ def headline_rows(data: ReportData) -> pd.DataFrame:
     every comparison of the claims file this campaign holds, grouped by comparison."""
     rows: list[dict[str, Any]] = []
     for cl in _claim_rows(data):
-        claimed, tol = float(cl["claimed"]), float(cl["tolerance"])
+        band_low, band_high = tolerance_band(float(cl["claimed"]), float(cl["tolerance"]))
         rows.append(
             {
                 "group": f"claim {cl['id']} (paper mode: the reference's epoch loop)",
@@ -220,8 +220,8 @@ def headline_rows(data: ReportData) -> pd.DataFrame:
                 "ci_high": cl.get("ci_high"),
                 "model_band_low": cl.get("model_band_low"),
                 "model_band_high": cl.get("model_band_high"),
-                "band_low": claimed / (1 + tol),
-                "band_high": claimed * (1 + tol),
+                "band_low": band_low,
+                "band_high": band_high,
                 "method_cell": cl.get("method_cell"),
                 "baseline_cell": cl.get("baseline_cell"),
                 "why": "; ".join(cl.get("reasons") or []),
@@ -323,36 +323,24 @@ def _depends_on(data: ReportData, claim: dict[str, Any]) -> list[str]:
                 "Fair mode (same samples, one optimizer step per global batch): "
                 f"{float(r['speedup']):.2f}x {_ci(r['ci_low'], r['ci_high'])}."
             )
-    sens = data.sensitivity
-    if not sens.empty:
-        sub = sens[(sens["comparison"] == claim["id"]) & np.isfinite(sens["speedup"].astype(float))]
-        if len(sub):
-            changed = [
-                (
-                    r["constant"],
-                    float(r["factor"]),
-                    float(r["speedup"]),
-                    verdict_of(
-                        float(claim["claimed"]),
-                        float(claim["tolerance"]),
-                        float(r["ci_low"]),
-                        float(r["ci_high"]),
-                    ),
-                )
-                for _, r in sub.iterrows()
-            ]
-            flipped = [c for c in changed if c[3] != verdict]
-            out.append(
-                f"Cost-model constants halved or doubled ({len(changed)} variants, same seeds): "
-                f"{min(c[2] for c in changed):.2f}x to {max(c[2] for c in changed):.2f}x; "
-                + (
-                    "the verdict changes with "
-                    + "; ".join(f"{k} x{f:g} ({s:.2f}x: {v})" for k, f, s, v in flipped)
-                    if flipped
-                    else "no variant changes the verdict"
-                )
-                + "."
+    judged = next((r for r in data.claim_results if r.id == claim["id"]), None)
+    if judged is not None and judged.sensitivity_verdicts:
+        changed = [
+            (v["constant"], v["factor"], v["speedup"], v["verdict"])
+            for v in judged.sensitivity_verdicts
+        ]
+        flipped = [c for c in changed if c[3] != verdict]
+        out.append(
+            f"Cost-model constants halved or doubled ({len(changed)} variants, same seeds): "
+            f"{min(c[2] for c in changed):.2f}x to {max(c[2] for c in changed):.2f}x; "
+            + (
+                "the verdict changes with "
+                + "; ".join(f"{k} x{f:g} ({s:.2f}x: {v})" for k, f, s, v in flipped)
+                if flipped
+                else "no variant changes the verdict"
             )
+            + "."
+        )
     readings = [r for r in claim.get("what_it_takes") or [] if not r.get("headline_reading")]
     flips = [r for r in readings if str(r.get("verdict")) != verdict and _finite(r.get("speedup"))]
     if flips:

@@ -1,13 +1,13 @@
 """System-level validation: the simulator against published end-to-end measurements of the
-systems it simulates (``results/validation/systems.yaml``), and the verdict rule that rests on it.
+systems it simulates (``results/validation/systems.yaml``), which the verdict rule rests on.
 
 A published measurement validates; it never calibrates. Each system names the rows the publication
 measured (a method selector and the published figure in the publication's unit) and the claim
 whose comparison it checks. `validate_system` compares simulated per-seed figures with the
-published ones, absolute and as speedups over the system's baseline; `verdict_rule` lets a
-simulated verdict stand ("reproduced" / "not reproduced") only when the simulator's error on the
-claimed comparison is within the claim's tolerance, and otherwise says "undecided" with the
-reason in words.
+published ones, absolute and as speedups over the system's baseline; the claims engine's
+`dcp_bench.report.claims.verdict_rule` lets a simulated verdict stand ("reproduced" / "not
+reproduced") only when the simulator's error on the claimed comparison is within the claim's
+tolerance, and otherwise says "undecided" with the reason in words.
 """
 
 from __future__ import annotations
@@ -253,47 +253,6 @@ def validate_system(
     return out
 
 
-def verdict_rule(
-    ci_verdict: str, tolerance: float, validation: SystemValidation | None
-) -> tuple[str, str]:
-    """The claim's verdict and the rule's reason in words. A CI verdict of "reproduced" or "not
-    reproduced" stands only when the simulator's error on the claimed comparison, as the
-    claim's system published it, is within ``tolerance``; otherwise the verdict is "undecided"
-    (in simulation). "no data" and "undecided" stay as they are."""
-    if ci_verdict not in ("reproduced", "not reproduced"):
-        return ci_verdict, ""
-    if validation is None:
-        return (
-            "undecided",
-            "undecided in simulation: no published end-to-end measurement of the claim's system "
-            "validates the simulator (results/validation/systems.yaml names none)",
-        )
-    s = validation.system
-    err = validation.claimed_error
-    cm = s.claimed_comparison
-    what = (
-        f"the authors' {s.hardware.split(' (')[0]} measurement of this comparison "
-        f"({cm['method']} over {cm['baseline']}, {s.context.get('workload', '')})"
-    )
-    if not math.isfinite(err):
-        why = validation.note or "its cells are not in this campaign"
-        return "undecided", f"undecided in simulation: {what} could not be simulated ({why})"
-    sim, pub = validation.claimed_simulated, validation.claimed_published
-    numbers = f"simulated {sim:.2f}x, published {pub:.2f}x"
-    if abs(err) > tolerance:
-        return (
-            "undecided",
-            f"undecided in simulation: the simulator misses {what} by {abs(err):.0%} ({numbers}; "
-            f"the claim's tolerance is {tolerance:.0%}); the seed CI alone would say "
-            f"{ci_verdict}",
-        )
-    return (
-        ci_verdict,
-        f"the simulator reproduces {what} within {abs(err):.0%} ({numbers}; tolerance "
-        f"{tolerance:.0%}), so the simulated verdict stands",
-    )
-
-
 __all__ = [
     "ROW_FIELDS",
     "PublishedSystem",
@@ -302,5 +261,4 @@ __all__ = [
     "load_systems",
     "system_for_claim",
     "validate_system",
-    "verdict_rule",
 ]

@@ -34,7 +34,7 @@ from dcp_bench.config import (
 )
 from dcp_bench.cost import SOURCES, resolve_cluster, resolve_model
 from dcp_bench.cost.analytical import SCALE_DEFAULTS, SCALE_KEYS
-from dcp_bench.cost.specs import ClusterSpec, ModelSpec
+from dcp_bench.cost.specs import ClusterSpec, ModelSpec, model_identity
 from dcp_bench.errors import ClusterError, ConfigError, DcpBenchError
 from dcp_bench.planners.base import check_planner_options
 from dcp_bench.reference import run_label
@@ -613,7 +613,7 @@ def run_identity(
         "workload": {"registered": workload.registered, **node},
         "method": _method_identity(method),
         "cluster": _without_provenance(dataclasses.asdict(cluster)),
-        "model": _without_provenance(dataclasses.asdict(model)),
+        "model": _without_provenance(model_identity(model)),
         "mem_cap_fraction": mem_cap_fraction,
         "cost": dataclasses.asdict(cost),
         "run": {

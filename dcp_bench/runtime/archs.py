@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from dcp_bench.archs import get_arch
-from dcp_bench.cost.specs import ModelSpec
+from dcp_bench.cost.specs import DECODER_OPTION_DEFAULTS, ModelSpec
 from dcp_bench.errors import ConfigError
 
 
@@ -114,15 +114,7 @@ def _llama_checkpoints(model: Any, layers: int) -> list[tuple[str, nn.Module]]:
     return [(f"L{i}", model.layers[i]) for i in range(layers)]
 
 
-_DECODER_DEFAULTS = {
-    "head_dim_override": 0,
-    "qk_head_norm": "",
-    "norm": "rmsnorm",
-    "mlp": "swiglu",
-    "linear_bias": False,
-    "norms_per_layer": 2,
-    "learned_positions": 0,
-}
+_DECODER_DEFAULTS = DECODER_OPTION_DEFAULTS
 
 
 def _llama_supports(spec: ModelSpec) -> str | None:

@@ -18,8 +18,8 @@ deadline (`PhaseClock`), each writing what it measured as soon as it has it:
    (``torch.cuda.max_memory_allocated``) beside the analytical cost model's prediction, and the
    state's bytes beside `dcp_bench.train_policy.static_state_bytes`.
 3. ``calibration``: the profiles ``llama3_8b.json``, ``stdit3_xl2.json``
-   (`dcp_bench.profiling.gpu_calibrate`), rewritten after every point.
-4. ``buckets``, ``floor``, ``fit``, ``claim``: `dcp_bench.profiling.gpu_measure`
+   (`tools.gpu_calibrate`), rewritten after every point.
+4. ``buckets``, ``floor``, ``fit``, ``claim``: `tools.gpu_measure`
    (``stdit_buckets.json``, ``h200_constants.yaml``, ``claim.tar.gz``).
 
 ``check.json`` holds the environment (interpreter, torch, CUDA, driver, GPU name and memory,
@@ -60,10 +60,7 @@ from dcp_bench.cost.specs import ModelSpec, gpu_spec, model_spec
 from dcp_bench.envinfo import COMMIT_ENV, collect_env
 from dcp_bench.files import atomic_write_json, atomic_write_text, sha256_file
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
-from dcp_bench.profiling import gpu_measure
 from dcp_bench.profiling.attention_check import check_kernel
-from dcp_bench.profiling.gpu_calibrate import calibrate
-from dcp_bench.profiling.gpu_measure import summary_lines
 from dcp_bench.runtime.attention import (
     SINGLE,
     AttentionKernel,
@@ -76,6 +73,9 @@ from dcp_bench.runtime.groups import ProcessGroupPool
 from dcp_bench.runtime.models import build_model
 from dcp_bench.runtime.training import FlatState, build_training_state
 from dcp_bench.train_policy import static_state_bytes
+from tools import gpu_measure
+from tools.gpu_calibrate import calibrate
+from tools.gpu_measure import summary_lines
 
 FILES = ("check.json", "summary.md", "gpu_check.log")
 MAX_FILES = 8

@@ -1,6 +1,6 @@
 """The GPU check's measurements at the claim's own shapes, and what it fits from them.
 
-Phases of `dcp_bench.profiling.gpu_check` after the calibration profiles, each with its own
+Phases of `tools.gpu_check` after the calibration profiles, each with its own
 deadline and each writing its results as soon as it has them:
 
 - ``buckets`` (``stdit_buckets.json``): STDiT3-XL/2 (all 28 block pairs, bf16, one rank) on
@@ -477,7 +477,7 @@ def fit_phase(run: MeasureRun, deadline: float) -> None:
     name = "cpu_constants.yaml" if run.tiny else "h200_constants.yaml"
     text = (
         "# Constants fitted by scripts/gpu_check.sh from its own measurements "
-        "(dcp_bench/profiling/gpu_measure.py).\n# cost_constants: keys of the analytical cost "
+        "(tools/gpu_measure.py).\n# cost_constants: keys of the analytical cost "
         "model (a cluster or GPU config's cost_constants).\n" + yaml.safe_dump(fit, sort_keys=True)
     )
     atomic_write_text(run.out / name, text)
