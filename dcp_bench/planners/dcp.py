@@ -418,17 +418,33 @@ def pack_groups(
     starts = np.searchsorted(it_slot, np.arange(len(groups) + 1))
     bin_of = _first_fit_bins(mem0[sample[items]], tok[items], starts, limits[groups], budget)
     # Micro-batches per group: the alone samples in order, then the bins in order of creation,
-    # each holding its items in the order they arrived.
+    # each holding its items in the order they arrived. One sort lays every micro-batch's
+    # samples out in that order: key (group slot, alone 0 / bin 1, position or bin, arrival).
+    n_al = len(slot) - len(items)
     al = np.flatnonzero(alone)
-    al = al[np.lexsort((pos[al], slot[al]))]
-    lists: list[list[MicroBatch]] = [[] for _ in range(len(groups))]
-    for i, k, sl in zip(sample[al].tolist(), ckpt[sample[al]].tolist(), slot[al].tolist()):
-        lists[sl].append(MicroBatch(samples=(i,), ckpt_layers=k))
-    if len(items):
-        rank_in_group = np.arange(len(items)) - starts[it_slot]
-        order = np.lexsort((rank_in_group, bin_of, it_slot))
-        _append_bins(lists, sample[items[order]].tolist(), it_slot[order], bin_of[order])
-    return {g: lists[j] for j, g in enumerate(groups.tolist())}
+    k_slot = np.concatenate([slot[al], it_slot])
+    k_kind = np.r_[np.zeros(n_al, dtype=np.int64), np.ones(len(items), dtype=np.int64)]
+    k_sub = np.concatenate([pos[al], bin_of])
+    k_arr = np.concatenate(
+        [np.zeros(n_al, dtype=np.int64), np.arange(len(items)) - starts[it_slot]]
+    )
+    k_sample = np.concatenate([sample[al], sample[items]])
+    order = np.lexsort((k_arr, k_sub, k_kind, k_slot))
+    k_slot, k_kind, k_sub, k_sample = k_slot[order], k_kind[order], k_sub[order], k_sample[order]
+    first = np.flatnonzero(
+        np.r_[
+            True,
+            (k_slot[1:] != k_slot[:-1]) | (k_kind[1:] != k_kind[:-1]) | (k_sub[1:] != k_sub[:-1]),
+        ]
+    )
+    mb_ckpt = np.where(k_kind[first] == 0, ckpt[k_sample[first]], 0)
+    ids = k_sample.tolist()
+    cut = first.tolist()
+    cut.append(len(ids))
+    tuples = [tuple(ids[a:b]) for a, b in zip(cut[:-1], cut[1:])]
+    mbs = MicroBatch.many(tuples, mb_ckpt.tolist())
+    per = np.searchsorted(k_slot[first], np.arange(len(groups) + 1)).tolist()
+    return {g: mbs[per[j] : per[j + 1]] for j, g in enumerate(groups.tolist())}
 
 
 def _first_fit_bins(
@@ -474,17 +490,6 @@ def _first_fit_bins(
         n_bins[:cnt] = np.maximum(nb, first + 1)
         bin_of[at] = first
     return bin_of
-
-
-def _append_bins(
-    lists: list[list[MicroBatch]], ids: list[int], slots: np.ndarray, bins: np.ndarray
-) -> None:
-    """Append to ``lists[slot]`` one micro-batch per run of equal (slot, bin) in ``ids``."""
-    cut = np.flatnonzero(np.r_[True, (slots[1:] != slots[:-1]) | (bins[1:] != bins[:-1])]).tolist()
-    cut.append(len(ids))
-    slots_l = slots.tolist()
-    for a, b in zip(cut[:-1], cut[1:]):
-        lists[slots_l[a]].append(MicroBatch(samples=tuple(ids[a:b]), ckpt_layers=0))
 
 
 def schedule_groups(sched: Schedule, W: int) -> tuple[list[Round], list[Group], np.ndarray]:
