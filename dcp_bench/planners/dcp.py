@@ -25,6 +25,7 @@ Fair mode only: every sample once, one optimizer step.
 
 from __future__ import annotations
 
+import gc
 import heapq
 from dataclasses import dataclass, replace
 from itertools import accumulate
@@ -631,6 +632,19 @@ class DCPPlanner(Planner):
     # -- plan ----------------------------------------------------------------------------------
 
     def plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
+        # A large step builds hundreds of thousands of micro-batches, groups and tuples, none in
+        # a reference cycle; the cyclic garbage collector, left on, rescans them again and again
+        # as they accumulate (a fifth of the planning time of a 12,288-GPU step). It is paused
+        # while planning and restored as it was; reference counting still frees everything.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._plan(batch, cost)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _plan(self, batch: GlobalBatch, cost: CostModel) -> StepPlan:
         W = cost.cluster.world_size
         if batch.n == 0:
             return StepPlan(
