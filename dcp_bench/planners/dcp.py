@@ -778,8 +778,6 @@ class DCPPlanner(Planner):
         ckpt = table.ckpt[inv, sample_choice]
         mem0 = table.mem[inv, sample_choice]
         budget = cost.memory_cap_bytes - cost.static_memory_bytes()
-        ckpt_l: list[int] = ckpt.tolist()
-        mem0_l: list[float] = mem0.tolist()
         rounds, groups, gid = schedule_groups(sched, W)
         # Every group's samples, shortest first, from one sort.
         by_group = np.lexsort((batch.tokens, gid))
@@ -792,15 +790,18 @@ class DCPPlanner(Planner):
         mbs_of = pack_groups(
             by_group, bounds, few, batch.tokens, ckpt, mem0, budget, self.pack_tokens * sizes
         )
-        sorted_ids = by_group.tolist()
-        sorted_tok = batch.tokens[by_group].tolist()
-        for j, g in enumerate(groups):
-            if few[j]:
-                g.micro_batches = mbs_of[j]
-                continue
+        for j, mbs in mbs_of.items():
+            groups[j].micro_batches = mbs
+        many = np.flatnonzero(~few).tolist()
+        if many:
+            ckpt_l: list[int] = ckpt.tolist()
+            mem0_l: list[float] = mem0.tolist()
+        for j in many:
             lo, hi = int(bounds[j]), int(bounds[j + 1])
+            ids = by_group[lo:hi]
+            g = groups[j]
             g.micro_batches = self._pack(
-                sorted_ids[lo:hi], sorted_tok[lo:hi], ckpt_l, mem0_l, budget, g.size
+                ids.tolist(), batch.tokens[ids].tolist(), ckpt_l, mem0_l, budget, g.size
             )
         for rnd in rounds:
             rnd.groups.sort(key=lambda g: g.start)
