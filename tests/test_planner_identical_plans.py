@@ -130,3 +130,18 @@ def test_fingerprint_sees_every_field() -> None:
 if __name__ == "__main__":
     for m, c, w in CELLS:
         print(f'    "{m}/{c}@{w}": "{fingerprint(_plan_of(m, c, w))}",')
+
+
+def test_sort_by_keys_is_lexsort() -> None:
+    """`sort_by_keys` orders as ``np.lexsort`` does (stable, first key primary), both where it
+    packs the keys into one and where their ranges make it fall back to lexsort."""
+    from dcp_bench.planners.dcp import sort_by_keys
+
+    rng = np.random.default_rng(3)
+    a, b, c = rng.integers(0, 5, 500), rng.integers(0, 3, 500), rng.integers(0, 7, 500)
+    assert sort_by_keys(a, b, c).tolist() == np.lexsort((c, b, a)).tolist()
+    big = rng.integers(0, 2**40, 500)
+    assert sort_by_keys(a, big, big).tolist() == np.lexsort((big, big, a)).tolist()
+    assert sort_by_keys(np.zeros(0, dtype=np.int64)).tolist() == []
+    # ties keep the input order
+    assert sort_by_keys(np.array([1, 0, 1, 0])).tolist() == [1, 3, 0, 2]
