@@ -145,3 +145,16 @@ def test_sort_by_keys_is_lexsort() -> None:
     assert sort_by_keys(np.zeros(0, dtype=np.int64)).tolist() == []
     # ties keep the input order
     assert sort_by_keys(np.array([1, 0, 1, 0])).tolist() == [1, 3, 0, 2]
+
+
+def test_sp_histogram_counts_as_unique_does() -> None:
+    """`sp_histogram` equals counting the chosen degrees with ``np.unique`` (keys ascending)."""
+    from dcp_bench.planners.dcp import sp_histogram
+
+    rng = np.random.default_rng(4)
+    sps = np.array([1, 2, 4, 8, 24, 16])
+    choice = rng.integers(0, len(sps), 300)
+    choice[choice == 2] = 1  # a degree nobody uses is left out
+    want = {int(s): int(c) for s, c in zip(*np.unique(sps[choice], return_counts=True))}
+    got = sp_histogram(sps, choice)
+    assert got == want and list(got) == list(want)

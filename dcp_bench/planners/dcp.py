@@ -588,6 +588,18 @@ def set_sp_kinds(groups: list[Group], table: ShapeTable) -> None:
         ]
 
 
+def sp_histogram(sps: np.ndarray, choice: np.ndarray) -> dict[int, int]:
+    """How many samples run at each SP degree (ascending): ``choice`` indexes ``sps``. Counted
+    per column (`np.bincount`), not by sorting the samples' degrees."""
+    counts = np.bincount(choice, minlength=len(sps)).tolist()
+    hist: dict[int, int] = {}
+    for j in np.argsort(sps, kind="stable").tolist():
+        if counts[j]:
+            s = int(sps[j])
+            hist[s] = hist.get(s, 0) + counts[j]
+    return hist
+
+
 class DCPPlanner(Planner):
     """Our planner (method ``dcp``): joint per-sequence SP degree, recompute and schedule."""
 
@@ -705,10 +717,7 @@ class DCPPlanner(Planner):
         plan.info.update(
             {
                 "schedule_estimate_s": sched.makespan,
-                "sp_histogram": {
-                    int(s): int(c)
-                    for s, c in zip(*np.unique(table.sps[sample_choice], return_counts=True))
-                },
+                "sp_histogram": sp_histogram(table.sps, sample_choice),
                 "samples_seen": batch.n,
             }
         )
@@ -740,11 +749,11 @@ class DCPPlanner(Planner):
         )
         sched = self._schedule(table, sample_choice, W, bound, node)
         K = len(table.sps)
-        T = table.time[table.inverse]  # (n, K)
         n = len(sample_choice)
         if sched.makespan > bound * (1 + self.good_enough) and n <= self.floor_search_max:
             # Small batches: also try raising every sample to at least degree j (where that is
             # faster); a tail of short samples then shares the big groups instead of idling them.
+            T = table.time[table.inverse]  # (n, K)
             rows = np.arange(n)
             for j in range(1, K):
                 faster = (j > sample_choice) & (T[:, j] < T[rows, sample_choice])
