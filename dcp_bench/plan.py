@@ -63,6 +63,31 @@ class MicroBatch:
     sp_kind: SPKind = "ulysses"
     ulysses_degree: int = 0
 
+    @classmethod
+    def many(cls, samples: list[tuple[int, ...]], ckpt_layers: list[int]) -> list[MicroBatch]:
+        """``[MicroBatch(samples=s, ckpt_layers=k) for s, k in zip(samples, ckpt_layers)]``
+        (the other fields at their defaults), built without the frozen ``__init__``'s five
+        guarded attribute writes each: planners make hundreds of thousands per step."""
+        new = object.__new__
+        put = object.__setattr__
+        out: list[MicroBatch] = []
+        append = out.append
+        for s, k in zip(samples, ckpt_layers, strict=True):
+            mb = new(cls)
+            put(
+                mb,
+                "__dict__",
+                {
+                    "samples": s,
+                    "ckpt_layers": k,
+                    "split": "sequence",
+                    "sp_kind": "ulysses",
+                    "ulysses_degree": 0,
+                },
+            )
+            append(mb)
+        return out
+
 
 @dataclass
 class Group:
