@@ -191,10 +191,19 @@ def test_the_validation_rule_tests_the_error_against_the_tolerance() -> None:
 def test_the_claims_command_lists_the_claims(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["claims", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
+    # the reproduction's list first, then every other claim file in results/claims/
     assert [(r["id"], r["name"], r["claimed"], r["tolerance"]) for r in rows] == [
-        ("dcp_paper_headline", "dcp", 2.88, 0.15)
+        ("dcp_paper_headline", "dcp", 2.88, 0.15),
+        ("flexsp_vs_megatron_headline", "flexsp", 1.98, 0.15),
+        ("flexsp_vs_deepspeed_headline", "flexsp_deepspeed", 1.72, 0.15),
     ]
     assert rows[0]["source"].startswith("DCP paper") and rows[0]["file"].endswith("dcp.yaml")
+    assert rows[0]["judged_by"] == "dcp-bench reproduce"
+    assert rows[1]["file"] == "results/claims/flexsp.yaml"
+    assert rows[1]["judged_by"].startswith("not in results/reference/claims.yaml")
+    # a list named on the command line is listed alone
+    assert main(["claims", "claims=results/reference/claims.yaml", "--json"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == ["dcp_paper_headline"]
     assert main(["claims"]) == 0
     out = capsys.readouterr().out
     assert "dcp_paper_headline (dcp): claimed 2.88x, tolerance 15% (band [2.50, 3.31])" in out
