@@ -54,6 +54,12 @@ class Decoder(Architecture):
     def _bias(self, spec: Any) -> bool:
         return bool(_opt(spec, "linear_bias", False))
 
+    def _family(self, spec: Any) -> TransformersFamily | None:
+        """The transformers family of a ``model=hf`` spec (None: the runtime's own decoder)."""
+        if _opt(spec, "library", "") != "transformers":
+            return None
+        return TRANSFORMERS_FAMILIES.get(str(_opt(spec, "library_config", {}).get("model_type")))
+
     def _layernorm(self, spec: Any) -> bool:
         return _opt(spec, "norm", "rmsnorm") == "layernorm"
 
@@ -109,6 +115,13 @@ class Decoder(Architecture):
             norm = b * h + 8.0  # input, fp32 mean and rstd per row
         else:
             norm = 4.0 * h + b * h + 4.0  # fp32 input, output in the compute dtype, fp32 rsqrt
+        family = self._family(spec)
+        weight_fp32 = family is not None and family.norm_weight_fp32 and not self._layernorm(spec)
+        if weight_fp32:
+            # the weight multiplies the fp32 normed rows before the cast (GemmaRMSNorm's
+            # ``output * (1.0 + self.weight.float())``, Olmo2RMSNorm's ``self.weight *
+            # hidden_states`` then ``.to(input_dtype)``): fp32 input, fp32 rsqrt, fp32 normed
+            norm = 8.0 * h + 4.0
         q = H * hd
         # normed input (q/k/v projections), q, k, v (rotated, GQA: KV heads only), the kernel's
         # output and log-sum-exp, the o-projection input (the packed output)
@@ -117,14 +130,24 @@ class Decoder(Architecture):
         if qk_norm:
             # RMSNorm of q and of k: fp32 input and output, an fp32 rsqrt per head (or row)
             rows = 4.0 * (H + spec.kv_heads) if qk_norm == "head" else 8.0
-            attention += (4.0 + b) * (q + kvd) + rows
+            attention += (8.0 if weight_fp32 else 4.0 + b) * (q + kvd) + rows
+        norms = self.norms_per_layer(spec) * norm
+        if family is not None and family.fused_qkv:
+            # v is a view of the fused q/k/v projection's output (transformers Phi3Attention:
+            # ``qkv = self.qkv_proj(...)``, value_states sliced from it; GPTNeoXAttention:
+            # ``query_key_value``): the kernel's saved v keeps the whole q + 2 kv wide storage
+            attention += b * (q + kvd)
+        if family is not None and family.parallel_residual:
+            # attention and MLP norms read the same layer input (GPTNeoXLayer with
+            # use_parallel_residual): it is kept once
+            norms -= b * h
         if self._gated(spec):
             # normed input (gate/up projections), gate, up, silu(gate), silu(gate) * up
             mlp = b * h + 4.0 * b * f
         else:
             # normed input (fc1), fc1 output, GELU output (fc2 input)
             mlp = b * h + 2.0 * b * f
-        layer = {"norms": self.norms_per_layer(spec) * norm, "attention": attention, "mlp": mlp}
+        layer = {"norms": norms, "attention": attention, "mlp": mlp}
         outer_tok = {
             "embeddings": 8.0,  # the int64 token ids (the embedding's backward)
             "final_norm": norm,
@@ -253,6 +276,8 @@ class TransformersFamily:
     parallel_residual: bool = False
     unpriced: str = ""  # why the cost model cannot price this family ("": it can)
     grouped_query: bool = True  # reads num_key_value_heads (GPT-NeoX: multi-head only)
+    fused_qkv: bool = False  # one q/k/v projection whose output v is a view of (Phi3, GPT-NeoX)
+    norm_weight_fp32: bool = False  # RMSNorm applies its weight in fp32 (Gemma, OLMo2)
 
 
 _GEMMA = {"head_dim": 256, "tie_word_embeddings": True}
@@ -265,18 +290,24 @@ TRANSFORMERS_FAMILIES: dict[str, TransformersFamily] = {
     "qwen3": TransformersFamily(
         defaults={"head_dim": 128, "num_key_value_heads": 32}, qk_head_norm="head"
     ),
-    "gemma": TransformersFamily(defaults={**_GEMMA, "num_key_value_heads": 16}, mlp="geglu"),
+    "gemma": TransformersFamily(
+        defaults={**_GEMMA, "num_key_value_heads": 16}, mlp="geglu", norm_weight_fp32=True
+    ),
     "gemma2": TransformersFamily(
-        defaults={**_GEMMA, "num_key_value_heads": 4}, mlp="geglu", norms_per_layer=4
+        defaults={**_GEMMA, "num_key_value_heads": 4},
+        mlp="geglu",
+        norms_per_layer=4,
+        norm_weight_fp32=True,
     ),
     "gemma3_text": TransformersFamily(
         defaults={**_GEMMA, "num_key_value_heads": 4},
         mlp="geglu",
         norms_per_layer=4,
         qk_head_norm="head",
+        norm_weight_fp32=True,
     ),
-    "olmo2": TransformersFamily(qk_head_norm="full"),
-    "phi3": TransformersFamily(),
+    "olmo2": TransformersFamily(qk_head_norm="full", norm_weight_fp32=True),
+    "phi3": TransformersFamily(fused_qkv=True),
     "granite": TransformersFamily(),
     "gpt_neox": TransformersFamily(
         defaults={"attention_bias": True},
@@ -285,6 +316,7 @@ TRANSFORMERS_FAMILIES: dict[str, TransformersFamily] = {
         bias_key="attention_bias",
         parallel_residual=True,
         grouped_query=False,
+        fused_qkv=True,
     ),
     "starcoder2": TransformersFamily(
         defaults={"num_key_value_heads": 2, "tie_word_embeddings": True, "use_bias": True},

@@ -14,8 +14,9 @@ projection (hidden -> prod(patch) x in_channels) with a 2 x hidden modulation ta
 Ulysses shards heads: q, k, v and the output change their sharded dimension each block.
 
 The runtime has no Wan module of its own (the diffusers integration trains the library's): Wan is
-planned and simulated, and its activation terms are the closed form of the block as written, not
-a count.
+planned and simulated, and `dcp-bench memory` does not count it. Its per-block activation terms
+equal what the diffusers model keeps for backward through the adapter, counted in fp32
+(`tests/test_archs_memory_wan.py`); the terms outside the blocks are the closed form as written.
 """
 
 from __future__ import annotations
@@ -63,21 +64,27 @@ class Wan(Architecture):
         lse = 4.0 * H
         rms = 4.0 * h + 4.0 + b * h  # fp32 input, fp32 rsqrt per row, output
         C = spec.in_channels * math.prod(spec.patch)
+        # Per block, as the diffusers WanTransformerBlock trained through the adapter keeps it
+        # (counted: tests/test_archs_memory_wan.py, fp32): the three LayerNorms (norm1 and norm3
+        # without weights, norm2 affine) each keep their input, fp32 mean and rstd per row and
+        # their output; the modulated inputs of the self-attention and the MLP are new tensors.
         layer = {
-            # the two weightless LayerNorms (input, output, mean and rstd) and the affine one
-            "norm_modulation": 2 * (2.0 * b * h + 2.0 * b) + b * h + 8.0,
-            # modulated input, q, k, v, the q and k norms, the kernel's output and log-sum-exp,
-            # the output projection's input and output (kept by the gate)
-            "self_attention": 3.0 * b * h + 2 * rms + 3.0 * b * h + b * h + lse,
-            # input, q, its norm, the kernel's output and log-sum-exp, the projection's input
-            "cross_attention": 2.0 * b * h + rms + 2.0 * b * h + lse,
-            # normed input, fc1 output, GELU output, fc2 output (gated)
-            "mlp": 2.0 * b * h + 2.0 * b * f,
+            "norm_modulation": 3.0 * (2.0 * b * h + 8.0),
+            # modulated input; q and k projections with their RMSNorms (`rms`); rotated q and k,
+            # v; the kernel's output and log-sum-exp; the output projection's input and output
+            # (kept by the gate)
+            "self_attention": b * h + 2 * rms + 3.0 * b * h + b * h + lse + 2.0 * b * h,
+            # q projection and its RMSNorm, the normed q times its weight (the kernel's q), the
+            # kernel's output (the output projection reads it in place) and log-sum-exp
+            "cross_attention": rms + b * h + b * h + lse,
+            # modulated input, fc1 output, GELU output, fc2 output (kept by the gate)
+            "mlp": b * h + 2.0 * b * f + b * h,
         }
         layer_sample = {k: 0.0 for k in layer}
+        layer_sample["norm_modulation"] = 2.0 * b * h  # norm1's and norm3's (1 + scale)
         layer_sample["self_attention"] = 6.0 * b * h  # the block's six modulation vectors
-        # the caption keys (normed) and values of this block, per sample
-        layer_sample["cross_attention"] = M * (2.0 * b * h + rms)
+        # the caption's k projection and RMSNorm, the normed k times its weight, v: per sample
+        layer_sample["cross_attention"] = M * (rms + 2.0 * b * h)
         outer_tok = {
             "embeddings": C * b,
             "final_layer": 3.0 * b * h + 2.0 * b + 4.0 * C + 4.0,
