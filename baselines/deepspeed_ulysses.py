@@ -137,7 +137,9 @@ class DeepSpeedUlysses(Planner):
     source = (
         "DeepSpeed ZeRO + Ulysses as FlexSP (ASPLOS'25) configured it: fixed SP degree, best-fit "
         "decreasing packing of the global batch, micro-batches of world/sp groups "
-        "(Hetu-Galvatron b4666892 solver.py:745-824)."
+        "(Hetu-Galvatron b4666892 solver.py:745-824). Defaults: the solver's min_sp rule (the "
+        "smallest runnable degree that holds the longest sequence); full recompute, as FlexSP's "
+        "runs recompute."
     )
     OPTION_MINIMA = {"sp": 1}
     SP_OPTIONS = ("sp",)

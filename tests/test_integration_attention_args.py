@@ -243,7 +243,11 @@ def test_every_variant_sequence_parallel_equals_the_library(world: int) -> None:
 def test_a_family_the_cost_model_does_not_price_is_told_to_pass_a_spec() -> None:
     from dcp_bench.runtime.integrations.transformers_lm import CausalLMAdapter
 
+    # every dense family is priced (dcp_bench/archs/llama.py); GPT-OSS's experts are not
+    _, model_type, extra, _ = next(v for v in EQUAL if v[1] == "gpt_oss")
     with pytest.raises(
-        ConfigError, match=r"model_type='qwen3'.*pass CausalLMAdapter\(\.\.\., spec="
+        ConfigError,
+        match=r"model_type='gpt_oss': the cost model cannot price its mixture-of-experts layers"
+        r".*pass CausalLMAdapter\(\.\.\., spec=",
     ):
-        CausalLMAdapter(build("qwen3", {"head_dim": 16}))
+        CausalLMAdapter(build(model_type, extra))
