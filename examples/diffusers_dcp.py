@@ -34,7 +34,7 @@ def batches(steps: int, per_step: int = 6, seed: int = 0):
     """Global batches of clips: frames and patches per frame (tokens = frames x patches)."""
     rng = np.random.default_rng(seed)
     for step in range(steps):
-        frames, patches = rng.integers(1, 9, size=per_step), 2 * rng.integers(2, 33, size=per_step)
+        frames, patches = rng.integers(1, 33, size=per_step), 2 * rng.integers(2, 65, size=per_step)
         yield GlobalBatch(step=step, sample_ids=np.arange(step * per_step, (step + 1) * per_step),
                           tokens=frames * patches, frames=frames)
 
