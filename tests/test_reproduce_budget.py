@@ -235,7 +235,7 @@ def test_the_first_screen_names_the_cpu_calibration_or_the_mismatch() -> None:
     line = _simulator_error_line(data)  # type: ignore[arg-type]
     assert line is not None
     assert "median error 10% on step time" in line  # |0.10|, |0.20|, |0.05| -> 0.10
-    assert "priced with the calibration this machine's, measured by this reproduction" in line
+    assert "priced with calibration: this machine's, measured by this reproduction" in line
     # no measured runs, but a calibration that could not be measured: still on the first screen
     mismatch = CALIBRATION_NOTE + "MISMATCH: this machine's could not be measured (timeout)"
     data = SimpleNamespace(inp=SimpleNamespace(notes=[mismatch]), validation=pd.DataFrame())

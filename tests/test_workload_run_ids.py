@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dcp_bench.campaign.reproduce import calibration_profile
 from dcp_bench.campaign.reproduce_config import load_reproduce_config
 from dcp_bench.campaign.sweep import plan_sweep
 from dcp_bench.config import load_config, to_container
@@ -36,9 +37,11 @@ def _committed_ids() -> set[str]:
 
 def _composed_ids(section_name: str, executor: str) -> list[set[str]]:
     """The run ids `dcp-bench reproduce` composes for one section's first seed, as
-    `dcp_bench.campaign.reproduce.plan_section` composes them."""
+    `dcp_bench.campaign.reproduce.plan_section` composes them (a calibrating section's runs are
+    priced with this machine's calibration, `cost.profile`, as the committed report's were)."""
     cfg = load_reproduce_config([])
     section = next(s for s in cfg.sections if s.name == section_name)
+    profile = calibration_profile(cfg, section)
     ids = []
     for grid in section.grids:
         base = [
@@ -47,6 +50,7 @@ def _composed_ids(section_name: str, executor: str) -> list[set[str]]:
             "run.campaign=reproduce",
             "run.root=runs",
             *cfg.grid_keys(),
+            *([f"cost.profile={profile}"] if profile else []),
             f"seed={cfg.seed_base}",
         ]
         for s in plan_sweep([*base, f"run.executor={executor}"], repeats=1, sweep=section_name):

@@ -406,7 +406,7 @@ def _simulator_error_line(data: ReportData) -> str | None:
     return (
         "The simulator against real training, measured here on CPU ranks: median error "
         f"{float(np.median(arr)):.0%} on step time"
-        + (f", priced with the calibration {calib}" if calib else "")
+        + (f", priced with calibration: {calib}" if calib else "")
         + " ([details](#simulator-against-measurement)); no GPU run of this suite checks the GPU "
         "model."
     )
