@@ -37,6 +37,7 @@ from dcp_bench.runtime.groups import ProcessGroupPool
 from dcp_bench.runtime.models import RuntimeModel
 from dcp_bench.runtime.step_meter import (
     BusyTimer,
+    PhaseClock,
     SavedTensorMeter,
     describe_memory_measure,
     peak_bytes,
@@ -63,6 +64,8 @@ class StepResult:
     micro_batches: int  # run by this rank
     finite: bool = True
     extra: dict[str, float] = field(default_factory=dict)
+    # this rank's wall seconds per phase of the step (`PhaseClock.PHASES`)
+    phase_s: dict[str, float] = field(default_factory=dict)
 
 
 def deal_samples(positions: list[int], tokens: np.ndarray, size: int) -> list[list[int]]:
@@ -187,21 +190,25 @@ def execute_step(
     n_mb = n_empty = 0
     work = list(rank_work(plan, batch, rank, pool))
     passes = round_pass_counts(plan, batch) if state.lockstep else None
+    phases = PhaseClock(device)
     for r in range(len(plan.rounds)):
         mine = [w for w in work if w[0] == r]
         for _, mb, ctx, positions in mine:
             pos = np.asarray(positions, dtype=np.int64)
-            inputs = net.make_inputs(
-                batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, seed
-            )
+            with phases.span("inputs"):
+                inputs = net.make_inputs(
+                    batch.sample_ids[pos], batch.tokens[pos], batch.frames[pos], ctx, seed
+                )
             with busy.span():
-                if measure_memory:
-                    with meter.active():
+                with phases.span("forward"):
+                    if measure_memory:
+                        with meter.active():
+                            loss = net.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
+                        max_saved = max(max_saved, meter.bytes)
+                    else:
                         loss = net.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
-                    max_saved = max(max_saved, meter.bytes)
-                else:
-                    loss = net.loss_sum(inputs, ctx, mb.ckpt_layers) / norm
-                loss.backward()
+                with phases.span("backward"):
+                    loss.backward()
             local_loss += loss.detach().float()
             n_mb += 1
         if passes is not None:
@@ -212,7 +219,8 @@ def execute_step(
         if plan.round_barrier and r + 1 < len(plan.rounds):
             dist.barrier()  # the plan's barrier at the end of every round (every rank, idle or not)
     # The gradient reduction waits for the slowest rank, so it stays outside busy time.
-    loss_value, grad_norm, finite = state.finish_step(local_loss, grad_clip, update)
+    with phases.span("finish"):
+        loss_value, grad_norm, finite = state.finish_step(local_loss, grad_clip, update)
     peak = peak_bytes(device)
     if peak is None:
         peak = state.static_bytes() + max_saved
@@ -228,6 +236,7 @@ def execute_step(
         micro_batches=n_mb,
         finite=finite,
         extra={"empty_passes": float(n_empty)} if state.lockstep else {},
+        phase_s=phases.seconds(),
     )
 
 
@@ -333,9 +342,15 @@ class TorchExecutor:
         # On CUDA the step is timed by events on the default stream (the GPU's own clock); the
         # slowest rank's time is the step's, gathered below.
         step_time = start.elapsed_time(end) / 1e3 if cuda else wall
+        phase_values = [res.phase_s.get(k, 0.0) for k in PhaseClock.PHASES]
         per_rank = gather_floats(
-            [res.busy_s, float(res.peak_mem_bytes), step_time], device=self.device
+            [res.busy_s, float(res.peak_mem_bytes), step_time, *phase_values], device=self.device
         )
+        # per phase, every rank's seconds (`PhaseClock`): what the cost model's terms price
+        phase_extra = {
+            f"phase_{k}_s": [round(r[3 + i], 6) for r in per_rank]
+            for i, k in enumerate(PhaseClock.PHASES)
+        }
         return StepOutcome(
             step_time_s=max(r[2] for r in per_rank),
             busy_s=[r[0] for r in per_rank],
@@ -344,5 +359,10 @@ class TorchExecutor:
             loss=res.loss,
             grad_norm=res.grad_norm,
             finite=res.finite,
-            extra={"rank_micro_batches": res.micro_batches, "wall_step_s": wall, **res.extra},
+            extra={
+                "rank_micro_batches": res.micro_batches,
+                "wall_step_s": wall,
+                **phase_extra,
+                **res.extra,
+            },
         )

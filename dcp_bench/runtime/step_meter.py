@@ -102,6 +102,34 @@ class BusyTimer:
             self.seconds += time.perf_counter() - t0
 
 
+class PhaseClock:
+    """Wall seconds per phase of a step on this rank: building micro-batch inputs, forward,
+    backward, and the end-of-step work (gradient synchronisation, clipping, optimizer step).
+    Beside the step clock so that a measured step can be compared with the cost model's terms
+    one by one; CUDA work is synchronised at the span edges."""
+
+    PHASES = ("inputs", "forward", "backward", "finish")
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._seconds = dict.fromkeys(self.PHASES, 0.0)
+
+    @contextmanager
+    def span(self, phase: str) -> Iterator[None]:
+        if phase not in self._seconds:
+            raise ValueError(f"phase {phase!r}; expected one of {', '.join(self.PHASES)}")
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self._seconds[phase] += time.perf_counter() - t0
+
+    def seconds(self) -> dict[str, float]:
+        return dict(self._seconds)
+
+
 _PROC_STATUS = "/proc/self/status"
 _PROC_CLEAR_REFS = "/proc/self/clear_refs"
 
