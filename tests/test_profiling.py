@@ -428,6 +428,112 @@ def test_step_is_priced_at_the_run_s_zero_stage(
     assert bool(swapped) == (measured != run_stage)
 
 
+# the checkpointed forward's law, a + b T + c P + d N (dearer than LAW["fwd"]: its hooks)
+FWD_CKPT = (2e-3, 3e-6, 3e-10, 5e-4)
+
+
+def test_checkpointed_layers_forward_is_priced_from_its_own_measured_law(tmp_path: Path) -> None:
+    """Hand-worked: tiny_llama (4 layers), one 700-token sample (P = 245,000 pairs) at SP 1 with
+    2 checkpointed layers. Per layer, plain forward 1e-3 + 2e-6*700 + 3e-10*245000 + 1e-4 =
+    2.5735 ms; checkpointed forward 2e-3 + 3e-6*700 + 3e-10*245000 + 5e-4 = 4.6735 ms; outer
+    forward 1e-6*700 + 5e-5 = 0.75 ms; inputs 1e-4 + 1e-7*700 + 2e-5 = 0.19 ms. Forward =
+    2 x 2.5735 + 2 x 4.6735 + 0.75 + 0.19 = 15.434 ms. Without checkpointing, 4 x 2.5735 + 0.94
+    = 11.234 ms. An artifact without ``fwd_ckpt_s`` prices both as the latter and says so."""
+    art = synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4)
+    for point in art["layers"]:
+        a, b, c, d = FWD_CKPT
+        t, pairs, n = point["tokens_per_rank"], point["pairs_per_rank"], point["n_samples"]
+        point["fwd_ckpt_s"] = _timing(a + b * t + c * pairs + d * n)
+    path = tmp_path / "tiny_llama.json"
+    path.write_text(dumps_artifact(art))
+    cost = ProfiledCostModel(
+        model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(path)
+    )
+    one, frames = np.array([700]), np.array([1])
+    assert cost.microbatch_cost(one, frames, 1, 2).fwd_s == pytest.approx(0.015434, rel=1e-6)
+    assert cost.microbatch_cost(one, frames, 1, 0).fwd_s == pytest.approx(0.011234, rel=1e-6)
+    # backward and recompute are as before: the checkpointed forward adds to the forward only
+    plain = ProfiledCostModel(
+        model=model_spec("tiny_llama"),
+        cluster=cpu_cluster(4),
+        profile=str(synthetic_profile_path(tmp_path)),
+    )
+    for k in (0, 2, 4):
+        got, old = cost.microbatch_cost(one, frames, 1, k), plain.microbatch_cost(one, frames, 1, k)
+        assert got.bwd_s == old.bwd_s and got.recompute_s == old.recompute_s
+        assert old.fwd_s == pytest.approx(0.011234, rel=1e-6)
+    assert cost.describe()["checkpointed_forward"] == "measured (fwd_ckpt_s)"
+    assert plain.describe()["checkpointed_forward"].startswith("not measured by this profile")
+    # every layer checkpointed: 4 x 4.6735 + 0.94 = 19.634 ms
+    assert cost.microbatch_cost(one, frames, 1, 4).fwd_s == pytest.approx(0.019634, rel=1e-6)
+
+
+def synthetic_profile_path(tmp_path: Path) -> Path:
+    path = tmp_path / "plain" / "tiny_llama.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(
+        dumps_artifact(synthetic_artifact("tiny_llama", [128, 256, 1024, 2048], [1, 2, 4], 4))
+    )
+    return path
+
+
+def test_module_timing_times_the_case_s_own_checkpointed_forward() -> None:
+    """The checkpointed pass is the case's ``ckpt_fn`` (the runtime's own checkpointing), timed
+    forward and backward: a ``ckpt_fn`` that sleeps 20 ms is called once per repetition and its
+    forward time is at least that; without one, ``torch.utils.checkpoint`` wraps ``fn``."""
+    from dcp_bench.profiling.module_timing import measure_module
+
+    lin = nn.Linear(8, 8)
+    calls = []
+
+    def ckpt_fn(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        import time
+
+        time.sleep(0.02)
+        out: torch.Tensor = torch.utils.checkpoint.checkpoint(lin, x, use_reentrant=False)
+        return out
+
+    def make() -> torch.Tensor:
+        return torch.randn(4, 8, requires_grad=True)
+
+    res = measure_module(lin, lin, make, reps=3, warmup=1, ckpt_fn=ckpt_fn)
+    assert len(calls) == 4
+    assert res["fwd_ckpt_s"]["n"] == 3 and res["bwd_ckpt_s"]["n"] == 3
+    assert res["fwd_ckpt_s"]["p25"] >= 0.02
+    default = measure_module(lin, lin, make, reps=2, warmup=0)
+    assert default["fwd_ckpt_s"]["n"] == 2
+    assert "fwd_ckpt_s" not in measure_module(lin, lin, make, reps=2, warmup=0, ckpt=False)
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_stdit"])
+def test_layer_case_checkpoints_as_the_runtime_does(model: str) -> None:
+    """The profiled checkpointed call computes what the plain call computes (output and every
+    gradient), and for STDiT it is the pair's own per-block checkpointing: the tensors autograd
+    keeps are the two blocks' inputs, not the pair's activations."""
+    from dcp_bench.profiling import layers as layer_cases
+    from dcp_bench.runtime.attention import SINGLE
+
+    spec = model_spec(model)
+    one = layer_cases.one_layer_model(spec, torch.device("cpu"), torch.float32)
+    samples = [(12, 1)] * 3 + [(24, 3)] if spec.arch == "stdit" else [(20, 1), (36, 1)]
+    case = layer_cases.layer_case(one, SINGLE, samples, torch.float32)
+    assert case.ckpt_fn is not None
+    torch.manual_seed(0)
+    x = case.make_input()
+    x2 = x.detach().clone().requires_grad_(True)
+    y, y2 = case.fn(x), case.ckpt_fn(x2)
+    torch.testing.assert_close(y2, y, rtol=0, atol=0)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, *case.module.parameters()], g)
+    grads2 = torch.autograd.grad(y2, [x2, *case.module.parameters()], g)
+    for a, b in zip(grads, grads2):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    kept = saved_activation_bytes(case.ckpt_fn, case.make_input(), parameter_storages(case.module))
+    full = saved_activation_bytes(case.fn, case.make_input(), parameter_storages(case.module))
+    assert kept < full / 4
+
+
 def test_vectorised_sample_time_equals_one_sample_micro_batches(synthetic_profile: Path) -> None:
     cost = ProfiledCostModel(
         model=model_spec("tiny_llama"), cluster=cpu_cluster(4), profile=str(synthetic_profile)
@@ -514,6 +620,8 @@ def test_profile_command_writes_an_artifact_the_cost_model_reads(tmp_path: Path)
         (s, h) for s in (1, 2) for h in ("single", "packed")
     }
     assert all(p["fwd_s"]["n"] == 2 and p["act_bytes"] > 0 for p in art["layers"])
+    # the checkpointed forward is timed at every point, as often as the plain one
+    assert all(p["fwd_ckpt_s"]["n"] == 2 for p in art["layers"])
     assert {(c["op"], c["group_size"]) for c in art["collectives"]} == {
         ("all_to_all", 2),
         ("all_reduce", 2),
@@ -528,6 +636,7 @@ def test_profile_command_writes_an_artifact_the_cost_model_reads(tmp_path: Path)
         model=model_spec("tiny_llama"), cluster=cpu_cluster(2), profile=str(out)
     )
     assert cost.describe()["profile_nproc_used"] == 2
+    assert cost.describe()["checkpointed_forward"] == "measured (fwd_ckpt_s)"
     assert cost.sample_time(np.array([100]), np.array([1]), 2, 0)[0] > 0
 
 

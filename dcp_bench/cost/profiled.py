@@ -96,12 +96,18 @@ def fit_layer_tables(points: list[dict[str, Any]]) -> LayerTables:
     recompute = np.maximum(bwd_ckpt - bwd, 1e-9)
     act = np.array([p["act_bytes"] for p in points], dtype=float)
     ckpt = np.array([p["ckpt_bytes"] for p in points], dtype=float)
+    time = {
+        "fwd": fit_nonnegative(x, fwd),
+        "bwd": fit_nonnegative(x, bwd),
+        "recompute": fit_nonnegative(x, recompute),
+    }
+    # the forward of a checkpointed layer (its saved-tensor hooks, the RNG state): measured by
+    # profiles from the version that times it (`profiling.module_timing`); older ones price a
+    # checkpointed layer's forward as the plain forward (`describe()["checkpointed_forward"]`)
+    if all("fwd_ckpt_s" in p for p in points):
+        time["fwd_ckpt"] = fit_nonnegative(x, np.array([p["fwd_ckpt_s"]["median"] for p in points]))
     return LayerTables(
-        time={
-            "fwd": fit_nonnegative(x, fwd),
-            "bwd": fit_nonnegative(x, bwd),
-            "recompute": fit_nonnegative(x, recompute),
-        },
+        time=time,
         act=fit_nonnegative(memory_features(tpr, ppr, n), np.maximum(act, 1.0)),
         ckpt_bytes_per_token=float(ckpt.sum() / tpr.sum()),
     )
@@ -225,6 +231,9 @@ class ProfiledCostModel(CostModel):
             "resident_fixed_bytes": self.resident_fixed_bytes,
             "zero_stage": self.zero_stage,
             "profile_step_zero_stage": self.step_zero_stage,
+            "checkpointed_forward": "measured (fwd_ckpt_s)"
+            if all("fwd_ckpt" in t.time for t in self.tables.values())
+            else "not measured by this profile: priced as the plain forward",
         }
         # the same, grouped as run records store it (RunSummary.profile)
         self.provenance["profile"] = {
@@ -376,7 +385,13 @@ class ProfiledCostModel(CostModel):
         comm_l = self._comm_per_layer(a2a, tpr)
         if packed_share and a2a > 1:  # bytes only: latencies are shared by a micro-batch's samples
             comm_l = comm_l - self._comm_per_layer(a2a, np.zeros_like(tpr))
-        fwd = L * fwd_l * keep + self._outer_time("fwd", xo) + self._outer_time("inputs", xo)
+        k = min(max(int(ckpt_layers), 0), L)
+        if k and "fwd_ckpt" in tab.time:
+            # the k checkpointed layers run their forward under checkpointing (measured)
+            layers_fwd = ((L - k) * fwd_l + k * tab.time["fwd_ckpt"].predict(x)) * keep
+        else:
+            layers_fwd = L * fwd_l * keep
+        fwd = layers_fwd + self._outer_time("fwd", xo) + self._outer_time("inputs", xo)
         bwd = L * bwd_l * keep + self._outer_time("bwd", xo)
         # recompute is measured (checkpointed minus plain backward) with its all-to-alls inside
         return fwd, bwd, ckpt_layers * rec_l, L * comm_l

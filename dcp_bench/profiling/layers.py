@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from dcp_bench.cost.profile_artifact import summarize
 from dcp_bench.cost.profile_fit import fit_nonnegative
@@ -51,6 +52,8 @@ class LayerCase:
     fn: Callable[[Tensor], Tensor]
     make_input: Callable[[], Tensor]
     tokens_per_rank: int  # rows of this rank's shard, padding included
+    # the unit checkpointed as the runtime's model checkpoints it (None: not checkpointed there)
+    ckpt_fn: Callable[[Tensor], Tensor] | None = None
 
 
 def sp_context(size: int, rank: int, group: Any) -> SPContext:
@@ -95,6 +98,10 @@ def layer_case(
         def fn(x: Tensor) -> Tensor:
             return layer(x, shard, rope, sp)
 
+        def ckpt_fn(x: Tensor) -> Tensor:  # as LlamaModel.forward checkpoints a layer
+            out: Tensor = checkpoint(layer, x, shard, rope, sp, use_reentrant=False)
+            return out
+
     else:
         assert isinstance(model, STDiTModel)
         layer = model.pairs[0]
@@ -111,10 +118,16 @@ def layer_case(
         def fn(x: Tensor) -> Tensor:
             return layer(x, shard, t_mod, caption_h, sp)
 
+        def ckpt_fn(x: Tensor) -> Tensor:  # each block its own checkpoint, as STDiTPair does
+            out: Tensor = layer(x, shard, t_mod, caption_h, sp, checkpointed=True)
+            return out
+
     def make_input() -> Tensor:
         return torch.randn(rows, h, device=device, dtype=dtype).requires_grad_(True)
 
-    return LayerCase(module=layer, fn=fn, make_input=make_input, tokens_per_rank=rows)
+    return LayerCase(
+        module=layer, fn=fn, make_input=make_input, tokens_per_rank=rows, ckpt_fn=ckpt_fn
+    )
 
 
 def outer_case(

@@ -1,9 +1,17 @@
 """Timing and activation-memory measurement of one module on one input.
 
-Time: each repetition runs forward, backward, then a checkpointed forward and its backward; the
-first ``warmup`` repetitions are discarded, every phase starts after a barrier over the world (so
-SP groups start together and contention is that of a training round), and a repetition's time is
-the slowest rank's. On CUDA the device is synchronised before each clock read.
+Time: each repetition runs forward, backward, then a checkpointed forward and its backward, all
+four timed; the first ``warmup`` repetitions are discarded, every phase starts after a barrier
+over the world (so SP groups start together and contention is that of a training round), and a
+repetition's time is the slowest rank's. On CUDA the device is synchronised before each clock
+read. The checkpointed pass is the module's own checkpointing call when the case gives one
+(``ckpt_fn``: e.g. STDiT checkpoints each block of a pair separately), else
+``torch.utils.checkpoint.checkpoint`` around the module. Its forward is timed because it is not
+the plain forward: non-reentrant checkpointing runs a saved-tensor hook for every tensor the
+forward would save and keeps the RNG state, a cost per operation that is a large share of a
+small layer's forward on CPU (thread CPU time on the development machine: 10-36% more than the
+plain forward for the tiny STDiT pair at the real CPU section's shapes, 1-3% for the tiny Llama
+layer).
 
 Memory: there is no CPU allocator peak counter, so activation memory is the bytes autograd saves
 for backward, counted with ``torch.autograd.graph.saved_tensors_hooks``: each distinct storage
@@ -71,13 +79,20 @@ class ModuleTiming:
         fn: Callable[[Tensor], Tensor],
         make_input: Callable[[], Tensor],
         ckpt: bool = True,
+        ckpt_fn: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         self.module, self.fn, self.make_input, self.ckpt = module, fn, make_input, ckpt
+        self.ckpt_fn = ckpt_fn or self._checkpointed
         self.device = next(module.parameters()).device
         self.fwd: list[float] = []
         self.bwd: list[float] = []
+        self.fwd_ckpt: list[float] = []
         self.bwd_ckpt: list[float] = []
         self.peak = 0
+
+    def _checkpointed(self, x: Tensor) -> Tensor:
+        out: Tensor = checkpoint(self.fn, x, use_reentrant=False)
+        return out
 
     def rep(self, record: bool) -> None:
         device, fn = self.device, self.fn
@@ -100,22 +115,27 @@ class ModuleTiming:
         if device.type == "cuda":
             self.peak = max(self.peak, torch.cuda.max_memory_allocated(device) - base)
         del y
-        t4 = t5 = 0.0
+        t4 = t5 = t6 = t7 = 0.0
         if self.ckpt:
             x = self.make_input()
-            y = checkpoint(fn, x, use_reentrant=False)
             _barrier(device)
             t4 = time.perf_counter()
-            y.backward(grad)
+            y = self.ckpt_fn(x)
             _sync(device)
             t5 = time.perf_counter()
+            _barrier(device)
+            t6 = time.perf_counter()
+            y.backward(grad)
+            _sync(device)
+            t7 = time.perf_counter()
             del y
         del grad
         self.module.zero_grad(set_to_none=True)
         if record:
             self.fwd.append(t1 - t0)
             self.bwd.append(t3 - t2)
-            self.bwd_ckpt.append(t5 - t4)
+            self.fwd_ckpt.append(t5 - t4)
+            self.bwd_ckpt.append(t7 - t6)
 
     def result(self) -> dict[str, Any]:
         """Summaries (slowest rank per repetition; a collective call on every rank) and bytes."""
@@ -128,6 +148,7 @@ class ModuleTiming:
             "ckpt_bytes": int(x.untyped_storage().nbytes()),
         }
         if self.ckpt:
+            out["fwd_ckpt_s"] = summarize(slowest_rank_times(self.fwd_ckpt))
             out["bwd_ckpt_s"] = summarize(slowest_rank_times(self.bwd_ckpt))
         if self.device.type == "cuda":  # allocator peak over forward + backward above what was live
             out["cuda_peak_bytes"] = int(self.peak)
@@ -156,11 +177,13 @@ def measure_module(
     reps: int,
     warmup: int,
     ckpt: bool = True,
+    ckpt_fn: Callable[[Tensor], Tensor] | None = None,
 ) -> dict[str, Any]:
-    """Forward, backward and checkpointed-backward times (median/p25/p75 over ``reps``) and the
-    saved-activation bytes of ``fn`` applied to a fresh ``make_input()`` (a leaf that requires
-    grad, so the module's input gradient is computed as inside a model)."""
-    timing = ModuleTiming(module, fn, make_input, ckpt)
+    """Forward, backward, checkpointed-forward and checkpointed-backward times (median/p25/p75
+    over ``reps``) and the saved-activation bytes of ``fn`` applied to a fresh ``make_input()``
+    (a leaf that requires grad, so the module's input gradient is computed as inside a model);
+    ``ckpt_fn``: the module's own checkpointed call (see the module docstring)."""
+    timing = ModuleTiming(module, fn, make_input, ckpt, ckpt_fn)
     for rep in range(warmup + reps):
         timing.rep(record=rep >= warmup)
     return timing.result()

@@ -143,7 +143,9 @@ def _time_layers(
             for ctx, e in zip(contexts, entries)
         ]
         results = measure_interleaved(
-            [ModuleTiming(c.module, c.fn, c.make_input) for c in cases], req.reps, req.warmup
+            [ModuleTiming(c.module, c.fn, c.make_input, ckpt_fn=c.ckpt_fn) for c in cases],
+            req.reps,
+            req.warmup,
         )
         for entry, case, res in zip(entries, cases, results):
             entry["tokens_per_rank"] = case.tokens_per_rank
@@ -158,7 +160,14 @@ def _time_layers(
             case = layer_cases.layer_case(one_layer, ctx, samples, dtype)
             entry["tokens_per_rank"] = case.tokens_per_rank
             entry.update(
-                measure_module(case.module, case.fn, case.make_input, req.reps, req.warmup)
+                measure_module(
+                    case.module,
+                    case.fn,
+                    case.make_input,
+                    req.reps,
+                    req.warmup,
+                    ckpt_fn=case.ckpt_fn,
+                )
             )
         except torch.cuda.OutOfMemoryError:
             entry["oom"] = True
