@@ -9,6 +9,7 @@ model's terms price one by one.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 
@@ -21,7 +22,7 @@ from dcp_bench.batch import GlobalBatch
 from dcp_bench.cost.specs import model_spec
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan
 from dcp_bench.runtime.groups import ProcessGroupPool
-from dcp_bench.runtime.step_meter import PhaseClock
+from dcp_bench.runtime.step_meter import PhaseClock, load_average_1m
 from dcp_bench.runtime.training import build_training_state
 
 
@@ -46,6 +47,12 @@ def test_an_unknown_phase_is_refused() -> None:
         clock.span("optimizer"),
     ):
         pass
+
+
+def test_the_load_average_is_the_machine_s() -> None:
+    load = load_average_1m()
+    assert load is not None and load >= 0.0
+    assert abs(load - os.getloadavg()[0]) < 5.0  # read a moment apart
 
 
 def test_a_real_step_reports_its_phases() -> None:

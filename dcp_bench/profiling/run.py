@@ -38,6 +38,7 @@ from dcp_bench.records import read_steps
 from dcp_bench.run.spec import parse_run_spec
 from dcp_bench.run.torch_run import RANK_ERROR_MARK, error_tail, launch_torch_run, run_session
 from dcp_bench.runtime.device import backend_for
+from dcp_bench.runtime.step_meter import load_average_1m
 from dcp_bench.train_policy import precision_policy, static_state_bytes
 
 
@@ -163,6 +164,7 @@ def run_profile(req: ProfileRequest, command: str = "") -> dict[str, Any]:
     """Measure everything ``req`` asks for and return the artifact (not yet written)."""
     req.check()
     started = time.time()
+    load_start = load_average_1m()
     layers: list[dict[str, Any]] = []
     outer: list[dict[str, Any]] = []
     colls: list[dict[str, Any]] = []
@@ -222,6 +224,9 @@ def run_profile(req: ProfileRequest, command: str = "") -> dict[str, Any]:
             "wall_s": round(finished - started, 2),
             "started_at": started,
             "finished_at": finished,
+            # the machine's 1-minute load average when the measurement started and ended: the
+            # timings on a machine shared with other work depend on it
+            "load_avg_1m": [load_start, load_average_1m()],
             "command": command,
         },
     }

@@ -209,12 +209,24 @@ def validation_table(c: Campaign, cells: pd.DataFrame) -> pd.DataFrame:
                 "measured_cv": t["cv"],
                 "simulated_s": sim_s,
                 "error": relative_error(sim_s, float(t["median_s"])),
+                "load_1m": _median_load(c, t["config_hash"]),
                 "cost_source": s["cost_source"] if s is not None else None,
                 "measured_cell": t["config_hash"],
                 "simulated_cell": s["config_hash"] if s is not None else None,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _median_load(c: Campaign, config_hash: str) -> float:
+    """The median 1-minute load average over a measured cell's steps (nan where its records
+    carry none): what the machine ran besides the cell while it was measured."""
+    if c.steps.empty or "load_1m" not in c.steps:
+        return math.nan
+    loads = pd.to_numeric(
+        c.steps.loc[c.steps["config_hash"] == config_hash, "load_1m"], errors="coerce"
+    ).dropna()
+    return float(loads.median()) if len(loads) else math.nan
 
 
 def validation_speedups(v: pd.DataFrame) -> pd.DataFrame:

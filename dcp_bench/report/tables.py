@@ -279,6 +279,8 @@ def _step_rows(summary: RunSummary, steps: list[StepRecord]) -> list[dict[str, A
                 "mem_cap_gib": ex.get("mem_cap_gib"),
                 "loss": st.loss,
                 "imbalance": st.imbalance,
+                # measured steps: the machine's 1-minute load average after the step
+                "load_1m": ex.get("load_avg_1m"),
                 "sp_samples": ex.get("sp_samples") or {},
                 "ckpt_samples": ex.get("ckpt_samples") or {},
                 "sp_tokens": ex.get("sp_tokens") or {},

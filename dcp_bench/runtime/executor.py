@@ -40,6 +40,7 @@ from dcp_bench.runtime.step_meter import (
     PhaseClock,
     SavedTensorMeter,
     describe_memory_measure,
+    load_average_1m,
     peak_bytes,
     reset_peak,
     synchronize,
@@ -362,6 +363,7 @@ class TorchExecutor:
             extra={
                 "rank_micro_batches": res.micro_batches,
                 "wall_step_s": wall,
+                "load_avg_1m": load_average_1m(),
                 **phase_extra,
                 **res.extra,
             },

@@ -102,6 +102,16 @@ class BusyTimer:
             self.seconds += time.perf_counter() - t0
 
 
+def load_average_1m() -> float | None:
+    """The machine's 1-minute load average (runnable processes, ``os.getloadavg``), or None
+    where the platform has none. A measured time on a machine shared with other work depends on
+    it; records keep it beside the time (`docs/runtime.md`)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 class PhaseClock:
     """Wall seconds per phase of a step on this rank: building micro-batch inputs, forward,
     backward, and the end-of-step work (gradient synchronisation, clipping, optimizer step).

@@ -47,6 +47,21 @@ def loss_parity(c: Campaign) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _load_sentence(validation: pd.DataFrame) -> str:
+    """What else ran on the machine while the cells were measured (`load_1m`: each cell's median
+    1-minute load average), or nothing when the records carry no load."""
+    if "load_1m" not in validation:
+        return ""
+    loads = pd.to_numeric(validation["load_1m"], errors="coerce").dropna()
+    if loads.empty:
+        return ""
+    return (
+        f" Measured at a 1-minute load average of {loads.min():.1f}-{loads.max():.1f} "
+        "(`load_1m`, each cell's median over its steps): on a machine shared with other work a "
+        "measured step time grows with the load, a simulated one does not."
+    )
+
+
 def measurement_section(doc: Document, data: ReportData) -> None:
     c = data.campaign
     validation = data.validation
@@ -64,6 +79,7 @@ def measurement_section(doc: Document, data: ReportData) -> None:
         f"Median absolute error of the simulated median step time: **{med_err:.1%}** (max "
         f"{max_err:.1%}; target within {SIM_ERROR_TARGET:.0%}). The simulated runs use the cost "
         "model named in `cost_source`; the measured ones ran on this machine's ranks."
+        + _load_sentence(validation)
     )
     doc.table(
         validation,
@@ -76,6 +92,7 @@ def measurement_section(doc: Document, data: ReportData) -> None:
             "measured_cv",
             "simulated_s",
             "error",
+            "load_1m",
             "cost_source",
         ],
     )
