@@ -84,22 +84,20 @@ def sample_shapes(
 ) -> list[tuple[int, int]]:
     """(tokens, frames) of the samples of one grid point holding ``total`` tokens.
 
-    Text: one sample of ``total`` tokens, or ``packed`` equal samples. Video: frames of up to
-    ``video_spatial`` patches, with at least ``sp`` frames so that DSP's frame sharding needs no
-    padding; packing splits the frames while each sample keeps ``sp`` of them, else the patches.
+    Text: one sample of ``total`` tokens, or ``packed`` equal samples. Video: ``packed`` equal
+    samples of ``total // packed`` tokens each, every sample shaped as a single one of its size:
+    frames of up to ``video_spatial`` patches, with at least ``sp`` frames so that DSP's frame
+    sharding needs no padding. Short samples are thus images (one frame) of a few patches, as
+    the short samples of video data are (98% of the scaled `videosys_zipf` samples the real CPU
+    section trains are images of 2-56 patches), not one-patch clips of many frames.
     """
     n = 1 if shape == "single" else packed
     if not arch_of(model).video:
         return [(total // n, 1)] * n
-    spatial = max(1, min(video_spatial, total // sp))
-    frames = max(1, total // spatial)
-    if n == 1:
-        return [(frames * spatial, frames)]
-    if frames // n >= sp:
-        f = frames // n
-        return [(f * spatial, f)] * n
-    s = max(1, spatial // n)
-    return [(s * frames, frames)] * n
+    each = max(1, total // n)
+    spatial = max(1, min(video_spatial, each // sp))
+    frames = max(1, each // spatial)
+    return [(frames * spatial, frames)] * n
 
 
 def shape_counts(req: ProfileRequest) -> list[tuple[str, int]]:
