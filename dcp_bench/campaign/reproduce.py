@@ -602,7 +602,8 @@ def calibrate_section(
             str(folder),
             True,
             f"this machine's, measured by this reproduction before its real "
-            f"CPU runs ({names}; {nprocs} rank(s); {took:.0f} s; `{folder}`)",
+            f"CPU runs ({names}; {nprocs} rank(s); {took:.0f} s{calibration_load(folder, models)}; "
+            f"`{folder}`)",
         )
     estimate.say(f"this CPU's calibration could not be measured: {problem}")
     where = committed_calibration(models)
@@ -614,6 +615,23 @@ def calibrate_section(
         "machine by this reproduction, so its error includes any difference between that "
         "machine, or its load then, and this one now",
     )
+
+
+def calibration_load(folder: Path, models: Sequence[tuple[str, str]]) -> str:
+    """The machine's 1-minute load average over the calibration (the lowest and highest its
+    artifacts recorded at their start and end), as a clause for the report's note; empty when they
+    recorded none. Measured times depend on the load, and the calibration is measured minutes
+    before the real runs it is compared with."""
+    loads: list[float] = []
+    for name, _ in models:
+        try:
+            cost = json.loads((folder / f"{name}.json").read_text()).get("cost") or {}
+        except (OSError, ValueError):
+            continue
+        loads += [float(v) for v in cost.get("load_avg_1m") or [] if v is not None]
+    if not loads:
+        return ""
+    return f"; 1-minute load average {min(loads):.1f}-{max(loads):.1f}"
 
 
 def _calibration(profile: str | None, here: bool, what: str) -> dict[str, Any]:
