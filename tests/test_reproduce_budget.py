@@ -278,6 +278,19 @@ def test_a_calibration_with_no_time_left_is_a_mismatch_the_report_states(tmp_pat
     assert not (tmp_path / "runs" / "toy.calibration").exists()
 
 
+def test_the_calibration_note_gives_the_load_it_was_measured_at(tmp_path: Path) -> None:
+    from dcp_bench.campaign.reproduce import calibration_load
+
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    (folder / "a.json").write_text(json.dumps({"cost": {"load_avg_1m": [3.25, 7.5]}}))
+    (folder / "b.json").write_text(json.dumps({"cost": {"load_avg_1m": [None, 2.04]}}))
+    (folder / "c.json").write_text(json.dumps({"cost": {"wall_s": 1.0}}))  # an older artifact
+    models = [("a", "llama"), ("b", "stdit"), ("c", "llama"), ("missing", "llama")]
+    assert calibration_load(folder, models) == "; 1-minute load average 2.0-7.5"
+    assert calibration_load(folder, [("c", "llama")]) == ""
+
+
 def test_a_calibration_past_its_time_is_ended_with_every_process(tmp_path: Path) -> None:
     from dcp_bench.campaign.reproduce import calibrate_here
 
@@ -304,6 +317,8 @@ def test_a_short_calibration_of_this_cpu_prices_the_tiny_model(tmp_path: Path) -
     art = json.loads((folder / "tiny_llama.json").read_text())
     assert art["hardware"]["cpu_model"] == collect_env().get("cpu_model")
     assert art["settings"]["grid"]["tokens_per_rank"] == [64, 256, 1024]
+    assert art["settings"]["reps"] == 3
+    assert all("fwd_ckpt_s" in p for p in art["layers"])
     two_ranks = cluster_spec("cpu").resized(2)  # the section's runs: nproc=2
     cost = make_cost_model("tiny_llama", two_ranks, "auto", profile=str(folder))
     assert cost.describe()["profile"]["path"].endswith("tiny_llama.json")
