@@ -622,6 +622,8 @@ def test_profile_command_writes_an_artifact_the_cost_model_reads(tmp_path: Path)
     assert all(p["fwd_s"]["n"] == 2 and p["act_bytes"] > 0 for p in art["layers"])
     # the checkpointed forward is timed at every point, as often as the plain one
     assert all(p["fwd_ckpt_s"]["n"] == 2 for p in art["layers"])
+    # the machine's load when the measurement started and ended (Linux: both known)
+    assert [v >= 0 for v in art["cost"]["load_avg_1m"]] == [True, True]
     assert {(c["op"], c["group_size"]) for c in art["collectives"]} == {
         ("all_to_all", 2),
         ("all_reduce", 2),
