@@ -181,7 +181,10 @@ class ClaimSet:
         seen_files: set[str] = set()
         for c in self.claims:
             readings += [{**rd, "claim": c.id} for rd in c.readings] if c.path else []
-            comparisons += list(c.comparisons)
+            pair_by = c.statistics.get("pair_by", "seed")
+            comparisons += [
+                {**cmp, "pair_by": pair_by} if pair_by != "seed" else cmp for cmp in c.comparisons
+            ]
             for key in ("paper_table", "sensitivity", "model_band"):
                 spec = getattr(c, key)
                 if spec:
@@ -297,7 +300,14 @@ def _check_sections(raw: dict[str, Any], path: Path | str, at: str = "") -> None
         for key in ("id", "context", "baseline", "method"):
             if key not in comp:
                 raise ConfigError(f"{_where(path, f'{pre}comparisons[{i}]')}: no {key!r}")
-        _mapping(comp["context"], path, f"{pre}comparisons[{i}].context", SETUP_KEYS)
+        ctx = _mapping(
+            comp["context"], path, f"{pre}comparisons[{i}].context", SETUP_KEYS + ("cost_source",)
+        )
+        if "cost_source" in ctx and ctx["cost_source"] not in COST_SOURCES:
+            raise ConfigError(
+                f"{_where(path, f'{pre}comparisons[{i}].context.cost_source')}: "
+                f"{ctx['cost_source']!r}; expected one of {', '.join(COST_SOURCES)}"
+            )
         _selectors(comp["baseline"], path, f"{pre}comparisons[{i}].baseline")
         _selectors(comp["method"], path, f"{pre}comparisons[{i}].method")
     extra = ("claim",) if not at else ()

@@ -34,6 +34,7 @@ from dcp_bench.cost.base import (
     time_parts,
 )
 from dcp_bench.errors import ConfigError, DcpBenchError
+from dcp_bench.paths import CONF_DIR
 from dcp_bench.planners.base import method_label
 from dcp_bench.reference import unit_of_label
 from dcp_bench.report.claim_spec import load_claim_set
@@ -41,6 +42,7 @@ from dcp_bench.report.stats import relative_half_width
 from dcp_bench.report.system_validation import (
     PublishedSystem,
     SystemValidation,
+    rows_missed,
     system_for_claim,
     validate_system,
 )
@@ -69,7 +71,8 @@ def campaign_system_values(
     system's context, ``extra_context`` (e.g. a cost source) and the row's selector; default
     cost constants), in the metric's own unit."""
     out: dict[str, dict[int, float]] = {}
-    if cells.empty or system.metric not in c.runs.columns:
+    mean_steps = system.metric == "mean_step_time_s"
+    if cells.empty or (system.metric not in c.runs.columns and not mean_steps):
         return out
     context = {**system.context, **(extra_context or {})}
     for row in system.rows:
@@ -78,6 +81,9 @@ def campaign_system_values(
             continue
         runs = c.runs[(c.runs["config_hash"] == sel.iloc[0]["config_hash"])]
         runs = runs[runs["status"] == "ok"]
+        if mean_steps:
+            means = c.steps.groupby("run_id")["step_time_s"].mean()
+            runs = runs.assign(mean_step_time_s=[means.get(rid) for rid in runs["run_id"]])
         vals = {
             int(sd): float(v)
             for sd, v in zip(runs["seed"], runs[system.metric])
@@ -240,8 +246,11 @@ def speedup_by_step(
     }
 
 
-def _no_data_note(side: str, selector: dict[str, Any]) -> str:
-    """Why a side has no cells: its method has no config at all, or it is not in the campaign."""
+def _no_data_note(side: str, selector: dict[str, Any], workload: str) -> str:
+    """Why a side has no cells: no workload config of that name, its method has no config at
+    all, or it is not in the campaign."""
+    if not (CONF_DIR / "workload" / f"{workload}.yaml").is_file():
+        return f"not judged: no workload {workload}"
     if method_defaults(str(selector["method"])) is None:
         return f"not judged: no method {selector['method']}"
     return f"no data: {side} not in this campaign"
@@ -299,7 +308,7 @@ def compare(
         if pair is None:
             if bw.empty or mw.empty:
                 side, sel = ("baseline", baseline) if bw.empty else ("method", method)
-                note = _no_data_note(side, sel)
+                note = _no_data_note(side, sel, wl)
             else:
                 note = "no data: a shared context not in this campaign"
             out.append(
@@ -449,6 +458,20 @@ def verdict_rule(
         return "undecided", f"undecided in simulation: {what} could not be simulated ({why})"
     sim, pub = validation.claimed_simulated, validation.claimed_published
     numbers = f"simulated {sim:.2f}x, published {pub:.2f}x"
+    missed = rows_missed(validation, tolerance)
+    if missed:
+        unit = s.unit.split(" (")[0]
+        rows = "; ".join(
+            f"{r['label']} simulated {float(r['simulated']):.2f}, published {r['published']:g}"
+            for r in missed
+        )
+        return (
+            "undecided",
+            f"undecided in simulation: the simulator misses the authors' own published "
+            f"measurements ({unit}) by more than the claim's {tolerance:.0%} tolerance"
+            + (f" plus the {s.reading_error:g} reading error" if s.reading_error else "")
+            + f": {rows}; the seed CI alone would say {ci_verdict}",
+        )
     if not within_tolerance(err, tolerance):
         return (
             "undecided",
@@ -663,6 +686,13 @@ def evaluate_claims(
         )
         res_.verdict, res_.verdict_rule = verdict_rule(v, float(cl["tolerance"]), res_.validation)
         res_.pair_by = pair_by
+        if sources:
+            res_.basis = (
+                f"in simulation under the cost source {sources[0]} (the claim's verdict)"
+                + (f"; also shown under {', '.join(sources[1:])}" if sources[1:] else "")
+                + "; no constant fitted to the published numbers, not validated on a GPU run "
+                "of this suite"
+            )
         for source in sources:
             res_.by_cost_source.append(
                 _judge_under(c, cells, claims, cl, source, pair_by, n_boot)
@@ -978,7 +1008,19 @@ def evaluate_comparisons(
     for comp in claims.get("comparisons", []):
         for base in _as_list(comp["baseline"]):
             for meth in _as_list(comp["method"]):
-                for r in compare(c, cells, comp["context"], base, meth, n_boot=n_boot):
+                # a context under a named cost source: its cells carry that source's memory cap
+                cap = None if "cost_source" in comp["context"] else DEFAULT_MEM_CAP_FRACTION
+                pair_by = str(comp.get("pair_by", "seed"))
+                for r in compare(
+                    c,
+                    cells,
+                    comp["context"],
+                    base,
+                    meth,
+                    n_boot=n_boot,
+                    mem_cap_fraction=cap,
+                    pair_by=pair_by,
+                ):
                     rows.append(
                         {
                             "comparison": comp["id"],
