@@ -223,3 +223,28 @@ def test_a_small_flexsp_reproduction_takes_its_verdict_from_the_engine(
     assert f"{line}{ratio:.2f}x" in md
     printed = capsys.readouterr().out
     assert f"flexsp_vs_deepspeed_headline: {ds['verdict'].upper()}" in printed
+
+
+@pytest.mark.skipif(not LENGTHS.is_file(), reason=f"FlexSP's length list is not at {LENGTHS}")
+def test_the_flexsp_workload_deals_flexsps_own_iterations() -> None:
+    from dcp_bench.config import load_config
+    from dcp_bench.errors import WorkloadError
+    from dcp_bench.workloads import make_workload
+    from dcp_bench.workloads.flexsp_corpus import read_flexsp_corpus
+
+    cfg = load_config(["workload=flexsp_wikipedia_384k", "cluster=a100x64", "model=gpt_7b"])
+    wl = make_workload(cfg.workload, seed=7)
+    corpus = read_flexsp_corpus("wikipedia", LENGTHS, 384, 64)
+    for step in (0, 39):
+        got = wl.global_batch(step, 64, 1_048_576)
+        # step s is FlexSP's iteration 3 + s: the consecutive slice of 512 kept lengths
+        lo = (3 + step) * 512
+        assert got.step == step and got.info["flexsp_iteration"] == 3 + step
+        assert np.array_equal(got.tokens, corpus.lengths[lo : lo + 512])
+        assert np.array_equal(got.sample_ids, np.arange(lo, lo + 512))
+    # the seed does not change FlexSP's iterations
+    other = make_workload(cfg.workload, seed=0).global_batch(5, 64, 1_048_576)
+    assert np.array_equal(other.tokens, wl.global_batch(5, 64, 1_048_576).tokens)
+    with pytest.raises(WorkloadError, match="read for 64 GPUs"):
+        wl.global_batch(0, 32, 1_048_576)
+    assert wl.stats()["n"] == len(corpus.lengths) and wl.stats()["max"] <= 384_000

@@ -20,11 +20,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.errors import WorkloadError
+from dcp_bench.workloads.base import distribution_stats
 
 UPSTREAM = "PKU-DAIR/Hetu-Galvatron@b4666892601f1adab345dbf07b6af2c300eb7c90"
 # SHA-256 of the lists as published (the file at galvatron/datasets/NAME.txt of UPSTREAM).
@@ -134,6 +136,8 @@ class FlexSPCorpusWorkload:
         gbs: int = 512,
         start_iter: int = 3,
         seed: int = 0,
+        version: str = "1",
+        default_model: str = "gpt_7b",
         description: str | None = None,
         source: str | None = None,
         licence: str | None = None,
@@ -149,6 +153,8 @@ class FlexSPCorpusWorkload:
                 )
         self.name = name
         self.kind = "text"
+        self.version, self.default_model = str(version), str(default_model)
+        self.length_scale = 1.0
         self.seed = int(seed)  # FlexSP's iterations do not depend on it
         self.gbs, self.start_iter = gbs, start_iter
         self.corpus = read_flexsp_corpus(corpus, lengths_file, int(seq_limit_k), world_size)
@@ -163,6 +169,22 @@ class FlexSPCorpusWorkload:
             "source": source or f"{UPSTREAM} galvatron/datasets/{corpus}.txt",
             **({"licence": licence} if licence else {}),
         }
+
+    def length_distribution(self) -> tuple[np.ndarray, np.ndarray, str]:
+        """(lengths, probabilities, method): the kept (padded) lengths, each with equal weight."""
+        lengths = self.corpus.lengths.astype(np.float64)
+        return lengths, np.full(len(lengths), 1.0 / len(lengths)), "exact"
+
+    def stats(self) -> dict[str, Any]:
+        """Statistics of the kept lengths (`dcp_bench.workloads.base.distribution_stats`), as
+        `dcp-bench workloads show` prints them."""
+        lengths, probs, method = self.length_distribution()
+        out: dict[str, Any] = {"name": self.name, "version": self.version, "kind": self.kind}
+        out["n"] = len(lengths)
+        out.update(distribution_stats(lengths, probs, "linear"))
+        out["stats_method"] = method
+        out["length_scale"] = self.length_scale
+        return out
 
     def global_batch(
         self, step: int, world_size: int, max_seq_len: int | None = None
