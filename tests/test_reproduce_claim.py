@@ -24,7 +24,9 @@ from dcp_bench.cli import main
 from dcp_bench.errors import ConfigError
 from dcp_bench.paths import REPO_ROOT
 from dcp_bench.records import iter_run_dirs, read_steps, read_summary
+from dcp_bench.report.claims import compare
 from dcp_bench.report.first_screen import claim_line
+from dcp_bench.report.tables import cell_table, load_campaign
 
 LENGTHS = Path("/work/shared/data/wikipedia_flexsp_lengths.txt")
 
@@ -223,6 +225,14 @@ def test_a_small_flexsp_reproduction_takes_its_verdict_from_the_engine(
     assert f"{line}{ratio:.2f}x" in md
     printed = capsys.readouterr().out
     assert f"flexsp_vs_deepspeed_headline: {ds['verdict'].upper()}" in printed
+    # a tuned side whose every setting failed somewhere says so (SP 1 holds no 192K iteration)
+    camp = load_campaign(tmp_path / "runs", "flexsp")
+    ctx = {"workload": "flexsp_wikipedia_192k", "cluster": "a100x64", "model": "gpt_7b",
+           "cost_source": "flexsp_fitted"}  # fmt: skip
+    sp1 = {"method": "deepspeed_ulysses", "params": {"sp": 1}, "pick": "fastest"}
+    fx_sel = {"method": "flexsp_milp_solver", "pick": "fastest"}
+    res = compare(camp, cell_table(camp), ctx, sp1, fx_sel, mem_cap_fraction=None)[0]
+    assert res.note == "not judged: every baseline cell (deepspeed_ulysses) failed in some run"
 
 
 @pytest.mark.skipif(not LENGTHS.is_file(), reason=f"FlexSP's length list is not at {LENGTHS}")

@@ -309,6 +309,14 @@ def compare(
             if bw.empty or mw.empty:
                 side, sel = ("baseline", baseline) if bw.empty else ("method", method)
                 note = _no_data_note(side, sel, wl)
+                unpicked = {k: v for k, v in sel.items() if k != "pick"}
+                if (
+                    "pick" in sel
+                    and not select_cells(
+                        cells, {**context, "workload": wl}, unpicked, scales, mem_cap_fraction
+                    ).empty
+                ):
+                    note = f"not judged: every {side} cell ({sel['method']}) failed in some run"
             else:
                 note = "no data: a shared context not in this campaign"
             out.append(
