@@ -6,13 +6,17 @@ FlexSP configured it (``deepspeed_ulysses``, the fixed SP degree hand-tuned: the
 that runs every iteration) on FlexSP's own iterations of each corpus (GBS 512, iterations 3 ..
 42, sequences over the max length dropped: `dcp_bench.workloads.flexsp_corpus`), under two cost
 sources: FlexSP's own fitted model (``flexsp_fitted``) and the project's analytical model. Writes
-``report.md`` and ``cells.json`` into ``--out`` (reports/flexsp).
+``report.md`` and ``cells.json`` into ``--out`` (reports/flexsp_script).
+
+The same claims run through the project's one path, run records and claims engine with
+`dcp-bench reproduce claim=flexsp` (reports/flexsp; docs/reproduce.md says how the two differ);
+this script stays as the standalone computation it was.
 
 Every number it writes is simulated; the published numbers (``--published``, the GPT-7B panels
 of Figure 4) are only compared against, never used to set anything.
 
     PYTHONPATH=. python scripts/flexsp_claim.py --lengths-dir /work/shared/data \
-        --published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp
+        --published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp_script
 """
 
 from __future__ import annotations
@@ -179,7 +183,7 @@ def main() -> None:
     ap.add_argument("--lengths-dir", required=True, help="folder holding FlexSP's length lists")
     ap.add_argument("--published", required=True, help="flexsp_fig4_gpt7b.json")
     ap.add_argument("--claim", default=str(ROOT / "results/claims/flexsp_deepspeed.yaml"))
-    ap.add_argument("--out", default=str(ROOT / "reports/flexsp"))
+    ap.add_argument("--out", default=str(ROOT / "reports/flexsp_script"))
     ap.add_argument("--sources", default="flexsp_fitted,analytical")
     ap.add_argument(
         "--step-time-limit-s",
@@ -450,7 +454,7 @@ def render(doc: dict[str, Any], sources: list[str]) -> str:
         "paper's 400 Gb/s as one link a node (`dcp_bench/conf/cluster/a100x64.yaml`).",
         "",
         "Reproduce: `PYTHONPATH=. python scripts/flexsp_claim.py --lengths-dir /work/shared/data "
-        "--published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp`.",
+        "--published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp_script`.",
         "",
     ]
     return "\n".join(L)
