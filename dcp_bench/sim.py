@@ -12,7 +12,7 @@ optimizer step (`CostModel.step_sync_time`), which starts when the slowest rank 
 A plan with Megatron-style model parallelism (`dcp_bench.plan.StepPlan.model_parallel`) is priced
 by the cost model's `CostModel.with_model_parallel` (per rank of the slowest pipeline stage); a
 group, one model replica, then runs its micro-batches through the 1F1B pipeline
-(`pipeline_time`), and the pipeline's bubble is idle time.
+(`dcp_bench.cost.megatron.pipeline_time`), and the pipeline's bubble is idle time.
 
 Speed: costs are computed for all sequence-split micro-batches of a step in one vectorised call
 (`CostModel.microbatch_costs`); the timeline is one pass over the groups.
@@ -35,6 +35,7 @@ from dcp_bench.cost.base import (
     add_in_order,
     time_parts,
 )
+from dcp_bench.cost.megatron import pipeline_time
 from dcp_bench.errors import ClusterError, InfeasibleError
 from dcp_bench.execution import PlanFn, StepOutcome
 from dcp_bench.layout import ulysses_span
@@ -269,17 +270,6 @@ def plan_cost(plan: StepPlan, cost: CostModel) -> CostModel:
     `model_parallel` ``cost.with_model_parallel(...)`` (a source that cannot price it refuses)."""
     mp = plan.model_parallel
     return cost if mp is None else cost.with_model_parallel(mp)
-
-
-def pipeline_time(work_s: np.ndarray, longest_s: np.ndarray, pp: int) -> np.ndarray:
-    """Time of groups running their micro-batches through a 1F1B pipeline of ``pp`` stages:
-    ``work_s`` the sum of their micro-batches' per-stage times, ``longest_s`` the longest of
-    them. The pipeline fills and drains once: a bubble of ``(pp - 1)`` micro-batch times
-    (Narayanan et al. 2021, SC'21, section 2.2.1: ``(p - 1)(t_f + t_b)``), taken at the longest
-    micro-batch (exact when they are equal)."""
-    if pp <= 1:
-        return work_s
-    return work_s + (pp - 1) * longest_s
 
 
 def _with_noise(

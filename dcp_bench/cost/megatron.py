@@ -38,7 +38,7 @@ pipeline stage (the last: it also holds the vocabulary-parallel LM head), per mi
   the optimizer step over the stage's shard; the 1F1B pipeline of ``m`` micro-batches takes their
   per-stage times plus a bubble of ``(pp - 1)`` times the slowest of them (Narayanan et al. 2021,
   section 2.2.1: ``(p - 1)(t_f + t_b)``, exact for equal micro-batches), booked as idle time by
-  the simulator (`dcp_bench.sim.pipeline_time`).
+  the simulator (`pipeline_time`).
 
 With ``tp = pp = 1`` every formula reduces to the analytical model's own; a test pins that
 (tests/test_cost_megatron.py).
@@ -278,3 +278,14 @@ def _ring_exposed(
     a = t_attn / Ls
     f, b = cost.ring_attention_times(a, step, ring)
     return np.where(ring > 1, Ls * (f - a + b - cost._attn_bwd * a) + ks * (f - a), 0.0)
+
+
+def pipeline_time(work_s: np.ndarray, longest_s: np.ndarray, pp: int) -> np.ndarray:
+    """Time of groups running their micro-batches through a 1F1B pipeline of ``pp`` stages:
+    ``work_s`` the sum of their micro-batches' per-stage times, ``longest_s`` the longest of
+    them. The pipeline fills and drains once: a bubble of ``(pp - 1)`` micro-batch times
+    (Narayanan et al. 2021, SC'21, section 2.2.1: ``(p - 1)(t_f + t_b)``), taken at the longest
+    micro-batch (exact when they are equal)."""
+    if pp <= 1:
+        return work_s
+    return work_s + (pp - 1) * longest_s
