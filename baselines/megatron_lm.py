@@ -206,9 +206,11 @@ class MegatronLM(Planner):
         "Megatron-LM (TP with sequence parallelism, 1F1B PP, ring CP, DP with ZeRO-1) as FlexSP "
         "(ASPLOS'25, section 6.1) configured it: a fixed layout, best-fit packing of whole "
         "sequences into micro-batches of seq_length tokens (FlexSP's evaluation; Megatron's own "
-        "GPTDataset cuts documents instead). Priced by the analytical cost model only."
+        "GPTDataset cuts documents instead). Priced by the analytical cost model only. Defaults: "
+        "tp = pp = cp = 1, no recompute, seq_length the first batch's longest sequence."
     )
     OPTION_MINIMA = {"tp": 1, "pp": 1, "cp": 1, "seq_length": 1}
+    simulated_only = True  # the runtime runs no tensor or pipeline parallelism
 
     def __init__(
         self,
@@ -259,9 +261,12 @@ class MegatronLMTuned(Planner):
         "(TP, PP, CP, DP, recompute) launch that fits, priced on the cost model over the "
         "tuning batches, the fastest kept; best-fit packing into micro-batches of seq_length "
         "tokens. The search is offline tuning (tune_s), not charged per step. Analytical cost "
-        "model only (it prices TP and PP)."
+        "model only (it prices TP and PP). Defaults: every power of two for TP (up to a node), "
+        "PP (dividing the layers) and CP, recompute none / selective / full, tuned on the first "
+        "batch; seq_length the first batch's longest sequence (the claims set the max length)."
     )
     OPTION_MINIMA = {"seq_length": 1, "tune_batches": 1}
+    simulated_only = True  # the runtime runs no tensor or pipeline parallelism
 
     def __init__(
         self,

@@ -53,7 +53,7 @@ from dcp_bench.cost.base import (
     TimeTerm,
     deal_by_tokens,
 )
-from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
+from dcp_bench.cost.constants import ADAM_BYTES_PER_PARAM, ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
 from dcp_bench.cost.reference_loop import (
     ATTN_BWD_TENSORS,
@@ -90,10 +90,6 @@ SCALE_DEFAULTS: dict[str, float] = {
     "elementwise": 1.0,
 }
 SCALE_KEYS = tuple(SCALE_DEFAULTS)
-
-# Adam step traffic per parameter, bytes: read+write fp32 master (8), two fp32 moments (16), read
-# the gradient (2-4) and write the bf16 copy (2): ~30; rounded up to 32 for the non-fused tail.
-ADAM_BYTES_PER_PARAM = 32.0
 
 
 @dataclass

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dcp_bench.cost.constants import ADAM_BYTES_PER_PARAM
 from dcp_bench.errors import ConfigError
 from dcp_bench.train_policy import (
     check_zero_stage,
@@ -113,8 +114,6 @@ def step_breakdown(cost: AnalyticalCostModel, mp: ModelParallel) -> dict[str, fl
     """`AnalyticalCostModel.step_sync_breakdown` of one rank of the heaviest stage: the gradient
     sync over the ``dp * cp`` ranks holding its weights (every tp-th rank: `allreduce_time` with
     that stride) and the optimizer step over its shard."""
-    from dcp_bench.cost.analytical import ADAM_BYTES_PER_PARAM
-
     c = cost.cluster
     ranks = c.world_size // mp.model_ranks
     params = stage_param_count(cost, mp)
