@@ -224,6 +224,10 @@ PLAN_RULES = (
     "fair mode: every sample position of the batch is used exactly once",
     "with a cost model: every micro-batch's predicted memory per rank is under the cost model's "
     "cap",
+    "with model_parallel: the layout fits the model and cluster (tp and pp powers of two, tp "
+    "inside a node and dividing the heads, pp dividing the layers, tp x pp dividing the world), "
+    "the cost model prices it, every group is a replica of tp x pp x (a power of two) ranks, and "
+    "every micro-batch is sequence-split with sp_kind 'ring' (context parallelism)",
 )
 """The rules `validate_plan` enforces, in words (docs/extending.md lists them for planner
 authors)."""
