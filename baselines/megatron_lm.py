@@ -329,6 +329,7 @@ class MegatronLMTuned(Planner):
         its time (or why it cannot run) is kept for ``plan.info``. Raises `InfeasibleError`
         naming the reason when no launch runs them all."""
         t0 = time.process_time()  # CPU time: what the run loop books as offline tuning
+        cost.with_model_parallel(ModelParallel())  # a source that prices no TP/PP refuses here
         W = cost.cluster.world_size
         seq = int(self.seq_length or 1)
         search: list[dict[str, Any]] = []

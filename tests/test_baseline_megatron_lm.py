@@ -72,6 +72,8 @@ def test_fitted_cost_source_is_refused_with_its_name() -> None:
     batch = GlobalBatch.from_lengths([10_000, 2_000])
     with pytest.raises(ConfigError, match="flexsp_fitted cost model"):
         MegatronLM(tp=2, seq_length=16_384).plan(batch, fitted)
+    with pytest.raises(ConfigError, match="flexsp_fitted cost model .* prices no tensor"):
+        MegatronLMTuned(seq_length=16_384).plan(batch, fitted)
 
 
 def test_bad_options_are_named() -> None:
