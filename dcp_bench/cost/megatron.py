@@ -25,7 +25,8 @@ pipeline stage (the last: it also holds the vocabulary-parallel LM head), per mi
 - memory (Korthikanti et al. 2022, Table 2 and section 4.2.3): the activations the runtime's
   models keep per layer, divided by ``tp`` (tensor + sequence parallel: 34 s b h / t per layer with
   flash attention, which never stores the 5 a s^2 b scores); the first stage of 1F1B holds ``pp``
-  micro-batches in flight, each with its ``num_layers / pp`` layers (and the embedding's output),
+  micro-batches in flight (a bound for a replica that runs fewer), each with its
+  ``num_layers / pp`` layers (and the embedding's output),
   the last stage one (with the final norm and the loss); the stage's parameters, gradients and
   optimizer states are those of its layers (and the embedding and head, on one stage: a bound)
   divided by ``tp``, the optimizer states sharded over the ``dp * cp`` ranks holding the same
