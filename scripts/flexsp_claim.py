@@ -240,6 +240,13 @@ def main() -> None:
     )
     ap.add_argument("--iters", type=int, default=ITERS, help="FlexSP's: 40")
     ap.add_argument("--render-only", action="store_true", help="rewrite report.md from cells.json")
+    ap.add_argument(
+        "--megatron-only",
+        metavar="CELLS_JSON",
+        help="simulate only the Megatron-LM cells (analytical) against the FlexSP iteration times "
+        "of an earlier cells.json (named in the output with its commit); prints them as JSON and "
+        "writes nothing",
+    )
     args = ap.parse_args()
     if args.render_only:
         doc = json.loads((Path(args.out) / "cells.json").read_text())
@@ -248,6 +255,9 @@ def main() -> None:
     pub = json.loads(Path(args.published).read_text())
     claim = yaml.safe_load(Path(args.claim).read_text())
     tol = float(claim["tolerance"])
+    if args.megatron_only:
+        print(json.dumps(megatron_only(args, pub, tol), indent=1))
+        return
     sources = args.sources.split(",")
     cells: list[dict[str, Any]] = []
     sims: dict[str, Any] = {}
@@ -374,6 +384,62 @@ def main() -> None:
     (out / "cells.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / "report.md").write_text(render(doc, sources))
     print((out / "report.md").read_text())
+
+
+def megatron_only(args: Any, pub: dict[str, Any], tol: float) -> dict[str, Any]:
+    """The Wikipedia Megatron-LM cells under the analytical model against FlexSP's simulated
+    iteration times from an earlier run's cells.json (``--megatron-only``), with the same
+    bootstrap CI, verdict rule and validation as a full run (FlexSP's and Megatron-LM's 192K
+    published times)."""
+    earlier = json.loads(Path(args.megatron_only).read_text())
+    out: dict[str, Any] = {
+        "what": "Megatron-LM cells (SIMULATED, analytical), FlexSP times from an earlier run",
+        "flexsp_times_from": {"file": args.megatron_only, "commit": earlier.get("commit")},
+        "cells": [],
+    }
+    times = pub["iteration_time_s_approx"]["max_seq_192K"]
+    for limit_k in LIMITS_K:
+        for name, fname in FILES.items():
+            sim = earlier["simulations"][f"{name}_{limit_k}K_analytical"]
+            corpus = read_flexsp_corpus(name, Path(args.lengths_dir) / fname, limit_k, 64)
+            batches = corpus.batches(GBS, START_ITER, args.iters)
+            fx = sim["flexsp"]["iteration_s"]
+            if len(fx) != len(batches):
+                raise ValueError(
+                    f"{args.megatron_only}: {len(fx)} FlexSP iterations, not {args.iters}"
+                )
+            mg = run_megatron(batches, cost_for("analytical", limit_k), limit_k)
+            ci = bootstrap_ratio(mg["iteration_s"], fx)
+            cell = {
+                "corpus": name,
+                "max_seq_k": limit_k,
+                "published": pub["speedup"][f"max_seq_{limit_k}K"][name]["flexsp_vs_megatron"],
+                "speedup": sum(mg["iteration_s"]) / sum(fx),
+                "ci95": ci,
+                "flexsp_iteration_s": float(np.mean(fx)),
+                "megatron": {k: v for k, v in mg.items() if k != "iteration_s"},
+            }
+            cell["ci_verdict"] = verdict(ci, cell["published"], tol)
+            if limit_k == 192:
+                cell["validation"] = {
+                    system: {
+                        "published_s": times[name][system],
+                        "simulated_s": sim_s,
+                        "within_tolerance": abs(sim_s - times[name][system])
+                        <= tol * times[name][system] + 1.0,
+                    }
+                    for system, sim_s in (
+                        ("flexsp", float(np.mean(fx))),
+                        ("megatron", mg["mean_s"]),
+                    )
+                }
+            out["cells"].append(cell)
+    valid = all(
+        v["within_tolerance"] for c in out["cells"] for v in c.get("validation", {}).values()
+    )
+    for c in out["cells"]:
+        c["verdict"] = c["ci_verdict"] if valid else "undecided (simulator not validated)"
+    return out
 
 
 def first_screen(doc: dict[str, Any], sources: list[str]) -> list[str]:
