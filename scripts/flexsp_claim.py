@@ -10,13 +10,17 @@ micro-batches of the max length) on FlexSP's own iterations of each corpus (GBS 
 cost sources: FlexSP's own fitted model (``flexsp_fitted``) and the project's analytical model.
 The Megatron cells are simulated under the analytical model only: FlexSP's fitted model prices no
 tensor or pipeline parallelism (its refusal is recorded). Writes ``report.md`` and ``cells.json``
-into ``--out`` (reports/flexsp).
+into ``--out`` (reports/flexsp_script).
+
+The same claims run through the project's one path, run records and claims engine with
+`dcp-bench reproduce claim=flexsp` (reports/flexsp; docs/reproduce.md says how the two differ);
+this script stays as the standalone computation it was.
 
 Every number it writes is simulated; the published numbers (``--published``, the GPT-7B panels
 of Figure 4) are only compared against, never used to set anything.
 
     PYTHONPATH=. python scripts/flexsp_claim.py --lengths-dir /work/shared/data \
-        --published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp
+        --published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp_script
 """
 
 from __future__ import annotations
@@ -229,7 +233,7 @@ def main() -> None:
     ap.add_argument("--lengths-dir", required=True, help="folder holding FlexSP's length lists")
     ap.add_argument("--published", required=True, help="flexsp_fig4_gpt7b.json")
     ap.add_argument("--claim", default=str(ROOT / "results/claims/flexsp_deepspeed.yaml"))
-    ap.add_argument("--out", default=str(ROOT / "reports/flexsp"))
+    ap.add_argument("--out", default=str(ROOT / "reports/flexsp_script"))
     ap.add_argument("--sources", default="flexsp_fitted,analytical")
     ap.add_argument(
         "--step-time-limit-s",
@@ -608,7 +612,7 @@ def render(doc: dict[str, Any], sources: list[str]) -> str:
         "paper's 400 Gb/s as one link a node (`dcp_bench/conf/cluster/a100x64.yaml`).",
         "",
         "Reproduce: `PYTHONPATH=. python scripts/flexsp_claim.py --lengths-dir /work/shared/data "
-        "--published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp`.",
+        "--published /work/shared/data/flexsp_fig4_gpt7b.json --out reports/flexsp_script`.",
         "",
     ]
     return "\n".join(L)

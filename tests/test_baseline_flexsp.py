@@ -497,18 +497,21 @@ def test_mip_max_nodes_must_be_a_positive_integer(bad):
 @pytest.mark.parametrize(
     "options",
     [
-        {"mip_max_nodes": 30},
-        {
-            "mip_max_nodes": 10,
-            "min_sp": 2,
-            "whole_world": True,
-            "prune_slots": True,
-            "chunking": "sort_consec",
-            "mb_options": 3,
-            "max_buckets": 64,
-        },
+        pytest.param({"mip_max_nodes": 30}, id="flexsp_milp"),
+        pytest.param(
+            {
+                "mip_max_nodes": 10,
+                "min_sp": 2,
+                "whole_world": True,
+                "prune_slots": True,
+                "chunking": "sort_consec",
+                "mb_options": 3,
+                "max_buckets": 64,
+            },
+            id="flexsp_milp_solver",
+            marks=pytest.mark.slow,  # ~25 s of solving twice on 2 cores
+        ),
     ],
-    ids=["flexsp_milp", "flexsp_milp_solver"],
 )
 def test_same_plan_on_a_quiet_and_a_busy_machine(options):
     """Issue 32: the plan depends only on its input. The same batch planned on a quiet machine and

@@ -200,7 +200,8 @@ def test_the_claims_command_lists_the_claims(capsys: pytest.CaptureFixture[str])
     assert rows[0]["source"].startswith("DCP paper") and rows[0]["file"].endswith("dcp.yaml")
     assert rows[0]["judged_by"] == "dcp-bench reproduce"
     assert rows[1]["file"] == "results/claims/flexsp.yaml"
-    assert rows[1]["judged_by"].startswith("not in results/reference/claims.yaml")
+    assert rows[1]["judged_by"] == "dcp-bench reproduce claim=flexsp"
+    assert rows[2]["judged_by"] == "dcp-bench reproduce claim=flexsp_deepspeed"
     # a list named on the command line is listed alone
     assert main(["claims", "claims=results/reference/claims.yaml", "--json"]) == 0
     assert [r["id"] for r in json.loads(capsys.readouterr().out)] == ["dcp_paper_headline"]

@@ -14,7 +14,9 @@ import pytest
 from test_sim_determinism import BUSY, _records, _without_measured
 
 
-@pytest.mark.parametrize("method", ["flexsp_milp", "flexsp_milp_solver"])
+@pytest.mark.parametrize(
+    "method", ["flexsp_milp", pytest.param("flexsp_milp_solver", marks=pytest.mark.slow)]
+)
 def test_flexsp_simulation_equal_on_a_quiet_and_a_busy_machine(tmp_path: Path, method: str):
     extra = [
         f"method={method}",

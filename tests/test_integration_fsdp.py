@@ -151,7 +151,8 @@ def _plain_training(spec: ModelSpec, steps: int) -> tuple[float, torch.Tensor, t
     return loss0, grads0, after - before
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: 3 min
+@pytest.mark.slow  # spawns of 2 (~25 s) and 4 ranks (~3 min) on 2 cores
+@pytest.mark.parametrize("world", [2, 4])
 def test_fsdp2_library_model_equals_single_process(world: int) -> None:
     results = _run(world)
     refs = {spec.name: _plain_training(spec, 0)[:2] for _, spec, _, _ in _cases(world)}

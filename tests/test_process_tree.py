@@ -237,6 +237,7 @@ def test_sigterm_to_train_stops_every_rank(tmp_path: Path) -> None:
 
 
 @needs_proc
+@pytest.mark.slow  # a sweep of real runs, killed and resumed
 def test_sigterm_to_a_sweep_stops_its_runs_and_a_resume_redoes_them(tmp_path: Path) -> None:
     """`dcp-bench sweep` of simulated runs (forked processes) killed with SIGTERM: it exits 143
     with no process left, its running runs are left incomplete (no run.json), and a resumed sweep

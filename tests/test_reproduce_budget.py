@@ -177,6 +177,7 @@ def _busy_core() -> subprocess.Popen[bytes]:
     return subprocess.Popen(["sh", "-c", "while :; do :; done"], stdout=subprocess.DEVNULL)
 
 
+@pytest.mark.slow  # a reproduction against its budget with a core kept busy
 def test_a_small_budget_bounds_the_wall_time_with_a_core_busy(tmp_path: Path) -> None:
     """Every toy step plans for 30 s, so the sections' 6 runs would take minutes; under
     ``budget_s=50`` the command, run as a user runs it with one core kept busy, ends within 50 s

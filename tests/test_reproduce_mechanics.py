@@ -124,6 +124,7 @@ def test_unknown_section_runs_nothing_and_keeps_the_report(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # waits out a section budget on real runs
 def test_section_budget_cuts_running_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

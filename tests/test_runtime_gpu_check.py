@@ -25,6 +25,9 @@ from dcp_bench.paths import REPO_ROOT
 from tools import gpu_calibrate
 from tools.gpu_check import MAX_FILES
 
+# The GPU check driven end to end on CPU (a dry run spawns ranks for minutes on 2 cores).
+pytestmark = pytest.mark.slow
+
 
 def _tree(root: Path) -> set[str]:
     return {

@@ -212,6 +212,7 @@ def test_a_failed_run_keeps_the_ranks_output(tmp_path: Path) -> None:
     assert not (tmp_path / "gone").exists()
 
 
+@pytest.mark.slow  # two launches of torchrun
 def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -245,6 +246,7 @@ def test_a_rank_that_died_without_an_exception_is_retried_once_and_recorded(
     )
 
 
+@pytest.mark.slow  # a torchrun launch that ends in a teardown abort
 def test_a_rank_that_aborts_in_the_teardown_leaves_the_finished_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -196,8 +196,12 @@ def world_results(request: pytest.FixtureRequest) -> list[list[dict[str, Any]]]:
 @pytest.mark.dist
 @pytest.mark.parametrize(
     ("world_results", "world", "index"),
-    [(w, w, i) for w, cases in CASES.items() for i in range(len(cases))],
-    ids=[f"{w}ranks-{c[0]}" for w, cases in CASES.items() for c in cases],
+    [
+        # 3 and 4 ranks (a spawn of each, ~30 s on 2 cores) run in the slow suite
+        pytest.param(w, w, i, marks=[pytest.mark.slow] if w > 2 else [], id=f"{w}ranks-{c[0]}")
+        for w, cases in CASES.items()
+        for i, c in enumerate(cases)
+    ],
     indirect=["world_results"],
 )
 def test_ring_and_hybrid_match_single_process(

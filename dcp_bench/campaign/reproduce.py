@@ -68,7 +68,7 @@ from dcp_bench.config import load_config, to_container
 from dcp_bench.envinfo import collect_env
 from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.files import atomic_write_json, check_output
-from dcp_bench.paths import REPO_ROOT
+from dcp_bench.paths import CONF_DIR, REPO_ROOT
 from dcp_bench.records import RunSummary
 from dcp_bench.report.first_screen import CALIBRATION_NOTE
 from dcp_bench.report.writer import ReportInputs, build_report, shown_path
@@ -345,7 +345,7 @@ def check_sections(cfg: ReproduceConfig, deadline: float | None = None) -> Plann
     machine): the sections not planned by then are left out of the result."""
     planned: Planned = {}
     for section in cfg.chosen_sections():
-        if section.real and not cfg.real:
+        if section.real and not cfg.real or missing_method(section):
             continue
         if deadline is not None and time.time() > deadline:
             break
@@ -356,6 +356,14 @@ def check_sections(cfg: ReproduceConfig, deadline: float | None = None) -> Plann
     return planned
 
 
+def missing_method(section: ReproduceSection) -> str | None:
+    """The method a ``when_method`` section waits for, when it has no config; None otherwise."""
+    name = section.when_method
+    if name is None or (CONF_DIR / "method" / f"{name}.yaml").is_file():
+        return None
+    return name
+
+
 def calibration_profile(cfg: ReproduceConfig, section: ReproduceSection) -> str | None:
     """The calibration a calibrating real section is planned with (`calibration_folder`); None
     for every other section (the cluster's own)."""
@@ -363,8 +371,9 @@ def calibration_profile(cfg: ReproduceConfig, section: ReproduceSection) -> str 
 
 
 def skipped_real(cfg: ReproduceConfig) -> int:
-    """The chosen sections that ``real=false`` skips."""
-    return sum(1 for s in cfg.chosen_sections() if s.real and not cfg.real)
+    """The chosen sections that ``real=false`` skips (and those waiting for a method that has
+    no config, `missing_method`)."""
+    return sum(1 for s in cfg.chosen_sections() if s.real and not cfg.real or missing_method(s))
 
 
 def runs_to_do(cfg: ReproduceConfig, planned: Planned) -> dict[str, int]:
@@ -446,6 +455,14 @@ def run_sections(
                 f"section {name}: skipped (real=false): no measured runs, so the simulator's error "
                 "is not measured"
             )
+            continue
+        waits_for = missing_method(section)
+        if waits_for is not None:
+            done.notes.append(
+                f"section {name}: not judged: no method {waits_for} (the section runs once "
+                f"dcp_bench/conf/method/{waits_for}.yaml exists)"
+            )
+            estimate.say(done.notes[-1])
             continue
         done.wanted.append(name)
         runs_end = clock.runs_end()
@@ -848,6 +865,16 @@ def print_verdicts(
             f"{c['id']}: {word} - claimed {c['claimed']}x, reproduced "
             f"{'-' if val is None else f'{val:.2f}x'}, 95% CI {ci_txt}"
         )
+        for row in c.get("by_cost_source") or []:
+            sp, (lo, hi) = row["speedup"], row["ci95"]
+            print(
+                f"  under {row['cost_source']}: {str(row['verdict']).upper()} - "
+                + (
+                    row["note"] or "no number"
+                    if sp is None
+                    else f"{sp:.2f}x, 95% CI [{lo:.2f}, {hi:.2f}]"
+                )
+            )
     err = summary["simulator_error"]
     if err.get("median_abs_step_time_error") is not None:
         print(

@@ -45,6 +45,8 @@ OVERRIDE_KEYS = (
     "cluster",
     "nnodes",
     "rdzv_endpoint",
+    "claim",
+    "steps",
 )
 # Run keys a preset leaves open (e.g. `preset=real cluster=h200x32`): added to every grid when set.
 GRID_KEYS = ("cluster", "nnodes", "rdzv_endpoint")
@@ -78,6 +80,9 @@ class ReproduceSection:
     # Real CPU runs: profile this machine for the models of the section's real grids first
     # (a short, bounded `dcp-bench profile`), and price the section's runs with that calibration.
     calibrate: bool = False
+    # The section runs only where this method has a config (dcp_bench/conf/method/NAME.yaml);
+    # otherwise it is skipped and the report says "not judged: no method NAME".
+    when_method: str | None = None
 
     def repeats_in(self, cfg: ReproduceConfig) -> int:
         return self.repeats if self.repeats is not None else cfg.repeats
@@ -109,14 +114,22 @@ class ReproduceConfig:
     cluster: str | None = None  # GRID_KEYS: added to every grid when set
     nnodes: int | str | None = None
     rdzv_endpoint: str | None = None
+    # `steps=N`: measured steps of every grid (run.steps=N, added last; None: the grids' own)
+    steps: int | None = None
+    # The claims (by name, `dcp-bench claims`) this config reproduces: `claim=NAME` picks it.
+    claim_names: tuple[str, ...] = ()
+    # Files the reproduction reads where they lie (a published length list): each must exist
+    # before any run starts.
+    required_files: tuple[str, ...] = ()
     sim_common: tuple[str, ...] = ()  # a section's common overrides unless it names its own
     epoch_common: tuple[str, ...] = ()  # a YAML anchor the sections name; read by none itself
     sections: tuple[ReproduceSection, ...] = ()
     only_sections: tuple[str, ...] = field(default=(), metadata=NOT_IN_YAML)  # sections=a,b
 
     def grid_keys(self) -> list[str]:
-        """``key=value`` of every `GRID_KEYS` key set."""
-        return [f"{k}={getattr(self, k)}" for k in GRID_KEYS if getattr(self, k) is not None]
+        """``key=value`` of every `GRID_KEYS` key set (and ``run.steps`` when ``steps`` is)."""
+        keys = [f"{k}={getattr(self, k)}" for k in GRID_KEYS if getattr(self, k) is not None]
+        return keys + ([f"run.steps={self.steps}"] if self.steps is not None else [])
 
     def chosen_sections(self) -> list[ReproduceSection]:
         """The sections to run (all, or those named by ``sections=``), in the file's order."""
@@ -241,6 +254,7 @@ MAXIMA = {
     "seed_base": 2**32 - 1,
     "budget_s": 7 * 24 * 3600.0,
     "calibrate_s": 3600.0,
+    "steps": 100_000,
 }
 # `budget_s=none` lifts a budget a config file sets: no wall-clock cut.
 NO_BUDGET = ("none", "null", "off")
@@ -273,7 +287,7 @@ def _override(cfg: ReproduceConfig, key: str, value: str) -> dict[str, Any]:
         return {key: _number(key, value, integer=False, minimum=1.0)}
     if key == "report_reserve_s":
         return {key: _number(key, value, integer=False, minimum=0.0)}
-    if key in ("jobs", "repeats"):
+    if key in ("jobs", "repeats", "steps"):
         return {key: int(_number(key, value, integer=True, minimum=1))}
     if key == "seed_base":
         return {key: int(_number(key, value, integer=True, minimum=0))}
@@ -319,10 +333,18 @@ def load_reproduce_config(overrides: Sequence[str]) -> ReproduceConfig:
             )
         kv[key] = value
     # preset=NAME: the packaged config dcp_bench/conf/reproduce/NAME.yaml (default: default)
-    preset = kv.pop("preset", "default")
     presets = sorted(
         p.stem for p in (CONF_DIR / "reproduce").glob("*.yaml") if not p.stem.endswith("_claims")
     )
+    if "claim" in kv:
+        # claim=NAME: the packaged config that reproduces that claim (its `claim_names`)
+        if "preset" in kv or "config" in kv:
+            raise ConfigError(
+                f"claim={kv['claim']!r}: picks its own reproduce config; expected no preset= or "
+                "config= beside it"
+            )
+        kv["preset"] = preset_for_claim(kv.pop("claim"))
+    preset = kv.pop("preset", "default")
     if preset not in presets:
         raise ConfigError(
             f"preset={preset!r}: no such reproduce preset; expected one of {', '.join(presets)}"
@@ -345,7 +367,38 @@ def load_reproduce_config(overrides: Sequence[str]) -> ReproduceConfig:
             f"report_reserve_s={cfg.report_reserve_s:g}: expected less than "
             f"budget_s={cfg.budget_s:g} (the time kept for the report out of the whole budget)"
         )
+    for required in cfg.required_files:
+        if not Path(required).is_file():
+            raise ConfigError(
+                f"{required}: not found; this reproduction reads it where it lies "
+                f"(required_files of {cfg.path}; see docs/reproduce.md)"
+            )
     return cfg
+
+
+def claim_presets() -> dict[str, str]:
+    """Claim name -> the packaged reproduce config that reproduces it (its ``claim_names``)."""
+    out: dict[str, str] = {}
+    for path in sorted((CONF_DIR / "reproduce").glob("*.yaml")):
+        if path.stem.endswith("_claims"):
+            continue
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        for name in data.get("claim_names") or () if isinstance(data, dict) else ():
+            out.setdefault(str(name), path.stem)
+    return out
+
+
+def preset_for_claim(name: str) -> str:
+    """The preset of ``claim=name``; a `ConfigError` listing the known claims otherwise."""
+    known = claim_presets()
+    if name not in known:
+        raise ConfigError(
+            f"claim={name!r}: unknown claim; expected one of {', '.join(sorted(known))}"
+        )
+    return known[name]
 
 
 # The keys every claim holds (what `dcp_bench.report.claims.load_claims` requires).

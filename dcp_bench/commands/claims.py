@@ -4,7 +4,8 @@
     dcp-bench claims [claims=results/reference/claims.yaml] [--json]
 
 Without ``claims=`` it lists the reproduction's claims list and then every other claim file in
-``results/claims/`` (each says what judges it: `dcp-bench reproduce` for the list's claims).
+``results/claims/`` (each says what judges it: `dcp-bench reproduce` for the list's claims,
+`dcp-bench reproduce claim=NAME` for a claim a packaged reproduce config names).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dcp_bench.campaign.reproduce_config import REPO_ROOT, find_claims
+    from dcp_bench.campaign.reproduce_config import REPO_ROOT, claim_presets, find_claims
     from dcp_bench.errors import ConfigError
     from dcp_bench.report.claim_spec import load_claim_file, load_claim_set
     from dcp_bench.report.claims import tolerance_band
@@ -47,11 +48,19 @@ def run(args: argparse.Namespace) -> int:
     listed = [(c, "dcp-bench reproduce") for c in claim_set.claims]
     if not explicit:
         seen = {c.id for c in claim_set.claims}
+        presets = claim_presets()
         for f in sorted((REPO_ROOT / "results" / "claims").glob("*.yaml")):
             other = load_claim_file(f)
             if other.id not in seen:
                 other = dataclasses.replace(other, path=str(f.relative_to(REPO_ROOT)))
-                listed.append((other, f"not in {DEFAULT}: see the file's notes"))
+                listed.append(
+                    (
+                        other,
+                        f"dcp-bench reproduce claim={other.name}"
+                        if other.name in presets
+                        else f"not in {DEFAULT}: see the file's notes",
+                    )
+                )
     rows: list[dict[str, Any]] = []
     for c, judged_by in listed:
         lo, hi = tolerance_band(c.value, c.tolerance)

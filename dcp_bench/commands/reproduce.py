@@ -21,8 +21,8 @@ HELP = (
     "reproduce the DCP claim: simulated sweeps (all methods, workloads, 8-64 GPUs, repeats, "
     "sensitivity) + a real CPU gloo run, then reports/reproduce/ with summary.json; "
     "no time limit by default (progress and an estimate of what is left on stderr); "
-    "`dcp-bench reproduce [budget_s=600] [jobs=2] [repeats=5] [real=false] [sections=a,b] "
-    "[retry_failed=true] [config=PATH]`"
+    "`dcp-bench reproduce [claim=dcp|flexsp] [budget_s=600] [jobs=2] [repeats=5] [real=false] "
+    "[sections=a,b] [steps=N] [retry_failed=true] [config=PATH]`"
 )
 
 

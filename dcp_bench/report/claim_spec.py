@@ -25,6 +25,8 @@ import yaml
 from dcp_bench.errors import ConfigError
 from dcp_bench.report.system_validation import load_systems
 
+# the cost sources a claim may be judged under (dcp_bench.cost.SOURCES, less auto)
+COST_SOURCES = ("analytical", "profiled", "flexsp_fitted")
 CLAIM_FILE_VERSION = 1
 CLAIMS_DIR_NAME = "claims"
 
@@ -44,7 +46,12 @@ CLAIM_OPTIONAL = (
 )
 SOURCE_KEYS = ("publication", "location", "detail")
 SETUP_KEYS = ("workload", "cluster", "model")
-SELECTOR_KEYS = ("method", "mode", "unit", "params")
+# optional: the cost sources the claim is judged under (the first decides; every one is shown)
+SETUP_OPTIONAL = ("cost_sources",)
+SELECTOR_KEYS = ("method", "mode", "unit", "params", "pick")
+# how a selector picks among its matching cells: closest to the defaults (no pick), or the
+# fastest cell whose every run succeeded (a baseline hand-tuned over the swept settings)
+PICKS = ("fastest",)
 DECIDE_KEYS = ("baseline", "method")
 VALIDATION_KEYS = ("systems", "system")
 METRICS = ("throughput", "step_time")
@@ -56,7 +63,10 @@ PAPER_TABLE_KEYS = ("methods", "workloads", "clusters")
 SENSITIVITY_KEYS = ("constants", "factors", "also")
 MODEL_BAND_KEYS = ("variants",)
 VARIANT_KEYS = ("scales", "mem_cap_fraction")
-STATISTICS_KEYS = ("max_relative_half_width",)
+STATISTICS_KEYS = ("max_relative_half_width", "pair_by")
+# what the CI resamples: paired seeds, or paired steps (the same step = the same data on both
+# sides, for workloads whose steps are fixed iterations, the same for every seed)
+PAIR_BY = ("seed", "step")
 # The claims list: claim files and inline claims in the older form.
 LIST_KEYS = (
     "version",
@@ -120,9 +130,19 @@ class ClaimSpec:
             "value": self.value,
             "tolerance": self.tolerance,
             "metric": self.metric,
-            "context": dict(self.setup),
+            "context": {k: v for k, v in self.setup.items() if k not in SETUP_OPTIONAL},
             "baseline": self.baseline,
             "method": self.method,
+            **(
+                {"cost_sources": list(self.setup["cost_sources"])}
+                if self.setup.get("cost_sources")
+                else {}
+            ),
+            **(
+                {"pair_by": self.statistics["pair_by"]}
+                if self.statistics.get("pair_by", "seed") != "seed"
+                else {}
+            ),
         }
 
 
@@ -161,7 +181,10 @@ class ClaimSet:
         seen_files: set[str] = set()
         for c in self.claims:
             readings += [{**rd, "claim": c.id} for rd in c.readings] if c.path else []
-            comparisons += list(c.comparisons)
+            pair_by = c.statistics.get("pair_by", "seed")
+            comparisons += [
+                {**cmp, "pair_by": pair_by} if pair_by != "seed" else cmp for cmp in c.comparisons
+            ]
             for key in ("paper_table", "sensitivity", "model_band"):
                 spec = getattr(c, key)
                 if spec:
@@ -234,6 +257,10 @@ def check_selector(value: Any, path: Path | str, at: str) -> dict[str, Any]:
         )
     if "params" in sel and not isinstance(sel["params"], dict):
         raise ConfigError(f"{_where(path, at + '.params')}: {sel['params']!r}; expected a mapping")
+    if "pick" in sel and sel["pick"] not in PICKS:
+        raise ConfigError(
+            f"{_where(path, at + '.pick')}: {sel['pick']!r}; expected one of {', '.join(PICKS)}"
+        )
     return sel
 
 
@@ -257,6 +284,11 @@ def _check_sections(raw: dict[str, Any], path: Path | str, at: str = "") -> None
             _number(
                 st["max_relative_half_width"], path, f"{pre}statistics.max_relative_half_width", 0
             )
+        if st.get("pair_by", "seed") not in PAIR_BY:
+            raise ConfigError(
+                f"{_where(path, f'{pre}statistics.pair_by')}: {st['pair_by']!r}; expected one of "
+                f"{', '.join(PAIR_BY)}"
+            )
     for i, rd in enumerate(_list(raw.get("readings", []), path, f"{pre}readings")):
         keys = READING_KEYS + (("claim",) if not at else ())
         rd = _mapping(rd, path, f"{pre}readings[{i}]", keys)
@@ -268,7 +300,14 @@ def _check_sections(raw: dict[str, Any], path: Path | str, at: str = "") -> None
         for key in ("id", "context", "baseline", "method"):
             if key not in comp:
                 raise ConfigError(f"{_where(path, f'{pre}comparisons[{i}]')}: no {key!r}")
-        _mapping(comp["context"], path, f"{pre}comparisons[{i}].context", SETUP_KEYS)
+        ctx = _mapping(
+            comp["context"], path, f"{pre}comparisons[{i}].context", SETUP_KEYS + ("cost_source",)
+        )
+        if "cost_source" in ctx and ctx["cost_source"] not in COST_SOURCES:
+            raise ConfigError(
+                f"{_where(path, f'{pre}comparisons[{i}].context.cost_source')}: "
+                f"{ctx['cost_source']!r}; expected one of {', '.join(COST_SOURCES)}"
+            )
         _selectors(comp["baseline"], path, f"{pre}comparisons[{i}].baseline")
         _selectors(comp["method"], path, f"{pre}comparisons[{i}].method")
     extra = ("claim",) if not at else ()
@@ -340,10 +379,17 @@ def load_claim_file(path: str | os.PathLike[str]) -> ClaimSpec:
         _text(src["location"], path, "source.location"),
         _text(src["detail"], path, "source.detail") if "detail" in src else "",
     )
-    setup = _mapping(raw["setup"], path, "setup", SETUP_KEYS)
+    setup = _mapping(raw["setup"], path, "setup", SETUP_KEYS + SETUP_OPTIONAL)
     for key in SETUP_KEYS:
         if key not in setup:
             raise ConfigError(f"{path}: setup: no {key!r}; expected {', '.join(SETUP_KEYS)}")
+    if "cost_sources" in setup:
+        sources = _list(setup["cost_sources"], path, "setup.cost_sources")
+        if not sources or not all(s in COST_SOURCES for s in sources):
+            raise ConfigError(
+                f"{path}: setup.cost_sources: {sources!r}; expected a non-empty list from "
+                f"{', '.join(COST_SOURCES)}"
+            )
     metric = raw.get("metric", "throughput")
     if metric not in METRICS:
         raise ConfigError(f"{path}: metric: {metric!r}; expected one of {', '.join(METRICS)}")

@@ -34,6 +34,7 @@ from dcp_bench.cost.base import (
     time_parts,
 )
 from dcp_bench.errors import ConfigError, DcpBenchError
+from dcp_bench.paths import CONF_DIR
 from dcp_bench.planners.base import method_label
 from dcp_bench.reference import unit_of_label
 from dcp_bench.report.claim_spec import load_claim_set
@@ -41,6 +42,7 @@ from dcp_bench.report.stats import relative_half_width
 from dcp_bench.report.system_validation import (
     PublishedSystem,
     SystemValidation,
+    rows_missed,
     system_for_claim,
     validate_system,
 )
@@ -59,19 +61,29 @@ def load_claims(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def campaign_system_values(
-    c: Campaign, cells: pd.DataFrame, system: PublishedSystem
+    c: Campaign,
+    cells: pd.DataFrame,
+    system: PublishedSystem,
+    extra_context: dict[str, Any] | None = None,
+    mem_cap_fraction: float | None = DEFAULT_MEM_CAP_FRACTION,
 ) -> dict[str, dict[int, float]]:
     """Per row of ``system``, the campaign's per-seed figures of the matching cell (the
-    system's context and the row's selector; default cost model), in the metric's own unit."""
+    system's context, ``extra_context`` (e.g. a cost source) and the row's selector; default
+    cost constants), in the metric's own unit."""
     out: dict[str, dict[int, float]] = {}
-    if cells.empty or system.metric not in c.runs.columns:
+    mean_steps = system.metric == "mean_step_time_s"
+    if cells.empty or (system.metric not in c.runs.columns and not mean_steps):
         return out
+    context = {**system.context, **(extra_context or {})}
     for row in system.rows:
-        sel = select_cells(cells, system.context, row.select)
+        sel = select_cells(cells, context, row.select, mem_cap_fraction=mem_cap_fraction)
         if sel.empty:
             continue
         runs = c.runs[(c.runs["config_hash"] == sel.iloc[0]["config_hash"])]
         runs = runs[runs["status"] == "ok"]
+        if mean_steps:
+            means = c.steps.groupby("run_id")["step_time_s"].mean()
+            runs = runs.assign(mean_step_time_s=[means.get(rid) for rid in runs["run_id"]])
         vals = {
             int(sd): float(v)
             for sd, v in zip(runs["seed"], runs[system.metric])
@@ -83,13 +95,18 @@ def campaign_system_values(
 
 
 def claim_validation(
-    c: Campaign, cells: pd.DataFrame, claims: dict[str, Any], claim_id: str
+    c: Campaign,
+    cells: pd.DataFrame,
+    claims: dict[str, Any],
+    claim_id: str,
+    extra_context: dict[str, Any] | None = None,
+    mem_cap_fraction: float | None = DEFAULT_MEM_CAP_FRACTION,
 ) -> SystemValidation | None:
     """The claim's system validated on this campaign's own runs (None: no system names it)."""
     system = system_for_claim(claims.get("_systems") or [], claim_id)
     if system is None:
         return None
-    values = campaign_system_values(c, cells, system)
+    values = campaign_system_values(c, cells, system, extra_context, mem_cap_fraction)
     missing = [r.id for r in system.rows if r.id not in values]
     note = f"not in this campaign: {', '.join(missing)}" if missing else ""
     return validate_system(system, values, note=note)
@@ -150,7 +167,7 @@ def select_cells(
     if cells.empty:
         return cells
     mask = np.ones(len(cells), dtype=bool)
-    for key in ("workload", "cluster", "model"):
+    for key in ("workload", "cluster", "model", "cost_source"):
         if key in context:
             mask &= cells[key].isin([str(v) for v in _as_list(context[key])]).to_numpy()
     mask &= (cells["method"] == selector["method"]).to_numpy()
@@ -172,6 +189,8 @@ def select_cells(
     out = cells[mask]
     if out.empty:
         return out
+    if selector.get("pick") == "fastest":
+        return _fastest(out)
     # Per context: the cells closest to the method's defaults.
     score = np.array([_distance(p, selector) for p in out["params"]], dtype=float)
     keep = np.zeros(len(out), dtype=bool)
@@ -180,6 +199,61 @@ def select_cells(
         sel = ctx == h
         keep |= sel & (score == score[sel].min())
     return out[keep]
+
+
+def _fastest(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per context, the cell with the smallest median step time among those whose every run
+    succeeded (``pick: fastest``: a setting hand-tuned over the swept ones, as a publication
+    tunes its baseline); none in a context where every cell failed somewhere."""
+    ok = cells[(cells["failures"].astype(int) == 0) & cells["median_s"].notna()]
+    keep = [group["median_s"].astype(float).idxmin() for _, group in ok.groupby("context_hash")]
+    return cells.loc[sorted(keep)]
+
+
+def speedup_by_step(
+    c: Campaign, baseline_cell: str, method_cell: str, n_boot: int = 2000, seed: int = 0
+) -> dict[str, Any]:
+    """Speedup of one cell over another paired by step: the ratio of the summed step times over
+    the (seed, step) pairs both sides measured, with the percentile interval of that ratio over
+    the pairs resampled together (``pair_by: step``: the steps are fixed iterations, the same data
+    on both sides). Only ok runs count; a side without any gives no number."""
+    runs = c.runs[c.runs["status"] == "ok"][["run_id", "config_hash", "seed"]]
+    steps = c.steps.merge(runs, on=["run_id", "config_hash"])
+    sides = []
+    for cell in (baseline_cell, method_cell):
+        st = steps[steps["config_hash"] == cell]
+        sides.append(
+            {
+                (int(sd), int(k)): float(t)
+                for sd, k, t in zip(st["seed"], st["step"], st["step_time_s"])
+            }
+        )
+    keys = sorted(set(sides[0]) & set(sides[1]))
+    empty = {"value": math.nan, "ci_low": math.nan, "ci_high": math.nan, "pairs": 0}
+    if not keys:
+        return {**empty, "metric": "step_time"}
+    b = np.array([sides[0][k] for k in keys])
+    m = np.array([sides[1][k] for k in keys])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(keys), size=(n_boot, len(keys)))
+    draws = b[idx].sum(axis=1) / m[idx].sum(axis=1)
+    return {
+        "value": float(b.sum() / m.sum()),
+        "ci_low": float(np.quantile(draws, 0.025)),
+        "ci_high": float(np.quantile(draws, 0.975)),
+        "pairs": len(keys),
+        "metric": "step_time",
+    }
+
+
+def _no_data_note(side: str, selector: dict[str, Any], workload: str) -> str:
+    """Why a side has no cells: no workload config of that name, its method has no config at
+    all, or it is not in the campaign."""
+    if not (CONF_DIR / "workload" / f"{workload}.yaml").is_file():
+        return f"not judged: no workload {workload}"
+    if method_defaults(str(selector["method"])) is None:
+        return f"not judged: no method {selector['method']}"
+    return f"no data: {side} not in this campaign"
 
 
 @dataclass
@@ -211,9 +285,11 @@ def compare(
     mem_cap_fraction: float | None = DEFAULT_MEM_CAP_FRACTION,
     n_boot: int = 2000,
     seeds: set[int] | None = None,
+    pair_by: str = "seed",
 ) -> list[PairResult]:
     """Speedups of ``method`` over ``baseline`` in every matching context (one per workload),
-    over the repeats with the given ``seeds`` only when given."""
+    over the repeats with the given ``seeds`` only when given; paired by seed (the median of the
+    per-seed ratios) or, ``pair_by="step"``, by step (`speedup_by_step`)."""
     out = []
     b_cells = select_cells(cells, context, baseline, scales, mem_cap_fraction)
     m_cells = select_cells(cells, context, method, scales, mem_cap_fraction)
@@ -230,7 +306,19 @@ def compare(
                 pair = (b, same.iloc[0])
                 break
         if pair is None:
-            missing = "baseline" if bw.empty else ("method" if mw.empty else "a shared context")
+            if bw.empty or mw.empty:
+                side, sel = ("baseline", baseline) if bw.empty else ("method", method)
+                note = _no_data_note(side, sel, wl)
+                unpicked = {k: v for k, v in sel.items() if k != "pick"}
+                if (
+                    "pick" in sel
+                    and not select_cells(
+                        cells, {**context, "workload": wl}, unpicked, scales, mem_cap_fraction
+                    ).empty
+                ):
+                    note = f"not judged: every {side} cell ({sel['method']}) failed in some run"
+            else:
+                note = "no data: a shared context not in this campaign"
             out.append(
                 PairResult(
                     wl,
@@ -243,12 +331,15 @@ def compare(
                     "",
                     None,
                     None,
-                    note=f"no data: {missing} not in this campaign",
+                    note=note,
                 )
             )
             continue
         b, m = pair
-        sp = speedup_between(c, b["config_hash"], m["config_hash"], n_boot=n_boot, seeds=seeds)
+        if pair_by == "step":
+            sp = speedup_by_step(c, b["config_hash"], m["config_hash"], n_boot=n_boot)
+        else:
+            sp = speedup_between(c, b["config_hash"], m["config_hash"], n_boot=n_boot, seeds=seeds)
         note = ""
         if b["failures"] or m["failures"]:
             note = (
@@ -375,6 +466,20 @@ def verdict_rule(
         return "undecided", f"undecided in simulation: {what} could not be simulated ({why})"
     sim, pub = validation.claimed_simulated, validation.claimed_published
     numbers = f"simulated {sim:.2f}x, published {pub:.2f}x"
+    missed = rows_missed(validation, tolerance)
+    if missed:
+        unit = s.unit.split(" (")[0]
+        rows = "; ".join(
+            f"{r['label']} simulated {float(r['simulated']):.2f}, published {r['published']:g}"
+            for r in missed
+        )
+        return (
+            "undecided",
+            f"undecided in simulation: the simulator misses the authors' own published "
+            f"measurements ({unit}) by more than the claim's {tolerance:.0%} tolerance"
+            + (f" plus the {s.reading_error:g} reading error" if s.reading_error else "")
+            + f": {rows}; the seed CI alone would say {ci_verdict}",
+        )
     if not within_tolerance(err, tolerance):
         return (
             "undecided",
@@ -405,6 +510,10 @@ CI_COVERS = {
     ),
     "step": "the seeds' different global batches (data sampling)",
 }
+CI_COVERS_BY_STEP = (
+    "the iterations, resampled in pairs (the same iteration on both sides; the workload's "
+    "iterations are fixed, the same for every seed)"
+)
 
 
 @dataclass
@@ -446,6 +555,10 @@ class ClaimResult:
     # every sensitivity row of the claim with finite speedup, judged by its seed CI against the
     # band: {constant, factor, speedup, verdict} (`judge_sensitivity`)
     sensitivity_verdicts: list[dict[str, Any]] = field(default_factory=list)
+    # what the CI pairs (seed | step) and, for a claim judged under named cost sources, the
+    # verdict under each (the first is the claim's own)
+    pair_by: str = "seed"
+    by_cost_source: list[dict[str, Any]] = field(default_factory=list)
 
     def to_summary(self) -> dict[str, Any]:
         r = self.result
@@ -492,6 +605,8 @@ class ClaimResult:
             else None,
             "validation": self.validation.to_dict() if self.validation is not None else None,
             "verdict_rule": self.verdict_rule,
+            **({"pair_by": self.pair_by} if self.pair_by != "seed" else {}),
+            **({"by_cost_source": self.by_cost_source} if self.by_cost_source else {}),
         }
 
 
@@ -508,23 +623,42 @@ def evaluate_claims(
     out = []
     target = float((claims.get("statistics") or {}).get("max_relative_half_width", 0.05))
     for cl in claims.get("claims", []):
-        res = compare(c, cells, cl["context"], cl["baseline"], cl["method"], n_boot=n_boot)
+        sources = list(cl.get("cost_sources") or [])
+        pair_by = str(cl.get("pair_by", "seed"))
+        # judged under named cost sources: each source's cells carry their own memory cap
+        cap = None if sources else DEFAULT_MEM_CAP_FRACTION
+        context = {**cl["context"], **({"cost_source": sources[0]} if sources else {})}
+        res = compare(
+            c,
+            cells,
+            context,
+            cl["baseline"],
+            cl["method"],
+            n_boot=n_boot,
+            mem_cap_fraction=cap,
+            pair_by=pair_by,
+        )
         r = res[0]
         v = verdict(float(cl["value"]), float(cl["tolerance"]), r.ci_low, r.ci_high)
         reasons = []
         if r.note:
             reasons.append(r.note)
         epochs = _epochs(c, r.method_cell)
-        covers = CI_COVERS.get(r.unit, "")
+        covers = CI_COVERS_BY_STEP if pair_by == "step" else CI_COVERS.get(r.unit, "")
         if v != "no data":
             band = tolerance_band(float(cl["value"]), float(cl["tolerance"]))
             per_run = ", ".join(
                 f"{k} {x:g}" for k, x in r.steps_per_run.items() if not math.isnan(x)
             )
             unit = "iterations of one epoch" if r.unit == "epoch" else "measured steps"
+            how = (
+                f"summed step times over {r.pairs} paired steps"
+                if pair_by == "step"
+                else f"median of {r.pairs} paired per-seed ratios"
+            )
             reasons.append(
-                f"measured {r.speedup:.2f}x, 95% CI [{r.ci_low:.2f}, {r.ci_high:.2f}] (median of "
-                f"{r.pairs} paired per-seed ratios, {r.metric}; {unit} per run: {per_run}); "
+                f"measured {r.speedup:.2f}x, 95% CI [{r.ci_low:.2f}, {r.ci_high:.2f}] ({how}, "
+                f"{r.metric}; {unit} per run: {per_run}); "
                 f"tolerance band [{band[0]:.2f}, {band[1]:.2f}]"
             )
             half = relative_half_width(r.speedup, r.ci_low, r.ci_high)
@@ -555,8 +689,24 @@ def evaluate_claims(
             res_.imbalance[side] = median_imbalance(c, cell)
         res_.band = tolerance_band(res_.claimed, res_.tolerance)
         res_.ci_verdict = v
-        res_.validation = claim_validation(c, cells, claims, cl["id"])
+        res_.validation = claim_validation(
+            c, cells, claims, cl["id"], {"cost_source": sources[0]} if sources else None, cap
+        )
         res_.verdict, res_.verdict_rule = verdict_rule(v, float(cl["tolerance"]), res_.validation)
+        res_.pair_by = pair_by
+        if sources:
+            res_.basis = (
+                f"in simulation under the cost source {sources[0]} (the claim's verdict)"
+                + (f"; also shown under {', '.join(sources[1:])}" if sources[1:] else "")
+                + "; no constant fitted to the published numbers, not validated on a GPU run "
+                "of this suite"
+            )
+        for source in sources:
+            res_.by_cost_source.append(
+                _judge_under(c, cells, claims, cl, source, pair_by, n_boot)
+                if source != sources[0]
+                else _source_row(source, r, v, res_.verdict, res_.verdict_rule, res_.validation)
+            )
         if v != "no data":
             words = verdict_words(
                 v, float(cl["value"]), float(cl["tolerance"]), r.ci_low, r.ci_high
@@ -575,6 +725,55 @@ def evaluate_claims(
                 )
         out.append(res_)
     return out
+
+
+def _source_row(
+    source: str,
+    r: PairResult,
+    ci_verdict: str,
+    final: str,
+    rule: str,
+    validation: SystemValidation | None,
+) -> dict[str, Any]:
+    return {
+        "cost_source": source,
+        "speedup": _clean(r.speedup),
+        "ci95": [_clean(r.ci_low), _clean(r.ci_high)],
+        "pairs": r.pairs,
+        "baseline_cell": r.baseline_cell,
+        "method_cell": r.method_cell,
+        "note": r.note,
+        "ci_verdict": ci_verdict,
+        "verdict": final,
+        "verdict_rule": rule,
+        "validation": validation.to_dict() if validation is not None else None,
+    }
+
+
+def _judge_under(
+    c: Campaign,
+    cells: pd.DataFrame,
+    claims: dict[str, Any],
+    cl: dict[str, Any],
+    source: str,
+    pair_by: str,
+    n_boot: int,
+) -> dict[str, Any]:
+    """The claim's verdict under one more cost source: the same band, CI and validation rule."""
+    r = compare(
+        c,
+        cells,
+        {**cl["context"], "cost_source": source},
+        cl["baseline"],
+        cl["method"],
+        n_boot=n_boot,
+        mem_cap_fraction=None,
+        pair_by=pair_by,
+    )[0]
+    v = verdict(float(cl["value"]), float(cl["tolerance"]), r.ci_low, r.ci_high)
+    val = claim_validation(c, cells, claims, cl["id"], {"cost_source": source}, None)
+    final, rule = verdict_rule(v, float(cl["tolerance"]), val)
+    return _source_row(source, r, v, final, rule, val)
 
 
 def epoch_accounting(c: Campaign, cell: str | None) -> dict[str, Any]:
@@ -817,7 +1016,19 @@ def evaluate_comparisons(
     for comp in claims.get("comparisons", []):
         for base in _as_list(comp["baseline"]):
             for meth in _as_list(comp["method"]):
-                for r in compare(c, cells, comp["context"], base, meth, n_boot=n_boot):
+                # a context under a named cost source: its cells carry that source's memory cap
+                cap = None if "cost_source" in comp["context"] else DEFAULT_MEM_CAP_FRACTION
+                pair_by = str(comp.get("pair_by", "seed"))
+                for r in compare(
+                    c,
+                    cells,
+                    comp["context"],
+                    base,
+                    meth,
+                    n_boot=n_boot,
+                    mem_cap_fraction=cap,
+                    pair_by=pair_by,
+                ):
                     rows.append(
                         {
                             "comparison": comp["id"],

@@ -154,7 +154,8 @@ def verdict_lines(data: ReportData, claim: dict[str, Any]) -> list[str]:
     lines = [f"**{claim['id']}: {word.upper() if word in VERDICT_WORDS else word}**, {basis}."]
     if _finite(v):
         lines.append(
-            f"{float(v):.2f}x, 95% CI over {claim.get('pairs', '?')} paired seeds "
+            f"{float(v):.2f}x, 95% CI over {claim.get('pairs', '?')} paired "
+            f"{'steps' if claim.get('pair_by') == 'step' else 'seeds'} "
             f"{_ci(claim.get('ci_low'), claim.get('ci_high'))}; {model_band_text(claim)}; claimed "
             f"{claimed:g}x, tolerance band {_ci(*band)} (reproduced when the whole CI lies inside "
             f"the band). `{claim['method']}` over `{claim['baseline']}`, "
@@ -421,9 +422,54 @@ def first_screen_section(doc: Document, data: ReportData) -> None:
         _own_first_screen(doc, data)
 
 
+def claim_line(claim: dict[str, Any]) -> str:
+    """One claim in one line, from the engine's decision (its summary row): the simulated
+    speedup with its CI against the claimed value and the verdict, under each cost source the
+    claim names (the first decides); "not judged" with the engine's reason without a number."""
+    head = f"**{claim['id']}** (`{claim['method']}` over `{claim['baseline']}`): "
+    rows = claim.get("by_cost_source") or [
+        {
+            "cost_source": None,
+            "speedup": claim.get("speedup"),
+            "ci95": [claim.get("ci_low"), claim.get("ci_high")],
+            "verdict": claim["verdict"],
+            "note": "; ".join(claim.get("reasons") or []),
+        }
+    ]
+    notes = {str(r.get("note") or "no number").split("; ")[0] for r in rows}
+    if len(notes) == 1 and not any(_finite(r.get("speedup")) for r in rows):
+        return head + notes.pop() + "."  # the same reason under every cost source
+    parts = []
+    for i, r in enumerate(rows):
+        where = f" under `{r['cost_source']}`" if r.get("cost_source") else ""
+        if not _finite(r.get("speedup")):
+            why = str(r.get("note") or "no number").split("; ")[0]
+            parts.append(f"{why}{where}")
+            continue
+        word = str(r["verdict"])
+        parts.append(
+            f"{float(r['speedup']):.2f}x {_ci(*r['ci95'])} simulated{where} vs "
+            f"{float(claim['claimed']):g}x claimed: "
+            f"{word.upper() if word in VERDICT_WORDS else word}"
+            + (" (the claim's verdict)" if i == 0 and len(rows) > 1 else "")
+        )
+    return head + "; ".join(parts) + "."
+
+
+def claim_lines(data: ReportData) -> list[str]:
+    """One line per claim of the claims file (`claim_line`), in its order; none for a claims
+    file of one claim, whose verdict box below is that line."""
+    if len(data.claim_results) < 2:
+        return []
+    return [claim_line(r.to_summary()) for r in data.claim_results]
+
+
 def _claims_first_screen(doc: Document, data: ReportData) -> None:
     claims = _claim_rows(data)
     doc.h2("Verdict")
+    lines = claim_lines(data)
+    if lines:
+        doc.bullets(lines)
     comp = completeness_line(data)
     if not claims:
         doc.callout(

@@ -40,8 +40,14 @@ SYSTEM_KEYS = (
     "claimed_comparison",
     "rows",
 )
+# Optional: ``check_rows: true`` makes every simulated row's own figure part of the rule (within
+# the claim's tolerance of the published one, plus ``reading_error`` in the publication's unit
+# where the figure was read off a chart), beside the claimed comparison.
+SYSTEM_OPTIONAL = ("check_rows", "reading_error")
 ROW_KEYS = ("id", "label", "select", "published")
-METRICS = ("latent_tokens_per_s", "tokens_per_s", "step_time_s")
+# mean_step_time_s: the mean of a run's measured step times (a publication's average iteration
+# time), from the step records
+METRICS = ("latent_tokens_per_s", "tokens_per_s", "step_time_s", "mean_step_time_s")
 # The columns of a validated row, in the order every table of them shows them.
 ROW_FIELDS = (
     "published",
@@ -83,6 +89,8 @@ class PublishedSystem:
     baseline: str
     claimed_comparison: dict[str, str]
     rows: tuple[SystemRow, ...]
+    check_rows: bool = False
+    reading_error: float = 0.0
 
     def row(self, row_id: str) -> SystemRow:
         for r in self.rows:
@@ -128,8 +136,8 @@ def load_systems(path: str | os.PathLike[str]) -> list[PublishedSystem]:
     out = []
     for raw in data.get("systems") or []:
         sid = raw.get("id", "?") if isinstance(raw, dict) else "?"
-        if not isinstance(raw, dict) or set(raw) != set(SYSTEM_KEYS):
-            have = set(raw) if isinstance(raw, dict) else set()
+        have = set(raw) - set(SYSTEM_OPTIONAL) if isinstance(raw, dict) else set()
+        if not isinstance(raw, dict) or have != set(SYSTEM_KEYS):
             missing, unknown = set(SYSTEM_KEYS) - have, have - set(SYSTEM_KEYS)
             raise ConfigError(
                 f"system {sid!r} in {path}: missing {sorted(missing)}, unknown {sorted(unknown)}"
@@ -154,7 +162,14 @@ def load_systems(path: str | os.PathLike[str]) -> list[PublishedSystem]:
             str(raw["baseline"]),
             {k: str(v) for k, v in dict(raw["claimed_comparison"]).items()},
             rows,
+            check_rows=bool(raw.get("check_rows", False)),
+            reading_error=float(raw.get("reading_error", 0.0)),
         )
+        if not isinstance(raw.get("check_rows", False), bool) or not sys_.reading_error >= 0:
+            raise ConfigError(
+                f"system {sid!r}: check_rows={raw.get('check_rows')!r}, reading_error="
+                f"{raw.get('reading_error')!r}; expected true or false and a number >= 0"
+            )
         for rid in (sys_.baseline, *sys_.claimed_comparison.values()):
             sys_.row(rid)
         out.append(sys_)
@@ -210,6 +225,20 @@ def _median_ratio(num: Mapping[int, float], den: Mapping[int, float]) -> float:
     return float(np.median(ratios)) if ratios else math.nan
 
 
+def rows_missed(validation: SystemValidation, tolerance: float) -> list[dict[str, Any]]:
+    """The simulated rows whose own figure misses the published one by more than ``tolerance``
+    (relative) plus the system's ``reading_error`` (absolute); none unless ``check_rows``."""
+    s = validation.system
+    if not s.check_rows:
+        return []
+    out = []
+    for row in validation.rows:
+        sim, pub = row.get("simulated"), float(row["published"])
+        if sim is not None and abs(float(sim) - pub) > tolerance * pub + s.reading_error:
+            out.append(row)
+    return out
+
+
 def validate_system(
     system: PublishedSystem, simulated: Mapping[str, Mapping[int, float]], note: str = ""
 ) -> SystemValidation:
@@ -255,6 +284,7 @@ def validate_system(
 
 __all__ = [
     "ROW_FIELDS",
+    "rows_missed",
     "PublishedSystem",
     "SystemRow",
     "SystemValidation",

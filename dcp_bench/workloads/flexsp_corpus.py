@@ -20,11 +20,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dcp_bench.batch import GlobalBatch
 from dcp_bench.errors import WorkloadError
+from dcp_bench.workloads.base import distribution_stats
 
 UPSTREAM = "PKU-DAIR/Hetu-Galvatron@b4666892601f1adab345dbf07b6af2c300eb7c90"
 # SHA-256 of the lists as published (the file at galvatron/datasets/NAME.txt of UPSTREAM).
@@ -111,3 +113,99 @@ def read_flexsp_corpus(
         seq_limit_k=seq_limit_k,
         world_size=world_size,
     )
+
+
+class FlexSPCorpusWorkload:
+    """FlexSP's iterations of one corpus as a run workload: step ``s`` of a run is FlexSP's
+    iteration ``start_iter + s`` (GBS sequences in file order, solver.py:1005-1006), the same for
+    every seed and method, so runs pair step by step. Built from a workload config
+    (``dcp_bench/conf/workload/flexsp_*.yaml``); the list is read where it lies, once, when the
+    workload is built.
+
+    ``max_seq_len`` of the run's model is not applied on top: the corpus is already cut at
+    ``seq_limit_k`` by FlexSP's own rule (a model whose limit is lower is refused at the first
+    step, naming both)."""
+
+    def __init__(
+        self,
+        name: str,
+        corpus: str,
+        lengths_file: str,
+        seq_limit_k: int,
+        world_size: int = 64,
+        gbs: int = 512,
+        start_iter: int = 3,
+        seed: int = 0,
+        version: str = "1",
+        default_model: str = "gpt_7b",
+        description: str | None = None,
+        source: str | None = None,
+        licence: str | None = None,
+    ) -> None:
+        for key, value, least in (
+            ("gbs", gbs, 1),
+            ("start_iter", start_iter, 0),
+            ("world_size", world_size, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise WorkloadError(
+                    f"workload {name!r}: {key}={value!r}; expected an integer >= {least}"
+                )
+        self.name = name
+        self.kind = "text"
+        self.version, self.default_model = str(version), str(default_model)
+        self.length_scale = 1.0
+        self.seed = int(seed)  # FlexSP's iterations do not depend on it
+        self.gbs, self.start_iter = gbs, start_iter
+        self.corpus = read_flexsp_corpus(corpus, lengths_file, int(seq_limit_k), world_size)
+        self.description = description or (
+            f"FlexSP's {corpus} iterations (GBS {gbs}, from iteration {start_iter}, sequences "
+            f"over {seq_limit_k}K dropped; solver.py:991-1006)"
+        )
+        self.provenance: dict[str, object] = {
+            **self.corpus.provenance(),
+            "gbs": gbs,
+            "start_iter": start_iter,
+            "source": source or f"{UPSTREAM} galvatron/datasets/{corpus}.txt",
+            **({"licence": licence} if licence else {}),
+        }
+
+    def length_distribution(self) -> tuple[np.ndarray, np.ndarray, str]:
+        """(lengths, probabilities, method): the kept (padded) lengths, each with equal weight."""
+        lengths = self.corpus.lengths.astype(np.float64)
+        return lengths, np.full(len(lengths), 1.0 / len(lengths)), "exact"
+
+    def stats(self) -> dict[str, Any]:
+        """Statistics of the kept lengths (`dcp_bench.workloads.base.distribution_stats`), as
+        `dcp-bench workloads show` prints them."""
+        lengths, probs, method = self.length_distribution()
+        out: dict[str, Any] = {"name": self.name, "version": self.version, "kind": self.kind}
+        out["n"] = len(lengths)
+        out.update(distribution_stats(lengths, probs, "linear"))
+        out["stats_method"] = method
+        out["length_scale"] = self.length_scale
+        return out
+
+    def global_batch(
+        self, step: int, world_size: int, max_seq_len: int | None = None
+    ) -> GlobalBatch:
+        """FlexSP's iteration ``start_iter + step``."""
+        if world_size != self.corpus.world_size:
+            raise WorkloadError(
+                f"workload {self.name!r}: read for {self.corpus.world_size} GPUs (FlexSP pads "
+                f"lengths to 2 x world size); the run has {world_size}"
+            )
+        batch = self.corpus.batches(self.gbs, self.start_iter + int(step), 1)[0]
+        longest = int(batch.tokens.max())
+        if max_seq_len is not None and longest > max_seq_len:
+            raise WorkloadError(
+                f"workload {self.name!r}: iteration {batch.step} holds a {longest}-token "
+                f"sequence; the model's max_seq_len is {max_seq_len}"
+            )
+        return GlobalBatch(
+            int(step),
+            batch.sample_ids,
+            batch.tokens,
+            batch.frames,
+            info={"workload": self.name, "flexsp_iteration": batch.step, "gbs": self.gbs},
+        )
