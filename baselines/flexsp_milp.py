@@ -632,13 +632,18 @@ class FlexSPMILP(Planner):
             from there the one whose rounds sum to the least time.
         mb_options: chunk counts tried by "sort_consec" (FlexSP's driver: 5, solver.py:1239);
             the step's planning time is split evenly between them.
+        round_barrier: every group waits for the round's slowest before the next round
+            regroups the ranks, as FlexSP's driver times an iteration (the sum of each
+            micro-batch's slowest group, solver.py:1242); False lets a group start its next
+            round as soon as its own ranks are free.
     """
 
     name = "flexsp_milp"
     source = (
         "FlexSP (ASPLOS'25): a per-step MILP over heterogeneous SP groups, solved with HiGHS. "
         "Defaults: full recompute, HiGHS stopped after 50 branch-and-bound nodes a round "
-        "(a 60 s wall-clock safety cap a step), 16 length buckets (FlexSP's)."
+        "(a 60 s wall-clock safety cap a step), 16 length buckets (FlexSP's), no barrier between "
+        "rounds."
     )
     OPTION_MINIMA = {
         "buckets": 1,
@@ -663,6 +668,7 @@ class FlexSPMILP(Planner):
         chunking: str = "snake",
         mb_options: int = 1,
         mip_max_nodes: int = DEFAULT_MIP_MAX_NODES,
+        round_barrier: bool = False,
     ) -> None:
         super().__init__(mode)
         if min_sp < 1 or min_sp & (min_sp - 1):
@@ -675,6 +681,7 @@ class FlexSPMILP(Planner):
             raise ConfigError(
                 f"mb_options={mb_options} applies to chunking='sort_consec' only; expected 1"
             )
+        self.round_barrier = bool(round_barrier)
         self.min_sp = min_sp
         self.whole_world = whole_world
         self.prune_slots = prune_slots
@@ -1013,6 +1020,7 @@ class FlexSPMILP(Planner):
             mode=self.mode,
             step=batch.step,
             info=info,
+            round_barrier=self.round_barrier,
         )
 
     def lay_out(self, batch: GlobalBatch, sol: RoundSolution, cost: CostModel, ckpt: int) -> Round:

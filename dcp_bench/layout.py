@@ -11,7 +11,10 @@ blocks from here.
 
 from __future__ import annotations
 
-from dcp_bench.errors import ClusterError, PlanError
+from dataclasses import dataclass, fields
+from typing import Any
+
+from dcp_bench.errors import ClusterError, ConfigError, PlanError
 
 # How a sequence-split micro-batch spreads attention over its group (`dcp_bench.plan.MicroBatch`).
 SP_KINDS: tuple[str, ...] = ("ulysses", "ring", "hybrid")
@@ -122,3 +125,72 @@ def ring_group_offence(start: int, size: int, ulysses: int, world_size: int) -> 
             f"(the group's start must be a multiple of {ulysses})"
         )
     return None
+
+
+# Megatron-LM's recomputation settings a `ModelParallel` plan runs (`--recompute-granularity`):
+# none; ``selective`` (core attention only, Korthikanti et al. 2022 section 5); ``full`` (every
+# layer of a stage keeps only its input and is recomputed whole, ``--recompute-method uniform
+# --recompute-num-layers 1``).
+MEGATRON_RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class ModelParallel:
+    """Megatron-style model parallelism of a plan (`dcp_bench.plan.StepPlan.model_parallel`).
+
+    ``tp`` ranks split every layer's weights (tensor parallelism, Shoeybi et al. 2019) with
+    Megatron's sequence parallelism (Korthikanti et al. 2022, section 4: the norms and dropouts
+    between the tensor-parallel regions split along the sequence); ``pp`` pipeline stages of
+    ``num_layers / pp`` layers each run the 1F1B schedule (Narayanan et al. 2021, PTD-P);
+    ``selective``: the core attention of every layer is recomputed (Korthikanti section 5);
+    ``zero_stage``: the optimizer-state sharding over the data-parallel ranks (Megatron's
+    distributed optimizer is ZeRO-1). A plan group is one model replica of ``tp * pp * cp``
+    ranks (``cp``: its context-parallel ring); ranks are laid out in Megatron's default order
+    (tensor innermost, then context, then data, pipeline outermost), which decides which links
+    each collective uses (`dcp_bench.cost.megatron`)."""
+
+    tp: int = 1
+    pp: int = 1
+    sequence_parallel: bool = True
+    selective: bool = False
+    zero_stage: int = 1
+
+    def offence(self, world_size: int, gpus_per_node: int, heads: int, layers: int) -> str | None:
+        """Why this layout cannot run a model of ``heads`` heads and ``layers`` layers on
+        ``world_size`` ranks in nodes of ``gpus_per_node``; None when it can."""
+        if not (is_power_of_two(self.tp) and is_power_of_two(self.pp)):
+            return f"tp={self.tp}, pp={self.pp}: expected powers of two >= 1"
+        if self.tp > gpus_per_node:
+            return f"tp={self.tp}: tensor parallelism stays inside a node of {gpus_per_node} GPUs"
+        if heads % self.tp:
+            return f"tp={self.tp}: must divide the model's {heads} attention heads"
+        if layers % self.pp:
+            return f"pp={self.pp}: must divide the model's {layers} layers"
+        if world_size % (self.tp * self.pp):
+            return f"tp*pp={self.tp * self.pp} does not divide the world of {world_size} ranks"
+        if not self.sequence_parallel and self.tp > 1:
+            return (
+                "sequence_parallel=False: tensor parallelism without Megatron's sequence "
+                "parallelism is not priced (expected sequence_parallel=True)"
+            )
+        if self.zero_stage not in (0, 1):
+            return f"zero_stage={self.zero_stage}: Megatron's data parallelism is ZeRO 0 or 1"
+        return None
+
+    def check(self, world_size: int, gpus_per_node: int, heads: int, layers: int) -> None:
+        """Raise `ConfigError` with `offence`'s words when there is one."""
+        why = self.offence(world_size, gpus_per_node, heads, layers)
+        if why is not None:
+            raise ConfigError(f"model parallel layout: {why}")
+
+    @property
+    def model_ranks(self) -> int:
+        """Ranks one context-parallel rank's model spans (``tp * pp``)."""
+        return self.tp * self.pp
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelParallel:
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"model_parallel: unknown key(s) {sorted(unknown)}")
+        return cls(**data)

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from dcp_bench.archs import arch_of
-from dcp_bench.errors import PlanError
+from dcp_bench.errors import ConfigError, PlanError
 from dcp_bench.layout import (
     SP_KINDS,
+    ModelParallel,
     aligned_sp_degrees,
     is_power_of_two,
     ring_group_offence,
@@ -117,6 +118,17 @@ class StepPlan:
     # puts a barrier between its groups, e.g. Megatron's hybrid CP schedule). Without it a rank
     # starts its next round's group as soon as that group's own members are free.
     round_barrier: bool = False
+    # Megatron-style tensor and pipeline parallelism (`dcp_bench.layout.ModelParallel`): each group
+    # is then one model replica of tp x pp x cp ranks whose micro-batches run the 1F1B pipeline,
+    # the group's context-parallel degree is its size / (tp x pp). None: every rank holds the
+    # whole model (sequence and data parallelism only).
+    model_parallel: ModelParallel | None = None
+
+    def context_parallel(self, group: Group) -> int:
+        """The ranks one micro-batch's sequence is split over in ``group``: its size, or with
+        `model_parallel` its size / (tp x pp)."""
+        mp = self.model_parallel
+        return group.size if mp is None else group.size // mp.model_ranks
 
     def micro_batches(self) -> Iterator[tuple[int, Group, MicroBatch]]:
         """(round index, group, micro-batch) for every micro-batch of the plan."""
@@ -135,7 +147,10 @@ class StepPlan:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.model_parallel is None:  # plans without it serialise as they always have
+            del out["model_parallel"]
+        return out
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_default)
@@ -172,6 +187,11 @@ class StepPlan:
             step=data.get("step", 0),
             info=data.get("info", {}),
             round_barrier=bool(data.get("round_barrier", False)),
+            model_parallel=(
+                None
+                if data.get("model_parallel") is None
+                else ModelParallel.from_dict(data["model_parallel"])
+            ),
         )
 
     @classmethod
@@ -204,6 +224,10 @@ PLAN_RULES = (
     "fair mode: every sample position of the batch is used exactly once",
     "with a cost model: every micro-batch's predicted memory per rank is under the cost model's "
     "cap",
+    "with model_parallel: the layout fits the model and cluster (tp and pp powers of two, tp "
+    "inside a node and dividing the heads, pp dividing the layers, tp x pp dividing the world), "
+    "the cost model prices it, every group is a replica of tp x pp x (a power of two) ranks, and "
+    "every micro-batch is sequence-split with sp_kind 'ring' (context parallelism)",
 )
 """The rules `validate_plan` enforces, in words (docs/extending.md lists them for planner
 authors)."""
@@ -274,6 +298,19 @@ def _offences(
         yield f"mode must be 'fair' or 'paper', got {plan.mode!r}"
     layers = num_layers if num_layers is not None else (cost.model.num_layers if cost else None)
     model = model if model is not None else (cost.model if cost is not None else None)
+    mp = plan.model_parallel
+    if mp is not None:
+        gpn = cost.cluster.gpus_per_node if cost is not None else W
+        why = None if model is None else mp.offence(W, gpn, model.heads, model.num_layers)
+        if why is not None:
+            yield f"model_parallel: {why}"
+            return
+        if cost is not None:
+            try:  # a cost source without tensor / pipeline pricing says so here
+                cost = cost.with_model_parallel(mp)
+            except ConfigError as exc:
+                yield str(exc)
+                return
     used = [-1] * max(n, 0)  # the round of each sample's first use
     used_at = [-1] * max(n, 0)  # ... and its group's first rank
     memory = _MemoryChecks() if cost is not None and not isinstance(batch, int) else None
@@ -282,12 +319,14 @@ def _offences(
         for g in rnd.groups:
             where = f"round {r}, group at rank {g.start} (size {g.size})"
             placed = yield from _group_offences(where, g, W, cost, owner, model)
+            if mp is not None:
+                placed = (yield from _model_parallel_offences(where, g, mp)) and placed
             for m, mb in enumerate(g.micro_batches):
                 ok = yield from _micro_batch_offences(
                     f"{where}, micro-batch {m}", mb, g, r, n, layers, used, used_at
                 )
                 if memory is not None and ok and placed:
-                    memory.add(f"{where}, micro-batch {m}", mb, g.size)
+                    memory.add(f"{where}, micro-batch {m}", mb, plan.context_parallel(g))
     if memory is not None:
         assert cost is not None and not isinstance(batch, int)
         yield from memory.offences(batch, cost)
@@ -381,6 +420,27 @@ def _group_offences(
             yield f"{where}: overlaps the group at rank {int(owner[rank])} on rank {rank}"
         taken[taken < 0] = g.start
     return placed
+
+
+def _model_parallel_offences(where: str, g: Group, mp: ModelParallel) -> Generator[str, None, bool]:
+    """What is wrong with group ``g`` as one model replica of a `ModelParallel` plan: its size
+    tp x pp x cp with cp a power of two, and every micro-batch sequence-split with its context
+    parallelism as ring attention (Megatron's context parallel). Returns whether it is placed."""
+    cp, rest = divmod(g.size, mp.model_ranks)
+    if rest or not is_power_of_two(cp):
+        yield (
+            f"{where}: a model replica of tp={mp.tp} x pp={mp.pp} x cp ranks needs a size "
+            f"tp x pp x (a power of two), got {g.size}"
+        )
+        return False
+    for mb in g.micro_batches:
+        if mb.split != "sequence" or mb.sp_kind != "ring":
+            yield (
+                f"{where}: with model_parallel every micro-batch is split='sequence' with "
+                f"sp_kind='ring' (context parallelism), got {mb.split!r} / {mb.sp_kind!r}"
+            )
+            break
+    return True
 
 
 def _micro_batch_offences(

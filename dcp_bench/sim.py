@@ -9,6 +9,11 @@ of earlier rounds, so every wait points from a later round to an earlier one and
 can form. After the last task, every rank takes part in the gradient synchronisation and the
 optimizer step (`CostModel.step_sync_time`), which starts when the slowest rank is done.
 
+A plan with Megatron-style model parallelism (`dcp_bench.plan.StepPlan.model_parallel`) is priced
+by the cost model's `CostModel.with_model_parallel` (per rank of the slowest pipeline stage); a
+group, one model replica, then runs its micro-batches through the 1F1B pipeline
+(`dcp_bench.cost.megatron.pipeline_time`), and the pipeline's bubble is idle time.
+
 Speed: costs are computed for all sequence-split micro-batches of a step in one vectorised call
 (`CostModel.microbatch_costs`); the timeline is one pass over the groups.
 """
@@ -30,6 +35,7 @@ from dcp_bench.cost.base import (
     add_in_order,
     time_parts,
 )
+from dcp_bench.cost.megatron import pipeline_time
 from dcp_bench.errors import ClusterError, InfeasibleError
 from dcp_bench.execution import PlanFn, StepOutcome
 from dcp_bench.layout import ulysses_span
@@ -166,11 +172,12 @@ def _flatten(plan: StepPlan) -> _PlanArrays:
                 if mb.split == "batch" and g.size > 1:
                     out.batch_split.append((j, mb.samples, g.size, mb.ckpt_layers))
                 else:
+                    cp = plan.context_parallel(g)
                     out.seq_pos.append(mb.samples)
                     out.seq_mb.append(j)
-                    out.seq_sp.append(g.size)
+                    out.seq_sp.append(cp)
                     out.seq_ckpt.append(mb.ckpt_layers)
-                    out.seq_ulysses.append(ulysses_span(mb.sp_kind, mb.ulysses_degree, g.size))
+                    out.seq_ulysses.append(ulysses_span(mb.sp_kind, mb.ulysses_degree, cp))
     out.g_start = np.asarray(g_start, dtype=np.int64)
     out.g_size = np.asarray(g_size, dtype=np.int64)
     out.mb_group = np.asarray(mb_group, dtype=np.int64)
@@ -258,6 +265,13 @@ def _price(arr: _PlanArrays, batch: GlobalBatch, cost: CostModel) -> _Priced:
     return out
 
 
+def plan_cost(plan: StepPlan, cost: CostModel) -> CostModel:
+    """The cost model that prices ``plan``: ``cost`` itself, or for a plan with
+    `model_parallel` ``cost.with_model_parallel(...)`` (a source that cannot price it refuses)."""
+    mp = plan.model_parallel
+    return cost if mp is None else cost.with_model_parallel(mp)
+
+
 def _with_noise(
     dur: np.ndarray, arr: _PlanArrays, noise: NoiseModel, step: int, world: int
 ) -> np.ndarray:
@@ -314,6 +328,7 @@ def simulate_step(
             f"plan for {W} ranks cannot run on cluster {cost.cluster.name!r} of "
             f"{cost.cluster.world_size} ranks"
         )
+    cost = plan_cost(plan, cost)
     arr = _flatten(plan)
     priced = _price(arr, batch, cost)
     dur, comm, mem = priced.dur, priced.comm, priced.mem
@@ -321,7 +336,12 @@ def simulate_step(
     if noise is not None and arr.n_mb:
         # the batch knows its step even if a planner leaves plan.step at 0
         dur = _with_noise(dur, arr, noise, batch.step, W)
-    g_dur = np.bincount(arr.mb_group, weights=dur, minlength=arr.n_groups)
+    g_work = np.bincount(arr.mb_group, weights=dur, minlength=arr.n_groups)
+    g_dur = g_work
+    if plan.model_parallel is not None and plan.model_parallel.pp > 1:
+        g_long = np.zeros(arr.n_groups)
+        np.maximum.at(g_long, arr.mb_group, dur)
+        g_dur = pipeline_time(g_work, g_long, plan.model_parallel.pp)
     g_comm = np.bincount(arr.mb_group, weights=comm, minlength=arr.n_groups)
     g_mem = np.zeros(arr.n_groups)
     np.maximum.at(g_mem, arr.mb_group, mem)
@@ -334,7 +354,7 @@ def simulate_step(
         peak[a:b] = np.maximum(peak[a:b], g_mem[big])
     sync = cost.step_sync_time()
     step_time = compute_end + sync
-    busy = _per_rank_sum(arr, g_dur, W) + sync
+    busy = _per_rank_sum(arr, g_work, W) + sync  # a pipeline's bubble is idle
     idle = step_time - busy
     total_busy = float(busy.sum())
     comm_total = float(_per_rank_sum(arr, g_comm, W).sum()) + W * _sync_comm_s(cost)
@@ -670,6 +690,7 @@ def account_step(
     """Attribute a simulated step's time to its parts using the cost model's per-micro-batch
     costs (noise-free), averaged over ranks; the idle part is the remainder, so the parts add up
     to the step time exactly."""
+    cost = plan_cost(plan, cost)
     arr = _flatten(plan)
     return _account(arr, _price(arr, batch, cost), plan.world_size, cost, step_time_s)
 

@@ -3,10 +3,14 @@
 Simulates, on FlexSP's testbed (``a100x64``: 64 A100 40GB), FlexSP (``flexsp_milp_solver``: the
 project's ``flexsp_milp`` with the rules of FlexSP's solver driver) against DeepSpeed-Ulysses as
 FlexSP configured it (``deepspeed_ulysses``, the fixed SP degree hand-tuned: the fastest degree
-that runs every iteration) on FlexSP's own iterations of each corpus (GBS 512, iterations 3 ..
-42, sequences over the max length dropped: `dcp_bench.workloads.flexsp_corpus`), under two cost
-sources: FlexSP's own fitted model (``flexsp_fitted``) and the project's analytical model. Writes
-``report.md`` and ``cells.json`` into ``--out`` (reports/flexsp_script).
+that runs every iteration) and against Megatron-LM as FlexSP configured it (``megatron_lm_tuned``:
+the fixed TP/PP/CP/DP launch and recompute hand-tuned the same way, best-fit packing into
+micro-batches of the max length) on FlexSP's own iterations of each corpus (GBS 512, iterations
+3 .. 42, sequences over the max length dropped: `dcp_bench.workloads.flexsp_corpus`), under two
+cost sources: FlexSP's own fitted model (``flexsp_fitted``) and the project's analytical model.
+The Megatron cells are simulated under the analytical model only: FlexSP's fitted model prices no
+tensor or pipeline parallelism (its refusal is recorded). Writes ``report.md`` and ``cells.json``
+into ``--out`` (reports/flexsp_script).
 
 The same claims run through the project's one path, run records and claims engine with
 `dcp-bench reproduce claim=flexsp` (reports/flexsp; docs/reproduce.md says how the two differ);
@@ -36,8 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baselines.deepspeed_ulysses import DeepSpeedUlysses  # noqa: E402
+from baselines.megatron_lm import MegatronLMTuned, megatron_plan  # noqa: E402
 from dcp_bench.cost import make_cost_model  # noqa: E402
-from dcp_bench.errors import InfeasibleError  # noqa: E402
+from dcp_bench.errors import ConfigError, InfeasibleError  # noqa: E402
+from dcp_bench.layout import ModelParallel  # noqa: E402
 from dcp_bench.planners.base import make_planner  # noqa: E402
 from dcp_bench.sim import simulate_step  # noqa: E402
 from dcp_bench.workloads.flexsp_corpus import CORPORA, read_flexsp_corpus  # noqa: E402
@@ -54,13 +60,16 @@ NOT_REACHABLE = (
     "reachable from here (the mirror holds the path but not the file's contents); no "
     "distribution is invented for it"
 )
-MEGATRON_REASON = (
-    "Megatron-LM as FlexSP tuned it (TP/PP/DP-ZeRO1/CP, section 6.1) needs tensor- and "
-    "pipeline-parallel pricing, which neither cost source has (the analytical model prices "
-    "sequence parallelism, data parallelism and ZeRO only; FlexSP's fitted model prices Ulysses "
-    "SP only), and FlexSP's published artefacts give neither its Megatron configurations nor "
-    "their iteration times beyond Figure 4's bars"
-)
+BASELINE_SYSTEMS = ("deepspeed", "megatron")
+
+
+def megatron_refusal(cost: Any) -> str | None:
+    """Why ``cost`` cannot price Megatron-LM's layouts (its own one-line refusal), or None."""
+    try:
+        cost.with_model_parallel(ModelParallel(tp=2, pp=2))
+    except ConfigError as exc:
+        return f"not judged under this cost source: {exc}"
+    return None
 
 
 def flexsp_planner(step_time_limit_s: float, recompute: str) -> Any:
@@ -127,6 +136,37 @@ def verdict(ci: list[float], value: float, tol: float) -> str:
     return "undecided"
 
 
+def run_megatron(batches: list[Any], cost: Any, limit_k: int) -> dict[str, Any]:
+    """Megatron-LM as FlexSP ran it (``megatron_lm_tuned``): the fastest launch (TP, PP, CP, DP,
+    recompute) that runs every iteration, micro-batches of the max length, each iteration
+    simulated under that launch. The search is the paper's hand-tuning (offline)."""
+    seq = limit_k * 1000  # FlexSP's max length (solver.py:1000: seq_limit_k x 1000)
+    tuner = MegatronLMTuned(seq_length=seq, tune_batches=len(batches))
+    launch = tuner.tune(batches, cost)
+    W = cost.cluster.world_size
+    times = []
+    for b in batches:
+        plan = megatron_plan(b, cost, launch, seq, "megatron_lm_tuned")
+        r = simulate_step(plan, b, cost, round_barrier=True)
+        if r.oom:
+            raise InfeasibleError(f"iteration {b.step}: a micro-batch is over the GPU's memory")
+        times.append(r.step_time_s)
+    ranked = sorted(
+        (row for row in tuner._search if "step_s_sum" in row), key=lambda r: r["step_s_sum"]
+    )
+    return {
+        "launch": launch.describe(W),
+        "seq_length": seq,
+        "iteration_s": times,
+        "mean_s": float(np.mean(times)),
+        "candidates": len(tuner._search),
+        "candidates_feasible": len(ranked),
+        "fastest_launches_mean_s": {
+            row["launch"]: row["step_s_sum"] / len(batches) for row in ranked[:5]
+        },
+    }
+
+
 def simulate_cell(
     source: str, corpus: Any, limit_k: int, step_limit: float, iters: int
 ) -> dict[str, Any]:
@@ -162,7 +202,17 @@ def simulate_cell(
     sp_best = min(feasible, key=lambda k: feasible[k]["mean_s"])
     ds = feasible[sp_best]
     speedup = sum(ds["iteration_s"]) / sum(fx["iteration_s"])
+    refused = megatron_refusal(cost)
+    megatron: dict[str, Any] = {"not_judged": refused} if refused else {}
+    if not refused:
+        mg = run_megatron(batches, cost, limit_k)
+        megatron = {
+            **mg,
+            "speedup": sum(mg["iteration_s"]) / sum(fx["iteration_s"]),
+            "ci95": bootstrap_ratio(mg["iteration_s"], fx["iteration_s"]),
+        }
     return {
+        "megatron": megatron,
         "cost": cost.describe(),
         "flexsp": fx,
         "deepspeed": {"sp": sp_best, **ds},
@@ -194,6 +244,13 @@ def main() -> None:
     )
     ap.add_argument("--iters", type=int, default=ITERS, help="FlexSP's: 40")
     ap.add_argument("--render-only", action="store_true", help="rewrite report.md from cells.json")
+    ap.add_argument(
+        "--megatron-only",
+        metavar="CELLS_JSON",
+        help="simulate only the Megatron-LM cells (analytical) against the FlexSP iteration times "
+        "of an earlier cells.json (named in the output with its commit); prints them as JSON and "
+        "writes nothing",
+    )
     args = ap.parse_args()
     if args.render_only:
         doc = json.loads((Path(args.out) / "cells.json").read_text())
@@ -202,6 +259,9 @@ def main() -> None:
     pub = json.loads(Path(args.published).read_text())
     claim = yaml.safe_load(Path(args.claim).read_text())
     tol = float(claim["tolerance"])
+    if args.megatron_only:
+        print(json.dumps(megatron_only(args, pub, tol), indent=1))
+        return
     sources = args.sources.split(",")
     cells: list[dict[str, Any]] = []
     sims: dict[str, Any] = {}
@@ -209,22 +269,20 @@ def main() -> None:
         for name in CORPORA:
             published = pub["speedup"][f"max_seq_{limit_k}K"][name]
             base = {"corpus": name, "max_seq_k": limit_k}
-            mg = {
-                **base,
-                "baseline": "megatron",
-                "published": published["flexsp_vs_megatron"],
-                "judged": False,
-                "reason": MEGATRON_REASON,
-            }
+            mg = {**base, "baseline": "megatron", "published": published["flexsp_vs_megatron"]}
             ds = {**base, "baseline": "deepspeed", "published": published["flexsp_vs_deepspeed"]}
             if name not in FILES:
                 why = NOT_REACHABLE.format(name=name)
-                cells += [{**ds, "judged": False, "reason": why}, {**mg, "reason": why}]
+                cells += [
+                    {**ds, "judged": False, "reason": why},
+                    {**mg, "judged": False, "reason": why},
+                ]
                 continue
             corpus = read_flexsp_corpus(name, Path(args.lengths_dir) / FILES[name], limit_k, 64)
             ds["corpus_provenance"] = corpus.provenance()
             ds["judged"] = True
             ds["simulated"] = {}
+            mg.update(corpus_provenance=corpus.provenance(), simulated={}, not_judged_under={})
             for source in sources:
                 print(f"{name} {limit_k}K {source} ...", flush=True)
                 sim = simulate_cell(source, corpus, limit_k, args.step_time_limit_s, args.iters)
@@ -238,6 +296,22 @@ def main() -> None:
                     "flexsp_recompute": sim["flexsp"]["recompute"],
                     "ci_verdict": verdict(sim["ci95"], ds["published"], tol),
                 }
+                m = sim["megatron"]
+                if "not_judged" in m:
+                    mg["not_judged_under"][source] = m["not_judged"]
+                    continue
+                mg["simulated"][source] = {
+                    "speedup": m["speedup"],
+                    "ci95": m["ci95"],
+                    "flexsp_iteration_s": sim["flexsp"]["mean_s"],
+                    "megatron_iteration_s": m["mean_s"],
+                    "megatron_launch": m["launch"],
+                    "flexsp_recompute": sim["flexsp"]["recompute"],
+                    "ci_verdict": verdict(m["ci95"], mg["published"], tol),
+                }
+            mg["judged"] = bool(mg["simulated"])
+            if not mg["judged"]:
+                mg["reason"] = "; ".join(mg["not_judged_under"].values())
             cells += [ds, mg]
     # Validation: the published iteration times (192K panel, read off the bars, +-1 s)
     val = []
@@ -247,10 +321,13 @@ def main() -> None:
             key = f"{name}_192K_{source}"
             if key not in sims:
                 continue
-            for system, sim_s in (
+            systems = [
                 ("flexsp", sims[key]["flexsp"]["mean_s"]),
                 ("deepspeed", sims[key]["deepspeed"]["mean_s"]),
-            ):
+            ]
+            if "mean_s" in sims[key]["megatron"]:
+                systems.append(("megatron", sims[key]["megatron"]["mean_s"]))
+            for system, sim_s in systems:
                 p = times[name][system]
                 err = sim_s / p - 1
                 # the reading's +-1 s widens the band; beyond it the simulator misses
@@ -268,7 +345,11 @@ def main() -> None:
                 )
     for c in cells:
         for source, s in c.get("simulated", {}).items():
-            rows = [v for v in val if v["source"] == source]
+            # the systems the cell compares: FlexSP and its baseline, each against its own
+            # published time
+            rows = [
+                v for v in val if v["source"] == source and v["system"] in ("flexsp", c["baseline"])
+            ]
             valid = bool(rows) and all(v["within_tolerance"] for v in rows)
             s["validated"] = valid
             s["verdict"] = s["ci_verdict"] if valid else "undecided (simulator not validated)"
@@ -292,6 +373,9 @@ def main() -> None:
             "flexsp_step_time_limit_s": args.step_time_limit_s,
             "deepspeed": "deepspeed_ulysses, fixed SP (and, analytical, recompute) hand-tuned: "
             "the fastest setting that runs every iteration",
+            "megatron": "megatron_lm_tuned (analytical only), the fixed TP/PP/CP/DP launch and "
+            "recompute hand-tuned: the fastest that runs every iteration; micro-batches of the "
+            "max length, DP-ZeRO1 (dcp_bench/cost/megatron.py prices TP/PP)",
             "recompute": "flexsp_fitted: not priced (FlexSP's fit; its activation constant "
             "is close to the analytical count without recomputation); analytical: none, "
             "selective or full, each method its fastest",
@@ -304,6 +388,62 @@ def main() -> None:
     (out / "cells.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / "report.md").write_text(render(doc, sources))
     print((out / "report.md").read_text())
+
+
+def megatron_only(args: Any, pub: dict[str, Any], tol: float) -> dict[str, Any]:
+    """The Wikipedia Megatron-LM cells under the analytical model against FlexSP's simulated
+    iteration times from an earlier run's cells.json (``--megatron-only``), with the same
+    bootstrap CI, verdict rule and validation as a full run (FlexSP's and Megatron-LM's 192K
+    published times)."""
+    earlier = json.loads(Path(args.megatron_only).read_text())
+    out: dict[str, Any] = {
+        "what": "Megatron-LM cells (SIMULATED, analytical), FlexSP times from an earlier run",
+        "flexsp_times_from": {"file": args.megatron_only, "commit": earlier.get("commit")},
+        "cells": [],
+    }
+    times = pub["iteration_time_s_approx"]["max_seq_192K"]
+    for limit_k in LIMITS_K:
+        for name, fname in FILES.items():
+            sim = earlier["simulations"][f"{name}_{limit_k}K_analytical"]
+            corpus = read_flexsp_corpus(name, Path(args.lengths_dir) / fname, limit_k, 64)
+            batches = corpus.batches(GBS, START_ITER, args.iters)
+            fx = sim["flexsp"]["iteration_s"]
+            if len(fx) != len(batches):
+                raise ValueError(
+                    f"{args.megatron_only}: {len(fx)} FlexSP iterations, not {args.iters}"
+                )
+            mg = run_megatron(batches, cost_for("analytical", limit_k), limit_k)
+            ci = bootstrap_ratio(mg["iteration_s"], fx)
+            cell = {
+                "corpus": name,
+                "max_seq_k": limit_k,
+                "published": pub["speedup"][f"max_seq_{limit_k}K"][name]["flexsp_vs_megatron"],
+                "speedup": sum(mg["iteration_s"]) / sum(fx),
+                "ci95": ci,
+                "flexsp_iteration_s": float(np.mean(fx)),
+                "megatron": {k: v for k, v in mg.items() if k != "iteration_s"},
+            }
+            cell["ci_verdict"] = verdict(ci, cell["published"], tol)
+            if limit_k == 192:
+                cell["validation"] = {
+                    system: {
+                        "published_s": times[name][system],
+                        "simulated_s": sim_s,
+                        "within_tolerance": abs(sim_s - times[name][system])
+                        <= tol * times[name][system] + 1.0,
+                    }
+                    for system, sim_s in (
+                        ("flexsp", float(np.mean(fx))),
+                        ("megatron", mg["mean_s"]),
+                    )
+                }
+            out["cells"].append(cell)
+    valid = all(
+        v["within_tolerance"] for c in out["cells"] for v in c.get("validation", {}).values()
+    )
+    for c in out["cells"]:
+        c["verdict"] = c["ci_verdict"] if valid else "undecided (simulator not validated)"
+    return out
 
 
 def first_screen(doc: dict[str, Any], sources: list[str]) -> list[str]:
@@ -325,6 +465,8 @@ def first_screen(doc: dict[str, Any], sources: list[str]) -> list[str]:
             f"{s}: {cell['simulated'][s]['speedup']:.2f}x "
             f"[{cell['simulated'][s]['ci95'][0]:.2f}, {cell['simulated'][s]['ci95'][1]:.2f}], "
             f"{cell['simulated'][s]['verdict']}"
+            if s in cell["simulated"]
+            else f"{s}: not judged (it prices no TP/PP)"
             for s in sources
         ]
         out.append(
@@ -364,12 +506,18 @@ def render(doc: dict[str, Any], sources: list[str]) -> str:
         for s in sources:
             if not c["judged"]:
                 row += " not judged |"
+            elif s not in c["simulated"]:
+                row += " not judged (this source prices no TP/PP) |"
             else:
                 v = c["simulated"][s]
+                setting = (
+                    f"DS SP/recompute {v['deepspeed_sp']}"
+                    if "deepspeed_sp" in v
+                    else f"Megatron {v['megatron_launch']}"
+                )
                 row += (
                     f" {v['speedup']:.2f}x [{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}] "
-                    f"{v['verdict']} (DS SP/recompute {v['deepspeed_sp']}, FlexSP recompute "
-                    f"{v['flexsp_recompute']}) |"
+                    f"{v['verdict']} ({setting}, FlexSP recompute {v['flexsp_recompute']}) |"
                 )
         L.append(row)
     L += ["", "## Cells not judged", ""]
@@ -379,15 +527,20 @@ def render(doc: dict[str, Any], sources: list[str]) -> str:
             reasons.setdefault(c["reason"], []).append(
                 f"{c['max_seq_k']}K {c['corpus']} vs {c['baseline']}"
             )
+        for source, why in c.get("not_judged_under", {}).items():
+            if c["judged"]:
+                reasons.setdefault(why, []).append(
+                    f"{c['max_seq_k']}K {c['corpus']} vs {c['baseline']} ({source})"
+                )
     for why, which in reasons.items():
         L.append(f"- {', '.join(which)}: {why}.")
     L += [
         "",
         "## Validation: published iteration times (192K panel, read off the bars, +-1 s)",
         "",
-        "A simulated verdict stands only when the simulator reproduces FlexSP's and DeepSpeed's "
-        "own published iteration times within the tolerance (plus the 1 s reading error); "
-        "otherwise the cell is undecided in simulation.",
+        "A simulated verdict stands only when the simulator reproduces FlexSP's and the cell's "
+        "baseline's (DeepSpeed's or Megatron-LM's) own published iteration times within the "
+        "tolerance (plus the 1 s reading error); otherwise the cell is undecided in simulation.",
         "",
         "| cost source | corpus | system | published s | simulated s | error | within |",
         "|---|---|---|---|---|---|---|",
@@ -408,6 +561,11 @@ def render(doc: dict[str, Any], sources: list[str]) -> str:
             f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: infeasible"
             for k, v in sim["flexsp_by_recompute"].items()
         )
+        mg = sim.get("megatron", {})
+        if "fastest_launches_mean_s" in mg:
+            fx += "; Megatron-LM (fastest 5 of {} feasible launches of {}) ".format(
+                mg["candidates_feasible"], mg["candidates"]
+            ) + ", ".join(f"{k}: {v:.2f}" for k, v in mg["fastest_launches_mean_s"].items())
         L.append(f"- {key}: DeepSpeed {by}; FlexSP {fx}")
     L += ["", "## How FlexSP's rounds were solved", ""]
     for key, sim in doc["simulations"].items():

@@ -122,3 +122,17 @@ def run_cases(
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(world, free_port(), tmp, build, cases), nprocs=world, join=True)
         return [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(world)]
+
+
+def runtime_methods(names: list[str]) -> list[str]:
+    """The method configs among ``names`` whose plans the runtime runs (a planner marked
+    ``simulated_only``, e.g. Megatron-LM's tensor and pipeline parallelism, is left out)."""
+    from dcp_bench.config import load_config, to_container
+    from dcp_bench.planners.base import make_planner
+
+    out = []
+    for name in names:
+        node = dict(to_container(load_config([f"method={name}"]))["method"])
+        if not make_planner(node).simulated_only:
+            out.append(name)
+    return out

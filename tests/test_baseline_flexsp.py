@@ -530,3 +530,29 @@ def test_same_plan_on_a_quiet_and_a_busy_machine(options):
     # the solver ran and its node limit cut at least one search (the comparison is not vacuous)
     assert options["mip_max_nodes"] in quiet.info["mip_nodes"]
     assert _plan_view(quiet) == _plan_view(busy)
+
+
+def test_flexsp_solver_rules_time_an_iteration_as_the_sum_of_round_maxima():
+    """FlexSP's driver times an iteration as the sum of each micro-batch's slowest group
+    (solver.py:1242 of Hetu-Galvatron b4666892): `flexsp_milp_solver` plans carry the round
+    barrier and simulate to that sum; the generic `flexsp_milp` lets groups run ahead."""
+    from dcp_bench.config import load_config, to_container
+    from dcp_bench.planners.base import make_planner
+    from dcp_bench.sim import simulate_step
+
+    cost, batch = real_cost("llama3_8b"), text_batch(300, seed=4)
+
+    def planner(name: str, **extra):
+        node = to_container(load_config([f"method={name}"]))["method"]
+        node.update(mip_max_nodes=5, **extra)
+        return make_planner(node)
+
+    plan = planner("flexsp_milp_solver", mb_options=1, recompute="none").plan(batch, cost)
+    assert plan.round_barrier and len(plan.rounds) > 1
+    got = simulate_step(plan, batch, cost)
+    free = simulate_step(plan.__class__(**{**plan.__dict__, "round_barrier": False}), batch, cost)
+    assert got.step_time_s == pytest.approx(
+        simulate_step(plan, batch, cost, round_barrier=True).step_time_s
+    )
+    assert got.step_time_s > free.step_time_s  # the barrier matters for this batch
+    assert not planner("flexsp_milp").plan(batch, cost).round_barrier

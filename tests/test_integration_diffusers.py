@@ -18,16 +18,20 @@ import torch
 
 pytest.importorskip("diffusers", reason="diffusers not installed: pip install -e '.[hf]'")
 
-from integration_common import SEED, flat_grads, group_sizes, rel_l2, run_cases  # noqa: E402
+from integration_common import SEED, flat_grads, group_sizes, rel_l2, run_cases, runtime_methods  # noqa: E402
 
 from dcp_bench.batch import GlobalBatch  # noqa: E402
 from dcp_bench.errors import ConfigError  # noqa: E402
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan  # noqa: E402
 from dcp_bench.runtime.attention import SINGLE  # noqa: E402
 
-METHODS = sorted(
-    p.stem
-    for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml")
+METHODS = runtime_methods(
+    sorted(
+        p.stem
+        for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob(
+            "*.yaml"
+        )
+    )
 )
 # A small Wan: 4 heads (SP up to 4), 2 blocks, the library's default patch (1, 2, 2).
 CONFIG: dict[str, Any] = dict(

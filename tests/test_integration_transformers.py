@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers", reason="transformers not installed: pip install -e '.[hf]'")
 
-from integration_common import SEED, flat_grads, group_sizes, rel_l2, run_cases  # noqa: E402
+from integration_common import SEED, flat_grads, group_sizes, rel_l2, run_cases, runtime_methods  # noqa: E402
 from test_runtime_dist import TEXT, text_plans  # noqa: E402
 
 from dcp_bench.batch import GlobalBatch  # noqa: E402
@@ -29,9 +29,13 @@ from dcp_bench.errors import ConfigError  # noqa: E402
 from dcp_bench.plan import Group, MicroBatch, Round, StepPlan  # noqa: E402
 from dcp_bench.runtime.models import text_sample  # noqa: E402
 
-METHODS = sorted(
-    p.stem
-    for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml")
+METHODS = runtime_methods(
+    sorted(
+        p.stem
+        for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob(
+            "*.yaml"
+        )
+    )
 )
 SPEC = model_spec("hf")  # the default model=hf config: a small Llama
 

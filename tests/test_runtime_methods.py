@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from integration_common import runtime_methods
 from test_runtime_dist import SEED, WORLD, _free_port, reference, reference_step, rel_l2, run_cases
 
 from dcp_bench.batch import GlobalBatch
@@ -27,9 +28,13 @@ from dcp_bench.runtime.models import build_model
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-METHODS = sorted(
-    p.stem
-    for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob("*.yaml")
+METHODS = runtime_methods(
+    sorted(
+        p.stem
+        for p in (Path(__file__).resolve().parents[1] / "dcp_bench" / "conf" / "method").glob(
+            "*.yaml"
+        )
+    )
 )
 # kind: (model, workload, workload params, mem_cap_fraction of the `cpu` cluster)
 SETUPS: dict[str, tuple[str, str, dict[str, Any], float]] = {

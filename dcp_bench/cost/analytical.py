@@ -34,6 +34,7 @@ source; ``describe()["constant_sources"]`` says where every value came from.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -41,6 +42,7 @@ import numpy as np
 
 from dcp_bench.archs import arch_of
 from dcp_bench.config import MEM_CAP_FRACTION
+from dcp_bench.cost import megatron
 from dcp_bench.cost.activations import FUSED_ATTENTION_MIN_LEN, activation_terms
 from dcp_bench.cost.base import (
     MICROBATCH_TIME_TERMS,
@@ -51,7 +53,7 @@ from dcp_bench.cost.base import (
     TimeTerm,
     deal_by_tokens,
 )
-from dcp_bench.cost.constants import ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
+from dcp_bench.cost.constants import ADAM_BYTES_PER_PARAM, ASSUMED_CONSTANTS, OPTIONAL_CONSTANTS
 from dcp_bench.cost.params import param_breakdown
 from dcp_bench.cost.reference_loop import (
     ATTN_BWD_TENSORS,
@@ -65,7 +67,7 @@ from dcp_bench.cost.reference_loop import (
     host_input_bytes,
 )
 from dcp_bench.errors import ConfigError
-from dcp_bench.layout import ulysses_span
+from dcp_bench.layout import ModelParallel, ulysses_span
 from dcp_bench.train_policy import (
     DEFAULT_ZERO_STAGE,
     LOGITS_CHUNK_TOKENS,
@@ -88,10 +90,6 @@ SCALE_DEFAULTS: dict[str, float] = {
     "elementwise": 1.0,
 }
 SCALE_KEYS = tuple(SCALE_DEFAULTS)
-
-# Adam step traffic per parameter, bytes: read+write fp32 master (8), two fp32 moments (16), read
-# the gradient (2-4) and write the bf16 copy (2): ~30; rounded up to 32 for the non-fused tail.
-ADAM_BYTES_PER_PARAM = 32.0
 
 
 @dataclass
@@ -193,6 +191,9 @@ class AnalyticalCostModel(CostModel):
     # The LM loss is computed in chunks of this many tokens per rank, so at most one chunk of fp32
     # logits lives at a time (chunked / vocab-parallel cross-entropy, as long-context trainers do).
     logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS
+    # Megatron-style tensor and pipeline parallelism (`with_model_parallel`,
+    # `dcp_bench.cost.megatron`); None: every rank holds the whole model.
+    model_parallel: ModelParallel | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.scales) - set(SCALE_KEYS)
@@ -559,6 +560,7 @@ class AnalyticalCostModel(CostModel):
         ``frames``: each sample's frames, ``tokens`` then each sample's tokens (``samples`` is
         their number): every attention on the path of its length (`ActivationTerms.layer_tok_at`);
         None prices every attention on its fused path."""
+        self._refuse_model_parallel("activation_breakdown")
         t, L = self._act_terms, self._L
         k = min(max(int(ckpt_layers), 0), L)
         if frames is None:
@@ -583,6 +585,35 @@ class AnalyticalCostModel(CostModel):
         return {u: self._scale("act_bytes") * v for u, v in out.items()}
 
     # --------------------------------------------------------------------------- interface
+    def with_model_parallel(self, mp: ModelParallel) -> AnalyticalCostModel:
+        """A copy pricing ``mp`` (`dcp_bench.cost.megatron`): micro-batch costs per rank of the
+        slowest pipeline stage, that stage's static memory and gradient sync; its ``zero_stage``
+        becomes the layout's (Megatron shards optimizer states over the data-parallel ranks)."""
+        megatron.check_layout(self, mp)
+        out = copy.copy(self)
+        out.model_parallel = mp
+        out.zero_stage = mp.zero_stage
+        out.provenance = {
+            **self.provenance,
+            "model_parallel": {
+                "tp": mp.tp,
+                "pp": mp.pp,
+                "sequence_parallel": mp.sequence_parallel,
+                "selective": mp.selective,
+                "zero_stage": mp.zero_stage,
+                "pricing": "dcp_bench.cost.megatron (Shoeybi et al. 2019; Korthikanti et al. "
+                "2022 section 4 and Table 2; Narayanan et al. 2021 section 2.2)",
+            },
+        }
+        return out
+
+    def _refuse_model_parallel(self, what: str) -> None:
+        if self.model_parallel is not None:
+            raise ConfigError(
+                f"{what} is not priced with tensor or pipeline parallelism "
+                f"(tp={self.model_parallel.tp}, pp={self.model_parallel.pp})"
+            )
+
     def static_memory_bytes(self) -> float:
         return float(sum(self.static_memory_breakdown().values()))
 
@@ -590,7 +621,10 @@ class AnalyticalCostModel(CostModel):
         """Per-rank static memory by part (bytes): the training states as the runtime holds them
         at the run's ZeRO stage and precision (`dcp_bench.train_policy.static_state_bytes`: fp32
         master weights, AdamW moments and gradient accumulator), the workspace, and for language
-        models one chunk of logits (`logits_chunk_bytes`)."""
+        models one chunk of logits (`logits_chunk_bytes`). With `model_parallel`: one rank of
+        the heaviest stage (`dcp_bench.cost.megatron.static_breakdown`)."""
+        if self.model_parallel is not None:
+            return megatron.static_breakdown(self, self.model_parallel)
         policy = precision_policy(self.model.dtype)
         out = static_state_bytes(
             self._params, self._layer_params, self.cluster.world_size, self.zero_stage, policy
@@ -601,17 +635,19 @@ class AnalyticalCostModel(CostModel):
             out["logits_chunk"] = logits_chunk_bytes(self.logits_chunk_tokens, vocab, policy)
         return {k: float(v) for k, v in out.items()}
 
-    def allreduce_time(self, nbytes: float, ranks: int) -> float:
+    def allreduce_time(self, nbytes: float, ranks: int, stride: int = 1) -> float:
         """Time of one all-reduce of ``nbytes`` per rank over ``ranks`` aligned ranks: a
         hierarchical ring, reduce-scatter + all-gather inside the node, then an all-reduce of each
         GPU's 1/g shard across nodes (ZeRO's reduce-scatter + parameter all-gather move the same
         bytes as one all-reduce); ``allreduce_overlap`` of the shorter phase hidden under the
-        longer."""
+        longer. ``stride``: the ranks are every stride-th rank (a node holds gpus_per_node /
+        stride of them; the data-parallel ranks of a tensor-parallel layout)."""
         c = self.cluster
         if ranks <= 1:
             return 0.0
-        g = min(c.gpus_per_node, ranks)
-        nodes = max(1, ranks // c.gpus_per_node) if ranks > c.gpus_per_node else 1
+        per_node = max(1, c.gpus_per_node // stride)
+        g = min(per_node, ranks)
+        nodes = max(1, ranks // per_node) if ranks > per_node else 1
         t = 0.0
         if g > 1:
             t += 2 * (g - 1) / g * nbytes / (c.intra_node_bw * self._allreduce)
@@ -624,7 +660,10 @@ class AnalyticalCostModel(CostModel):
         return t + inter - self._ar_overlap * min(t, inter)
 
     def step_sync_breakdown(self) -> dict[str, float]:
-        """Gradient synchronisation and optimizer time once per step (s)."""
+        """Gradient synchronisation and optimizer time once per step (s). With
+        `model_parallel`: one rank of the heaviest stage (`dcp_bench.cost.megatron`)."""
+        if self.model_parallel is not None:
+            return megatron.step_breakdown(self, self.model_parallel)
         c = self.cluster
         # The step's gradient synchronisation as the runtime runs it (`grad_sync_bytes`: stage 0
         # an fp32 all-reduce, stage 1 an fp32 reduce-scatter plus a compute-dtype all-gather,
@@ -665,7 +704,13 @@ class AnalyticalCostModel(CostModel):
         """See `CostModel.microbatch_costs`. ``ulysses`` (one entry per micro-batch, None: each
         group's size) is the size of a micro-batch's head-sharding part: the group size for
         Ulysses, 1 for ring attention over the group, in between for hybrid SP (rings of group /
-        ulysses ranks); see the module docstring."""
+        ulysses ranks); see the module docstring. With `model_parallel`, ``sp`` is each
+        micro-batch's context-parallel degree and the costs are a stage rank's
+        (`dcp_bench.cost.megatron`)."""
+        if self.model_parallel is not None:
+            return megatron.microbatch_costs(
+                self, self.model_parallel, tokens, frames, mb_index, sp, ckpt_layers, ulysses
+            )
         m = len(sp)
         idx = np.asarray(mb_index)
         s = np.asarray(sp, dtype=float)
@@ -795,6 +840,7 @@ class AnalyticalCostModel(CostModel):
     def sample_time_packed_many(
         self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
     ) -> np.ndarray:
+        self._refuse_model_parallel("sample_time_packed_many")
         # `sample_time_packed` with a degree and checkpoint count per sample: the same
         # operations element by element, so the same values bit for bit.
         n = len(tokens)
@@ -817,6 +863,7 @@ class AnalyticalCostModel(CostModel):
     def sample_memory_many(
         self, tokens: np.ndarray, frames: np.ndarray, sp: np.ndarray, ckpt_layers: np.ndarray
     ) -> np.ndarray:
+        self._refuse_model_parallel("sample_memory_many")
         n = len(tokens)
         return self.activation_bytes(
             tokens,
@@ -828,6 +875,7 @@ class AnalyticalCostModel(CostModel):
     def sample_time_packed(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ckpt_layers: int
     ) -> np.ndarray:
+        self._refuse_model_parallel("sample_time_packed")
         s, k, L = float(sp), float(ckpt_layers), self._L
         fl = self.sample_flops(tokens, frames)
         rate = s * self._peak * self._gemm_max  # saturated GEMMs
@@ -852,6 +900,7 @@ class AnalyticalCostModel(CostModel):
     def ring_packed_share(
         self, tokens: np.ndarray, frames: np.ndarray, sp: int, ulysses: int, ckpt_layers: int
     ) -> np.ndarray:
+        self._refuse_model_parallel("ring_packed_share")
         # `microbatch_costs`' terms for a ring or hybrid micro-batch, split as
         # `sample_time_packed` splits Ulysses ones: saturated GEMMs, each sample's ring attention
         # compute (full blocks of n / r keys), the Ulysses all-to-all bytes over ``ulysses``
@@ -879,6 +928,7 @@ class AnalyticalCostModel(CostModel):
         return fwd_bwd + k / L * (dense + attn) + comm
 
     def microbatch_overhead(self, sp: int, ckpt_layers: int) -> float:
+        self._refuse_model_parallel("microbatch_overhead")
         # GEMM time at x tokens per rank is F / (s * peak * gmax) * (1 + half / x): the first term
         # is the packed share, the second F * half / (s * peak * gmax * x) with F / (s * x) at
         # least the per-token GEMM FLOPs (per-sample caption projections only add to it). The
@@ -891,6 +941,7 @@ class AnalyticalCostModel(CostModel):
         return gemm + latency + launch
 
     def checkpointed_layer_bytes(self, tokens_per_rank: float, sp: int) -> float:
+        self._refuse_model_parallel("checkpointed_layer_bytes")
         del sp  # the same law at every degree
         return float(
             self._scale("act_bytes")
@@ -946,6 +997,7 @@ class AnalyticalCostModel(CostModel):
     ) -> np.ndarray:
         """Activation bytes of each sample (`activation_bytes`) plus the allocator's
         fragmentation share of them (``allocator_fragmentation``, a separate term)."""
+        self._refuse_model_parallel("sample_memory")
         n = len(tokens)
         return self.activation_bytes(tokens, np.full(n, sp), np.full(n, ckpt_layers), frames) * (
             1.0 + self.allocator_fragmentation

@@ -33,6 +33,7 @@ DEFAULT_MEM_CAP_FRACTION = MEM_CAP_FRACTION.default  # declared once: dcp_bench.
 
 if TYPE_CHECKING:
     from dcp_bench.cost.specs import ClusterSpec, ModelSpec
+    from dcp_bench.layout import ModelParallel
 
 
 def deal_by_tokens(tokens: np.ndarray, size: int) -> np.ndarray:
@@ -257,6 +258,14 @@ class CostModel(ABC):
         """The sum of the declared time terms (`time_terms`) of ``costs`` (`microbatch_costs`'s
         arrays or one micro-batch's floats), in declaration order."""
         return add_in_order([costs[t.name] for t in self.time_terms])
+
+    def with_model_parallel(self, mp: ModelParallel) -> CostModel:
+        """This cost model pricing a plan's Megatron-style tensor and pipeline parallelism
+        (`dcp_bench.layout.ModelParallel`). Sources that cannot price it refuse."""
+        raise ConfigError(
+            f"the {self.source} cost model ({type(self).__name__}) prices no tensor or pipeline "
+            f"parallelism (tp={mp.tp}, pp={mp.pp}); use cost.source=analytical"
+        )
 
     def microbatch_memory(
         self,

@@ -33,3 +33,7 @@ OPTIONAL_CONSTANTS = (
 MODEL_VARIANT_OPTIONS = ("layer_launch_s", "allocator_fragmentation")
 
 __all__ = ["ASSUMED_CONSTANTS", "MODEL_VARIANT_OPTIONS", "OPTIONAL_CONSTANTS"]
+
+# Adam step traffic per parameter, bytes: read+write fp32 master (8), two fp32 moments (16), read
+# the gradient (2-4) and write the bf16 copy (2): ~30; rounded up to 32 for the non-fused tail.
+ADAM_BYTES_PER_PARAM = 32.0

@@ -41,6 +41,9 @@ class Planner(ABC):
     OPTION_MINIMA: ClassVar[Mapping[str, int]] = {}
     SP_OPTIONS: ClassVar[tuple[str, ...]] = ()
     SP_POWER_OF_TWO: ClassVar[bool] = True
+    # Whether its plans run on the simulator only: the runtime refuses them (Megatron-style
+    # tensor and pipeline parallelism, `dcp_bench.plan.StepPlan.model_parallel`).
+    simulated_only: ClassVar[bool] = False
 
     def __init__(self, mode: Mode = "fair") -> None:
         if mode not in ("fair", "paper"):

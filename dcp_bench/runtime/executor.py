@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from dcp_bench.batch import GlobalBatch
-from dcp_bench.errors import DcpBenchError
+from dcp_bench.errors import ConfigError, DcpBenchError
 from dcp_bench.execution import PlanFn, StepOutcome
 from dcp_bench.plan import MicroBatch, StepPlan
 from dcp_bench.runtime.attention import SINGLE, SPContext
@@ -172,6 +172,12 @@ def execute_step(
     gradients without an optimizer step (tests read them with ``state.gradients()``)."""
     if plan.world_size != pool.world_size:
         raise ValueError(f"plan for {plan.world_size} ranks run on a world of {pool.world_size}")
+    if plan.model_parallel is not None:
+        mp = plan.model_parallel
+        raise ConfigError(
+            f"the runtime runs no tensor or pipeline parallelism (plan model_parallel tp={mp.tp}, "
+            f"pp={mp.pp}); such plans run on the simulator only"
+        )
     state = _training_state(model, optimizer, bucket_elements)
     net = state.model
     device = net.device()
