@@ -593,6 +593,7 @@ def calibrate_section(
     nprocs = sorted({s.world_size for s in real_specs})
     todo, _ = pending(unique_runs(real_specs), True, cfg.retry_failed, warn=lambda _msg: None)
     names = ", ".join(m for m, _ in models)
+    ranks = " or ".join(str(n) for n in nprocs)
     have = all((folder / f"{m}.json").is_file() for m, _ in models)
     if not todo and have:
         return _calibration(
@@ -606,7 +607,7 @@ def calibrate_section(
         limit = min(limit, deadline - time.time() - 10.0)  # the real runs need the rest
     if limit >= 10.0:
         estimate.say(
-            f"calibrating this CPU for section {section.name}: {names} on {nprocs} rank(s), at "
+            f"calibrating this CPU for section {section.name}: {names} on {ranks} rank(s), at "
             f"most {limit:.0f} s"
         )
     started = time.time()
@@ -622,7 +623,7 @@ def calibrate_section(
             str(folder),
             True,
             f"this machine's, measured by this reproduction before its real "
-            f"CPU runs ({names}; {nprocs} rank(s); {took:.0f} s{calibration_load(folder, models)}; "
+            f"CPU runs ({names}; {ranks} rank(s); {took:.0f} s{calibration_load(folder, models)}; "
             f"`{folder}`)",
         )
     estimate.say(f"this CPU's calibration could not be measured: {problem}")
